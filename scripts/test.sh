@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install Relay with its development extras in .venv and run the linters and the whole test
+# suite against real PostgreSQL, Redis and Celery worker processes. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/services.sh
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+python -m pip install -q -e ".[dev]"
+
+ruff check .
+lint-imports
+pytest "$@"

@@ -1,0 +1,67 @@
+"""What the service offers: base models, cameras and the vocabulary of training targets.
+
+Pure data, shared by the SDK's validation (SFTConfig, training sessions) and by the engine,
+which maps each target name to modules of the model (``relay_engine.tuning.targets``).
+"""
+
+from __future__ import annotations
+
+# `pi05` is the real model (about 3.35B parameters, a GPU); `pi05-tiny` runs the same code at
+# tiny sizes, for CPUs, the demo and the tests.
+MODELS: tuple[str, ...] = ("pi05", "pi05-tiny")
+
+# pi0.5 always has these three camera slots; a slot with no image is masked.
+MODEL_CAMERAS: tuple[str, ...] = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
+
+# States and actions are padded with zeros to this width.
+ACTION_DIM = 32
+STATE_DIM = 32
+
+# Where training goes. With finetune="lora", a target's attention, MLP (and, for `.norm`, the
+# adaptive-norm) linear layers get LoRA adapters, except `heads`, which are trained in full because
+# they are tiny. With finetune="full", every weight of the target is trained.
+TARGETS: dict[str, str] = {
+    "all": "the whole model: LoRA on every linear layer (heads in full), or every weight in full",
+    "vision": "the SigLIP vision tower",
+    "vision.attn": "the vision tower's attention projections",
+    "vision.mlp": "the vision tower's MLPs",
+    "projector": "the projection from image features to the language model",
+    "language": "the PaliGemma (Gemma 2B) language model",
+    "language.attn": "the language model's attention projections (q, k, v, o)",
+    "language.mlp": "the language model's MLPs (gate, up, down)",
+    "action_expert": "the action expert (Gemma 300M)",
+    "action_expert.attn": "the action expert's attention projections (q, k, v, o)",
+    "action_expert.mlp": "the action expert's MLPs (gate, up, down)",
+    "action_expert.norm": "the action expert's adaptive RMSNorm layers (the time conditioning)",
+    "heads": "action_in_proj, action_out_proj, time_mlp_in and time_mlp_out, always trained in full",
+}
+
+DEFAULT_LORA_TARGETS: tuple[str, ...] = ("action_expert.attn", "action_expert.mlp", "heads")
+DEFAULT_FULL_TARGETS: tuple[str, ...] = ("all",)
+
+FINETUNE_METHODS: tuple[str, ...] = ("lora", "full")
+
+
+def default_targets(finetune: str) -> tuple[str, ...]:
+    """The targets used when a recipe or session names none."""
+    return DEFAULT_LORA_TARGETS if finetune == "lora" else DEFAULT_FULL_TARGETS
+
+
+def check_targets(targets: list[str] | tuple[str, ...]) -> None:
+    """Raise ValueError naming the first unknown target and listing the valid ones."""
+    if not targets:
+        raise ValueError("targets must name at least one place; valid: " + ", ".join(TARGETS))
+    for target in targets:
+        if target not in TARGETS:
+            raise ValueError(f"unknown target {target!r}; valid targets: " + ", ".join(TARGETS))
+
+
+def check_cameras(cameras: dict[str, str]) -> None:
+    """Raise ValueError for a camera map whose keys are not model cameras."""
+    for camera, feature in cameras.items():
+        if camera not in MODEL_CAMERAS:
+            raise ValueError(
+                f"unknown model camera {camera!r}; valid model cameras: " + ", ".join(MODEL_CAMERAS)
+            )
+        if not isinstance(feature, str) or not feature:
+            raise ValueError(f"camera {camera!r} must map to a dataset feature name")

@@ -1,0 +1,30 @@
+"""The `relay` command.
+
+Each group lives in its own module. Groups that need the engine or the server import them
+inside their commands, so `relay fine-tunes ...` works with the SDK alone and the others say
+which extra to install.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from relay.cli import datasets, fine_tunes, keys, local, models, server
+
+app = typer.Typer(
+    name="relay",
+    help="Fine-tune pi0.5 robot policies on LeRobot datasets.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(datasets.app, name="datasets")
+app.add_typer(models.app, name="models")
+app.add_typer(local.app, name="local")
+app.add_typer(fine_tunes.app, name="fine-tunes")
+app.add_typer(keys.app, name="keys")
+app.command("server")(server.serve)
+
+
+def main() -> None:
+    app()

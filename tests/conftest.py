@@ -1,0 +1,1 @@
+"""Shared test configuration. Each area (engine, service, sdk) has its own fixtures beside its tests."""
