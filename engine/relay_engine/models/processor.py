@@ -1,0 +1,181 @@
+"""Samples -> the tensors pi0.5 reads (a Pi05Batch).
+
+The collator runs in DataLoader worker processes, so it holds only the config and a tokenizer
+(no weights) and pickles cheaply. Images are resized with padding to the model's square size
+and scaled to [-1, 1] (openpi `resize_with_pad`); every model camera has a slot, and a camera a
+sample lacks is a -1 image with its mask False.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from relay.catalog import MODEL_CAMERAS
+from relay_engine.errors import EngineError
+from relay_engine.models.config import Pi05Config
+from relay_engine.models.tokenizer import Tokenizer, format_prompt, make_tokenizer, tokenize_prompts
+from relay_engine.samples import Sample
+
+
+@dataclass(frozen=True)
+class Pi05Batch:
+    """One batch in the model's layout. B samples, C = 3 camera slots, H = action_horizon."""
+
+    images: torch.Tensor  # (B, C, 3, S, S) float32 in [-1, 1]
+    image_mask: torch.Tensor  # (B, C) bool
+    tokens: torch.Tensor  # (B, L) int64, right-padded with 0
+    token_mask: torch.Tensor  # (B, L) bool
+    actions: torch.Tensor  # (B, H, 32) float32, normalized, zero-padded
+    action_mask: torch.Tensor  # (B, H, 32) bool: False for padded steps and dims >= action_dim
+    weights: torch.Tensor  # (B,) float32, in the loss's weighted mean
+    # Which camera slots any sample uses, known when collating so that the model can skip an
+    # unused slot's tokens without asking the device. None: the model works it out.
+    cameras_in_use: tuple[bool, ...] | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.actions.shape[0])
+
+    def _map(self, fn: Any) -> Pi05Batch:
+        changes = {
+            f.name: fn(getattr(self, f.name))
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, **changes)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Pi05Batch:
+        device = torch.device(device)
+        if self.actions.device == device:
+            return self
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Pi05Batch:
+        # Called by a DataLoader with pin_memory=True.
+        return self._map(lambda t: t.pin_memory())
+
+
+def resize_with_pad(image: torch.Tensor, size: int) -> torch.Tensor:
+    """(3, h, w) float in [-1, 1] -> (3, size, size): aspect ratio kept, centred, padded with -1.
+
+    Bilinear with antialiasing, which is close to the PIL resize openpi trains with.
+    """
+    _, height, width = image.shape
+    if height == size and width == size:
+        return image
+    ratio = max(width / size, height / size)
+    new_h, new_w = max(1, int(height / ratio)), max(1, int(width / ratio))
+    resized = F.interpolate(
+        image[None], size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True
+    )[0].clamp_(-1.0, 1.0)
+    pad_h, pad_w = size - new_h, size - new_w
+    top, left = pad_h // 2, pad_w // 2
+    return F.pad(resized, (left, pad_w - left, top, pad_h - top), value=-1.0)
+
+
+class Pi05Collator:
+    """`collate(samples) -> Pi05Batch`; picklable, no weights."""
+
+    def __init__(self, config: Pi05Config, tokenizer: Tokenizer | None = None, source: str | None = None):
+        self.config = config
+        self.tokenizer = tokenizer if tokenizer is not None else make_tokenizer(config.tokenizer, source)
+
+    def __call__(self, samples: Sequence[Sample]) -> Pi05Batch:
+        if not samples:
+            raise EngineError("a batch needs at least one sample")
+        config = self.config
+        size = config.vision.image_size
+        horizon, width = config.action_horizon, config.action_dim
+        count = len(samples)
+        images = torch.full((count, len(MODEL_CAMERAS), 3, size, size), -1.0)
+        image_mask = torch.zeros((count, len(MODEL_CAMERAS)), dtype=torch.bool)
+        actions = np.zeros((count, horizon, width), dtype=np.float32)
+        action_mask = np.zeros((count, horizon, width), dtype=bool)
+        weights = np.ones(count, dtype=np.float32)
+        prompts = []
+        for row, sample in enumerate(samples):
+            for camera, image in (sample.get("image") or {}).items():
+                slot = _camera_slot(row, camera)
+                images[row, slot] = resize_with_pad(_image_tensor(row, camera, image), size)
+                image_mask[row, slot] = True
+            prompts.append(format_prompt(str(sample.get("prompt", "")), _state(row, sample)))
+            if sample.get("actions") is not None:
+                _fill_actions(row, sample, actions[row], action_mask[row])
+            weights[row] = _weight(row, sample)
+        tokens, token_mask = tokenize_prompts(self.tokenizer, prompts, config.max_token_len)
+        return Pi05Batch(
+            images=images,
+            image_mask=image_mask,
+            tokens=torch.from_numpy(tokens),
+            token_mask=torch.from_numpy(token_mask),
+            actions=torch.from_numpy(actions),
+            action_mask=torch.from_numpy(action_mask),
+            weights=torch.from_numpy(weights),
+            cameras_in_use=tuple(bool(x) for x in image_mask.any(0)),
+        )
+
+
+def _camera_slot(row: int, camera: str) -> int:
+    try:
+        return MODEL_CAMERAS.index(camera)
+    except ValueError:
+        raise EngineError(
+            f"sample {row}: image: unknown model camera {camera!r}; valid: " + ", ".join(MODEL_CAMERAS)
+        ) from None
+
+
+def _image_tensor(row: int, camera: str, image: Any) -> torch.Tensor:
+    array = np.asarray(image)
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[-1] != 3:
+        raise EngineError(
+            f"sample {row}: image {camera!r} must be a uint8 array of shape (height, width, 3), "
+            f"got {array.dtype} {array.shape}"
+        )
+    return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1).float().mul_(2.0 / 255.0).sub_(1.0)
+
+
+def _state(row: int, sample: Sample) -> np.ndarray:
+    state = np.asarray(sample.get("state", np.zeros(0)), dtype=np.float32).reshape(-1)
+    state_dim = int(sample.get("state_dim", state.shape[0]))
+    if not 0 <= state_dim <= state.shape[0]:
+        raise EngineError(f"sample {row}: state_dim must be between 0 and {state.shape[0]}, got {state_dim}")
+    if not np.isfinite(state[:state_dim]).all():
+        raise EngineError(f"sample {row}: state must be finite")
+    return state[:state_dim]
+
+
+def _fill_actions(row: int, sample: Sample, out: np.ndarray, mask: np.ndarray) -> None:
+    horizon, width = out.shape
+    chunk = np.asarray(sample["actions"], dtype=np.float32)
+    if chunk.ndim != 2 or chunk.shape[0] != horizon or chunk.shape[1] > width:
+        raise EngineError(
+            f"sample {row}: actions must have shape ({horizon}, up to {width}) for this model's "
+            f"action_horizon {horizon}, got {chunk.shape}"
+        )
+    if not np.isfinite(chunk).all():
+        raise EngineError(f"sample {row}: actions must be finite")
+    action_dim = int(sample.get("action_dim", chunk.shape[1]))
+    if not 1 <= action_dim <= chunk.shape[1]:
+        raise EngineError(
+            f"sample {row}: action_dim must be between 1 and {chunk.shape[1]}, got {action_dim}"
+        )
+    out[:, : chunk.shape[1]] = chunk
+    valid_steps = ~np.asarray(sample.get("action_is_pad", np.zeros(horizon, dtype=bool)), dtype=bool)
+    if valid_steps.shape != (horizon,):
+        raise EngineError(
+            f"sample {row}: action_is_pad must have shape ({horizon},), got {valid_steps.shape}"
+        )
+    mask[:, :action_dim] = valid_steps[:, None]
+
+
+def _weight(row: int, sample: Sample) -> float:
+    weight = float(sample.get("weight", 1.0))
+    if not np.isfinite(weight) or weight < 0:
+        raise EngineError(f"sample {row}: weight must be a finite number >= 0, got {weight}")
+    return weight

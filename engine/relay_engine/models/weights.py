@@ -1,0 +1,219 @@
+"""Building, loading and saving pi0.5 policies, with lerobot-compatible weight files.
+
+Our parameter names are lerobot PI05Policy's (`model.paligemma_with_expert...`) minus its two
+unused `lm_head`s. lerobot's real `model.safetensors` stores the tied token embedding as
+`...paligemma.lm_head.weight` and has no `...embed_tokens.weight` (safetensors drops tied
+duplicates), so we read either and write the `lm_head` form, which is what lerobot loads.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from relay.catalog import MODELS
+from relay_engine.errors import ConfigError
+from relay_engine.models.config import Pi05Config, named_config
+from relay_engine.models.pi05 import Pi05Policy
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+CONFIG_FORMAT = "relay-pi05"
+BASE_REPO = {"pi05": "lerobot/pi05_base"}
+
+_PREFIX = "model."
+_EMBED = "model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
+_LM_HEAD = "model.paligemma_with_expert.paligemma.lm_head.weight"
+_EXPERT_LM_HEAD = "model.paligemma_with_expert.gemma_expert.lm_head.weight"
+# Older or openpi-converted files: plain expert norm scales (adaRMS has none), pi0 names.
+_DROPPED = re.compile(
+    r"model\.(paligemma_with_expert\.gemma_expert\.model\.(layers\.\d+\.(input|post_attention)_layernorm|norm)"
+    r"\.weight|state_proj\..*)$"
+)
+
+
+def build_policy(
+    name: str | Pi05Config, *, device: str | torch.device = "cpu", action_horizon: int = 10, seed: int = 0
+) -> Pi05Policy:
+    """A policy with freshly initialised weights (seeded), or structure only on device="meta"."""
+    config = (
+        name if isinstance(name, Pi05Config) else named_config(name, action_horizon=action_horizon, seed=seed)
+    )
+    device = torch.device(device)
+    with torch.random.fork_rng(devices=[]), device:
+        torch.manual_seed(config.seed)
+        policy = Pi05Policy(config)
+        # Only pi05 has pretrained weights; every other size's init stands in for them.
+        policy.model.init_weights(stand_in=config.model != "pi05")
+    return policy
+
+
+def load_policy(
+    name_or_path: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    action_horizon: int | None = None,
+    seed: int = 0,
+) -> Pi05Policy:
+    """One constructor for base models and trained outputs.
+
+    - `pi05-tiny`: built from `seed` (there are no pretrained tiny weights).
+    - `pi05`: lerobot's base weights (`lerobot/pi05_base`, from the Hub cache or a download).
+    - a directory: ours (config.json from `save_pretrained`) or lerobot's (pi05 sizes); its
+      `model.safetensors` is loaded and a PaliGemma tokenizer there is used.
+    - another Hub repo id holding a pi05 `model.safetensors`.
+
+    `action_horizon` defaults to the saved one for a directory and to 10 for a base model.
+    """
+    name = str(name_or_path)
+    if name == "pi05-tiny":
+        return build_policy(name, device=device, action_horizon=action_horizon or 10, seed=seed)
+    directory = Path(name).expanduser()
+    if directory.is_dir():
+        config = _read_config(directory, seed)
+        weights, source = directory / WEIGHTS_FILE, str(directory)
+        if not weights.is_file():
+            raise ConfigError(f"{directory}: no {WEIGHTS_FILE} in this directory")
+    elif name in MODELS or re.fullmatch(r"[\w.-]+/[\w.-]+", name):
+        repo = BASE_REPO.get(name, name)
+        weights = _download(repo)
+        config, source = named_config("pi05", seed=seed), None
+    else:
+        raise ConfigError(
+            f"model {name!r} is neither a known model ({', '.join(MODELS)}) "
+            f"nor a directory with {WEIGHTS_FILE}"
+        )
+    if action_horizon is not None:
+        config = config.replace(action_horizon=action_horizon)
+    return _load_weights(config, weights, torch.device(device), source)
+
+
+def _read_config(directory: Path, seed: int) -> Pi05Config:
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(f"{directory}: no {CONFIG_FILE}; cannot tell which model this is")
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path}: not valid JSON ({error})") from None
+    if data.get("format") == CONFIG_FORMAT:
+        return Pi05Config.from_dict(data)
+    if data.get("type") == "pi05":  # lerobot's PI05Config
+        return named_config("pi05", action_horizon=int(data.get("chunk_size", 10)), seed=seed)
+    raise ConfigError(
+        f"{path}: not a pi05 config (expected format {CONFIG_FORMAT!r} or lerobot's type 'pi05')"
+    )
+
+
+def _download(repo: str) -> Path:
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(repo, WEIGHTS_FILE))
+    except Exception as error:  # offline, gated, missing: say which and how to fix it
+        raise ConfigError(
+            f"cannot get {WEIGHTS_FILE} of {repo} from the Hugging Face Hub "
+            f"({type(error).__name__}: {error}); "
+            "download it once, or pass the path of a local directory holding it"
+        ) from None
+
+
+def _load_weights(config: Pi05Config, weights: Path, device: torch.device, source: str | None) -> Pi05Policy:
+    # Structure on the meta device, then the file's tensors assigned in: no second copy, no init.
+    with torch.device("meta"):
+        policy = Pi05Policy(config, source=source)
+    state = to_policy_state_dict(load_file(str(weights), device=str(device)))
+    expected = policy.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ConfigError(
+            f"{weights}: does not fit {config.model}: "
+            f"{len(missing)} missing tensors {missing[:3]}, {len(unexpected)} unexpected {unexpected[:3]}"
+        )
+    for key, tensor in state.items():
+        if tensor.shape != expected[key].shape:
+            raise ConfigError(
+                f"{weights}: {key} has shape {tuple(tensor.shape)}, expected {tuple(expected[key].shape)}"
+            )
+    # The model computes in fp32 (autocast makes bf16 activations on CUDA).
+    policy.load_state_dict({k: v.float() for k, v in state.items()}, assign=True)
+    materialize_buffers(policy, device)
+    return policy
+
+
+def materialize_buffers(module: nn.Module, device: torch.device) -> None:
+    """Non-persistent buffers are not in the file; refill the one kind pi05 has (SigLIP's)."""
+    for name, buffer in list(module.named_buffers()):
+        if not buffer.is_meta:
+            continue
+        owner_name, _, attr = name.rpartition(".")
+        owner = module.get_submodule(owner_name)
+        if attr != "position_ids":
+            raise RuntimeError(f"cannot materialize buffer {name}")
+        setattr(owner, attr, torch.arange(buffer.shape[-1], device=device).expand(buffer.shape).contiguous())
+
+
+def to_policy_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A lerobot / openpi-PyTorch / our state dict -> our names."""
+    prefixed = {key if key.startswith(_PREFIX) else _PREFIX + key: value for key, value in state.items()}
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in prefixed.items():
+        if key in (_LM_HEAD, _EXPERT_LM_HEAD) or _DROPPED.match(key):
+            continue
+        out[key.replace(".action_time_mlp_", ".time_mlp_")] = tensor
+    if _EMBED not in out and _LM_HEAD in prefixed:
+        out[_EMBED] = prefixed[_LM_HEAD]
+    return out
+
+
+def to_lerobot_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our state dict -> what lerobot's pi05 file holds (the embedding stored as lm_head)."""
+    out = {k: v for k, v in state.items() if k != _EMBED}
+    out[_LM_HEAD] = state[_EMBED]
+    return out
+
+
+def exported_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The policy's weights under their original names, with any LoRA adapters merged in.
+
+    Computed beside the live weights (base + delta), so the model being trained is untouched.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    merged: dict[str, torch.Tensor] = {}
+    lora_prefixes = []
+    for name, layer in module.named_modules():
+        if isinstance(layer, LoraLayer):
+            base = layer.get_base_layer()
+            weight = base.weight.detach()
+            for adapter in layer.active_adapters:
+                if adapter in layer.lora_A and adapter not in layer.merged_adapters:
+                    weight = weight + layer.get_delta_weight(adapter).to(weight.dtype)
+            merged[f"{name}.weight"] = weight
+            if getattr(base, "bias", None) is not None:
+                merged[f"{name}.bias"] = base.bias.detach()
+            lora_prefixes.append(name + ".")
+    for name, tensor in module.state_dict().items():
+        if any(name.startswith(prefix) for prefix in lora_prefixes):
+            continue
+        merged[name] = tensor.detach()
+    return merged
+
+
+def save_policy(policy: Pi05Policy, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    state = to_lerobot_state_dict(exported_state_dict(policy))
+    save_file(
+        {k: v.to("cpu").contiguous() for k, v in state.items()},
+        str(directory / WEIGHTS_FILE),
+        metadata={"format": "pt"},
+    )
+    config = {"format": CONFIG_FORMAT, **policy.config.to_dict()}
+    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")

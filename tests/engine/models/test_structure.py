@@ -1,0 +1,62 @@
+"""pi05's structure matches lerobot's PI05Policy; pi05-tiny is the same code, seeded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from relay_engine.errors import ConfigError
+from relay_engine.models import Pi05Config, build_policy, named_config
+
+KEY_LIST = Path(__file__).parents[2] / "fixtures" / "pi05-lerobot-state-dict-keys.txt"
+UNUSED_LM_HEADS = {
+    "model.paligemma_with_expert.paligemma.lm_head.weight",
+    "model.paligemma_with_expert.gemma_expert.lm_head.weight",
+}
+
+
+def lerobot_keys() -> dict[str, tuple[int, ...]]:
+    keys = {}
+    for line in KEY_LIST.read_text().splitlines():
+        name, shape, _dtype = line.split("\t")
+        keys["model." + name] = tuple(int(x) for x in shape.strip("()").split(",") if x.strip())
+    return keys
+
+
+def test_pi05_names_and_shapes_are_lerobots() -> None:
+    policy = build_policy("pi05", device="meta")
+    ours = {name: tuple(t.shape) for name, t in policy.state_dict().items()}
+    expected = {k: v for k, v in lerobot_keys().items() if k not in UNUSED_LM_HEADS}
+    assert len(expected) == 811
+    assert sorted(set(expected) - set(ours)) == []
+    assert sorted(set(ours) - set(expected)) == []
+    assert {k: v for k, v in ours.items() if expected[k] != v} == {}
+
+
+def test_pi05_parameter_count() -> None:
+    policy = build_policy("pi05", device="meta")
+    assert sum(p.numel() for p in policy.parameters()) == 3_353_433_872
+    assert all(p.is_meta for p in policy.parameters())
+
+
+def test_tiny_init_is_seeded() -> None:
+    first, again, other = (build_policy("pi05-tiny", seed=s).state_dict() for s in (0, 0, 1))
+    assert all(torch.equal(first[name], again[name]) for name in first)
+    assert sum(not torch.equal(first[name], other[name]) for name in first) > 50
+
+
+def test_tiny_is_the_same_architecture() -> None:
+    tiny = {name.split(".layers.")[0] for name in build_policy("pi05-tiny").state_dict()}
+    full = {name.split(".layers.")[0] for name in build_policy("pi05", device="meta").state_dict()}
+    assert tiny == full
+
+
+def test_config_round_trips_and_checks_shared_attention() -> None:
+    config = named_config("pi05-tiny", action_horizon=7, seed=3)
+    assert Pi05Config.from_dict(config.to_dict()) == config
+    with pytest.raises(ConfigError, match="same depth"):
+        config.replace(expert=config.expert.__class__(**{**config.expert.__dict__, "depth": 2}))
+    with pytest.raises(ConfigError, match="unknown model"):
+        named_config("pi07")
