@@ -1,0 +1,335 @@
+"""Check a whole v2.1 dataset and read the columns training needs.
+
+`inspect_dataset` reads the meta files, then the numeric columns of every episode file (in
+threads: pyarrow decodes without the GIL), and checks, over all frames at once, the rules a data
+file must keep: its rows are its episode's frames 0..n-1 in order, each once; timestamps equal
+frame_index / fps; every task_index is a task; states and actions are finite numbers of the right
+width. The images are not decoded here (a full pass over them is what the frame index does), except
+the first frame of each camera, which gives the camera's real size.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from PIL import Image, UnidentifiedImageError
+
+from relay_engine.datasets.meta import ACTION, STATE, TASKS, DatasetMeta, EpisodeMeta, read_meta
+from relay_engine.datasets.problems import Problems
+from relay_engine.datasets.summary import DatasetSummary
+
+# lerobot's `check_timestamps_sync` tolerance.
+TIMESTAMP_TOLERANCE_S = 1e-4
+NUMERIC_COLUMNS = (STATE, ACTION, "timestamp", "frame_index", "episode_index", "task_index")
+
+
+@dataclass
+class FrameColumns:
+    """The numeric columns of every frame, episodes in `episode_index` order."""
+
+    state: np.ndarray  # (frames, state_dim) float32
+    actions: np.ndarray  # (frames, action_dim) float32
+    task_index: np.ndarray  # (frames,) int64
+    episode_index: np.ndarray  # (episodes,) int64: the dataset's episode numbers
+    episode_start: np.ndarray  # (episodes + 1,) int64: episode e is rows [start[e], start[e + 1])
+
+
+@dataclass
+class Inspection:
+    problems: Problems
+    meta: DatasetMeta | None = None
+    summary: DatasetSummary | None = None
+    columns: FrameColumns | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and self.columns is not None
+
+
+@dataclass
+class _EpisodeFile:
+    state: np.ndarray
+    actions: np.ndarray
+    timestamp: np.ndarray
+    frame_index: np.ndarray
+    episode_index: np.ndarray
+    task_index: np.ndarray
+
+
+def inspect_dataset(root: Path, name: str) -> Inspection:
+    """Everything wrong with the dataset at `root` (`name` in messages), and its columns if nothing is."""
+    problems = Problems(name)
+    meta = read_meta(root, problems)
+    inspection = Inspection(problems=problems, meta=meta)
+    if meta is None:
+        return inspection
+    cameras = _first_frame_sizes(meta, problems)
+    inspection.summary = DatasetSummary(
+        name=name,
+        episodes=len(meta.episodes),
+        frames=sum(episode.length for episode in meta.episodes),
+        fps=meta.fps,
+        cameras=cameras,
+        state_dim=meta.state_dim,
+        action_dim=meta.action_dim,
+        tasks=dict(sorted(meta.tasks.items())),
+        robot_type=meta.robot_type,
+    )
+    if problems:
+        # A broken info.json (a missing state, a video camera) makes every data file look broken too.
+        return inspection
+    readable = _read_episode_files(meta, problems)
+    if readable:
+        # The readable files are checked too, so that every problem is reported at once.
+        columns = _check_frames(meta, readable, problems)
+        if not problems:
+            inspection.columns = columns
+    return inspection
+
+
+# -- reading ----------------------------------------------------------------------------------------
+
+
+def _read_episode_files(meta: DatasetMeta, problems: Problems) -> list[tuple[EpisodeMeta, _EpisodeFile]]:
+    """The columns of each episode file that can be read; a problem for each one that cannot."""
+
+    def read(index: int) -> _EpisodeFile | str:
+        return _read_episode_file(meta, index)
+
+    workers = min(8, os.cpu_count() or 1, len(meta.episodes))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(read, [episode.index for episode in meta.episodes]))
+    readable = []
+    for episode, result in zip(meta.episodes, results, strict=True):
+        if isinstance(result, str):
+            kind, _, message = result.partition("|")
+            problems.add(message, kind=kind)
+        else:
+            readable.append((episode, result))
+    return readable
+
+
+def _read_episode_file(meta: DatasetMeta, episode_index: int) -> _EpisodeFile | str:
+    """The episode file's numeric columns, or "kind|message" naming the file and what is wrong."""
+    relative = meta.data_file(episode_index)
+    try:
+        parquet = pq.ParquetFile(meta.root / relative)
+    except FileNotFoundError:
+        return f"missing data files|{relative} is missing"
+    except (OSError, pa.ArrowException) as error:
+        return f"unreadable data files|{relative} cannot be read as parquet: {error}"
+    schema = parquet.schema_arrow
+    missing = [
+        column for column in (*meta.image_sizes, *NUMERIC_COLUMNS) if schema.get_field_index(column) < 0
+    ]
+    if missing:
+        return f"data files missing columns|{relative} has no column {', '.join(missing)}"
+    for camera in meta.image_sizes:
+        if _image_bytes_type(schema.field(camera).type) is None:
+            return (
+                f"data files with bad image columns|{relative}: column {camera} holds "
+                f"{schema.field(camera).type}, not images (struct<bytes, path>)"
+            )
+    try:
+        table = parquet.read(columns=list(NUMERIC_COLUMNS))
+    except (OSError, pa.ArrowException) as error:
+        return f"unreadable data files|{relative} cannot be read: {error}"
+    try:
+        return _EpisodeFile(
+            state=_matrix(table, STATE, meta.state_dim),
+            actions=_matrix(table, ACTION, meta.action_dim),
+            timestamp=_vector(table, "timestamp").astype(np.float64),
+            frame_index=_vector(table, "frame_index").astype(np.int64),
+            episode_index=_vector(table, "episode_index").astype(np.int64),
+            task_index=_vector(table, "task_index").astype(np.int64),
+        )
+    except _ColumnError as error:
+        return f"data files with bad columns|{relative}: {error}"
+
+
+class _ColumnError(ValueError):
+    pass
+
+
+def _matrix(table: pa.Table, name: str, width: int) -> np.ndarray:
+    """A vector column -> float32 (rows, width)."""
+    array = table.column(name).combine_chunks()
+    if array.null_count:
+        raise _ColumnError(f"{name} has {array.null_count} empty rows")
+    kind = array.type
+    if pa.types.is_fixed_size_list(kind) or pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        if pa.types.is_fixed_size_list(kind):
+            widths_ok = kind.list_size == width
+        else:
+            widths_ok = len(array) == 0 or pc.all(pc.equal(pc.list_value_length(array), width)).as_py()
+        if not widths_ok:
+            raise _ColumnError(f"{name} rows are not {width} wide as meta/info.json says")
+        values = array.flatten()
+        if not (pa.types.is_floating(values.type) or pa.types.is_integer(values.type)):
+            raise _ColumnError(f"{name} holds {values.type}, not numbers")
+        return values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False).reshape(-1, width)
+    if (pa.types.is_floating(kind) or pa.types.is_integer(kind)) and width == 1:
+        return array.to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, 1)
+    raise _ColumnError(f"{name} holds {kind}, not vectors of {width} numbers")
+
+
+def _vector(table: pa.Table, name: str) -> np.ndarray:
+    """A scalar column (or one stored as 1-wide lists) -> (rows,)."""
+    column = table.column(name)
+    array = column.combine_chunks()
+    if array.null_count:
+        raise _ColumnError(f"{name} has {array.null_count} empty rows")
+    if pa.types.is_fixed_size_list(array.type) or pa.types.is_list(array.type):
+        array = array.flatten()
+    if not (pa.types.is_floating(array.type) or pa.types.is_integer(array.type)) or len(array) != len(column):
+        raise _ColumnError(f"{name} holds {column.type}, not one number per frame")
+    return array.to_numpy(zero_copy_only=False)
+
+
+def _image_bytes_type(kind: pa.DataType) -> pa.DataType | None:
+    """The binary type holding an image column's PNG bytes, or None if the column is not images."""
+    if pa.types.is_struct(kind):
+        index = kind.get_field_index("bytes")
+        if index >= 0 and (
+            pa.types.is_binary(kind.field(index).type) or pa.types.is_large_binary(kind.field(index).type)
+        ):
+            return kind.field(index).type
+        return None
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return kind
+    return None
+
+
+def image_bytes(array: pa.Array) -> pa.Array:
+    """An image column's chunk -> its array of encoded image bytes."""
+    return array.field("bytes") if pa.types.is_struct(array.type) else array
+
+
+def _first_frame_sizes(meta: DatasetMeta, problems: Problems) -> dict[str, tuple[int, int]]:
+    """Each camera's (height, width), from its first decoded frame where it can be read."""
+    sizes = dict(meta.image_sizes)
+    if not sizes:
+        return sizes
+    relative = meta.data_file(meta.episodes[0].index)
+    try:
+        parquet = pq.ParquetFile(meta.root / relative)
+        if parquet.metadata.num_row_groups == 0:
+            return sizes
+        present = [camera for camera in sizes if parquet.schema_arrow.get_field_index(camera) >= 0]
+        table = parquet.read_row_group(0, columns=present)
+    except (OSError, pa.ArrowException):
+        return sizes  # the pass over every data file reports it
+    for camera in present:
+        column = table.column(camera)
+        if _image_bytes_type(column.type) is None or len(column) == 0:
+            continue
+        encoded = image_bytes(column.chunk(0))[0].as_py()
+        if encoded is None:
+            problems.add(
+                f"{relative}: {camera} holds no image bytes (only a path); Relay needs embedded images"
+            )
+            continue
+        try:
+            with Image.open(io.BytesIO(encoded)) as image:
+                sizes[camera] = (image.height, image.width)
+        except (UnidentifiedImageError, OSError) as error:
+            problems.add(f"{relative}: the first frame of {camera} is not a readable image: {error}")
+    return sizes
+
+
+# -- checks over all frames --------------------------------------------------------------------------
+
+
+def _check_frames(
+    meta: DatasetMeta, readable: list[tuple[EpisodeMeta, _EpisodeFile]], problems: Problems
+) -> FrameColumns:
+    episodes = [episode for episode, _ in readable]
+    files = [file for _, file in readable]
+    lengths = np.array([len(f.frame_index) for f in files], dtype=np.int64)
+    for episode, length in zip(episodes, lengths, strict=True):
+        if length != episode.length:
+            problems.add(
+                f"{meta.data_file(episode.index)} has {length} rows but meta/episodes.jsonl says "
+                f"episode {episode.index} has {episode.length}",
+                kind="episode lengths",
+            )
+    start = np.concatenate([[0], np.cumsum(lengths)])
+    episode_numbers = np.array([episode.index for episode in episodes], dtype=np.int64)
+    row_episode = np.repeat(np.arange(len(files)), lengths)
+    frame_index = np.concatenate([f.frame_index for f in files])
+    episode_index = np.concatenate([f.episode_index for f in files])
+    timestamp = np.concatenate([f.timestamp for f in files])
+    task_index = np.concatenate([f.task_index for f in files])
+    state = np.concatenate([f.state for f in files])
+    actions = np.concatenate([f.actions for f in files])
+
+    def episodes_where(bad: np.ndarray) -> np.ndarray:
+        return np.flatnonzero(np.bincount(row_episode[bad], minlength=len(files)))
+
+    for e in episodes_where(episode_index != episode_numbers[row_episode]):
+        rows = episode_index[start[e] : start[e + 1]]
+        others = sorted(set(rows.tolist()) - {int(episode_numbers[e])})[:3]
+        problems.add(
+            f"{meta.data_file(int(episode_numbers[e]))} holds rows of episode_index {others}, "
+            f"not only {episode_numbers[e]}",
+            kind="rows in the wrong episode file",
+        )
+    expected_frame = np.arange(len(frame_index)) - start[row_episode]
+    for e in episodes_where(frame_index != expected_frame):
+        _frame_order_problem(meta, int(episode_numbers[e]), frame_index[start[e] : start[e + 1]], problems)
+    drift = np.abs(timestamp - frame_index / meta.fps)
+    for e in episodes_where(drift > TIMESTAMP_TOLERANCE_S):
+        row = start[e] + int(np.argmax(drift[start[e] : start[e + 1]] > TIMESTAMP_TOLERANCE_S))
+        problems.add(
+            f"{meta.data_file(int(episode_numbers[e]))}: timestamp {timestamp[row]:.6g} at frame_index "
+            f"{frame_index[row]} is out of sync with frame_index/fps = {frame_index[row] / meta.fps:.6g} "
+            f"(fps {meta.fps:g}, tolerance {TIMESTAMP_TOLERANCE_S:g} s)",
+            kind="timestamps out of sync",
+        )
+    known_tasks = np.array(sorted(meta.tasks), dtype=np.int64)
+    unknown = ~np.isin(task_index, known_tasks)
+    for e in episodes_where(unknown):
+        bad = sorted(set(task_index[start[e] : start[e + 1]][unknown[start[e] : start[e + 1]]].tolist()))
+        problems.add(
+            f"{meta.data_file(int(episode_numbers[e]))}: task_index {', '.join(map(str, bad[:5]))} "
+            f"not in {TASKS}",
+            kind="unknown task_index",
+        )
+    for name, values in ((STATE, state), (ACTION, actions)):
+        for e in episodes_where(~np.isfinite(values).all(axis=1)):
+            problems.add(
+                f"{meta.data_file(int(episode_numbers[e]))}: {name} has NaN or infinite values",
+                kind=f"non-finite {name}",
+            )
+    return FrameColumns(
+        state=state,
+        actions=actions,
+        task_index=task_index,
+        episode_index=episode_numbers,
+        episode_start=start,
+    )
+
+
+def _frame_order_problem(meta: DatasetMeta, episode: int, frames: np.ndarray, problems: Problems) -> None:
+    relative = meta.data_file(episode)
+    values, counts = np.unique(frames, return_counts=True)
+    if (counts > 1).any():
+        twice = values[counts > 1][:5].tolist()
+        rows = ", ".join(f"({episode}, {frame})" for frame in twice)
+        problems.add(
+            f"{relative}: duplicate (episode_index, frame_index) rows: {rows}", kind="duplicate rows"
+        )
+        return
+    row = int(np.argmax(frames != np.arange(len(frames))))
+    problems.add(
+        f"{relative}: frame_index must run 0..{len(frames) - 1} in order; row {row} has {frames[row]}",
+        kind="frame_index order",
+    )
