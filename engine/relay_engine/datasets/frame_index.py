@@ -1,0 +1,237 @@
+"""A frame index: one dataset laid out for fast random access to single frames, built once.
+
+Why: a parquet file can only be decoded a whole column chunk (a row group, often 100 PNG frames)
+at a time, so reading one random frame from parquet costs about a hundred frames' worth of I/O and
+decompression. Training reads frames in random order, so the index stores, per camera, every
+frame's PNG bytes back to back in one file with an offsets array, and the numeric columns as .npy
+files. One frame is then a few `os.pread` calls: no per-process copy of the dataset, and no mmap
+(mapped pages count toward a process's RSS as they are touched, and a training run touches all).
+
+The cost is disk: the index holds a second copy of the image bytes (about the size of the
+parquet files). It lives in the cache, keyed by the dataset's content (the meta files' bytes and
+each data file's size and mtime), is built in a temporary directory and renamed into place (the
+rename is what marks it complete), under a file lock so that workers opening the same dataset at
+once build it once.
+
+Layout of `<cache>/frames/<key>/`:
+    summary.json                 DatasetSummary
+    norm_stats.json              statistics computed over every frame (openpi layout)
+    state.npy, actions.npy       float32 (frames, width)
+    task_index.npy               int64 (frames,)
+    episode_index.npy            int64 (episodes,)   the dataset's episode numbers
+    episode_start.npy            int64 (episodes + 1,)
+    images/<feature>.bin         the encoded frames, back to back
+    images/<feature>.offsets.npy int64 (frames + 1,)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from filelock import FileLock
+
+from relay_engine.datasets.meta import DatasetMeta
+from relay_engine.datasets.norm_stats import NormStats, compute_norm_stats
+from relay_engine.datasets.summary import DatasetSummary
+from relay_engine.datasets.validation import FrameColumns, image_bytes, inspect_dataset
+from relay_engine.errors import DatasetError
+
+# Bump when the layout changes: old indexes are then rebuilt, not misread.
+FORMAT = "relay-frame-index-1"
+SUMMARY = "summary.json"
+NORM_STATS = "norm_stats.json"
+# Rows per read while copying images: bounds memory to a few dozen frames per camera.
+COPY_BATCH_ROWS = 64
+
+
+def fingerprint(meta: DatasetMeta) -> str:
+    """A key for the dataset's content: the meta files, and each data file's path, size and mtime."""
+    digest = hashlib.sha256(FORMAT.encode())
+    for relative in ("meta/info.json", "meta/tasks.jsonl", "meta/episodes.jsonl"):
+        digest.update(relative.encode() + b"\0" + (meta.root / relative).read_bytes())
+    for episode in meta.episodes:
+        relative = meta.data_file(episode.index)
+        try:
+            stat = (meta.root / relative).stat()
+            digest.update(f"{relative}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+        except OSError:
+            digest.update(f"{relative}\0missing\0".encode())
+    return digest.hexdigest()[:32]
+
+
+def ensure_frame_index(meta: DatasetMeta, name: str, cache: Path) -> Path:
+    """The index directory of the dataset `meta` describes, validating and building it if needed.
+
+    Raises DatasetError with every problem found if the dataset cannot be trained on.
+    """
+    target = cache / "frames" / fingerprint(meta)
+    if (target / SUMMARY).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{target}.lock"):
+        if (target / SUMMARY).is_file():
+            return target
+        inspection = inspect_dataset(meta.root, name)
+        inspection.problems.raise_if_any()
+        assert inspection.summary is not None and inspection.columns is not None and inspection.meta
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            _write(staging, inspection.meta, inspection.summary, inspection.columns, name)
+            staging.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
+            os.replace(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _write(
+    directory: Path, meta: DatasetMeta, summary: DatasetSummary, columns: FrameColumns, name: str
+) -> None:
+    np.save(directory / "state.npy", columns.state)
+    np.save(directory / "actions.npy", columns.actions)
+    np.save(directory / "task_index.npy", columns.task_index)
+    np.save(directory / "episode_index.npy", columns.episode_index)
+    np.save(directory / "episode_start.npy", columns.episode_start)
+    (directory / NORM_STATS).write_text(compute_norm_stats(columns.state, columns.actions).to_json())
+    _copy_images(directory / "images", meta, list(summary.cameras), name)
+    # Written last: its presence marks a complete index, should a rename ever be replaced by a copy.
+    (directory / SUMMARY).write_text(json.dumps(summary.to_dict(), indent=2))
+
+
+def _copy_images(directory: Path, meta: DatasetMeta, cameras: list[str], name: str) -> None:
+    """Append every frame's encoded bytes, episode by episode, to one file per camera."""
+    directory.mkdir()
+    outputs = {camera: open(directory / f"{camera}.bin", "wb") for camera in cameras}  # noqa: SIM115
+    offsets = {camera: [np.zeros(1, dtype=np.int64)] for camera in cameras}
+    ends = dict.fromkeys(cameras, 0)
+    try:
+        for episode in meta.episodes:
+            relative = meta.data_file(episode.index)
+            try:
+                batches = pq.ParquetFile(meta.root / relative).iter_batches(
+                    batch_size=COPY_BATCH_ROWS, columns=cameras
+                )
+                row = 0
+                for batch in batches:
+                    for camera in cameras:
+                        encoded = image_bytes(batch.column(camera))
+                        if encoded.null_count:
+                            frame = row + int(np.argmax(np.asarray(encoded.is_null())))
+                            raise DatasetError(
+                                name, f"{relative}: frame {frame} of {camera} has no image bytes"
+                            )
+                        data, sizes = _buffer_and_sizes(encoded)
+                        outputs[camera].write(data)
+                        offsets[camera].append(ends[camera] + np.cumsum(sizes))
+                        ends[camera] += int(sizes.sum())
+                    row += batch.num_rows
+            except (OSError, pa.ArrowException) as error:
+                raise DatasetError(name, f"{relative} cannot be read: {error}") from None
+    finally:
+        for output in outputs.values():
+            output.close()
+    for camera in cameras:
+        np.save(directory / f"{camera}.offsets.npy", np.concatenate(offsets[camera]))
+
+
+def _buffer_and_sizes(encoded: pa.Array) -> tuple[memoryview, np.ndarray]:
+    """The contiguous bytes of a (large_)binary array's values, and each value's length, without copies."""
+    _, offsets_buffer, data_buffer = encoded.buffers()
+    offset_type = np.int64 if pa.types.is_large_binary(encoded.type) else np.int32
+    offsets = np.frombuffer(offsets_buffer, dtype=offset_type)[
+        encoded.offset : encoded.offset + len(encoded) + 1
+    ]
+    data = memoryview(data_buffer)[int(offsets[0]) : int(offsets[-1])] if data_buffer else memoryview(b"")
+    return data, np.diff(offsets).astype(np.int64)
+
+
+class _NpyFile:
+    """Rows of a 1- or 2-D .npy file, read with os.pread from a lazily opened descriptor."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with open(path, "rb") as file:
+            version = np.lib.format.read_magic(file)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(file)
+            else:
+                shape, _, dtype = np.lib.format.read_array_header_2_0(file)
+            self.data_offset = file.tell()
+        self.shape: tuple[int, ...] = shape
+        self.dtype = np.dtype(dtype)
+        self.row_bytes = self.dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+
+
+class FrameIndex:
+    """Reads single frames of a built index. Picklable: file descriptors are opened per process."""
+
+    def __init__(self, directory: Path) -> None:
+        self._descriptors: dict[Path, int] = {}
+        self.directory = directory
+        self.summary = DatasetSummary.from_dict(json.loads((directory / SUMMARY).read_text()))
+        self.norm_stats = NormStats.from_json((directory / NORM_STATS).read_text())
+        # Per-episode arrays are small (one entry per episode) and kept in memory.
+        self.episode_index: np.ndarray = np.load(directory / "episode_index.npy")
+        self.episode_start: np.ndarray = np.load(directory / "episode_start.npy")
+        self._state = _NpyFile(directory / "state.npy")
+        self._actions = _NpyFile(directory / "actions.npy")
+        self._task_index = _NpyFile(directory / "task_index.npy")
+        self._offsets = {
+            camera: _NpyFile(directory / "images" / f"{camera}.offsets.npy")
+            for camera in self.summary.cameras
+        }
+
+    def __len__(self) -> int:
+        return int(self.episode_start[-1])
+
+    def state(self, frame: int) -> np.ndarray:
+        return self._rows(self._state, frame, frame + 1)[0]
+
+    def actions(self, start: int, stop: int) -> np.ndarray:
+        return self._rows(self._actions, start, stop)
+
+    def task_index(self, frame: int) -> int:
+        return int(self._rows(self._task_index, frame, frame + 1)[0])
+
+    def image(self, camera: str, frame: int) -> bytes:
+        start, stop = self._rows(self._offsets[camera], frame, frame + 2)
+        return self._pread(self.directory / "images" / f"{camera}.bin", int(stop - start), int(start))
+
+    def _rows(self, array: _NpyFile, start: int, stop: int) -> np.ndarray:
+        data = self._pread(
+            array.path, (stop - start) * array.row_bytes, array.data_offset + start * array.row_bytes
+        )
+        return np.frombuffer(data, dtype=array.dtype).reshape((stop - start, *array.shape[1:]))
+
+    def _pread(self, path: Path, size: int, offset: int) -> bytes:
+        # pread has no shared file position, so descriptors inherited by forked workers are safe.
+        descriptor = self._descriptors.get(path)
+        if descriptor is None:
+            descriptor = self._descriptors[path] = os.open(path, os.O_RDONLY)
+        data = os.pread(descriptor, size, offset)
+        if len(data) != size:
+            raise DatasetError(
+                self.summary.name, f"the frame index at {self.directory} is truncated ({path.name})"
+            )
+        return data
+
+    def close(self) -> None:
+        for descriptor in self._descriptors.values():
+            os.close(descriptor)
+        self._descriptors = {}
+
+    def __getstate__(self) -> dict[str, object]:
+        state = self.__dict__.copy()
+        state["_descriptors"] = {}
+        return state
+
+    def __del__(self) -> None:
+        self.close()
