@@ -1,7 +1,238 @@
-"""`relay datasets`."""
+"""`relay datasets`: check a LeRobot v2.1 dataset, print its norm stats, write a synthetic one.
+
+These commands run the engine on this machine (they need the engine extra); a dataset is a Hub
+repo id (revision v2.1), a local directory or a file:// URL.
+"""
 
 from __future__ import annotations
 
-import typer
+import re
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
 
-app = typer.Typer(help="datasets", no_args_is_help=True)
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from relay.cli._extras import require
+
+app = typer.Typer(
+    help="Check LeRobot v2.1 datasets, print their norm stats, write synthetic ones.", no_args_is_help=True
+)
+
+_out = Console()
+_err = Console(stderr=True)
+
+DatasetArg = Annotated[
+    str, typer.Argument(help="A Hub dataset repo id (revision v2.1), a local directory or a file:// URL.")
+]
+CacheDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="Where fetched datasets and frame indexes go [default: RELAY_CACHE_DIR or ~/.cache/relay]."
+    ),
+]
+
+
+@app.command()
+def check(
+    dataset: DatasetArg,
+    camera: Annotated[
+        list[str] | None,
+        typer.Option(help="MODEL_CAMERA=FEATURE, repeatable; by default the image features in order."),
+    ] = None,
+    cache_dir: CacheDirOption = None,
+) -> None:
+    """Print what the dataset holds and every problem; exit 0 only if it can be trained on."""
+    datasets = require("relay_engine.datasets")
+    errors = require("relay_engine.errors")
+    name = _dataset_name(dataset)
+    try:
+        root = datasets.resolve_dataset(name, cache_dir=cache_dir)
+    except errors.EngineError as error:
+        _fail(str(error))
+    inspection = datasets.inspect_dataset(root, name)
+    problems: list[str] = inspection.problems.messages()
+    camera_map: dict[str, str] = {}
+    summary = inspection.summary
+    if summary is not None:
+        try:
+            camera_map = datasets.map_cameras(name, summary, _pairs(camera, "camera") if camera else None)
+        except errors.EngineError as error:
+            problems.append(str(getattr(error, "problem", error)))
+        try:
+            shipped = datasets.shipped_norm_stats(root, name, summary)
+        except errors.DatasetError as error:
+            problems.append(error.problem)
+            shipped = None
+        _print_summary(summary, root, camera_map, shipped[1] if shipped else None)
+    if problems:
+        plural = "s" if len(problems) > 1 else ""
+        _err.print(f"[red]{len(problems)} problem{plural} in {escape(name)}:[/red]", soft_wrap=True)
+        for problem in problems:
+            _err.print(f"  - {problem}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+    _out.print(f"[green]{escape(name)} can be trained on.[/green]", soft_wrap=True)
+
+
+@app.command()
+def stats(
+    dataset: DatasetArg,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print openpi's norm_stats.json layout.")
+    ] = False,
+    output: Annotated[Path | None, typer.Option(help="Write norm_stats.json (openpi's layout) here.")] = None,
+    cache_dir: CacheDirOption = None,
+) -> None:
+    """Print (or write) the normalization statistics training uses, in openpi's layout."""
+    datasets = require("relay_engine.datasets")
+    errors = require("relay_engine.errors")
+    name = _dataset_name(dataset)
+    try:
+        norm_stats, source = datasets.dataset_norm_stats(name, cache_dir=cache_dir)
+    except errors.EngineError as error:
+        _fail(str(error))
+    text = norm_stats.to_json()
+    if output is not None:
+        try:
+            output.write_text(text + "\n")
+        except OSError as error:
+            _fail(f"cannot write {output}: {error}")
+    if json_output:
+        print(text)
+    elif output is None:
+        origin = "computed over every frame; exact quantiles" if source == "computed" else f"from {source}"
+        _out.print(f"Norm stats of [bold]{escape(name)}[/bold] ({origin})", soft_wrap=True)
+        for label, values in (("state", norm_stats.state), ("actions", norm_stats.actions)):
+            table = Table(title=label, title_justify="left")
+            for column in ("dim", "mean", "std", "q01", "q99"):
+                table.add_column(column, justify="right")
+            for d in range(values.width):
+                table.add_row(
+                    str(d), *(f"{getattr(values, k)[d]:.6g}" for k in ("mean", "std", "q01", "q99"))
+                )
+            _out.print(table)
+    if output is not None and not json_output:
+        _out.print(f"wrote {output}", soft_wrap=True, markup=False)
+
+
+@app.command()
+def synth(
+    out_dir: Annotated[Path, typer.Argument(help="Where to write the dataset (absent or empty).")],
+    episodes: Annotated[int, typer.Option(help="Number of episodes.")] = 40,
+    length: Annotated[
+        str, typer.Option(help="Frames per episode: N, or LOW-HIGH drawn per episode.")
+    ] = "30-60",
+    camera: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="FEATURE=HEIGHTxWIDTH, repeatable, e.g. observation.images.top=64x64 "
+            "[default: observation.images.top=64x64, observation.images.wrist=64x64]."
+        ),
+    ] = None,
+    state_dim: Annotated[int, typer.Option(help="State width, 2 to 32.")] = 2,
+    action_dim: Annotated[int, typer.Option(help="Action width, 2 to 32.")] = 2,
+    tasks: Annotated[int, typer.Option(help="Number of tasks (target colours), 1 to 8.")] = 1,
+    fps: Annotated[int, typer.Option(help="Frames per second.")] = 10,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    noise: Annotated[int, typer.Option(help="Pixel noise amplitude, 0 to 64.")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="Replace OUT_DIR if it is not empty.")] = False,
+) -> None:
+    """Write a synthetic LeRobot v2.1 image dataset: move to the dot of the task's colour."""
+    synthetic = require("relay_engine.datasets.synth")
+    errors = require("relay_engine.errors")
+    episode_length = _length(length)
+    cameras = {feature: _size(size) for feature, size in _pairs(camera, "camera").items()} if camera else None
+    try:
+        path = synthetic.write_synthetic_dataset(
+            out_dir,
+            episodes=episodes,
+            episode_length=episode_length,
+            cameras=cameras,
+            state_dim=state_dim,
+            action_dim=action_dim,
+            num_tasks=tasks,
+            fps=fps,
+            seed=seed,
+            noise=noise,
+            overwrite=overwrite,
+        )
+    except errors.EngineError as error:
+        _fail(str(error))
+    _out.print(f"wrote {path}", soft_wrap=True, markup=False)
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+
+def _dataset_name(dataset: str) -> str:
+    """A directory that exists here is meant as one, even when given relative (`my_data`, `data/x`)."""
+    path = Path(dataset).expanduser()
+    if not dataset.startswith("file://") and path.is_dir():
+        return str(path.resolve())
+    return dataset
+
+
+def _print_summary(summary: Any, root: Path, camera_map: dict[str, str], norm_stats_file: str | None) -> None:
+    table = Table(title=f"Dataset {summary.name}", title_justify="left", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    table.add_row("files", str(root))
+    table.add_row("robot type", summary.robot_type)
+    table.add_row("episodes", f"{summary.episodes:,}")
+    table.add_row("frames", f"{summary.frames:,}")
+    table.add_row("fps", f"{summary.fps:g}")
+    table.add_row("state width", str(summary.state_dim))
+    table.add_row("action width", str(summary.action_dim))
+    table.add_row("norm stats", norm_stats_file or "none shipped: computed when training starts")
+    _out.print(table)
+
+    model_cameras: dict[str, list[str]] = {}
+    for camera, feature in camera_map.items():
+        model_cameras.setdefault(feature, []).append(camera)
+    cameras = Table(title="Cameras", title_justify="left")
+    for column in ("image feature", "height x width", "model camera"):
+        cameras.add_column(column)
+    for feature, (height, width) in summary.cameras.items():
+        cameras.add_row(feature, f"{height} x {width}", ", ".join(model_cameras.get(feature, ["(unused)"])))
+    _out.print(cameras)
+
+    tasks = Table(title=f"Tasks ({len(summary.tasks)})", title_justify="left")
+    tasks.add_column("task_index", justify="right")
+    tasks.add_column("task (the prompt)")
+    shown = list(summary.tasks.items())
+    for index, task in shown[:10]:
+        tasks.add_row(str(index), task)
+    if len(shown) > 10:
+        tasks.add_row("...", f"and {len(shown) - 10} more")
+    _out.print(tasks)
+
+
+def _pairs(values: list[str], option: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for value in values:
+        key, sep, item = value.partition("=")
+        if not sep or not key or not item:
+            raise typer.BadParameter(f"expected KEY=VALUE, got {value!r}", param_hint=f"--{option}")
+        pairs[key] = item
+    return pairs
+
+
+def _size(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(\d+)x(\d+)", text)
+    if not match:
+        raise typer.BadParameter(f"expected HEIGHTxWIDTH, got {text!r}", param_hint="--camera")
+    return int(match[1]), int(match[2])
+
+
+def _length(text: str) -> int | tuple[int, int]:
+    match = re.fullmatch(r"(\d+)(?:-(\d+))?", text)
+    if not match:
+        raise typer.BadParameter(f"expected N or LOW-HIGH, got {text!r}", param_hint="--length")
+    return int(match[1]) if match[2] is None else (int(match[1]), int(match[2]))
+
+
+def _fail(message: str) -> NoReturn:
+    _err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(1)

@@ -1,0 +1,114 @@
+"""`relay datasets check | stats | synth` on real files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from relay.cli import app
+from relay_engine.datasets import NormStats, open_dataset
+from tests.engine.datasets.conftest import edit_info
+
+runner = CliRunner()
+
+
+def relay(*args: str | Path) -> tuple[int, str]:
+    result = runner.invoke(app, ["datasets", *map(str, args)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.output
+
+
+def test_check_passes_a_dataset_made_by_hand(handmade: Path, cache_dir: Path) -> None:
+    code, output = relay("check", handmade, "--cache-dir", cache_dir)
+    assert code == 0, output
+    assert "can be trained on" in output
+    for expected in ("observation.images.cam_high", "48 x 64", "40 x 40", "32 x 48", "right_wrist_0_rgb"):
+        assert expected in output
+    assert "hand over the cup" in output
+    assert "│ state width  │ 14" in output and "│ episodes     │ 5" in output
+
+
+def test_stats_prints_and_writes_openpis_layout(handmade: Path, cache_dir: Path, tmp_path: Path) -> None:
+    code, output = relay("stats", handmade, "--cache-dir", cache_dir)
+    assert code == 0, output
+    assert "computed over every frame; exact quantiles" in output
+    code, output = relay("stats", handmade, "--json", "--cache-dir", cache_dir)
+    assert code == 0
+    printed = NormStats.from_json(output)
+    assert (printed.state_dim, printed.action_dim) == (14, 14)
+    target = tmp_path / "norm_stats.json"
+    code, output = relay("stats", handmade, "--output", target, "--cache-dir", cache_dir)
+    assert code == 0 and f"wrote {target}" in output.replace("\n", "")
+    written = json.loads(target.read_text())
+    assert written == json.loads(printed.to_json())
+    assert set(written["norm_stats"]["actions"]) == {"mean", "std", "q01", "q99"}
+
+
+def test_check_lists_every_problem_and_fails(broken: Path, cache_dir: Path) -> None:
+    def change(info: dict) -> None:
+        info["features"]["observation.images.wrist"]["dtype"] = "video"
+        info["features"]["observation.state"]["shape"] = [40]
+
+    edit_info(broken, change)
+    code, output = relay("check", broken, "--cache-dir", cache_dir)
+    assert code == 1
+    assert "datasets that store video aren't supported yet: observation.images.wrist" in output
+    assert "meta/info.json: features.observation.state is 40 wide; at most 32 is supported" in output
+    assert "Traceback" not in output
+
+
+def test_check_names_an_unknown_camera(synthetic: Path, cache_dir: Path) -> None:
+    code, output = relay(
+        "check", synthetic, "--camera", "base_0_rgb=observation.images.side", "--cache-dir", cache_dir
+    )
+    assert code == 1
+    assert "observation.images.side" in output and "its image features: observation.images.top" in output
+
+
+def test_stats_of_a_broken_dataset_fails_cleanly(broken: Path, cache_dir: Path) -> None:
+    (broken / "meta/tasks.jsonl").unlink()
+    code, output = relay("stats", broken, "--cache-dir", cache_dir)
+    assert code == 1
+    assert f"error: dataset {broken}: meta/tasks.jsonl is missing" in output.replace("\n", "")
+
+
+def test_synth_writes_what_it_is_asked_for(tmp_path: Path, cache_dir: Path) -> None:
+    out = tmp_path / "made"
+    code, output = relay(
+        "synth", out, "--episodes", "3", "--length", "5-9", "--camera", "observation.images.a=16x24",
+        "--camera", "observation.images.b=20x20", "--state-dim", "4", "--action-dim", "3", "--tasks", "2",
+        "--fps", "15",
+    )  # fmt: skip
+    assert code == 0, output
+    summary = open_dataset(str(out), cache_dir=cache_dir).summary
+    assert summary.cameras == {"observation.images.a": (16, 24), "observation.images.b": (20, 20)}
+    assert (summary.episodes, summary.state_dim, summary.action_dim, summary.fps) == (3, 4, 3, 15)
+    assert 15 <= summary.frames <= 27 and len(summary.tasks) == 2
+    code, output = relay("synth", out)
+    assert code == 1 and "already exists and is not empty" in output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--state-dim", "40"], "state_dim must be 2 to 32"), (["--length", "9-5"], "episode_length must be")],
+)
+def test_synth_refuses_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
+    code, output = relay("synth", tmp_path / "x", *args)
+    assert code == 1 and message in output
+
+
+def test_the_installed_command_runs(synthetic: Path, cache_dir: Path) -> None:
+    command = Path(sys.executable).parent / "relay"
+    result = subprocess.run(
+        [str(command), "datasets", "check", str(synthetic), "--cache-dir", str(cache_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "can be trained on" in result.stdout
