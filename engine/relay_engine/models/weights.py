@@ -39,12 +39,22 @@ _DROPPED = re.compile(
 
 
 def build_policy(
-    name: str | Pi05Config, *, device: str | torch.device = "cpu", action_horizon: int = 10, seed: int = 0
+    name: str | Path | Pi05Config,
+    *,
+    device: str | torch.device = "cpu",
+    action_horizon: int = 10,
+    seed: int = 0,
 ) -> Pi05Policy:
-    """A policy with freshly initialised weights (seeded), or structure only on device="meta"."""
-    config = (
-        name if isinstance(name, Pi05Config) else named_config(name, action_horizon=action_horizon, seed=seed)
-    )
+    """A policy with freshly initialised weights (seeded), or structure only on device="meta".
+
+    `name` is a model name, a config, or a directory whose config.json says which model it is.
+    """
+    if isinstance(name, Pi05Config):
+        config = name
+    elif str(name) not in MODELS and Path(name).expanduser().is_dir():
+        config = _read_config(Path(name).expanduser(), seed)
+    else:
+        config = named_config(str(name), action_horizon=action_horizon, seed=seed)
     device = torch.device(device)
     with torch.random.fork_rng(devices=[]), device:
         torch.manual_seed(config.seed)
@@ -75,7 +85,7 @@ def load_policy(
     if name == "pi05-tiny":
         return build_policy(name, device=device, action_horizon=action_horizon or 10, seed=seed)
     directory = Path(name).expanduser()
-    if directory.is_dir():
+    if name not in MODELS and directory.is_dir():
         config = _read_config(directory, seed)
         weights, source = directory / WEIGHTS_FILE, str(directory)
         if not weights.is_file():
@@ -83,7 +93,7 @@ def load_policy(
     elif name in MODELS or re.fullmatch(r"[\w.-]+/[\w.-]+", name):
         repo = BASE_REPO.get(name, name)
         weights = _download(repo)
-        config, source = named_config("pi05", seed=seed), None
+        config, source = named_config("pi05", seed=seed), str(weights.parent)
     else:
         raise ConfigError(
             f"model {name!r} is neither a known model ({', '.join(MODELS)}) "

@@ -1,7 +1,116 @@
-"""`relay models`."""
+"""`relay models`: the base models, and what a recipe would train on one.
+
+`info` builds the model on PyTorch's meta device (shapes only: no weights, no download, no
+memory), applies the tuning settings and counts. It needs the engine extra.
+"""
 
 from __future__ import annotations
 
-import typer
+import json
+from typing import Annotated, Any, NoReturn
 
-app = typer.Typer(help="models", no_args_is_help=True)
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from relay.catalog import DEFAULT_LORA_TARGETS, FINETUNE_METHODS, MODELS, TARGETS
+from relay.cli._extras import require
+
+app = typer.Typer(help="Base models, and what a recipe trains on them.", no_args_is_help=True)
+
+_out = Console()
+_err = Console(stderr=True)
+
+
+@app.command("list")
+def list_models() -> None:
+    """The base models and the training targets."""
+    _out.print("models: " + ", ".join(MODELS))
+    table = Table("target", "where", box=None)
+    for target, description in TARGETS.items():
+        table.add_row(target, description)
+    _out.print(table)
+    _out.print(f"default LoRA targets: {', '.join(DEFAULT_LORA_TARGETS)}; default full targets: all")
+
+
+@app.command()
+def info(
+    name: Annotated[str, typer.Argument(help=f"{' or '.join(MODELS)}, or an output directory.")],
+    finetune: Annotated[str, typer.Option(help="lora or full.")] = "lora",
+    lora_rank: Annotated[int, typer.Option(help="LoRA rank, 1 to 256.")] = 32,
+    lora_alpha: Annotated[float | None, typer.Option(help="LoRA alpha [default: the rank].")] = None,
+    targets: Annotated[
+        list[str] | None,
+        typer.Option(help="Where training goes; repeat or separate with commas [default: per finetune]."),
+    ] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    keys: Annotated[bool, typer.Option("--keys", help="List every tensor with its shape.")] = False,
+) -> None:
+    """Parameter counts per module and what these settings train, without loading weights."""
+    if finetune not in FINETUNE_METHODS:
+        _fail(f"--finetune must be one of {', '.join(FINETUNE_METHODS)}, got {finetune!r}")
+    chosen = [t.strip() for item in targets for t in item.split(",") if t.strip()] if targets else None
+    models = require("relay_engine.models")
+    tuning = require("relay_engine.tuning")
+    errors = require("relay_engine.errors")
+    try:
+        policy = models.build_policy(name, device="meta")
+        policy = tuning.apply_tuning(policy, finetune, chosen, lora_rank, lora_alpha)
+    except errors.EngineError as error:
+        _fail(str(error))
+    settings = policy.config.tuning
+    if keys:
+        _print_keys(policy, json_output)
+        return
+    counts = tuning.parameter_counts(policy)
+    report: dict[str, Any] = {
+        "model": policy.config.model,
+        **settings,
+        "total_params": counts["all"]["params"],
+        "trainable_params": counts["all"]["trainable"],
+        "modules": {target: row for target, row in counts.items() if target != "all"},
+    }
+    if json_output:
+        _out.print_json(json.dumps(report))
+        return
+    _print_report(report, chosen is None)
+
+
+def _print_report(report: dict[str, Any], defaulted: bool) -> None:
+    method = report["finetune"]
+    if method == "lora":
+        alpha = report["lora_alpha"]
+        method += f" rank {report['lora_rank']}, alpha {alpha:g} (scale {alpha / report['lora_rank']:g})"
+    targets = ", ".join(report["targets"]) + (" (default)" if defaulted else "")
+    _out.print(f"[bold]{report['model']}[/bold]: {method}; targets {targets}")
+    table = Table("module", "params", "LoRA params", "trainable", box=None)
+    for target, row in report["modules"].items():
+        # Sub-modules (vision.attn) are indented under their module (vision).
+        label = ("  " + target) if "." in target else target
+        table.add_row(label, f"{row['params']:,}", f"{row['adapter_params']:,}", f"{row['trainable']:,}")
+    _out.print(table)
+    share = report["trainable_params"] / report["total_params"]
+    _out.print(
+        f"trainable: [bold]{report['trainable_params']:,}[/bold] of {report['total_params']:,} weights "
+        f"({share:.2%})"
+    )
+
+
+def _print_keys(policy: Any, json_output: bool) -> None:
+    rows = [
+        {"name": name, "shape": list(p.shape), "trainable": p.requires_grad}
+        for name, p in policy.named_parameters()
+    ]
+    if json_output:
+        _out.print_json(json.dumps(rows))
+        return
+    for row in rows:
+        mark = "  trainable" if row["trainable"] else ""
+        _out.print(
+            f"{row['name']}\t{tuple(row['shape'])}{mark}", markup=False, highlight=False, soft_wrap=True
+        )
+
+
+def _fail(message: str) -> NoReturn:
+    _err.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(1)
