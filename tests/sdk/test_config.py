@@ -1,0 +1,103 @@
+"""SFTConfig: defaults, every rule, and messages that name the field, the value and the rule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from relay import catalog
+from relay.errors import ConfigError
+from relay.sft.config import SFTConfig
+
+BASE = {"model": "pi05", "dataset_name": "lerobot/pusht_image"}
+
+# (fields, the field at fault, how the message starts)
+BAD_CONFIGS: list[tuple[dict[str, object], str, str]] = [
+    ({"model": "pi06"}, "model", 'bad model: "pi06" (must be one of pi05, pi05-tiny)'),
+    ({"model": 5}, "model", "bad model: 5"),
+    ({"dataset_name": ""}, "dataset_name", 'bad dataset_name: ""'),
+    ({"dataset_name": "a\nb"}, "dataset_name", "bad dataset_name:"),
+    ({"dataset_name": "x" * 1025}, "dataset_name", "bad dataset_name:"),
+    ({"batch_size": 0}, "batch_size", "bad batch_size: 0 (must be an integer from 1 to 512)"),
+    ({"batch_size": 513}, "batch_size", "bad batch_size: 513 (must be an integer from 1 to 512)"),
+    ({"batch_size": 32.5}, "batch_size", "bad batch_size: 32.5 (must be an integer from 1 to 512)"),
+    ({"batch_size": "32"}, "batch_size", 'bad batch_size: "32" (must be an integer from 1 to 512)'),
+    ({"batch_size": True}, "batch_size", "bad batch_size: true"),
+    ({"learning_rate": 0}, "learning_rate", "bad learning_rate: 0 (must be a number greater than 0)"),
+    ({"learning_rate": -1e-5}, "learning_rate", "bad learning_rate: -1e-05"),
+    ({"learning_rate": math.nan}, "learning_rate", "bad learning_rate: nan"),
+    ({"learning_rate": math.inf}, "learning_rate", "bad learning_rate: inf"),
+    ({"steps": 0}, "steps", "bad steps: 0 (must be an integer from 1 to 100,000)"),
+    ({"steps": 100_001}, "steps", "bad steps: 100001 (must be an integer from 1 to 100,000)"),
+    ({"finetune": "qlora"}, "finetune", 'bad finetune: "qlora" (must be "lora" or "full")'),
+    ({"lora_rank": 0}, "lora_rank", "bad lora_rank: 0 (must be an integer from 1 to 256)"),
+    ({"lora_rank": 257}, "lora_rank", "bad lora_rank: 257 (must be an integer from 1 to 256)"),
+    ({"lora_alpha": 0}, "lora_alpha", "bad lora_alpha: 0 (must be a number greater than 0"),
+    ({"lora_alpha": -2.0}, "lora_alpha", "bad lora_alpha: -2.0"),
+    ({"targets": ["vision", "wings"]}, "targets", """bad targets: ["vision", "wings"] (unknown target"""),
+    ({"targets": []}, "targets", "bad targets: [] (targets must name at least one place"),
+    ({"targets": ["heads", "heads"]}, "targets", 'bad targets: ["heads", "heads"] (each target may appear'),
+    ({"targets": "all"}, "targets", 'bad targets: "all" (must be a list of targets from: all,'),
+    ({"cameras": {"top": "observation.images.top"}}, "cameras", "bad cameras:"),
+    ({"cameras": {"base_0_rgb": ""}}, "cameras", "bad cameras:"),
+    ({"cameras": {}}, "cameras", "bad cameras: {}"),
+    ({"cameras": ["base_0_rgb"]}, "cameras", "bad cameras:"),
+    ({"name": "n" * 129}, "name", "bad name:"),
+    ({"name": "tab\there"}, "name", "bad name:"),
+    ({"epochs": 3}, "epochs", "unknown field epochs (SFTConfig's fields: model, dataset_name,"),
+]
+
+
+def test_defaults_are_the_specs() -> None:
+    config = SFTConfig(**BASE)
+    assert (config.batch_size, config.learning_rate, config.steps) == (128, 2.5e-5, 6000)
+    assert (config.finetune, config.lora_rank, config.lora_alpha) == ("lora", 32, 32.0)
+    assert config.targets == list(catalog.DEFAULT_LORA_TARGETS)
+    assert config.cameras is None and config.name is None
+
+
+def test_defaults_follow_the_choices_made() -> None:
+    assert SFTConfig(**BASE, finetune="full").targets == ["all"]
+    assert SFTConfig(**BASE, lora_rank=8).lora_alpha == 8.0
+    assert SFTConfig(**BASE, lora_rank=8, lora_alpha=16).lora_alpha == 16.0
+
+
+def test_limits_are_inclusive() -> None:
+    for fields in ({"batch_size": 1}, {"batch_size": 512}, {"steps": 1}, {"steps": 100_000},
+                   {"lora_rank": 1}, {"lora_rank": 256}, {"learning_rate": 1}, {"name": "n" * 128}):
+        SFTConfig(**BASE, **fields)
+
+
+def test_spec_examples_build() -> None:
+    SFTConfig(model="pi05", dataset_name="lerobot/pusht_image", batch_size=32, learning_rate=2.5e-5)
+    SFTConfig(model="pi05", dataset_name="x", finetune="full")
+    SFTConfig(model="pi05", dataset_name="x", targets=["all"])
+    SFTConfig(model="pi05", dataset_name="x", targets=["language.mlp", "action_expert.attn"])
+    SFTConfig(model="pi05", dataset_name="x", cameras={"base_0_rgb": "observation.images.top"})
+
+
+@pytest.mark.parametrize(("fields", "param", "message"), BAD_CONFIGS)
+def test_each_rule_names_field_value_and_rule(fields: dict[str, object], param: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        SFTConfig(**{**BASE, **fields})
+    assert caught.value.param == param
+    assert str(caught.value).startswith(message), str(caught.value)
+
+
+def test_a_missing_field_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"^missing model \(required; it must be one of pi05, pi05-tiny\)"):
+        SFTConfig(dataset_name="x")  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match=r"^missing dataset_name"):
+        SFTConfig(model="pi05")  # type: ignore[call-arg]
+
+
+def test_parse_refuses_what_is_not_an_object() -> None:
+    with pytest.raises(ConfigError, match="must be an object"):
+        SFTConfig.parse([1, 2])
+    assert SFTConfig.parse(dict(BASE)).model == "pi05"
+
+
+def test_a_config_round_trips_through_its_dump() -> None:
+    config = SFTConfig(**BASE, targets=["all"], cameras={"base_0_rgb": "observation.images.top"}, name="x")
+    assert SFTConfig.parse(config.model_dump()) == config
