@@ -1,0 +1,145 @@
+"""The FastAPI application: routes, error answers in the peers' shape, a request id on every response.
+
+Run it with ``uvicorn --factory relay_api.app:create_app`` (settings from RELAY_* variables).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import secrets
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, RedirectResponse
+from sqlalchemy import text
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from relay import __version__
+from relay.sft.config import problems
+from relay_api import routes
+from relay_api.db import session_factory
+from relay_api.errors import APIProblem, error_body
+from relay_api.files import ChecksumCache
+from relay_api.keys import KeyCache
+from relay_api.queue import Publisher
+from relay_api.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """Fine-tune pi0.5 robot policies on LeRobot datasets from a recipe.
+
+Authenticate with `Authorization: Bearer <key>` (`relay keys create --user NAME` makes one).
+Errors answer `{"error": {"message", "type", "param", "code"}}`; every response carries `x-request-id`.
+"""
+
+
+def create_app(settings: Settings | None = None, publisher: Publisher | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    app = FastAPI(title="Relay", version=__version__, description=DESCRIPTION)
+    app.state.settings = settings
+    app.state.sessions = session_factory(settings)
+    app.state.publisher = publisher or Publisher(settings)
+    app.state.keys = KeyCache(settings.auth_cache_seconds)
+    app.state.checksums = ChecksumCache()
+
+    app.include_router(routes.router)
+    app.add_exception_handler(APIProblem, _problem_answer)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _validation_answer)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_answer)  # type: ignore[arg-type]
+    app.add_middleware(RequestId)
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse("/docs")
+
+    @app.get("/healthz", tags=["health"], summary="Whether the API can reach its database")
+    def healthz() -> dict[str, str]:
+        with app.state.sessions() as session:
+            session.execute(text("SELECT 1"))
+        return {"status": "ok"}
+
+    return app
+
+
+def _answer(status: int, message: str, param: str | None = None, code: str | None = None,
+            headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+
+
+async def _problem_answer(_request: Request, problem: APIProblem) -> JSONResponse:
+    return _answer(problem.status, problem.message, problem.param, problem.code, problem.headers)
+
+
+async def _http_answer(_request: Request, error: HTTPException) -> JSONResponse:
+    message = error.detail if isinstance(error.detail, str) else json.dumps(error.detail)
+    if error.status_code == 404 and message == "Not Found":
+        message = "no such endpoint; see /docs"
+    return _answer(error.status_code, message, headers=getattr(error, "headers", None))
+
+
+async def _validation_answer(_request: Request, error: RequestValidationError) -> JSONResponse:
+    """400 with the first broken rule, in the words SFTConfig uses for it."""
+    body_errors, other_errors = [], []
+    for item in error.errors():
+        loc = tuple(item.get("loc") or ())
+        if loc and loc[0] == "body":
+            body_errors.append({**item, "loc": loc[1:]})
+        else:
+            other_errors.append({**item, "loc": loc})
+    if other_errors:
+        item = other_errors[0]
+        name = str(item["loc"][-1]) if item["loc"] else "request"
+        given = json.dumps(item.get("input")) if item.get("input") is not None else "nothing"
+        rule = str(item.get("msg", "invalid")).lower()
+        return _answer(400, f"bad {name}: {given} ({rule})", name, "invalid_value")
+    if body_errors[0].get("type") == "json_invalid":
+        return _answer(400, "the request body is not valid JSON", None, "invalid_json")
+    found = problems(body_errors, error.body)
+    return _answer(400, "; ".join(p.message for p in found), found[0].param, found[0].code)
+
+
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+class RequestId:
+    """Gives each request an id (the caller's ``x-request-id`` if sane), returns it in ``x-request-id``,
+    and turns an unhandled error into a 500 in the peers' shape that quotes it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = "req_" + secrets.token_hex(12)
+        for name, value in scope.get("headers", []):
+            if name == b"x-request-id":
+                candidate = value.decode("latin-1")
+                if _CLIENT_ID.match(candidate):
+                    request_id = candidate
+                break
+        scope.setdefault("state", {})["request_id"] = request_id
+        header = (b"x-request-id", request_id.encode())
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message["headers"] = [*message.get("headers", []), header]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            log.exception("request %s failed", request_id)
+            if started:
+                raise
+            body: dict[str, Any] = error_body(500, f"internal error; quote request id {request_id}")
+            response = JSONResponse(body, status_code=500)
+            await response(scope, receive, send_with_id)

@@ -1,0 +1,90 @@
+"""Database engines and sessions, for PostgreSQL (production, tests) and SQLite (the embedded server)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import DateTime, Engine, create_engine, event
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+from sqlalchemy.types import TypeDecorator
+
+from relay_api.settings import Settings
+
+T = TypeVar("T")
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """Aware UTC datetimes in Python, naive UTC in the database (the same on PostgreSQL and SQLite)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(dt.UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
+        return None if value is None else value.replace(tzinfo=dt.UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+def make_engine(url: str, pool_size: int = 10) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+
+
+def _sqlite_pragmas(connection: Any, _record: Any) -> None:
+    # WAL lets the API read while the worker writes; the busy timeout queues writers instead of failing.
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+_factories: dict[tuple[int, str], sessionmaker[Session]] = {}
+_factories_lock = threading.Lock()
+
+
+def session_factory(settings: Settings) -> sessionmaker[Session]:
+    """One engine per process and URL (a forked worker child builds its own; pools do not survive fork)."""
+    key = (os.getpid(), settings.database_url)
+    with _factories_lock:
+        factory = _factories.get(key)
+        if factory is None:
+            engine = make_engine(settings.database_url, settings.db_pool_size)
+            factory = _factories[key] = sessionmaker(engine, expire_on_commit=False)
+        return factory
+
+
+def with_retries(operation: Callable[[], T], attempts: int = 5, first_wait: float = 0.2) -> T:
+    """Run a short transaction again when the connection dropped or the database was busy; a worker's
+    writes should ride out a database restart rather than lose the job's progress."""
+    for attempt in range(attempts):
+        try:
+            return operation()
+        except (OperationalError, DBAPIError) as error:
+            transient = isinstance(error, OperationalError) or error.connection_invalidated
+            if not transient or attempt == attempts - 1:
+                raise
+            time.sleep(first_wait * 2**attempt)
+    raise AssertionError("unreachable")

@@ -1,0 +1,135 @@
+"""The embedded service for a laptop: `relay server`.
+
+Everything under one data directory (``RELAY_HOME``, else ``./.relay``): a SQLite database, a
+SQLite-backed Celery broker (kombu's SQLAlchemy transport, so no server is needed), job work
+directories, the worker's log, and ``client.json`` with the URL and a local API key, where the SDK
+and the CLI look for them. The API runs in this process and one worker in a child process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import uvicorn
+from sqlalchemy import select
+
+from relay import _config
+from relay_api import keys, migrate
+from relay_api.app import create_app
+from relay_api.db import session_factory
+from relay_api.models import ApiKey
+from relay_api.settings import Settings
+
+LOCAL_USER = "local"
+
+
+def serve(host: str, port: int, log: Callable[[str], None] = print) -> None:
+    home = _config.data_dir().expanduser().absolute()
+    os.environ["RELAY_HOME"] = str(home)  # the worker process reads the same settings
+    settings = Settings()
+    home.mkdir(parents=True, exist_ok=True)
+    _check_port_free(host, port)
+
+    migrate.upgrade(settings.database_url)
+    client_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    base_url = f"http://{client_host}:{port}"
+    key = _local_key(settings)
+    key_file = _config.write_client_file(home, base_url, key)
+
+    worker = WorkerProcess(settings, home / "worker.log")
+    worker.start()
+    log(f"Relay is serving at {base_url} (API docs: {base_url}/docs)")
+    log(f"data: {home}; API key for user '{LOCAL_USER}' in {key_file} (the SDK and CLI read it from there)")
+    log(f"worker log: {worker.log_path}; press Ctrl-C to stop")
+    # uvicorn re-raises the signal that stopped it once it is done; make SIGTERM an exception here so
+    # the worker is stopped too (SIGINT is already KeyboardInterrupt).
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        worker.stop()
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            message = f"error: cannot listen on {host}:{port} ({error.strerror}); pick another --port"
+            raise SystemExit(message) from None
+
+
+def _local_key(settings: Settings) -> str:
+    """The key saved by a previous start if it still works, else a new one for the local user."""
+    saved = _config.resolve().api_key
+    with session_factory(settings)() as session:
+        if saved:
+            known = session.scalar(select(ApiKey.id).where(ApiKey.key_hash == keys.hash_key(saved),
+                                                           ApiKey.revoked_at.is_(None)))
+            if known is not None:
+                return saved
+        return keys.create_key(session, LOCAL_USER).key
+
+
+class WorkerProcess:
+    """One Celery worker in a child process, started again if it dies while the server runs."""
+
+    def __init__(self, settings: Settings, log_path: Path) -> None:
+        self.settings = settings
+        self.log_path = log_path
+        self._process: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="worker-watcher", daemon=True)
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "celery", "-A", "relay_worker.app", "worker", "--loglevel", "INFO",
+            "--concurrency", "1", "--queues", self.settings.fine_tune_queue,
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]
+
+    def start(self) -> None:
+        self._spawn()
+        self._watcher.start()
+
+    def _spawn(self) -> None:
+        log_file = open(self.log_path, "ab")  # noqa: SIM115 (the child keeps it)
+        self._process = subprocess.Popen(self.command(), stdout=log_file, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        log_file.close()
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(2.0):
+            if self._process is not None and self._process.poll() is not None:
+                code = self._process.returncode
+                print(f"the worker exited ({code}); starting it again; see {self.log_path}", file=sys.stderr)
+                time.sleep(1.0)
+                if not self._stopping.is_set():
+                    self._spawn()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)  # a warm shutdown: the running task is given back by lease
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -1,0 +1,98 @@
+"""A job's files: the output (model.safetensors, config.json, norm_stats.json) and its checkpoints.
+
+Paths are relative to the job's work directory and always start with ``output/`` or
+``checkpoints/``; nothing else in the data directory can be named. The output's sha256 is recorded
+when the job completes; a checkpoint file's is computed when first asked for and remembered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from relay_api.errors import APIProblem
+
+OUTPUT = "output"
+CHECKPOINTS = "checkpoints"
+CHECKPOINT_MANIFEST = "manifest.json"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def output_manifest(work_dir: Path, output_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every output file with its size and sha256, keyed by path relative to the work directory."""
+    manifest: dict[str, dict[str, Any]] = {}
+    for path in sorted(p for p in output_dir.rglob("*") if p.is_file()):
+        relative = PurePosixPath(OUTPUT, *path.relative_to(output_dir).parts)
+        manifest[str(relative)] = {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
+    return manifest
+
+
+class ChecksumCache:
+    """sha256 of files that do not change once written (complete checkpoints), by path, size and mtime."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, int, int], str] = {}
+        self._lock = threading.Lock()
+
+    def sha256(self, path: Path) -> str:
+        stat = path.stat()
+        key = (str(path), stat.st_size, stat.st_mtime_ns)
+        with self._lock:
+            known = self._known.get(key)
+        if known is None:
+            known = sha256_of(path)
+            with self._lock:
+                if len(self._known) > 10_000:
+                    self._known.clear()
+                self._known[key] = known
+        return known
+
+
+def checkpoint_files(work_dir: Path) -> list[dict[str, Any]]:
+    """Files of the job's complete checkpoints (those with a manifest), oldest first."""
+    root = work_dir / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found: list[dict[str, Any]] = []
+    for checkpoint in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if not (checkpoint / CHECKPOINT_MANIFEST).is_file():
+            continue
+        for path in sorted(p for p in checkpoint.rglob("*") if p.is_file() and not p.name.startswith(".")):
+            relative = PurePosixPath(CHECKPOINTS, *path.relative_to(root).parts)
+            found.append({"path": str(relative), "bytes": path.stat().st_size, "sha256": None})
+    return found
+
+
+def listing(job: dict[str, Any], work_dir: Path) -> list[dict[str, Any]]:
+    outputs = [{"path": path, **meta} for path, meta in sorted((job.get("files") or {}).items())]
+    return outputs + checkpoint_files(work_dir)
+
+
+def resolve(job: dict[str, Any], work_dir: Path, path: str) -> tuple[Path, str | None]:
+    """The file `path` names in the job's work directory and its sha256 if recorded; 404 otherwise."""
+    relative = PurePosixPath(path)
+    parts = relative.parts
+    if (
+        len(parts) < 2 or parts[0] not in (OUTPUT, CHECKPOINTS) or relative.is_absolute()
+        or any(part in ("..", ".") or part.startswith(".") for part in parts)
+    ):
+        raise APIProblem(404, f"no file {path} in fine-tune {job['id']}", param="path", code="not_found")
+    recorded = (job.get("files") or {}).get(str(relative))
+    if parts[0] == OUTPUT and recorded is None:
+        # The output is served only once the job completed and recorded it.
+        raise APIProblem(404, f"no file {path} in fine-tune {job['id']}", param="path", code="not_found")
+    full = work_dir.joinpath(*parts)
+    if parts[0] == CHECKPOINTS and not (work_dir / CHECKPOINTS / parts[1] / CHECKPOINT_MANIFEST).is_file():
+        raise APIProblem(404, f"no file {path} in fine-tune {job['id']}", param="path", code="not_found")
+    if not full.is_file() or not full.resolve().is_relative_to(work_dir.resolve()):
+        raise APIProblem(404, f"no file {path} in fine-tune {job['id']}", param="path", code="not_found")
+    return full, recorded["sha256"] if recorded else None

@@ -1,0 +1,205 @@
+"""What the API does with recipe jobs: create (idempotently), find, list, cancel, read events.
+
+Each function is one or two short transactions on the fine-tune row; statuses only move as
+``relay.sft.status.TRANSITIONS`` allows, through conditional updates, so concurrent requests and
+workers cannot undo each other.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from relay.sft import status as st
+from relay.sft.config import SFTConfig
+from relay_api.db import utcnow
+from relay_api.errors import APIProblem, not_found
+from relay_api.models import fine_tune_events, fine_tunes
+
+CONFIG_FIELDS: tuple[str, ...] = tuple(SFTConfig.model_fields)
+JOB_ID_PREFIX = "ft-"
+
+
+def new_job_id() -> str:
+    return JOB_ID_PREFIX + secrets.token_hex(6)
+
+
+def iso(moment: dt.datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat().replace("+00:00", "Z")
+
+
+def job_object(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A job as the API shows it: the spec's attributes, then the config's fields."""
+    config = row["config"]
+    return {
+        "id": row["id"],
+        "object": "fine_tune",
+        "status": row["status"],
+        "step": row["step"],
+        "loss": row["loss"],
+        "error": row["error"],
+        "output_dir": row["output_dir"],
+        "created_at": iso(row["created_at"]),
+        "started_at": iso(row["started_at"]),
+        "finished_at": iso(row["finished_at"]),
+        "attempts": row["attempt"],
+        **{name: config.get(name) for name in CONFIG_FIELDS},
+    }
+
+
+def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
+    """An event as the engine reported it (``{"step": 10, "loss": ...}``), with its id and time."""
+    body: dict[str, Any] = {"step": row["step"], **row["data"]}
+    if row["kind"] != "metrics":
+        body["event"] = row["kind"]
+    return {"id": row["id"], "object": "fine_tune.event", "created_at": iso(row["created_at"]), **body}
+
+
+def request_hash(config: SFTConfig) -> str:
+    canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def create(
+    session: Session, user_id: int, config: SFTConfig, idempotency_key: str | None
+) -> tuple[dict[str, Any], bool]:
+    """Insert a queued job and commit; returns (row, replayed). The same Idempotency-Key with the
+    same config returns the job it created before; with a different config, 409."""
+    digest = request_hash(config)
+    if idempotency_key is not None:
+        existing = _by_idempotency_key(session, user_id, idempotency_key, digest)
+        if existing is not None:
+            return existing, True
+    for _ in range(3):
+        now = utcnow()
+        row: dict[str, Any] = {
+            "id": new_job_id(), "user_id": user_id, "config": config.model_dump(mode="json"),
+            "status": st.QUEUED, "step": 0, "loss": None, "error": None, "output_dir": None,
+            "files": None, "attempt": 0, "lease_until": None, "lease_owner": None,
+            "last_failure": None, "enqueued_at": None, "idempotency_key": idempotency_key,
+            "request_hash": digest, "created_at": now, "updated_at": now, "started_at": None,
+            "finished_at": None, "cancel_requested_at": None,
+        }
+        try:
+            session.execute(insert(fine_tunes).values(row))
+            session.commit()
+            return row, False
+        except IntegrityError:
+            session.rollback()
+            if idempotency_key is not None:  # a concurrent request with the same key won
+                existing = _by_idempotency_key(session, user_id, idempotency_key, digest)
+                if existing is not None:
+                    return existing, True
+    raise RuntimeError("could not pick a free job id")
+
+
+def _by_idempotency_key(session: Session, user_id: int, key: str, digest: str) -> dict[str, Any] | None:
+    row = session.execute(
+        select(fine_tunes).where(fine_tunes.c.user_id == user_id, fine_tunes.c.idempotency_key == key)
+    ).mappings().first()
+    if row is None:
+        return None
+    if row["request_hash"] != digest:
+        raise APIProblem(
+            409,
+            f"Idempotency-Key {key!r} was used for fine-tune {row['id']} with a different config; "
+            "use a new key for a new job",
+            param="Idempotency-Key", code="idempotency_key_reused",
+        )
+    return dict(row)
+
+
+def mark_enqueued(session: Session, job_id: str) -> None:
+    session.execute(
+        update(fine_tunes).where(fine_tunes.c.id == job_id, fine_tunes.c.enqueued_at.is_(None))
+        .values(enqueued_at=utcnow())
+    )
+    session.commit()
+
+
+def get(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
+    """The caller's job `job_id`; another user's job is as absent as a job that never existed."""
+    row = session.execute(
+        select(fine_tunes).where(fine_tunes.c.id == job_id, fine_tunes.c.user_id == user_id)
+    ).mappings().first()
+    if row is None:
+        raise not_found(job_id)
+    return dict(row)
+
+
+def list_page(
+    session: Session, user_id: int, after: str | None, limit: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """The caller's jobs, newest first, starting after the job `after`; and whether more follow."""
+    query = select(fine_tunes).where(fine_tunes.c.user_id == user_id)
+    if after is not None:
+        cursor = session.execute(
+            select(fine_tunes.c.created_at).where(fine_tunes.c.id == after, fine_tunes.c.user_id == user_id)
+        ).scalar()
+        if cursor is None:
+            raise APIProblem(400, f"bad after: {after} (must be the id of one of your fine-tunes)",
+                             param="after", code="invalid_value")
+        query = query.where(or_(
+            fine_tunes.c.created_at < cursor,
+            and_(fine_tunes.c.created_at == cursor, fine_tunes.c.id < after),
+        ))
+    rows = session.execute(
+        query.order_by(fine_tunes.c.created_at.desc(), fine_tunes.c.id.desc()).limit(limit + 1)
+    ).mappings().all()
+    return [dict(r) for r in rows[:limit]], len(rows) > limit
+
+
+def events_page(
+    session: Session, job_id: str, after: int | None, limit: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """The job's events after event id `after`, oldest first; and whether more follow."""
+    query = select(fine_tune_events).where(fine_tune_events.c.job_id == job_id)
+    if after is not None:
+        query = query.where(fine_tune_events.c.id > after)
+    rows = session.execute(query.order_by(fine_tune_events.c.id).limit(limit + 1)).mappings().all()
+    return [dict(r) for r in rows[:limit]], len(rows) > limit
+
+
+def cancel(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
+    """Cancel: a queued job ends `cancelled` now; a running one becomes `cancel_requested` and its
+    worker stops it at the next step. Asking again is harmless; a completed or failed job is 409."""
+    for _ in range(5):
+        row = get(session, user_id, job_id)
+        now = utcnow()
+        if row["status"] in (st.CANCEL_REQUESTED, st.CANCELLED):
+            return row
+        if row["status"] in st.TERMINAL:
+            raise APIProblem(
+                409,
+                f"fine-tune {job_id} is already {row['status']}; "
+                "only a queued or running job can be cancelled",
+                param="id", code="job_finished",
+            )
+        if row["status"] == st.QUEUED:
+            moved = session.execute(
+                update(fine_tunes).where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.QUEUED)
+                .values(status=st.CANCELLED, cancel_requested_at=now, finished_at=now, updated_at=now)
+            ).rowcount
+            if moved:
+                session.execute(insert(fine_tune_events).values(
+                    job_id=job_id, step=row["step"], kind="cancelled", attempt=row["attempt"], data={},
+                    created_at=now,
+                ))
+        else:  # running
+            moved = session.execute(
+                update(fine_tunes).where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.RUNNING)
+                .values(status=st.CANCEL_REQUESTED, cancel_requested_at=now, updated_at=now)
+            ).rowcount
+        session.commit()
+        if moved:
+            return get(session, user_id, job_id)
+        # A worker moved the job meanwhile (claimed or finished it): look again.
+    raise APIProblem(409, f"fine-tune {job_id} kept changing; try again", param="id", code="conflict")

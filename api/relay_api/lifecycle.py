@@ -1,0 +1,334 @@
+"""A job's life on the workers: claim, lease, fenced writes, the end, and the reconciler.
+
+A worker claims a job by incrementing its `attempt` (the fencing token) and taking a lease. Every
+later write of that worker names the attempt and is refused (``FencedOut``) once a newer attempt
+owns the job. A reconciler, run by every worker, hands jobs whose lease lapsed to a new attempt
+(which resumes from the last checkpoint), publishes jobs that never reached the broker, and fails
+a job after `max_attempts` claims. Writes are short transactions, retried when the database blips.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session, sessionmaker
+
+from relay.sft import status as st
+from relay_api.db import utcnow, with_retries
+from relay_api.models import fine_tune_events, fine_tunes
+from relay_api.settings import Settings
+
+log = logging.getLogger(__name__)
+
+LIVE = (st.RUNNING, st.CANCEL_REQUESTED)
+
+
+class FencedOut(Exception):
+    """This attempt no longer owns the job: a newer attempt claimed it, or it ended."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    job_id: str
+    attempt: int
+    user_id: int
+    config: dict[str, Any]
+    step: int  # the job's last reported step when claimed (0 for a first attempt)
+
+
+@dataclass(frozen=True)
+class JobState:
+    status: str
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self.status == st.CANCEL_REQUESTED
+
+
+def _lease(settings: Settings, now: dt.datetime) -> dt.datetime:
+    return now + dt.timedelta(seconds=settings.lease_seconds)
+
+
+def _owned(claim: Claim) -> Any:
+    return and_(fine_tunes.c.id == claim.job_id, fine_tunes.c.attempt == claim.attempt,
+                fine_tunes.c.status.in_(LIVE))
+
+
+def claim(sessions: sessionmaker[Session], settings: Settings, job_id: str, owner: str) -> Claim | None:
+    """Take the job if it is queued, or running with a lapsed lease, and has attempts left."""
+    def run() -> Claim | None:
+        now = utcnow()
+        with sessions() as session:
+            row = session.execute(
+                update(fine_tunes)
+                .where(
+                    fine_tunes.c.id == job_id,
+                    fine_tunes.c.attempt < settings.max_attempts,
+                    or_(
+                        fine_tunes.c.status == st.QUEUED,
+                        and_(fine_tunes.c.status == st.RUNNING,
+                             or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now)),
+                    ),
+                )
+                .values(status=st.RUNNING, attempt=fine_tunes.c.attempt + 1,
+                        lease_until=_lease(settings, now), lease_owner=owner, updated_at=now,
+                        started_at=func.coalesce(fine_tunes.c.started_at, now))
+                .returning(fine_tunes.c.attempt, fine_tunes.c.user_id, fine_tunes.c.config, fine_tunes.c.step)
+            ).first()
+            session.commit()
+            if row is None:
+                return None
+            return Claim(job_id, row.attempt, row.user_id, row.config, row.step)
+    return with_retries(run)
+
+
+def renew(sessions: sessionmaker[Session], settings: Settings, claim: Claim) -> JobState:
+    """Extend the lease (the heartbeat) and read whether a cancel was asked for."""
+    def run() -> JobState:
+        now = utcnow()
+        with sessions() as session:
+            status = session.execute(
+                update(fine_tunes).where(_owned(claim)).values(lease_until=_lease(settings, now))
+                .returning(fine_tunes.c.status)
+            ).scalar()
+            session.commit()
+        if status is None:
+            raise FencedOut(claim.job_id)
+        return JobState(status)
+    return with_retries(run)
+
+
+def record_event(
+    sessions: sessionmaker[Session], settings: Settings, claim: Claim, event: dict[str, Any]
+) -> JobState:
+    """Write one of the engine's events and the job's progress, as this attempt; once per (step, kind)."""
+    step = int(event["step"])
+    kind = str(event.get("event", "metrics"))
+    data = {k: v for k, v in event.items() if k not in ("step", "event")}
+
+    def run() -> JobState:
+        now = utcnow()
+        progress: dict[str, Any] = {"step": step, "updated_at": now, "lease_until": _lease(settings, now)}
+        if kind == "metrics" and data.get("loss") is not None:
+            progress["loss"] = float(data["loss"])
+        with sessions() as session:
+            status = session.execute(
+                update(fine_tunes).where(_owned(claim)).values(progress).returning(fine_tunes.c.status)
+            ).scalar()
+            if status is None:
+                session.rollback()
+                raise FencedOut(claim.job_id)
+            _insert_event(session, claim.job_id, step, kind, claim.attempt, data, now)
+            session.commit()
+        return JobState(status)
+    return with_retries(run)
+
+
+def _insert_event(
+    session: Session, job_id: str, step: int, kind: str, attempt: int, data: dict[str, Any], now: dt.datetime
+) -> None:
+    values = {"job_id": job_id, "step": step, "kind": kind, "attempt": attempt, "data": data,
+              "created_at": now}
+    dialect = session.get_bind().dialect.name
+    builder = pg_insert if dialect == "postgresql" else sqlite_insert
+    session.execute(builder(fine_tune_events).values(values).on_conflict_do_nothing(
+        index_elements=["job_id", "step", "kind"]))
+
+
+def complete(
+    sessions: sessionmaker[Session], claim: Claim, step: int, loss: float | None, output_dir: str,
+    files: dict[str, Any],
+) -> str:
+    """The engine finished and wrote the output: `completed` (or `cancelled`, if a cancel came first)."""
+    def run() -> str:
+        now = utcnow()
+        with sessions() as session:
+            moved = session.execute(
+                update(fine_tunes).where(_owned(claim), fine_tunes.c.status == st.RUNNING)
+                .values(status=st.COMPLETED, step=step, loss=loss, output_dir=output_dir, files=files,
+                        finished_at=now, updated_at=now, lease_until=None)
+            ).rowcount
+            session.commit()
+        return st.COMPLETED if moved else ""
+    if with_retries(run):
+        return st.COMPLETED
+    return _end_cancelled_or_fenced(sessions, claim, step)
+
+
+def fail(sessions: sessionmaker[Session], claim: Claim, message: str) -> str:
+    """End the job in `error` with a message for the user (or `cancelled`, if a cancel came first)."""
+    def run() -> str:
+        now = utcnow()
+        with sessions() as session:
+            step = session.execute(
+                update(fine_tunes).where(_owned(claim), fine_tunes.c.status == st.RUNNING)
+                .values(status=st.ERROR, error=message, finished_at=now, updated_at=now, lease_until=None)
+                .returning(fine_tunes.c.step)
+            ).scalar()
+            if step is not None:
+                _insert_event(session, claim.job_id, step, "error", claim.attempt, {"message": message}, now)
+            session.commit()
+        return st.ERROR if step is not None else ""
+    if with_retries(run):
+        return st.ERROR
+    return _end_cancelled_or_fenced(sessions, claim, None)
+
+
+def cancelled(sessions: sessionmaker[Session], claim: Claim, step: int | None) -> str:
+    """The engine stopped because a cancel was asked for: `cancelled`."""
+    return _end_cancelled_or_fenced(sessions, claim, step)
+
+
+def _end_cancelled_or_fenced(sessions: sessionmaker[Session], claim: Claim, step: int | None) -> str:
+    def run() -> bool:
+        now = utcnow()
+        values: dict[str, Any] = {"status": st.CANCELLED, "finished_at": now, "updated_at": now,
+                                  "lease_until": None}
+        if step is not None:
+            values["step"] = step
+        with sessions() as session:
+            final_step = session.execute(
+                update(fine_tunes).where(_owned(claim), fine_tunes.c.status == st.CANCEL_REQUESTED)
+                .values(values).returning(fine_tunes.c.step)
+            ).scalar()
+            if final_step is not None:
+                _insert_event(session, claim.job_id, final_step, "cancelled", claim.attempt, {}, now)
+            session.commit()
+        return final_step is not None
+    if with_retries(run):
+        return st.CANCELLED
+    raise FencedOut(claim.job_id)
+
+
+def release(sessions: sessionmaker[Session], claim: Claim, reason: str) -> None:
+    """Give the job up without ending it (an infrastructure fault, a shutdown): its lease lapses now, so
+    the reconciler hands it to a new attempt, or fails it when no attempts are left."""
+    def run() -> None:
+        now = utcnow()
+        with sessions() as session:
+            session.execute(
+                update(fine_tunes).where(_owned(claim))
+                .values(lease_until=now, last_failure=reason[:2000], updated_at=now)
+            )
+            session.commit()
+    with_retries(run)
+
+
+@dataclass
+class ReconcileReport:
+    published: list[str]
+    resumed: list[str]
+    failed: list[str]
+    cancelled: list[str]
+
+
+def reconcile(
+    sessions: sessionmaker[Session], settings: Settings, publish: Callable[[str], None]
+) -> ReconcileReport:
+    """One pass of the reconciler; safe to run from many workers at once (each change is conditional)."""
+    report = ReconcileReport([], [], [], [])
+    now = utcnow()
+    lapsed = or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now)
+    with sessions() as session:
+        # Accepted, but never handed to the broker (the API died in between, or the broker was down);
+        # or handed over long ago, and the message may be gone (a Redis restart).
+        grace = now - dt.timedelta(seconds=min(settings.reconcile_seconds, 5.0))
+        stale = now - dt.timedelta(seconds=settings.republish_seconds)
+        waiting = session.execute(
+            select(fine_tunes.c.id).where(
+                or_(fine_tunes.c.status == st.QUEUED,
+                    and_(fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until.is_(None))),
+                fine_tunes.c.attempt < settings.max_attempts,
+                or_(and_(fine_tunes.c.enqueued_at.is_(None), fine_tunes.c.created_at < grace),
+                    fine_tunes.c.enqueued_at < stale),
+            )
+        ).scalars().all()
+        # Running, but its worker stopped renewing the lease (killed, lost, or gave it back).
+        expired = session.execute(
+            select(fine_tunes.c.id, fine_tunes.c.attempt, fine_tunes.c.step, fine_tunes.c.last_failure)
+            .where(fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until < now)
+        ).all()
+        # A cancel was asked for and the worker is gone: nothing is left to stop.
+        orphaned_cancels = session.execute(
+            select(fine_tunes.c.id, fine_tunes.c.attempt)
+            .where(fine_tunes.c.status == st.CANCEL_REQUESTED, lapsed)
+        ).all()
+        # Out of attempts (e.g. a worker gave the job back on its last attempt).
+        exhausted = session.execute(
+            select(fine_tunes.c.id, fine_tunes.c.attempt, fine_tunes.c.step, fine_tunes.c.last_failure)
+            .where(fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until.is_(None),
+                   fine_tunes.c.attempt >= settings.max_attempts)
+        ).all()
+
+    for job_id in waiting:
+        publish(job_id)
+        with sessions() as session:
+            session.execute(update(fine_tunes).where(fine_tunes.c.id == job_id).values(enqueued_at=utcnow()))
+            session.commit()
+        report.published.append(job_id)
+
+    for job_id, attempt, step, last_failure in [*expired, *exhausted]:
+        reason = last_failure or f"the worker of attempt {attempt} stopped responding (killed or lost)"
+        if attempt >= settings.max_attempts:
+            message = f"gave up after {attempt} attempts; the last one ended with: {reason}"
+            if _end_exhausted(sessions, job_id, attempt, step, message):
+                report.failed.append(job_id)
+            continue
+        publish(job_id)
+        with sessions() as session:
+            moved = session.execute(
+                update(fine_tunes)
+                .where(fine_tunes.c.id == job_id, fine_tunes.c.attempt == attempt,
+                       fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until < utcnow())
+                .values(lease_until=None, enqueued_at=utcnow(), last_failure=reason)
+            ).rowcount
+            if moved:
+                _insert_event(session, job_id, step, "retry", attempt,
+                              {"attempt": attempt + 1, "reason": reason}, utcnow())
+            session.commit()
+        if moved:
+            report.resumed.append(job_id)
+
+    for job_id, attempt in orphaned_cancels:
+        with sessions() as session:
+            when = utcnow()
+            final_step = session.execute(
+                update(fine_tunes)
+                .where(fine_tunes.c.id == job_id, fine_tunes.c.attempt == attempt,
+                       fine_tunes.c.status == st.CANCEL_REQUESTED,
+                       or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < when))
+                .values(status=st.CANCELLED, finished_at=when, updated_at=when, lease_until=None)
+                .returning(fine_tunes.c.step)
+            ).scalar()
+            if final_step is not None:
+                _insert_event(session, job_id, final_step, "cancelled", attempt, {}, when)
+            session.commit()
+        if final_step is not None:
+            report.cancelled.append(job_id)
+    return report
+
+
+def _end_exhausted(
+    sessions: sessionmaker[Session], job_id: str, attempt: int, step: int, message: str
+) -> bool:
+    with sessions() as session:
+        now = utcnow()
+        moved = session.execute(
+            update(fine_tunes)
+            .where(fine_tunes.c.id == job_id, fine_tunes.c.attempt == attempt,
+                   fine_tunes.c.status == st.RUNNING,
+                   or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now))
+            .values(status=st.ERROR, error=message, finished_at=now, updated_at=now, lease_until=None)
+        ).rowcount
+        if moved:
+            _insert_event(session, job_id, step, "error", attempt, {"message": message}, now)
+        session.commit()
+    return bool(moved)
+

@@ -1,0 +1,105 @@
+"""The tables. The fine-tune row is the truth about a job; the queue only wakes a worker up."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from relay_api.db import Base, UTCDateTime, utcnow
+
+# BIGINT on PostgreSQL, but INTEGER on SQLite, where only INTEGER PRIMARY KEY autoincrements.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ApiKey(Base):
+    """An API key, stored as its sha256 (keys are long random strings, so a plain hash suffices)."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    # The key's first characters, to tell keys apart in listings.
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+
+class FineTune(Base):
+    """A recipe job: its config, its status, its progress, and who may write to it (the claim)."""
+
+    __tablename__ = "fine_tunes"
+    __table_args__ = (
+        UniqueConstraint("user_id", "idempotency_key", name="uq_fine_tunes_user_idempotency_key"),
+        Index("ix_fine_tunes_user_created", "user_id", "created_at", "id"),
+        Index("ix_fine_tunes_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)  # "ft-" + 12 hex
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)  # SFTConfig.model_dump()
+    status: Mapped[str] = mapped_column(String(20))
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    loss: Mapped[float | None] = mapped_column()
+    error: Mapped[str | None] = mapped_column(Text)
+    output_dir: Mapped[str | None] = mapped_column(Text)
+    # Output files with their sizes and sha256, recorded when the job completes.
+    files: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+    # The claim: each claim increments `attempt`, the fencing token that every write of a worker
+    # must match; the lease says until when the claiming worker is presumed alive.
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    lease_owner: Mapped[str | None] = mapped_column(String(255))
+    # Why the last attempt ended without finishing the job; the final error quotes it.
+    last_failure: Mapped[str | None] = mapped_column(Text)
+    # When the job was last handed to the broker (None: not yet; the reconciler will).
+    enqueued_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    cancel_requested_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+
+class FineTuneEvent(Base):
+    """One event of a job: the engine's metrics every few steps, checkpoints, the end.
+
+    (job, step, kind) is unique, so a step that a resumed attempt runs again adds nothing twice.
+    """
+
+    __tablename__ = "fine_tune_events"
+    __table_args__ = (
+        UniqueConstraint("job_id", "step", "kind", name="uq_fine_tune_events_job_step_kind"),
+        Index("ix_fine_tune_events_job_id_id", "job_id", "id"),  # a job's events after a cursor
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("fine_tunes.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    # "metrics" for the engine's periodic reports, else the event's name ("checkpoint", "finished", ...).
+    kind: Mapped[str] = mapped_column(String(32))
+    attempt: Mapped[int] = mapped_column(Integer)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+users = User.__table__
+api_keys = ApiKey.__table__
+fine_tunes = FineTune.__table__
+fine_tune_events = FineTuneEvent.__table__

@@ -1,0 +1,41 @@
+"""The Celery side the API and the workers share: the app's settings, task names, publishing.
+
+A message is only a wake-up that names a job; the row in the database says what to do. So a lost
+message is published again by the reconciler, and a duplicate finds the job taken and does nothing.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from relay_api.settings import Settings
+
+RUN_FINE_TUNE = "relay.run_fine_tune"
+
+
+def make_celery(settings: Settings, name: str = "relay") -> Celery:
+    app = Celery(name, broker=settings.broker_url, set_as_current=False)
+    app.conf.update(
+        task_ignore_result=True,
+        task_routes={RUN_FINE_TUNE: {"queue": settings.fine_tune_queue}},
+        task_default_queue=settings.fine_tune_queue,
+        task_serializer="json",
+        accept_content=["json"],
+        broker_connection_retry_on_startup=True,
+        broker_connection_timeout=5,
+        # Fail fast when the broker is down: the job row is already committed and the reconciler
+        # publishes it later.
+        task_publish_retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
+    )
+    return app
+
+
+class Publisher:
+    """Hands jobs to the workers."""
+
+    def __init__(self, settings: Settings, app: Celery | None = None) -> None:
+        self.settings = settings
+        self.app = app or make_celery(settings, "relay-api")
+
+    def fine_tune(self, job_id: str) -> None:
+        self.app.send_task(RUN_FINE_TUNE, args=[job_id], queue=self.settings.fine_tune_queue)

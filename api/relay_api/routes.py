@@ -1,0 +1,171 @@
+"""/v1/fine-tunes: create, list, retrieve, cancel, events (pages or a live stream), files."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Header, Query, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+from sse_starlette import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
+
+from relay.sft import status as st
+from relay.sft.config import SFTConfig
+from relay_api import fine_tunes, schemas
+from relay_api.deps import CurrentUser, PublisherDep, SessionDep, SettingsDep
+from relay_api.files import listing, resolve
+from relay_api.models import fine_tune_events
+from relay_api.models import fine_tunes as fine_tunes_table
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1/fine-tunes", tags=["fine-tunes"], responses=schemas.ERRORS)
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(max_length=255, description="Send the same key again to get the same job, not a second one."),
+]
+
+
+@router.post("", summary="Start a fine-tune", responses={200: {"model": schemas.FineTuneOut}})
+def create_fine_tune(
+    config: Annotated[SFTConfig, Body()],
+    user: CurrentUser,
+    session: SessionDep,
+    publisher: PublisherDep,
+    idempotency_key: IdempotencyKey = None,
+) -> Response:
+    """Accept a recipe and answer at once with the job (`queued`); a worker picks it up."""
+    row, replayed = fine_tunes.create(session, user, config, idempotency_key)
+    if not replayed:
+        try:
+            publisher.fine_tune(row["id"])
+            fine_tunes.mark_enqueued(session, row["id"])
+        except Exception:  # the row is the truth: the reconciler publishes it later
+            session.rollback()
+            log.warning("could not publish %s now; the reconciler will", row["id"], exc_info=True)
+    headers = {"idempotent-replayed": "true"} if replayed else None
+    return JSONResponse(fine_tunes.job_object(row), headers=headers)
+
+
+@router.get("", summary="List your fine-tunes, newest first",
+            responses={200: {"model": schemas.FineTuneList}})
+def list_fine_tunes(
+    user: CurrentUser,
+    session: SessionDep,
+    after: Annotated[str | None, Query(description="The last job id of the previous page.")] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> Response:
+    rows, has_more = fine_tunes.list_page(session, user, after, limit)
+    data = [fine_tunes.job_object(r) for r in rows]
+    return JSONResponse({"object": "list", "data": data, "has_more": has_more})
+
+
+@router.get("/{job_id}", summary="Retrieve a fine-tune", responses={200: {"model": schemas.FineTuneOut}})
+def retrieve_fine_tune(job_id: str, user: CurrentUser, session: SessionDep) -> Response:
+    return JSONResponse(fine_tunes.job_object(fine_tunes.get(session, user, job_id)))
+
+
+@router.post("/{job_id}/cancel", summary="Cancel a fine-tune", responses={
+    200: {"model": schemas.FineTuneOut},
+    409: {"model": schemas.ErrorOut, "description": "The job already completed or failed."},
+})
+def cancel_fine_tune(job_id: str, user: CurrentUser, session: SessionDep) -> Response:
+    """A queued job is cancelled at once; a running one becomes `cancel_requested` and stops within a step."""
+    return JSONResponse(fine_tunes.job_object(fine_tunes.cancel(session, user, job_id)))
+
+
+@router.get("/{job_id}/events", summary="A fine-tune's events", responses={
+    200: {"model": schemas.EventList,
+          "content": {"text/event-stream": {"schema": {"type": "string"}}},
+          "description": "A page of events, oldest first; or, with stream=true (or Accept: "
+                         "text/event-stream), a live stream of them ending with `data: [DONE]`."},
+})
+def fine_tune_events_route(
+    job_id: str,
+    request: Request,
+    user: CurrentUser,
+    session: SessionDep,
+    settings: SettingsDep,
+    after: Annotated[int | None, Query(ge=0, description="Only events after this event id.")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    stream: Annotated[bool, Query(description="Stream events as they happen (server-sent events).")] = False,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> Response:
+    fine_tunes.get(session, user, job_id)  # 404 unless it is the caller's
+    if stream or "text/event-stream" in request.headers.get("accept", ""):
+        start = after
+        if last_event_id and last_event_id.isdigit():
+            start = max(start or 0, int(last_event_id))
+        sessions = request.app.state.sessions
+        return EventSourceResponse(
+            _follow(sessions, job_id, start, settings.events_poll_seconds, request), ping=15
+        )
+    rows, has_more = fine_tunes.events_page(session, job_id, after, limit)
+    data = [fine_tunes.event_object(r) for r in rows]
+    return JSONResponse({"object": "list", "data": data, "has_more": has_more})
+
+
+async def _follow(
+    sessions: Any, job_id: str, after: int | None, poll: float, request: Request
+) -> AsyncIterator[dict[str, str]]:
+    """Events as they are written, until the job has ended and every event was sent."""
+    last = after
+    while True:
+        status, rows = await run_in_threadpool(_status_and_events, sessions, job_id, last)
+        for row in rows:
+            last = row["id"]
+            yield {"id": str(row["id"]), "data": json.dumps(fine_tunes.event_object(row))}
+        if rows:
+            continue
+        if status in st.TERMINAL:
+            yield {"data": "[DONE]"}
+            return
+        if await request.is_disconnected():
+            return
+        await asyncio.sleep(poll)
+
+
+def _status_and_events(sessions: Any, job_id: str, after: int | None) -> tuple[str, list[dict[str, Any]]]:
+    # The status first: every event of an ended job was committed before its final status.
+    with sessions() as session:
+        status = session.execute(
+            fine_tunes_table.select().with_only_columns(fine_tunes_table.c.status)
+            .where(fine_tunes_table.c.id == job_id)
+        ).scalar()
+        query = fine_tune_events.select().where(fine_tune_events.c.job_id == job_id)
+        if after is not None:
+            query = query.where(fine_tune_events.c.id > after)
+        rows = session.execute(query.order_by(fine_tune_events.c.id).limit(500)).mappings().all()
+    return status, [dict(r) for r in rows]
+
+
+@router.get("/{job_id}/files", summary="A fine-tune's files", responses={200: {"model": schemas.FileList}})
+def list_files(job_id: str, user: CurrentUser, session: SessionDep, settings: SettingsDep) -> Response:
+    """The output (once completed: model.safetensors, config.json, norm_stats.json) and the checkpoints.
+    `sha256` is recorded for the output; a checkpoint file's comes with its download."""
+    job = fine_tunes.get(session, user, job_id)
+    return JSONResponse({"object": "list", "data": listing(job, settings.job_dir(job_id))})
+
+
+@router.get("/{job_id}/files/{path:path}", summary="Download a file", response_class=FileResponse, responses={
+    200: {"description": "The file. `x-checksum-sha256` (and `repr-digest`) carry its sha256; "
+                         "send `Range: bytes=N-` to resume a download."},
+})
+def download_file(job_id: str, path: str, request: Request, user: CurrentUser, session: SessionDep,
+                  settings: SettingsDep) -> Response:
+    job = fine_tunes.get(session, user, job_id)
+    session.close()  # release the connection before a long transfer
+    full, sha256 = resolve(job, settings.job_dir(job_id), path)
+    if sha256 is None:
+        sha256 = request.app.state.checksums.sha256(full)
+    digest = base64.b64encode(bytes.fromhex(sha256)).decode()
+    return FileResponse(
+        full, filename=full.name, content_disposition_type="attachment",
+        headers={"x-checksum-sha256": sha256, "repr-digest": f"sha-256=:{digest}:"},
+    )

@@ -1,0 +1,79 @@
+"""The service's settings, from ``RELAY_*`` environment variables (or a .env file), checked at start.
+
+The API, the workers, the migrations and the embedded server read the same class; with nothing
+set, everything lives in the data directory (``./.relay``): SQLite for the database and for the
+Celery broker, so a laptop needs no servers.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RELAY_", env_file=".env", extra="ignore")
+
+    # The data directory: job work dirs (checkpoints, output) and, by default, the SQLite files.
+    home: Path = Path(".relay")
+    # SQLAlchemy URL; postgresql:// is read as postgresql+psycopg://. Default: SQLite in `home`.
+    database_url: str = ""
+    # Celery broker URL, such as redis://redis:6379/0. Default: SQLite in `home` (no server needed).
+    broker_url: str = ""
+    # Where the engine caches datasets it downloads (None: the engine's default, RELAY_CACHE_DIR).
+    dataset_cache_dir: Path | None = None
+
+    fine_tune_queue: str = "relay.fine-tunes"
+    # Steps between a job's checkpoints: what a lost worker can cost at most.
+    checkpoint_every: int = Field(1000, ge=1)
+    # A claimed job's lease; its worker renews it every `heartbeat_seconds`. A job whose lease
+    # lapses is resumed by another attempt.
+    lease_seconds: float = Field(60.0, gt=0)
+    heartbeat_seconds: float = Field(0.0, ge=0)  # 0: a quarter of the lease
+    # How often each worker's reconciler looks for lapsed leases and jobs that never reached the broker.
+    reconcile_seconds: float = Field(15.0, gt=0)
+    # A queued job whose message may have been lost (Redis restart) is published again after this long.
+    republish_seconds: float = Field(600.0, gt=0)
+    # Claims of one job before it ends in `error`.
+    max_attempts: int = Field(3, ge=1)
+    # GPUs for a worker's processes, one each: "0,1,2,3" with `celery worker -c 4`. Empty: leave as is.
+    worker_gpus: str = ""
+
+    # How often a live event stream looks for new events.
+    events_poll_seconds: float = Field(0.5, gt=0)
+    # How long the API trusts a key it has checked (a revoked key works at most this long after).
+    auth_cache_seconds: float = Field(30.0, ge=0)
+    db_pool_size: int = Field(10, ge=1)
+
+    @model_validator(mode="after")
+    def _defaults_in_home(self) -> Settings:
+        self.home = self.home.expanduser().absolute()
+        if not self.database_url:
+            self.database_url = f"sqlite:///{self.home / 'relay.db'}"
+        if not self.broker_url:
+            self.broker_url = f"sqla+sqlite:///{self.home / 'broker.db'}"
+        if self.database_url.startswith(("postgresql://", "postgres://")):
+            self.database_url = "postgresql+psycopg://" + self.database_url.split("://", 1)[1]
+        if not self.heartbeat_seconds:
+            self.heartbeat_seconds = self.lease_seconds / 4
+        return self
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.home / "jobs"
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.jobs_dir / job_id
+
+    @property
+    def uses_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+
+@functools.cache
+def get_settings() -> Settings:
+    """The settings of this process, read once."""
+    return Settings()

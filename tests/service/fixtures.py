@@ -1,0 +1,41 @@
+"""Fixtures over the shared Stack, for tests/service and tests/sdk."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from relay._http import Client
+from tests.service.stack import Stack, WorkerProcess, shared_stack
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    with shared_stack() as started:
+        yield started
+
+
+@pytest.fixture
+def worker(stack: Stack) -> WorkerProcess:
+    """The shared worker process, ready (restarted if an earlier test killed it)."""
+    return stack.worker()
+
+
+@pytest.fixture
+def user(stack: Stack) -> tuple[str, str]:
+    return stack.new_user()
+
+
+@pytest.fixture
+def client(stack: Stack, user: tuple[str, str]) -> Iterator[Client]:
+    """An SDK client of the served API, as a fresh user."""
+    client = Client(stack.api_url, user[1], max_retries=0)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def dataset(stack: Stack) -> Path:
+    return stack.dataset()
