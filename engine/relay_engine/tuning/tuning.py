@@ -50,7 +50,12 @@ def apply_tuning(
             config = LoraConfig(
                 r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none", target_modules=linear.pattern
             )
-            inject_adapter_in_model(config, policy, adapter_name=ADAPTER)
+            # peft draws lora_A's initial values from the global RNG; seeding it from the
+            # policy's seed makes two runs of one recipe start from the same adapters.
+            cuda = [policy.device.index or 0] if policy.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=cuda):
+                torch.manual_seed(policy.config.seed)
+                inject_adapter_in_model(config, policy, adapter_name=ADAPTER)
         for name, parameter in policy.named_parameters():
             parameter.requires_grad_(".lora_" in name or under(full, module_of(name)))
     else:
