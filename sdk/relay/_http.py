@@ -79,6 +79,7 @@ class Client:
     def stream_events(self, path: str, params: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
         """Follow a server-sent event stream; yield each event's JSON data until the server's [DONE]."""
         self._require_key("GET", path)
+        params = {k: v for k, v in (params or {}).items() if v is not None}
         last_id: str | None = None
         reconnects = 0
         while True:

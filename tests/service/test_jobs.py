@@ -1,0 +1,158 @@
+"""Jobs end to end through the API, Redis and a real Celery worker running pi05-tiny on CPU:
+the lifecycle with events and files, a dataset that fails validation, cancel while running,
+a duplicate delivery."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from relay._http import Client
+from relay.sft.config import SFTConfig
+from relay.sft.job import FineTuneJob
+from relay.sft.train import train
+from relay_api.queue import Publisher
+from tests.service.stack import Stack, WorkerProcess, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def tiny(dataset: Path, **fields: object) -> SFTConfig:
+    return SFTConfig(**{"model": "pi05-tiny", "dataset_name": str(dataset), "batch_size": 2, **fields})
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def assert_events_unique(job: FineTuneJob) -> None:
+    events = job.events()
+    keys = [(e["step"], e.get("event", "metrics")) for e in events]
+    assert len(keys) == len(set(keys)), keys
+    ids = [e.id for e in events]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+
+
+def test_a_job_runs_to_completion_with_its_events_and_files(
+    worker: WorkerProcess, client: Client, dataset: Path, tmp_path: Path
+) -> None:
+    job = train(tiny(dataset, steps=20, name="lifecycle"), client=client)
+    assert job.status == "queued" and job.id.startswith("ft-")
+
+    streamed = list(job.follow())  # live, from the start, until the job ends
+    job.wait(poll=1)
+    assert job.status == "completed", job.error
+    assert job.step == 20 and job.loss is not None and job.error is None
+    assert job.output_dir is not None and job.output_dir.endswith(f"{job.id}/output")
+    assert job.to_dict()["attempts"] == 1 and job.to_dict()["finished_at"]
+
+    events = job.events()
+    assert events == streamed and [e.id for e in events] == [e.id for e in streamed]
+    metrics = [e for e in events if "event" not in e]
+    assert [e["step"] for e in metrics] == [10, 20]
+    assert all(set(e) == {"step", "loss", "grad_norm", "lr", "skipped"} for e in metrics)
+    assert [e["step"] for e in events if e.get("event") == "checkpoint"] == [10, 20]
+    assert events[-1] == {"step": 20, "event": "finished"}
+    assert job.events(after=events[1].id) == events[2:]
+    assert job.events(after=events[-1].id) == []
+    assert_events_unique(job)
+
+    files = {f["path"]: f for f in job.files(checkpoints=True)}
+    outputs = {p for p in files if p.startswith("output/")}
+    assert outputs == {"output/model.safetensors", "output/config.json", "output/norm_stats.json"}
+    assert any(p.startswith("checkpoints/step-00000020/") for p in files)
+
+    target = job.download(tmp_path / "weights")
+    for name in ("model.safetensors", "config.json", "norm_stats.json"):
+        local = target / name
+        assert sha256(local) == files[f"output/{name}"]["sha256"]
+        assert local.stat().st_size == files[f"output/{name}"]["bytes"]
+    json.loads((target / "config.json").read_text())
+
+    # Range requests: a slice, and a download that resumes a partial copy.
+    weights = (target / "model.safetensors").read_bytes()
+    path = f"/v1/fine-tunes/{job.id}/files/output/model.safetensors"
+    headers = {"authorization": f"Bearer {client.api_key}"}
+    part = httpx.get(client.base_url + path, headers={**headers, "range": "bytes=100-199"})
+    assert part.status_code == 206 and part.content == weights[100:200]
+    assert part.headers["x-checksum-sha256"] == files["output/model.safetensors"]["sha256"]
+    resumed = tmp_path / "resumed.safetensors"
+    resumed.with_name(resumed.name + ".part").write_bytes(weights[:1000])
+    assert client.download(path, resumed) == files["output/model.safetensors"]["sha256"]
+    assert resumed.read_bytes() == weights
+
+    # A checkpoint's checksum comes with its download.
+    checkpoint = next(p for p in files if p.startswith("checkpoints/") and p.endswith("manifest.json"))
+    answer = httpx.get(f"{client.base_url}/v1/fine-tunes/{job.id}/files/{checkpoint}", headers=headers)
+    assert answer.status_code == 200
+    assert answer.headers["x-checksum-sha256"] == hashlib.sha256(answer.content).hexdigest()
+
+    # A finished job stays finished.
+    with pytest.raises(RuntimeError, match=r"409 fine-tune ft-[0-9a-f]{12} is already completed"):
+        job.cancel()
+
+
+def test_a_dataset_that_fails_validation_ends_the_job_in_error_and_the_worker_goes_on(
+    stack: Stack, worker: WorkerProcess, client: Client, dataset: Path
+) -> None:
+    from relay_engine.datasets import open_dataset
+    from relay_engine.errors import DatasetError
+
+    broken = stack.root / "datasets" / "video"
+    if not broken.exists():
+        shutil.copytree(dataset, broken)
+        info_path = broken / "meta" / "info.json"
+        info = json.loads(info_path.read_text())
+        for feature in info["features"].values():
+            if feature.get("dtype") == "image":
+                feature["dtype"] = "video"
+        info_path.write_text(json.dumps(info))
+    with pytest.raises(DatasetError) as expected:
+        open_dataset(str(broken), action_horizon=10, cache_dir=stack.root / "check-cache")
+
+    job = train(tiny(broken, steps=10), client=client)
+    with pytest.raises(RuntimeError, match=f"fine-tune {job.id} failed: "):
+        job.wait(poll=1)
+    assert job.status == "error" and job.error == str(expected.value)
+    assert job.events()[-1] == {"step": 0, "event": "error", "message": str(expected.value)}
+
+    after = train(tiny(dataset, steps=10), client=client).wait(poll=1)
+    assert after.status == "completed"
+
+
+def test_cancelling_a_running_job_stops_it_within_a_step(
+    worker: WorkerProcess, client: Client, dataset: Path
+) -> None:
+    job = train(tiny(dataset, steps=100_000, batch_size=1), client=client)
+    wait_for(lambda: job.refresh().step >= 10, 120, "the job to report progress", every=0.2)
+    assert job.status == "running"
+
+    job.cancel()
+    assert job.status in ("cancel_requested", "cancelled")
+    asked = time.monotonic()
+    again = job.cancel()  # asking twice is harmless
+    assert again.status in ("cancel_requested", "cancelled")
+    job.wait(poll=1)  # returns: cancelled is not a failure
+    assert job.status == "cancelled" and job.to_dict()["finished_at"]
+    assert time.monotonic() - asked < 30
+    assert job.step < 100_000
+    assert job.events()[-1]["event"] == "cancelled"
+    assert job.cancel().status == "cancelled"  # and a cancelled job stays cancelled
+    assert_events_unique(job)
+
+
+def test_a_duplicate_delivery_does_not_train_twice(
+    stack: Stack, worker: WorkerProcess, client: Client, dataset: Path
+) -> None:
+    job = train(tiny(dataset, steps=10), client=client)
+    Publisher(stack.settings).fine_tune(job.id)  # the same wake-up, delivered again
+    job.wait(poll=1)
+    assert job.status == "completed"
+    assert job.to_dict()["attempts"] == 1
+    assert_events_unique(job)

@@ -1,0 +1,92 @@
+"""The Celery worker: ``celery -A relay_worker.app worker -c 1 -Q relay.fine-tunes``.
+
+One process per GPU (``-c N`` with ``RELAY_WORKER_GPUS``), one task at a time each: late
+acknowledgement, no prefetch beyond the task at hand, and a message that comes back if its
+process dies. The job row, claimed with a lease, decides whether a delivery trains; see
+relay_api.lifecycle. Each worker also runs the reconciler in a thread of its main process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from celery import signals
+
+from relay_api.db import session_factory
+from relay_api.lifecycle import reconcile
+from relay_api.queue import RUN_FINE_TUNE, make_celery
+from relay_api.settings import get_settings
+
+log = logging.getLogger("relay_worker")
+
+settings = get_settings()
+app = make_celery(settings, "relay-worker")
+app.conf.update(
+    include=["relay_worker.tasks"],
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    worker_concurrency=1,
+    # A Redis blip must not kill hours of training; the lease decides who owns the job.
+    worker_cancel_long_running_tasks_on_connection_loss=False,
+    worker_send_task_events=False,
+)
+if settings.broker_url.startswith("sqla+"):
+    # The SQL broker (the embedded server) has no fan-out exchanges for remote control.
+    app.conf.worker_enable_remote_control = False
+
+
+class Reconciler(threading.Thread):
+    """Every `reconcile_seconds`: resume jobs whose lease lapsed, publish jobs the broker never got,
+    fail jobs out of attempts, finish cancels whose worker is gone."""
+
+    def __init__(self) -> None:
+        super().__init__(name="relay-reconciler", daemon=True)
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        sessions = session_factory(settings)
+        while not self.stopping.wait(settings.reconcile_seconds):
+            try:
+                report = reconcile(sessions, settings, publish)
+            except Exception:
+                log.exception("reconciler pass failed; trying again in %ss", settings.reconcile_seconds)
+                continue
+            for kind in ("published", "resumed", "failed", "cancelled"):
+                for job_id in getattr(report, kind):
+                    log.info("reconciler: %s %s", kind, job_id)
+
+
+def publish(job_id: str) -> None:
+    app.send_task(RUN_FINE_TUNE, args=[job_id], queue=settings.fine_tune_queue)
+
+
+_reconciler: Reconciler | None = None
+
+
+@signals.worker_ready.connect
+def _start_reconciler(**_: Any) -> None:
+    global _reconciler
+    _reconciler = Reconciler()
+    _reconciler.start()
+
+
+@signals.worker_shutdown.connect
+def _stop_reconciler(**_: Any) -> None:
+    if _reconciler is not None:
+        _reconciler.stopping.set()
+
+
+@signals.worker_process_init.connect
+def _pin_gpu(**_: Any) -> None:
+    """Give each pool process its own GPU when RELAY_WORKER_GPUS lists them."""
+    gpus = [g.strip() for g in settings.worker_gpus.split(",") if g.strip()]
+    if not gpus:
+        return
+    from billiard.process import current_process
+
+    index = getattr(current_process(), "index", 0) or 0
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
