@@ -137,13 +137,16 @@ def attend(
 
     No query row is ever fully masked (every sequence has a BOS token), so a boolean mask is safe.
     """
-    return F.scaled_dot_product_attention(
-        queries,
-        keys.to(queries.dtype),
-        values.to(queries.dtype),
-        attn_mask=key_mask[:, None, None, :],
-        enable_gqa=True,
-    )
+    keys, values = keys.to(queries.dtype), values.to(queries.dtype)
+    mask = key_mask[:, None, None, :]
+    if queries.device.type == "cpu":
+        # The CPU's fused kernel takes the shared key/value head as it is.
+        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, enable_gqa=True)
+    # On CUDA only the math kernel does grouped heads with a mask; repeating the shared head
+    # lets the memory-efficient kernel run instead.
+    groups = queries.shape[1] // keys.shape[1]
+    keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask)
 
 
 def posemb_sincos(

@@ -8,7 +8,9 @@ duplicates), so we read either and write the `lm_head` form, which is what lerob
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -84,29 +86,31 @@ def load_policy(
     name = str(name_or_path)
     if name == "pi05-tiny":
         return build_policy(name, device=device, action_horizon=action_horizon or 10, seed=seed)
-    directory = Path(name).expanduser()
-    if name not in MODELS and directory.is_dir():
-        config = _read_config(directory, seed)
-        weights, source = directory / WEIGHTS_FILE, str(directory)
-        if not weights.is_file():
-            raise ConfigError(f"{directory}: no {WEIGHTS_FILE} in this directory")
+    local = Path(name).expanduser()
+    if name not in MODELS and local.is_dir():
+        directory = local
     elif name in MODELS or re.fullmatch(r"[\w.-]+/[\w.-]+", name):
-        repo = BASE_REPO.get(name, name)
-        weights = _download(repo)
-        config, source = named_config("pi05", seed=seed), str(weights.parent)
+        directory = _fetch_from_hub(BASE_REPO.get(name, name))
     else:
         raise ConfigError(
             f"model {name!r} is neither a known model ({', '.join(MODELS)}) "
             f"nor a directory with {WEIGHTS_FILE}"
         )
-    if action_horizon is not None:
-        config = config.replace(action_horizon=action_horizon)
-    return _load_weights(config, weights, torch.device(device), source)
+    weights = directory / WEIGHTS_FILE
+    if not weights.is_file():
+        raise ConfigError(f"{directory}: no {WEIGHTS_FILE} in this directory")
+    config = _read_config(directory, seed)
+    if action_horizon is not None or name in MODELS:
+        # A base model's chunks are the recipe's (10 by default), not its training's.
+        config = config.replace(action_horizon=action_horizon or 10)
+    return _load_weights(config, weights, torch.device(device), str(directory))
 
 
 def _read_config(directory: Path, seed: int) -> Pi05Config:
     path = directory / CONFIG_FILE
     if not path.is_file():
+        if (directory / WEIGHTS_FILE).is_file():
+            return named_config("pi05", seed=seed)  # a bare lerobot/openpi pi05 weights file
         raise ConfigError(f"{directory}: no {CONFIG_FILE}; cannot tell which model this is")
     try:
         data: dict[str, Any] = json.loads(path.read_text())
@@ -121,17 +125,30 @@ def _read_config(directory: Path, seed: int) -> Pi05Config:
     )
 
 
-def _download(repo: str) -> Path:
-    from huggingface_hub import hf_hub_download
+def _fetch_from_hub(repo: str) -> Path:
+    """The directory in the Hub cache holding the repo's weights and config.json.
 
+    HF_ENDPOINT, HF_TOKEN and HF_HUB_CACHE are read at each call.
+    """
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    options = {
+        "endpoint": (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/"),
+        "token": os.environ.get("HF_TOKEN") or None,
+        "cache_dir": os.environ.get("HF_HUB_CACHE") or None,
+    }
     try:
-        return Path(hf_hub_download(repo, WEIGHTS_FILE))
+        weights = Path(hf_hub_download(repo, WEIGHTS_FILE, **options))
+        with contextlib.suppress(EntryNotFoundError):  # then the weights say pi05 by their shapes
+            hf_hub_download(repo, CONFIG_FILE, **options)
     except Exception as error:  # offline, gated, missing: say which and how to fix it
         raise ConfigError(
-            f"cannot get {WEIGHTS_FILE} of {repo} from the Hugging Face Hub "
+            f"cannot get {WEIGHTS_FILE} of {repo} from {options['endpoint']} "
             f"({type(error).__name__}: {error}); "
             "download it once, or pass the path of a local directory holding it"
         ) from None
+    return weights.parent
 
 
 def _load_weights(config: Pi05Config, weights: Path, device: torch.device, source: str | None) -> Pi05Policy:

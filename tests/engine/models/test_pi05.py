@@ -20,6 +20,7 @@ from relay_engine.models import (
     sample_flow_time,
 )
 from tests.engine.models.joint_reference import joint_forward
+from tests.engine.models.model_hub import ModelHub
 from tests.engine.models.samples import make_samples
 
 
@@ -180,7 +181,7 @@ def test_load_errors_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="neither a known model"):
         load_policy("no-such-model")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match=r"no config\.json"):
+    with pytest.raises(ConfigError, match=r"no model\.safetensors"):
         load_policy(tmp_path / "empty")
     other = build_policy("pi05-tiny")
     other.save_pretrained(tmp_path / "out")
@@ -189,3 +190,29 @@ def test_load_errors_name_the_problem(tmp_path: Path) -> None:
     save_file(weights, str(tmp_path / "out" / "model.safetensors"))
     with pytest.raises(ConfigError, match="1 missing"):
         load_policy(tmp_path / "out")
+    # Weights without a config.json are taken for lerobot's pi05, which these are not.
+    (tmp_path / "out" / "config.json").unlink()
+    with pytest.raises(ConfigError, match="does not fit pi05"):
+        load_policy(tmp_path / "out")
+
+
+def test_loads_from_the_hub(policy: Pi05Policy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    policy.save_pretrained(tmp_path / "repo")
+    with ModelHub() as hub:
+        hub.repos["someone/tiny-pick"] = tmp_path / "repo"
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+        loaded = load_policy("someone/tiny-pick")
+        assert sorted(hub.downloads) == [
+            "someone/tiny-pick/config.json",
+            "someone/tiny-pick/model.safetensors",
+        ]
+        with pytest.raises(ConfigError, match=r"cannot get model\.safetensors of someone/missing"):
+            load_policy("someone/missing")
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(policy.state_dict().values(), loaded.state_dict().values(), strict=True)
+    )
+    # Cached: no Hub needed the second time.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert load_policy("someone/tiny-pick").config.model == "pi05-tiny"
