@@ -1,0 +1,44 @@
+"""How well a policy's sampled action chunks match a dataset's, in normalized units."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from relay_engine.models import Pi05Policy
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    mse: float  # mean squared error over real (step, dimension) elements, normalized units
+    samples: int
+
+
+@torch.no_grad()
+def evaluate_actions(
+    policy: Pi05Policy,
+    dataset: torch.utils.data.Dataset,  # type: ignore[type-arg]
+    indices: Sequence[int],
+    *,
+    batch_size: int = 32,
+    num_steps: int = 10,
+    seed: int = 0,
+) -> EvalResult:
+    """Sample a chunk for each frame in `indices` and compare it with the dataset's chunk.
+
+    Padded steps past an episode's end and padded action dimensions are left out, as in the loss.
+    The sampler's noise comes from `seed`, so two evaluations of one policy agree exactly.
+    """
+    policy.eval()
+    device = next(policy.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    squared_error, count = 0.0, 0
+    for start in range(0, len(indices), batch_size):
+        batch = policy.collate([dataset[i] for i in indices[start : start + batch_size]]).to(device)
+        predicted = policy.sample_actions(batch, num_steps=num_steps, generator=generator).float()
+        mask = batch.action_mask.float()
+        squared_error += float((((predicted - batch.actions.float()) ** 2) * mask).sum())
+        count += int(mask.sum())
+    return EvalResult(mse=squared_error / max(count, 1), samples=len(indices))

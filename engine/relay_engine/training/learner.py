@@ -1,0 +1,249 @@
+"""The engine's step: one definition of forward_backward and optim_step.
+
+Recipe jobs, the local trainer and training-loop sessions all train through a Learner, so a
+session step and a job step are the same code.
+
+Gradients accumulate across forward_backward calls until optim_step, so that any split of a
+batch gives the same update as the whole batch:
+- each call adds the gradient of sum_i(w_i * loss_i) over its data and the total weight
+  sum_i(w_i); optim_step divides by the total weight;
+- a datum's flow-matching noise and time are drawn from its own generator, seeded by the run's
+  seed, the optimizer step and the datum's place among the data since the last optim_step, so
+  the k-th datum of a step gets the same noise whichever call it comes in.
+Two half batches then one step therefore equal one full batch then one step. The noise is also a
+pure function of (seed, step, place), which makes a resumed run draw what an uninterrupted one did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from relay_engine.errors import EngineError
+from relay_engine.models import FlowOutputs, Pi05Batch, flow_matching_loss, sample_flow_time
+from relay_engine.tuning import load_trainable_state_dict, trainable_state_dict
+
+
+@dataclass(frozen=True)
+class AdamParams:
+    """One AdamW step's settings; a session passes them every step, a recipe from its schedule."""
+
+    learning_rate: float
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 1.0  # 0 turns clipping off
+
+
+@dataclass(frozen=True)
+class ForwardBackwardResult:
+    loss: float  # the weighted mean over this call's data
+    per_sample: list[float]
+    weight: float  # sum of the data's weights
+
+
+@dataclass(frozen=True)
+class OptimStepResult:
+    grad_norm: float  # before clipping
+    skipped: bool  # the gradient was not finite, so the weights were left as they were
+
+
+class Learner:
+    """A tuned policy, its AdamW optimizer and the noise generator of its flow-matching loss."""
+
+    def __init__(self, model: torch.nn.Module, *, seed: int = 0, device: torch.device | str = "cpu") -> None:
+        self.model = model
+        self.device = torch.device(device)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise EngineError("nothing to train: the targets select no parameters")
+        # The rate, betas, eps and decay are set per step from AdamParams.
+        self.optimizer = torch.optim.AdamW(self.params, lr=0.0, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+        self.seed = seed
+        self.steps_taken = 0
+        self._accumulated_weight = 0.0
+        self._data_since_step = 0  # the place of the next datum among this step's data
+        # The sampler's noise (sample) is the one thing drawn from a running generator.
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def _datum_generator(self, place: int) -> torch.Generator:
+        key = hashlib.blake2b(f"{self.seed}:{self.steps_taken}:{place}".encode(), digest_size=8).digest()
+        return torch.Generator().manual_seed(int.from_bytes(key, "little") & ((1 << 63) - 1))
+
+    def flow_noise(self, batch: Pi05Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Noise (B, H, 32) and flow time (B,) for the next data of this step (see the module's note)."""
+        noises, times = [], []
+        for _ in range(batch.actions.shape[0]):
+            generator = self._datum_generator(self._data_since_step)
+            self._data_since_step += 1
+            noises.append(torch.randn(batch.actions.shape[1:], generator=generator))
+            times.append(sample_flow_time(1, generator))
+        return torch.stack(noises), torch.cat(times)
+
+    def _flow_outputs(self, batch: Pi05Batch) -> FlowOutputs:
+        noise, time = self.flow_noise(batch)
+        with self._autocast():
+            return self.model.flow_outputs(batch.to(self.device), noise=noise, time=time)
+
+    # -- autocast --------------------------------------------------------------------------------
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        # bf16 activations on CUDA (fp32 master weights, gradients and optimizer); fp32 on the CPU.
+        if self.device.type == "cuda":
+            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def forward_backward(self, batch: Pi05Batch) -> ForwardBackwardResult:
+        """Add the gradients of the flow-matching loss on `batch` to those accumulated so far."""
+        self.model.train()
+        batch = batch.to(self.device)
+        outputs = self._flow_outputs(batch)
+        loss, per_sample = flow_matching_loss(outputs, batch)
+        weight = batch.weights.sum()
+        (loss * weight).backward()
+        return self._accumulate(loss, per_sample, weight)
+
+    def forward(self, batch: Pi05Batch) -> FlowOutputs:
+        """The flow-matching outputs without gradients (evaluation).
+
+        It draws the noise that the same data would get from the next forward_backward, without
+        using up those places, so forward(b) then forward_backward(b) report the same loss.
+        """
+        self.model.eval()
+        place = self._data_since_step
+        try:
+            with torch.no_grad():
+                return self._flow_outputs(batch)
+        finally:
+            self._data_since_step = place
+
+    def forward_for_custom_loss(self, batch: Pi05Batch) -> FlowOutputs:
+        """The forward pass of a custom loss: `velocity` keeps its graph until backward_custom."""
+        self.model.train()
+        return self._flow_outputs(batch)
+
+    def backward_custom(
+        self,
+        outputs: FlowOutputs,
+        batch: Pi05Batch,
+        grad_velocity: torch.Tensor,
+        loss: float,
+        per_sample: list[float],
+    ) -> ForwardBackwardResult:
+        """Backpropagate d(custom loss)/d(velocity).
+
+        Weighted by the batch's total weight, like a built-in loss, so that optim_step's average
+        leaves a lone custom loss's gradient as the user computed it.
+        """
+        weight = batch.weights.sum()
+        outputs.velocity.backward(grad_velocity.to(outputs.velocity.device, outputs.velocity.dtype) * weight)
+        return self._accumulate(torch.tensor(loss), torch.tensor(per_sample), weight)
+
+    def _accumulate(
+        self, loss: torch.Tensor, per_sample: torch.Tensor, weight: torch.Tensor
+    ) -> ForwardBackwardResult:
+        self._accumulated_weight += float(weight)
+        return ForwardBackwardResult(
+            loss=float(loss.detach()),
+            per_sample=[float(x) for x in per_sample.detach().cpu()],
+            weight=float(weight),
+        )
+
+    def optim_step(self, params: AdamParams) -> OptimStepResult:
+        """One AdamW step with the accumulated gradients, then clear them.
+
+        A gradient with a non-finite value is dropped and the weights are left unchanged, so one
+        bad batch cannot poison the run; the step still counts.
+        """
+        if self._accumulated_weight <= 0:
+            raise EngineError(
+                "optim_step: no gradients accumulated since the last step; call forward_backward first"
+            )
+        grads = [p.grad for p in self.params if p.grad is not None]
+        for grad in grads:
+            grad.div_(self._accumulated_weight)
+        grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+        skipped = not math.isfinite(grad_norm)
+        if not skipped:
+            if params.grad_clip_norm > 0:
+                torch.nn.utils.clip_grads_with_norm_(
+                    self.params, params.grad_clip_norm, torch.tensor(grad_norm)
+                )
+            for group in self.optimizer.param_groups:
+                group.update(
+                    lr=params.learning_rate,
+                    betas=(params.beta1, params.beta2),
+                    eps=params.eps,
+                    weight_decay=params.weight_decay,
+                )
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._accumulated_weight = 0.0
+        self._data_since_step = 0
+        self.steps_taken += 1
+        return OptimStepResult(grad_norm=grad_norm, skipped=skipped)
+
+    def sample(self, batch: Pi05Batch, num_steps: int = 10) -> torch.Tensor:
+        """Actions (B, action_horizon, 32) for the batch's observations, with the weights as they are now."""
+        self.model.eval()
+        with torch.no_grad(), self._autocast():
+            actions = self.model.sample_actions(
+                batch.to(self.device), num_steps=num_steps, generator=self.generator
+            )
+        return actions.float().cpu()
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def save_state(self, directory: Path) -> None:
+        """Trainable weights, optimizer and every RNG, as files in `directory`."""
+        weights = {
+            name: t.detach().contiguous().cpu() for name, t in trainable_state_dict(self.model).items()
+        }
+        save_file(weights, str(directory / "trainable.safetensors"))
+        torch.save(
+            {
+                "optimizer": self.optimizer.state_dict(),
+                "steps_taken": self.steps_taken,
+                "generator": self.generator.get_state(),
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+                "numpy": np.random.get_state(),
+                "python": random.getstate(),
+            },
+            directory / "optimizer_and_rng.pt",
+        )
+
+    def load_state(self, directory: Path) -> None:
+        load_trainable_state_dict(
+            self.model, load_file(str(directory / "trainable.safetensors"), device=str(self.device))
+        )
+        # Our own file: the numpy RNG state needs full unpickling. Optimizer state moves to the
+        # parameters' device in load_state_dict; the generator state must stay on the CPU.
+        state = torch.load(directory / "optimizer_and_rng.pt", map_location="cpu", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps_taken = int(state["steps_taken"])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch"])
+        if state["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+        np.random.set_state(state["numpy"])
+        random.setstate(state["python"])
+        self.optimizer.zero_grad(set_to_none=True)
+        self._accumulated_weight = 0.0
+        self._data_since_step = 0
+
+    def trainable_parameters(self) -> Iterator[torch.nn.Parameter]:
+        return iter(self.params)

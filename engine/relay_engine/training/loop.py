@@ -1,0 +1,126 @@
+"""The training loop, shared by recipe jobs and the local trainer.
+
+One step: read the step's batches, forward_backward each, optim_step at the scheduled rate.
+Every `log_every` steps the loop reports the window's averages; every `checkpoint_every` steps
+and at the end it asks for a checkpoint. It checks `should_stop()` before every step. It knows
+nothing of databases or queues: the caller's callbacks do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from relay_engine.models import Pi05Batch
+from relay_engine.training.learner import AdamParams, Learner
+
+Event = dict[str, Any]
+
+
+@dataclass
+class MetricsWindow:
+    """Sums over the steps since the last metrics event (saved in checkpoints, for exact resume)."""
+
+    steps: int = 0
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    grad_norm_sum: float = 0.0
+    grad_norm_count: int = 0
+    lr_sum: float = 0.0
+    skipped: int = 0
+
+    def add(self, loss: float, grad_norm: float, lr: float, skipped: bool) -> None:
+        self.steps += 1
+        self.lr_sum += lr
+        self.skipped += int(skipped)
+        # A skipped step's gradient norm (and perhaps its loss) is not finite; the averages
+        # describe the steps that were taken, `skipped` says how many were not.
+        if math.isfinite(loss):
+            self.loss_sum += loss
+            self.loss_count += 1
+        if not skipped:
+            self.grad_norm_sum += grad_norm
+            self.grad_norm_count += 1
+
+    def event(self, step: int) -> Event:
+        def mean(total: float, count: int) -> float | None:
+            return total / count if count else None
+
+        return {
+            "step": step,
+            "loss": mean(self.loss_sum, self.loss_count),
+            "grad_norm": mean(self.grad_norm_sum, self.grad_norm_count),
+            "lr": self.lr_sum / self.steps,
+            "skipped": self.skipped / self.steps,
+        }
+
+    def to_dict(self) -> dict[str, float]:
+        return dict(vars(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MetricsWindow:
+        return cls(**data)
+
+
+@dataclass
+class LoopState:
+    """Where a run is: the next step to take and the metrics window."""
+
+    step: int = 0
+    window: MetricsWindow = field(default_factory=MetricsWindow)
+    last_loss: float | None = None
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    status: Literal["completed", "stopped"]
+    step: int
+    loss: float | None
+
+
+def run_loop(
+    learner: Learner,
+    next_step_batches: Callable[[], list[Pi05Batch]],
+    *,
+    state: LoopState,
+    total_steps: int,
+    learning_rate_at: Callable[[int], float],
+    adam: AdamParams,
+    on_event: Callable[[Event], None],
+    should_stop: Callable[[], bool],
+    save_checkpoint: Callable[[LoopState], None] | None = None,
+    checkpoint_every: int = 1000,
+    log_every: int = 10,
+    on_batch_loss: Callable[[float], None] | None = None,
+    after_step: Callable[[LoopState], None] | None = None,
+) -> LoopResult:
+    """Train from `state.step` to `total_steps`; `next_step_batches()` gives one step's micro-batches."""
+    while state.step < total_steps:
+        if should_stop():
+            return LoopResult("stopped", state.step, state.last_loss)
+
+        lr = learning_rate_at(state.step)
+        results = [learner.forward_backward(batch) for batch in next_step_batches()]
+        optim = learner.optim_step(replace(adam, learning_rate=lr))
+        total_weight = sum(r.weight for r in results)
+        loss = sum(r.loss * r.weight for r in results) / total_weight
+        if on_batch_loss is not None:
+            for result in results:
+                on_batch_loss(result.loss)
+
+        state.step += 1
+        state.last_loss = loss
+        state.window.add(loss, optim.grad_norm, lr, optim.skipped)
+        if state.step % log_every == 0 or state.step == total_steps:
+            on_event(state.window.event(state.step))
+            state.window = MetricsWindow()
+        if save_checkpoint is not None and (state.step % checkpoint_every == 0 or state.step == total_steps):
+            save_checkpoint(state)
+            on_event({"step": state.step, "event": "checkpoint"})
+        if after_step is not None:
+            after_step(state)
+
+    on_event({"step": total_steps, "event": "finished"})
+    return LoopResult("completed", total_steps, state.last_loss)

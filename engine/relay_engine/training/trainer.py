@@ -1,0 +1,149 @@
+"""The local trainer: the engine's loop as a library, for a user's own GPU.
+
+    from relay_engine import Trainer, TrainingArguments, load_policy, open_dataset
+
+    model = load_policy("pi05-tiny")
+    args = TrainingArguments(output_dir="models/pick-fork", num_train_epochs=3, per_device_train_batch_size=8)
+    trainer = Trainer(model=model, args=args, train_dataset=open_dataset("/data/pick-fork"))
+    print(trainer.train())          # {'train_loss': 0.31..., 'steps': 42}
+    tuned = load_policy("models/pick-fork")
+
+Each epoch reads the dataset in a fresh seeded order; `gradient_accumulation_steps` mini-batches
+make one optimizer step, clipped to `max_grad_norm`, at the recipe's warmup + cosine rate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from relay_engine.errors import ConfigError
+from relay_engine.training.data import BatchOrder, DataPosition, batch_loader
+from relay_engine.training.export import write_output
+from relay_engine.training.learner import AdamParams, Learner
+from relay_engine.training.loop import Event, LoopState, run_loop
+from relay_engine.training.schedule import learning_rate
+from relay_engine.tuning import apply_tuning
+
+
+@dataclass
+class TrainingArguments:
+    output_dir: str
+    num_train_epochs: int | None = None  # give this or max_steps
+    max_steps: int | None = None
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 2.5e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    seed: int = 42
+    save_strategy: Literal["no", "epoch"] = "no"
+    # "torch" runs eagerly; "triton" compiles forward and backward with torch.compile
+    # (TorchInductor's Triton kernels), which needs CUDA.
+    training_backend: Literal["torch", "triton"] = "torch"
+    finetune: Literal["lora", "full"] = "lora"
+    lora_rank: int = 32
+    lora_alpha: float | None = None
+    targets: list[str] | None = None
+    logging_steps: int = 10
+    dataloader_num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.num_train_epochs is None) == (self.max_steps is None):
+            raise ConfigError("give exactly one of num_train_epochs and max_steps")
+        for name in (
+            "num_train_epochs",
+            "max_steps",
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+        ):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"bad {name}: {value} (must be at least 1)")
+        if self.learning_rate <= 0:
+            raise ConfigError(f"bad learning_rate: {self.learning_rate} (must be > 0)")
+        if self.save_strategy not in ("no", "epoch"):
+            raise ConfigError(f"bad save_strategy: {self.save_strategy!r} (must be 'no' or 'epoch')")
+        if self.training_backend not in ("torch", "triton"):
+            raise ConfigError(
+                f"bad training_backend: {self.training_backend!r} (must be 'torch' or 'triton')"
+            )
+
+
+class Trainer:
+    def __init__(self, model: torch.nn.Module, args: TrainingArguments, train_dataset: Any) -> None:
+        if args.training_backend == "triton" and not torch.cuda.is_available():
+            raise RuntimeError("training_backend='triton' compiles Triton CUDA kernels and needs a CUDA GPU")
+        self.args = args
+        self.policy = model
+        self.train_dataset = train_dataset
+        self.device = next(model.parameters()).device
+        self.model = apply_tuning(model, args.finetune, args.targets, args.lora_rank, args.lora_alpha)
+        if args.training_backend == "triton":
+            # Compiling flow_outputs compiles its forward graph and, through AOTAutograd, the backward.
+            self.model.flow_outputs = torch.compile(self.model.flow_outputs)  # type: ignore[method-assign]
+        self.learner = Learner(self.model, seed=args.seed, device=self.device)
+        self.losses: list[float] = []  # every mini-batch's loss
+        self.events: list[Event] = []
+
+    def _steps_per_epoch(self, order: BatchOrder) -> int:
+        return math.ceil(order.batches_per_epoch() / self.args.gradient_accumulation_steps)
+
+    def train(self) -> dict[str, float | int]:
+        args = self.args
+        order = BatchOrder(
+            len(self.train_dataset), args.per_device_train_batch_size, args.seed, span_epochs=False
+        )
+        steps_per_epoch = self._steps_per_epoch(order)
+        total_steps = (
+            args.max_steps if args.max_steps is not None else steps_per_epoch * (args.num_train_epochs or 0)
+        )
+        batches = batch_loader(
+            self.train_dataset, order, DataPosition(), self.policy.collate, args.dataloader_num_workers
+        )
+        position = DataPosition()
+        output_dir = Path(args.output_dir)
+
+        def next_step_batches() -> list[Any]:
+            # An optimizer step never spans epochs: the epoch's last step takes what is left.
+            nonlocal position
+            micro = []
+            epoch = position.epoch
+            while len(micro) < args.gradient_accumulation_steps and position.epoch == epoch:
+                _, position = order.next_batch(position)
+                micro.append(next(batches))
+            return micro
+
+        def after_step(state: LoopState) -> None:
+            if args.save_strategy == "epoch" and position.offset == 0 and position.epoch > 0:
+                write_output(
+                    self.model, output_dir / f"checkpoint-epoch-{position.epoch}", self._norm_stats_json()
+                )
+
+        result = run_loop(
+            self.learner,
+            next_step_batches,
+            state=LoopState(),
+            total_steps=total_steps,
+            learning_rate_at=lambda step: learning_rate(step, total_steps, args.learning_rate),
+            adam=AdamParams(
+                learning_rate=args.learning_rate,
+                weight_decay=args.weight_decay,
+                grad_clip_norm=args.max_grad_norm,
+            ),
+            on_event=self.events.append,
+            should_stop=lambda: False,
+            log_every=args.logging_steps,
+            on_batch_loss=self.losses.append,
+            after_step=after_step,
+        )
+        write_output(self.model, output_dir, self._norm_stats_json())
+        return {"train_loss": sum(self.losses) / len(self.losses), "steps": result.step}
+
+    def _norm_stats_json(self) -> str | None:
+        stats = getattr(self.train_dataset, "norm_stats", None)
+        return stats.to_json() if stats is not None else None

@@ -1,0 +1,125 @@
+"""Recipe jobs on pi05-tiny: exact resume, cooperative stop, merged output that reloads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from relay_engine.datasets import LeRobotDataset
+from relay_engine.errors import ConfigError, DatasetError
+from relay_engine.models import load_policy
+from relay_engine.recipe import Recipe, RecipeResult, run_recipe
+
+STEPS = 12
+
+
+def recipe_for(dataset: Path, **changes: Any) -> Recipe:
+    settings: dict[str, Any] = dict(
+        model="pi05-tiny",
+        dataset_name=str(dataset),
+        batch_size=4,
+        learning_rate=1e-3,
+        steps=STEPS,
+        checkpoint_every=4,
+        log_every=1,  # an event per step, so every step's loss is compared
+        num_workers=0,
+    )
+    return Recipe(**{**settings, **changes})
+
+
+def run(
+    recipe: Recipe, work_dir: Path, cache: Path, stop_after: int | None = None
+) -> tuple[RecipeResult, list[dict]]:
+    events: list[dict[str, Any]] = []
+    metrics = lambda: sum(1 for e in events if "loss" in e)  # noqa: E731
+    result = run_recipe(
+        recipe,
+        work_dir,
+        on_event=events.append,
+        should_stop=lambda: stop_after is not None and metrics() >= stop_after,
+        dataset_cache_dir=cache,
+    )
+    return result, events
+
+
+def losses(events: list[dict[str, Any]]) -> dict[int, float]:
+    return {e["step"]: e["loss"] for e in events if "loss" in e}
+
+
+def test_a_stopped_and_resumed_run_matches_an_uninterrupted_one(
+    synthetic_dataset_path: Path, dataset_cache: Path, tmp_path: Path
+) -> None:
+    recipe = recipe_for(synthetic_dataset_path)
+    straight, straight_events = run(recipe, tmp_path / "straight", dataset_cache)
+    assert straight.status == "completed" and straight.step == STEPS
+
+    # Stop after step 6: the last checkpoint is step 4, so steps 5 and 6 are trained again.
+    first, first_events = run(recipe, tmp_path / "interrupted", dataset_cache, stop_after=6)
+    assert first.status == "stopped" and first.step == 6
+    assert not (tmp_path / "interrupted" / "output").exists()
+    second, second_events = run(recipe, tmp_path / "interrupted", dataset_cache)
+    assert second.status == "completed" and second.resumed_from == 4
+
+    expected = losses(straight_events)
+    assert sorted(expected) == list(range(1, STEPS + 1))
+    resumed = {**losses(first_events), **losses(second_events)}
+    assert min(losses(second_events)) == 5
+    for step, loss in expected.items():
+        assert resumed[step] == pytest.approx(loss, abs=1e-6), f"step {step}"
+
+    straight_weights = load_file(str(straight.output_dir / "model.safetensors"))
+    resumed_weights = load_file(str(second.output_dir / "model.safetensors"))
+    assert straight_weights.keys() == resumed_weights.keys()
+    for name, tensor in straight_weights.items():
+        torch.testing.assert_close(resumed_weights[name], tensor, atol=1e-6, rtol=0, msg=name)
+
+
+def test_events_and_output_of_a_completed_run(
+    synthetic_dataset_path: Path, synthetic_dataset: LeRobotDataset, dataset_cache: Path, tmp_path: Path
+) -> None:
+    recipe = recipe_for(synthetic_dataset_path, log_every=10, steps=25, checkpoint_every=10)
+    result, events = run(recipe, tmp_path, dataset_cache)
+
+    metrics = [e for e in events if "loss" in e]
+    assert [e["step"] for e in metrics] == [10, 20, 25]
+    assert set(metrics[0]) == {"step", "loss", "grad_norm", "lr", "skipped"}
+    assert metrics[0]["skipped"] == 0.0 and metrics[0]["lr"] > 0
+    assert [e["step"] for e in events if e.get("event") == "checkpoint"] == [10, 20, 25]
+    assert events[-1] == {"step": 25, "event": "finished"}
+
+    output = result.output_dir
+    assert sorted(p.name for p in output.iterdir()) == ["config.json", "model.safetensors", "norm_stats.json"]
+    assert json.loads((output / "norm_stats.json").read_text()) == json.loads(
+        synthetic_dataset.norm_stats.to_json()
+    )
+    config = json.loads((output / "config.json").read_text())
+    assert config["model"] == "pi05-tiny" and config["tuning"]["finetune"] == "lora"
+
+    # The output reloads through the constructor that loads base models, and differs from the base.
+    tuned, base = load_policy(str(output)), load_policy("pi05-tiny")
+    batch = tuned.collate([synthetic_dataset[i] for i in range(4)])
+    generator = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    tuned_actions = tuned.sample_actions(batch, generator=generator())
+    assert not torch.allclose(tuned_actions, base.sample_actions(batch, generator=generator()))
+    again = load_policy(str(output)).sample_actions(batch, generator=generator())
+    torch.testing.assert_close(again, tuned_actions)
+
+
+def test_a_work_dir_of_another_recipe_is_refused(
+    synthetic_dataset_path: Path, dataset_cache: Path, tmp_path: Path
+) -> None:
+    run(recipe_for(synthetic_dataset_path, steps=4), tmp_path, dataset_cache)
+    with pytest.raises(ConfigError, match="different recipe"):
+        run(recipe_for(synthetic_dataset_path, steps=4, learning_rate=5e-4), tmp_path, dataset_cache)
+
+
+def test_a_bad_dataset_fails_before_training(tmp_path: Path, dataset_cache: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetError):
+        run(recipe_for(tmp_path / "empty"), tmp_path / "work", dataset_cache)
+    assert not (tmp_path / "work" / "checkpoints").exists()
