@@ -35,6 +35,7 @@ from relay_api.settings import Settings
 PG_ADMIN = os.environ.get("RELAY_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("RELAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
 SERVICE_DB = "relay_test_service"
+PARKED_QUEUE = "relay.parked"
 WORKER_READY_SECONDS = 180.0
 
 
@@ -190,6 +191,7 @@ class Stack:
         migrate.upgrade(self.database_url)
         self.sessions: sessionmaker[Session] = session_factory(self.settings)
         self._api: ApiServer | None = None
+        self._parked_api: ApiServer | None = None
         self._worker: WorkerProcess | None = None
         self._lock = threading.Lock()
 
@@ -199,6 +201,16 @@ class Stack:
             if self._api is None:
                 self._api = ApiServer(self.settings)
             return self._api.url
+
+    @property
+    def parked_api_url(self) -> str:
+        """The API again, but publishing to a queue no worker reads: its jobs stay queued."""
+        with self._lock:
+            if self._parked_api is None:
+                self._parked_api = ApiServer(
+                    self.settings.model_copy(update={"fine_tune_queue": PARKED_QUEUE})
+                )
+            return self._parked_api.url
 
     def worker(self) -> WorkerProcess:
         """The shared worker, started on first use and again if a test killed it."""
@@ -230,8 +242,9 @@ class Stack:
     def stop(self) -> None:
         if self._worker is not None:
             self._worker.stop()
-        if self._api is not None:
-            self._api.stop()
+        for api in (self._api, self._parked_api):
+            if api is not None:
+                api.stop()
         self.sessions.kw["bind"].dispose()
         drop_database(SERVICE_DB)
         self._tmp.cleanup()

@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from relay_api.app import create_app
 from relay_api.models import FineTune, FineTuneEvent
 from tests.sdk.test_config import BAD_CONFIGS
-from tests.service.stack import Stack
+from tests.service.stack import PARKED_QUEUE, Stack
 
 GOOD = {"model": "pi05-tiny", "dataset_name": "lerobot/pusht_image", "steps": 20}
 
@@ -36,7 +36,7 @@ API_BAD_CONFIGS = [case for case in BAD_CONFIGS if _json_can_carry(case[0])]
 
 @pytest.fixture(scope="module")
 def parked(stack: Stack) -> Iterator[TestClient]:
-    settings = stack.settings.model_copy(update={"fine_tune_queue": "relay.parked"})
+    settings = stack.settings.model_copy(update={"fine_tune_queue": PARKED_QUEUE})
     with TestClient(create_app(settings)) as api:
         yield api
 

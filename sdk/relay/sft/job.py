@@ -1,0 +1,214 @@
+"""FineTuneJob: a recipe job as the API last reported it, and what can be done with it."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from relay import _http
+from relay.sft import status as job_status
+from relay.sft.config import SFTConfig
+
+FINE_TUNES = "/v1/fine-tunes"
+CONFIG_FIELDS: tuple[str, ...] = tuple(SFTConfig.model_fields)
+EVENTS_PAGE = 1000
+
+
+class Event(dict[str, Any]):
+    """One event as the spec shows it (``{"step": 10, "loss": 0.21, ...}``), with the API's ``id``
+    (the cursor for ``events(after=...)``) and ``created_at`` as attributes."""
+
+    id: int
+    created_at: str | None
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Event:
+        body = {k: v for k, v in data.items() if k not in ("id", "object", "created_at")}
+        event = cls(body)
+        event.id = int(data["id"])
+        event.created_at = data.get("created_at")
+        return event
+
+
+class FineTuneJob:
+    """A recipe job. Attributes: ``id``, ``status``, ``step``, ``loss``, ``error``, ``output_dir``,
+    ``created_at``, ``started_at``, ``finished_at`` and the config's fields."""
+
+    id: str
+    status: str
+    step: int
+    loss: float | None
+    error: str | None
+    output_dir: str | None
+    model: str
+    dataset_name: str
+    batch_size: int
+    learning_rate: float
+    steps: int
+    finetune: str
+    lora_rank: int
+    lora_alpha: float | None
+    targets: list[str] | None
+    cameras: dict[str, str] | None
+    name: str | None
+
+    def __init__(self, data: dict[str, Any], client: _http.Client | None = None) -> None:
+        self._client = client or _http.default_client()
+        self._update(data)
+
+    def _update(self, data: dict[str, Any]) -> None:
+        self._data = dict(data)
+        for key, value in data.items():
+            if key != "object":
+                setattr(self, key, value)
+
+    def __repr__(self) -> str:
+        loss = "None" if self.loss is None else f"{self.loss:.4g}"
+        progress = f"{self.step}/{self.steps}"
+        return f"FineTuneJob(id={self.id!r}, status={self.status!r}, step={progress}, loss={loss})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job as the API reported it."""
+        return dict(self._data)
+
+    @property
+    def config(self) -> SFTConfig:
+        return SFTConfig(**{f: self._data.get(f) for f in CONFIG_FIELDS})
+
+    @property
+    def done(self) -> bool:
+        return self.status in job_status.TERMINAL
+
+    def refresh(self) -> FineTuneJob:
+        """Bring the job up to date."""
+        self._update(self._client.request("GET", f"{FINE_TUNES}/{self.id}"))
+        return self
+
+    def cancel(self) -> FineTuneJob:
+        """Ask the job to stop: a queued job is cancelled at once, a running one within a step or so."""
+        self._update(self._client.request("POST", f"{FINE_TUNES}/{self.id}/cancel", retry=True))
+        return self
+
+    def wait(
+        self, poll: float = 30, *, timeout: float | None = None, progress: bool | None = None
+    ) -> FineTuneJob:
+        """Block until the job is completed or cancelled; raise RuntimeError if it failed.
+
+        Polls at most every `poll` seconds, and sooner while the wait is young (a quarter of the time
+        waited so far, at least half a second), so a short job returns promptly. Shows a progress bar
+        on stderr when it is a terminal (or when `progress` is True).
+        """
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        show = sys.stderr.isatty() if progress is None else progress
+        bar = _ProgressBar(self) if show else None
+        try:
+            while True:
+                self.refresh()
+                if bar is not None:
+                    bar.update(self)
+                if self.done:
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"fine-tune {self.id} is still {self.status} after {timeout} s")
+                waited = time.monotonic() - started
+                time.sleep(min(poll, max(0.5, waited / 4)))
+        finally:
+            if bar is not None:
+                bar.close()
+        if self.status == job_status.ERROR:
+            raise RuntimeError(f"fine-tune {self.id} failed: {self.error}")
+        return self
+
+    def events(self, after: int | None = None) -> list[Event]:
+        """The job's events so far, oldest first; with `after`, only those after that event id."""
+        found: list[Event] = []
+        while True:
+            page = self._client.request(
+                "GET", f"{FINE_TUNES}/{self.id}/events", params={"after": after, "limit": EVENTS_PAGE}
+            )
+            found.extend(Event.from_api(item) for item in page["data"])
+            if not page.get("has_more") or not page["data"]:
+                return found
+            after = found[-1].id
+
+    def follow(self, after: int | None = None) -> Iterator[Event]:
+        """Yield the job's events as they happen (server-sent events), until the job ends."""
+        for item in self._client.stream_events(f"{FINE_TUNES}/{self.id}/events", {"after": after}):
+            yield Event.from_api(item)
+
+    def files(self, checkpoints: bool = False) -> list[dict[str, Any]]:
+        """The job's files: its output (and with `checkpoints`, its checkpoints), with sizes and sha256."""
+        page = self._client.request("GET", f"{FINE_TUNES}/{self.id}/files")
+        return [f for f in page["data"] if checkpoints or f["path"].startswith("output/")]
+
+    def download(self, dir: str | Path, *, checkpoints: bool = False, progress: bool | None = None) -> Path:
+        """Download the trained weights (model.safetensors, config.json, norm_stats.json) into `dir`,
+        each checked against its sha256; with `checkpoints`, also checkpoints/. Returns `dir`."""
+        if not checkpoints:
+            self.refresh()
+            if self.status != job_status.COMPLETED:
+                raise RuntimeError(f"fine-tune {self.id} is {self.status}: its output exists once completed")
+        target = Path(dir)
+        files = self.files(checkpoints=checkpoints)
+        show = sys.stderr.isatty() if progress is None else progress
+        bar = _DownloadBar(sum(f["bytes"] for f in files)) if show else None
+        try:
+            for item in files:
+                relative = PurePosixPath(item["path"])
+                if relative.is_absolute() or ".." in relative.parts:
+                    raise RuntimeError(f"refusing to write {item['path']!r} outside {target}")
+                # The output lands in `dir` itself; checkpoints keep their checkpoints/ prefix.
+                in_output = relative.parts[0] == "output"
+                local = target.joinpath(*relative.parts[1:]) if in_output else target / relative
+                self._client.download(
+                    f"{FINE_TUNES}/{self.id}/files/{item['path']}", local,
+                    on_bytes=bar.advance if bar is not None else None,
+                )
+        finally:
+            if bar is not None:
+                bar.close()
+        return target
+
+
+class _ProgressBar:
+    def __init__(self, job: FineTuneJob) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=Console(stderr=True),
+        )
+        self._progress.start()
+        self._task = self._progress.add_task(job.id, total=job.steps, detail="")
+
+    def update(self, job: FineTuneJob) -> None:
+        loss = "" if job.loss is None else f"loss {job.loss:.4f}"
+        self._progress.update(
+            self._task, completed=job.step or 0, description=f"{job.id} {job.status}", detail=loss
+        )
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+class _DownloadBar:
+    def __init__(self, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+        self._progress = Progress(
+            BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=Console(stderr=True)
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("download", total=total)
+
+    def advance(self, count: int) -> None:
+        self._progress.advance(self._task, count)
+
+    def close(self) -> None:
+        self._progress.stop()
