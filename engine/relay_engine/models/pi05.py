@@ -346,11 +346,6 @@ class Pi05Policy(nn.Module):
         """
         return self.model._needs_grad(self.model.paligemma_with_expert.paligemma)
 
-    def set_action_horizon(self, action_horizon: int) -> None:
-        """The length of the action chunks; no weight depends on it."""
-        self.config = self.config.replace(action_horizon=action_horizon)
-        self.collate = Pi05Collator(self.config, self.collate.tokenizer)
-
     def flow_outputs(
         self,
         batch: Pi05Batch,

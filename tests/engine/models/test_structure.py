@@ -60,3 +60,16 @@ def test_config_round_trips_and_checks_shared_attention() -> None:
         config.replace(expert=config.expert.__class__(**{**config.expert.__dict__, "depth": 2}))
     with pytest.raises(ConfigError, match="unknown model"):
         named_config("pi07")
+
+
+def test_adaptive_norms_start_closed_for_pi05_and_open_for_tiny() -> None:
+    # openpi's init (pi05, whose real weights come from a checkpoint): zero dense, closed gates.
+    openpi_init = build_policy(named_config("pi05-tiny").replace(model="pi05"))
+    dense = [m.dense for m in openpi_init.model.expert.modules() if hasattr(m, "dense")]
+    assert len(dense) == 2 * 4 + 1
+    assert all(not d.weight.any() and not d.bias.any() for d in dense)
+    # pi05-tiny's random weights stand in for pretrained ones: gates open, time-modulated.
+    tiny = build_policy("pi05-tiny")
+    for d in (m.dense for m in tiny.model.expert.modules() if hasattr(m, "dense")):
+        scale_shift, gate = d.bias[:128], d.bias[128:]
+        assert d.weight.std() > 0 and not scale_shift.any() and torch.all(gate == 1.0)
