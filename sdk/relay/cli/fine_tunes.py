@@ -1,7 +1,211 @@
-"""`relay fine-tunes`."""
+"""`relay fine-tunes`: start, list, inspect, cancel and download recipe jobs (through the SDK)."""
 
 from __future__ import annotations
 
-import typer
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
-app = typer.Typer(help="fine-tunes", no_args_is_help=True)
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from relay import sft
+from relay.errors import APIError, ConfigError
+from relay.sft.config import SFTConfig
+from relay.sft.job import Event, FineTuneJob
+from relay.sft.train import train
+
+app = typer.Typer(help="Recipe jobs on Relay's GPUs: create, list, retrieve, cancel, events, download.",
+                  no_args_is_help=True)
+out = Console()
+err = Console(stderr=True)
+
+
+@contextmanager
+def _clear_errors() -> Iterator[None]:
+    """A refused request or a broken rule is a message and exit status, not a traceback."""
+    try:
+        yield
+    except ConfigError as error:
+        err.print(f"[red]error:[/red] {error}", highlight=False)
+        raise typer.Exit(2) from None
+    except (APIError, RuntimeError, TimeoutError) as error:
+        err.print(f"[red]error:[/red] {error}", highlight=False)
+        raise typer.Exit(1) from None
+
+
+def _cameras(pairs: list[str] | None) -> dict[str, str] | None:
+    if not pairs:
+        return None
+    cameras: dict[str, str] = {}
+    for pair in pairs:
+        camera, sep, feature = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"bad --camera: {pair!r} (give MODEL_CAMERA=DATASET_FEATURE, "
+                              "like base_0_rgb=observation.images.top)", "cameras")
+        cameras[camera] = feature
+    return cameras
+
+
+@app.command()
+def create(
+    model: str | None = typer.Option(None, help="Base model: pi05, or pi05-tiny (CPU)."),
+    dataset: str | None = typer.Option(
+        None, "--dataset", "--dataset-name",
+        help="LeRobot dataset on the Hub (lerobot/pusht_image) or a local directory.",
+    ),
+    batch_size: int | None = typer.Option(None, help="Samples per step, 1 to 512 (default 128)."),
+    learning_rate: float | None = typer.Option(None, help="Peak learning rate (default 2.5e-5)."),
+    steps: int | None = typer.Option(None, help="Optimizer steps, 1 to 100,000 (default 6000)."),
+    finetune: str | None = typer.Option(None, help="lora (default) or full."),
+    lora_rank: int | None = typer.Option(None, help="LoRA rank, 1 to 256 (default 32)."),
+    lora_alpha: float | None = typer.Option(None, help="LoRA alpha (default: the rank)."),
+    target: list[str] | None = typer.Option(None, "--target", help="Where training goes; repeatable."),
+    camera: list[str] | None = typer.Option(
+        None, "--camera", help="MODEL_CAMERA=DATASET_FEATURE, repeatable."
+    ),
+    name: str | None = typer.Option(None, help="A name for the job."),
+    config_file: Path | None = typer.Option(None, "--config", help="A JSON file with the config's fields; "
+                                            "options given here override it."),
+    idempotency_key: str | None = typer.Option(None, help="Send the same key again to get the same job."),
+    wait: bool = typer.Option(False, "--wait", help="Wait for the job, with a progress bar."),
+    as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
+) -> None:
+    """Start a fine-tune; prints the job at once (or, with --wait, when it ends)."""
+    with _clear_errors():
+        fields: dict[str, Any] = {}
+        if config_file is not None:
+            try:
+                fields.update(json.loads(config_file.read_text()))
+            except (OSError, ValueError) as error:
+                raise ConfigError(f"cannot read --config {config_file}: {error}") from None
+        given = {
+            "model": model, "dataset_name": dataset, "batch_size": batch_size, "learning_rate": learning_rate,
+            "steps": steps, "finetune": finetune, "lora_rank": lora_rank, "lora_alpha": lora_alpha,
+            "targets": target or None, "cameras": _cameras(camera), "name": name,
+        }
+        fields.update({k: v for k, v in given.items() if v is not None})
+        config = SFTConfig.parse(fields)
+        job = train(config, idempotency_key=idempotency_key)
+        if wait:
+            job.wait(poll=5, progress=not as_json)
+        _show_job(job, as_json)
+
+
+@app.command("list")
+def list_(
+    limit: int = typer.Option(20, min=1, help="How many, newest first."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON lines."),
+) -> None:
+    """Your fine-tunes, newest first."""
+    with _clear_errors():
+        jobs = sft.list_jobs(limit=limit)
+    if as_json:
+        for job in jobs:
+            print(json.dumps(job.to_dict()))
+        return
+    table = Table()
+    for column in ("id", "status", "step", "loss", "model"):
+        table.add_column(column, no_wrap=True, min_width=15 if column == "id" else None)
+    table.add_column("dataset", overflow="fold")
+    table.add_column("name", overflow="fold")
+    table.add_column("created", no_wrap=True)
+    for job in jobs:
+        table.add_row(job.id, _status(job.status), f"{job.step}/{job.steps}", _loss(job.loss), job.model,
+                      job.dataset_name, job.name or "", (job.to_dict().get("created_at") or "")[:19])
+    out.print(table)
+
+
+@app.command()
+def retrieve(job_id: str, as_json: bool = typer.Option(False, "--json", help="Print the job as JSON.")
+             ) -> None:
+    """One fine-tune, as the API reports it now."""
+    with _clear_errors():
+        _show_job(sft.retrieve(job_id), as_json)
+
+
+@app.command()
+def cancel(job_id: str, as_json: bool = typer.Option(False, "--json", help="Print the job as JSON.")) -> None:
+    """Cancel a fine-tune: a queued one at once, a running one within a step."""
+    with _clear_errors():
+        _show_job(sft.retrieve(job_id).cancel(), as_json)
+
+
+@app.command()
+def events(
+    job_id: str,
+    after: int | None = typer.Option(None, help="Only events after this event id."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Stream events until the job ends."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON lines (with event ids)."),
+) -> None:
+    """A fine-tune's events: metrics every 10 steps, checkpoints, the end."""
+    with _clear_errors():
+        job = sft.retrieve(job_id)
+        stream = job.follow(after) if follow else iter(job.events(after))
+        for event in stream:
+            _print_event(event, as_json)
+
+
+@app.command()
+def download(
+    job_id: str,
+    directory: Path | None = typer.Option(None, "--dir", help="Where to put the files (default: ./JOB_ID)."),
+    checkpoints: bool = typer.Option(False, "--checkpoints", help="Also download the checkpoints."),
+) -> None:
+    """Download a completed fine-tune's weights (model.safetensors, config.json, norm_stats.json)."""
+    with _clear_errors():
+        job = sft.retrieve(job_id)
+        target = job.download(directory or Path(job_id), checkpoints=checkpoints)
+    for path in sorted(p for p in target.rglob("*") if p.is_file()):
+        out.print(f"{path}  {path.stat().st_size:,} bytes", highlight=False, soft_wrap=True)
+
+
+def _show_job(job: FineTuneJob, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(job.to_dict()))
+        return
+    table = Table(show_header=False, box=None)
+    for key, value in job.to_dict().items():
+        if key == "object" or value is None:
+            continue
+        shown = _status(value) if key == "status" else (json.dumps(value) if isinstance(value, list | dict)
+                                                         else str(value))
+        table.add_row(f"[bold]{key}[/bold]", shown)
+    out.print(table)
+
+
+def _print_event(event: Event, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"id": event.id, "created_at": event.created_at, **event}), flush=True)
+        return
+    if "event" not in event:
+        line = (f"step {event['step']:>6}  loss {_loss(event.get('loss'))}"
+                f"  grad_norm {_num(event.get('grad_norm'))}  lr {_num(event.get('lr'), '.2e')}"
+                f"  skipped {_num(event.get('skipped'), '.0%')}")
+    else:
+        details = "  ".join(f"{k} {v}" for k, v in event.items() if k not in ("step", "event"))
+        line = f"step {event['step']:>6}  {event['event']}" + (f"  {details}" if details else "")
+    out.print(line, highlight=False, soft_wrap=True)
+    sys.stdout.flush()
+
+
+_STATUS_STYLE = {"completed": "green", "error": "red", "cancelled": "yellow",
+                 "cancel_requested": "yellow", "running": "cyan", "queued": "blue"}
+
+
+def _status(status: str) -> str:
+    style = _STATUS_STYLE.get(status)
+    return f"[{style}]{status}[/{style}]" if style else status
+
+
+def _loss(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _num(value: Any, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+

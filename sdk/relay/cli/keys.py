@@ -1,7 +1,82 @@
-"""`relay keys`."""
+"""`relay keys`: API keys for the service's users (run where the service's database is reachable)."""
 
 from __future__ import annotations
 
-import typer
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
-app = typer.Typer(help="keys", no_args_is_help=True)
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from relay.cli._extras import require
+
+app = typer.Typer(help="API keys: create, list, revoke. Uses the service's database (RELAY_DATABASE_URL).",
+                  no_args_is_help=True)
+err = Console(stderr=True)
+
+
+@app.command()
+def create(
+    user: str = typer.Option(..., "--user", help="The user the key belongs to (created if new)."),
+    as_json: bool = typer.Option(False, "--json", help="Print {user, key} as JSON."),
+) -> None:
+    """Create a key for USER and print it. It is shown only this once; the database keeps its hash."""
+    keys = require("relay_api.keys")
+    with _database() as session:
+        try:
+            new = keys.create_key(session, user)
+        except ValueError as error:
+            err.print(f"[red]error:[/red] {error}", highlight=False)
+            raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps({"user": new.user, "key": new.key}))
+    else:
+        err.print(f"API key for {new.user} (shown once; use it as RELAY_API_KEY):", highlight=False)
+        print(new.key)
+
+
+@app.command("list")
+def list_() -> None:
+    """Every key: its user, its first characters, when it was made and revoked."""
+    keys = require("relay_api.keys")
+    with _database() as session:
+        rows = keys.list_keys(session)
+    table = Table("user", "key", "created", "revoked")
+    for user, prefix, created, revoked in rows:
+        table.add_row(user, prefix + "...", created[:19], (revoked or "")[:19])
+    Console().print(table)
+
+
+@app.command()
+def revoke(key: str = typer.Argument(..., help="The key, or its first characters as `relay keys list` shows.")
+           ) -> None:
+    """Revoke a key. The API may accept it for up to RELAY_AUTH_CACHE_SECONDS more."""
+    keys = require("relay_api.keys")
+    with _database() as session:
+        count = keys.revoke_keys(session, key.removesuffix("..."))
+    if not count:
+        err.print(f"[red]error:[/red] no active key matches {key}", highlight=False)
+        raise typer.Exit(1)
+    err.print(f"revoked {count} key(s)")
+
+
+@contextmanager
+def _database() -> Iterator[Any]:
+    """A session on the service's database, or a clear exit if it is unreachable or not migrated."""
+    db = require("relay_api.db")
+    settings = require("relay_api.settings").get_settings()
+    sqlalchemy_errors = require("sqlalchemy.exc")
+    if settings.uses_sqlite and not settings.home.exists():
+        err.print(f"[red]error:[/red] no Relay data directory at {settings.home}: start `relay server` "
+                  "there once, or set RELAY_HOME / RELAY_DATABASE_URL", highlight=False)
+        raise typer.Exit(1)
+    try:
+        with db.session_factory(settings)() as session:
+            yield session
+    except (sqlalchemy_errors.OperationalError, sqlalchemy_errors.ProgrammingError) as error:
+        err.print(f"[red]error:[/red] cannot use the database at {settings.database_url}: {error.orig}. "
+                  "Is it up and migrated (`python -m relay_api.migrate`)?", highlight=False)
+        raise typer.Exit(1) from None

@@ -1,0 +1,121 @@
+"""`relay keys` and `relay fine-tunes` against the served API and a real worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from relay.cli import app
+from tests.service.stack import Stack, WorkerProcess
+
+pytestmark = pytest.mark.slow
+
+
+def relay(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "relay.cli", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_keys_create_list_and_revoke(stack: Stack) -> None:
+    env = {"RELAY_DATABASE_URL": stack.database_url, "RELAY_HOME": str(stack.settings.home)}
+    made = relay("keys", "create", "--user", "carol", "--json", env=env)
+    assert made.returncode == 0, made.stderr
+    key = json.loads(made.stdout)["key"]
+    assert json.loads(made.stdout)["user"] == "carol" and key.startswith("relay-")
+    headers = {"authorization": f"Bearer {key}"}
+    assert httpx.get(f"{stack.api_url}/v1/fine-tunes", headers=headers).status_code == 200
+
+    listed = relay("keys", "list", env=env)
+    assert listed.returncode == 0 and "carol" in listed.stdout and key not in listed.stdout
+
+    bad = relay("keys", "create", "--user", "no spaces/please", env=env)
+    assert bad.returncode == 2 and "bad user name" in bad.stderr and "Traceback" not in bad.stderr
+
+    revoked = relay("keys", "revoke", key, env=env)
+    assert revoked.returncode == 0, revoked.stderr
+    assert httpx.get(f"{stack.api_url}/v1/fine-tunes", headers=headers).status_code == 401
+
+
+def test_fine_tunes_commands(
+    stack: Stack, worker: WorkerProcess, user: tuple[str, str], dataset: Path, tmp_path: Path
+) -> None:
+    runner = CliRunner()
+    env = {"RELAY_BASE_URL": stack.api_url, "RELAY_API_KEY": user[1], "RELAY_HOME": str(tmp_path / "home")}
+
+    def run(*args: str) -> str:
+        result = runner.invoke(app, list(args), env=env)
+        assert result.exit_code == 0, (args, result.output)
+        return result.output
+
+    refused = runner.invoke(
+        app, ["fine-tunes", "create", "--model", "pi05-tiny", "--dataset", "x", "--batch-size", "0"], env=env
+    )
+    assert refused.exit_code == 2
+    assert "error: bad batch_size: 0 (must be an integer from 1 to 512)" in refused.output
+
+    created = json.loads(
+        run(
+            "fine-tunes",
+            "create",
+            "--model",
+            "pi05-tiny",
+            "--dataset",
+            str(dataset),
+            "--batch-size",
+            "2",
+            "--steps",
+            "10",
+            "--target",
+            "action_expert",
+            "--camera",
+            "base_0_rgb=observation.images.top",
+            "--name",
+            "cli",
+            "--wait",
+            "--json",
+        )
+    )
+    job_id = created["id"]
+    assert created["status"] == "completed" and created["targets"] == ["action_expert"]
+    assert created["cameras"] == {"base_0_rgb": "observation.images.top"}
+
+    assert job_id in run("fine-tunes", "list")
+    assert [json.loads(line)["id"] for line in run("fine-tunes", "list", "--json").splitlines()] == [job_id]
+    assert "completed" in run("fine-tunes", "retrieve", job_id)
+    assert json.loads(run("fine-tunes", "retrieve", job_id, "--json")) == created
+
+    text = run("fine-tunes", "events", job_id)
+    assert "step     10  loss" in text and "finished" in text
+    events = [json.loads(line) for line in run("fine-tunes", "events", job_id, "--json").splitlines()]
+    assert events[-1]["event"] == "finished" and all("id" in e for e in events)
+    followed = [
+        json.loads(line) for line in run("fine-tunes", "events", job_id, "--follow", "--json").splitlines()
+    ]
+    assert followed == events
+    later = run("fine-tunes", "events", job_id, "--after", str(events[0]["id"]), "--json").splitlines()
+    assert [json.loads(line) for line in later] == events[1:]
+
+    listing = run("fine-tunes", "download", job_id, "--dir", str(tmp_path / "weights"))
+    assert "model.safetensors" in listing
+    assert {p.name for p in (tmp_path / "weights").iterdir()} == {
+        "model.safetensors",
+        "config.json",
+        "norm_stats.json",
+    }
+
+    finished = runner.invoke(app, ["fine-tunes", "cancel", job_id], env=env)
+    assert finished.exit_code == 1 and "409" in finished.output and "already completed" in finished.output
+    missing = runner.invoke(app, ["fine-tunes", "retrieve", "ft-000000000000"], env=env)
+    assert missing.exit_code == 1 and "404 no fine-tune ft-000000000000" in missing.output
