@@ -1,0 +1,95 @@
+"""`relay server` on a laptop with no servers: SQLite, a SQLite broker, the API and one worker; the SDK
+finds it through the client file it writes, a job completes, and stopping it stops its worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service.stack import free_port, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def processes_with_home(home: Path) -> list[int]:
+    """Processes whose environment names this data directory (the server and its worker)."""
+    marker = f"RELAY_HOME={home}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_relay_server_runs_a_job_end_to_end(
+    tmp_path: Path, dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / ".relay"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env["RELAY_HOME"] = str(home)
+    port = free_port()
+    log = open(tmp_path / "server.out", "wb")  # noqa: SIM115
+    server = subprocess.Popen(
+        [sys.executable, "-m", "relay.cli", "server", "--port", str(port)],
+        env=env,
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            assert server.poll() is None, (tmp_path / "server.out").read_text()
+            try:
+                return httpx.get(f"{url}/healthz").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(up, 120, "relay server to answer", every=0.3)
+        assert f"Relay is serving at {url}" in (tmp_path / "server.out").read_text()
+        assert (home / "relay.db").is_file() and (home / "client.json").is_file()
+
+        monkeypatch.delenv("RELAY_BASE_URL", raising=False)
+        monkeypatch.delenv("RELAY_API_KEY", raising=False)
+        monkeypatch.setenv("RELAY_HOME", str(home))
+        from relay.sft.config import SFTConfig
+        from relay.sft.train import train
+
+        job = train(SFTConfig(model="pi05-tiny", dataset_name=str(dataset), batch_size=2, steps=10))
+        job.wait(poll=1, timeout=300)
+        assert job.status == "completed", job.error
+        assert job.output_dir == str(home / "jobs" / job.id / "output")
+        weights = job.download(tmp_path / "weights")
+        assert (weights / "model.safetensors").stat().st_size > 0
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        finally:
+            log.close()
+            leftovers = wait_for_exit(home)
+            assert server.returncode is not None
+            assert not leftovers, f"processes left running: {leftovers}"
+
+
+def wait_for_exit(home: Path) -> list[int]:
+    try:
+        wait_for(lambda: not processes_with_home(home), 60, "the worker to stop", every=0.5)
+    except AssertionError:
+        leftovers = processes_with_home(home)
+        for pid in leftovers:
+            os.kill(pid, signal.SIGKILL)
+        return leftovers
+    return []
