@@ -1,0 +1,75 @@
+"""docker-compose.yml, the Dockerfile and .env.example, checked as far as this machine allows (there is
+no Docker engine here): the services and their order, the GPU reservation, and that every setting
+they pass is one the service reads."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from relay_api.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+# Read by the engine (dataset cache) and huggingface_hub rather than by Settings.
+OTHER_VARIABLES = {"RELAY_CACHE_DIR", "HF_TOKEN"}
+
+
+def compose() -> dict[str, Any]:
+    return dict(yaml.safe_load((ROOT / "docker-compose.yml").read_text()))
+
+
+def test_the_services_and_their_order() -> None:
+    services = compose()["services"]
+    assert set(services) == {"postgres", "redis", "migrate", "api", "worker"}
+    migrate = services["migrate"]
+    assert migrate["command"][:3] == ["python", "-m", "relay_api.migrate"] and migrate["restart"] == "no"
+    assert migrate["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    for name in ("api", "worker"):
+        assert services[name]["depends_on"] == {
+            "migrate": {"condition": "service_completed_successfully"},
+            "redis": {"condition": "service_healthy"},
+        }
+    assert "relay_api.app:create_app" in services["api"]["command"][-1]
+    assert "celery -A relay_worker.app worker" in services["worker"]["command"][-1]
+    for module in ("relay_api.app", "relay_api.migrate", "relay_worker.app"):
+        assert importlib.util.find_spec(module) is not None, module
+    assert "noeviction" in services["redis"]["command"]
+
+
+def test_the_worker_reserves_a_gpu() -> None:
+    devices = compose()["services"]["worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
+
+
+def test_every_setting_passed_is_one_the_service_reads() -> None:
+    services = compose()["services"]
+    fields = {f"RELAY_{name.upper()}" for name in Settings.model_fields}
+    for name in ("migrate", "api", "worker"):
+        environment = services[name]["environment"]
+        unknown = {v for v in environment if v not in fields and v not in OTHER_VARIABLES}
+        assert not unknown, (name, unknown)
+        assert environment["RELAY_DATABASE_URL"].startswith("postgresql://")
+        assert environment["RELAY_BROKER_URL"].startswith("redis://")
+
+
+def test_env_example_documents_exactly_what_compose_reads() -> None:
+    used = set(re.findall(r"\$\{([A-Z0-9_]+)(?::-[^}]*)?\}", (ROOT / "docker-compose.yml").read_text()))
+    documented = {
+        line.split("=", 1)[0]
+        for line in (ROOT / ".env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    }
+    assert used == documented
+
+
+def test_the_image_holds_what_the_service_needs() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    copied = {
+        part for line in dockerfile.splitlines() if line.startswith("COPY") for part in line.split()[1:-1]
+    }
+    assert {"sdk", "engine", "api", "worker", "migrations", "alembic.ini", "pyproject.toml"} <= copied
+    assert 'pip install -e ".[server]"' in dockerfile
