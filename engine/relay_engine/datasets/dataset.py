@@ -35,6 +35,12 @@ SHIPPED_NORM_STATS = ("norm_stats.json", "meta/norm_stats.json")
 
 
 class LeRobotDataset:
+    """Frames of one dataset as training samples; build it with `open_dataset`.
+
+    `name`, `summary`, `norm_stats` (what the samples are normalized with), `camera_map` (model
+    camera -> dataset feature), `action_horizon`; `len(ds)` frames; `ds[i]` a Sample.
+    """
+
     def __init__(
         self,
         name: str,

@@ -85,7 +85,8 @@ class DatasetWriter:
 
     # -- episodes ---------------------------------------------------------------------------------
 
-    def add_episode(self, episode: Episode) -> None:
+    def add_episode(self, episode: Episode) -> Path:
+        """Write the episode's parquet file (in the staging directory); returns it."""
         episode_index = len(self._episodes)
         length = len(episode.state)
         self._check_episode(episode, length)
@@ -123,6 +124,7 @@ class DatasetWriter:
             {"episode_index": episode_index, "tasks": [self.tasks[episode.task_index]], "length": length}
         )
         self._frames += length
+        return path
 
     def _check_episode(self, episode: Episode, length: int) -> None:
         if length == 0:

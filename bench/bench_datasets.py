@@ -1,0 +1,230 @@
+"""Benchmarks of the dataset layer (issue 2), measured in one run; prints figures and ratios.
+
+1. Memory: peak RSS of a process that opens a large image dataset (validation, norm stats and the
+   frame index build: a full pass over the parquet files) and then reads random samples through a
+   DataLoader with 2 workers. Goal: under 2 GB for 5 GB of parquet.
+2. Throughput: decoded samples/s (2 cameras at 224x224) through a torch DataLoader with 2 worker
+   processes and torch's default collation, against decoding the same PNGs with 2 processes and
+   nothing else (the bytes already in memory). Goal: ratio at least 0.7.
+3. Statistics over 1,000,000 frames: what `relay datasets stats` runs (read and validate the
+   numeric columns of every episode file, exact quantiles), against reading the state and action
+   columns with pyarrow alone (`pyarrow.parquet.read_table` over the files). Goal: ratio at most 2.
+
+    python bench/bench_datasets.py                  # the full run: writes 5 GB of parquet
+    python bench/bench_datasets.py --rss-gb 0.5     # quicker
+
+Timings are medians of --repeats alternating runs; the machine is shared, so expect noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import multiprocessing
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+from datasets_make import CAMERAS, write_image_dataset, write_numeric_dataset
+from PIL import Image
+
+from relay_engine.datasets import dataset_norm_stats, open_dataset
+
+GB = 1024**3
+MB = 1024**2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--rss-gb", type=float, default=5.0, help="parquet size for the memory benchmark (0: skip)"
+    )
+    parser.add_argument("--rss-samples", type=int, default=4000, help="random samples read after opening it")
+    parser.add_argument("--throughput-frames", type=int, default=1600)
+    parser.add_argument("--stats-frames", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/relay-bench-datasets"))
+    parser.add_argument("--keep", action="store_true", help="keep the generated datasets")
+    args = parser.parse_args()
+
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    args.workdir.mkdir(parents=True)
+    results: list[str] = []
+    try:
+        if args.rss_gb > 0:
+            results.append(bench_memory(args.workdir, args.rss_gb, args.rss_samples))
+        results.append(bench_throughput(args.workdir, args.throughput_frames, args.repeats))
+        results.append(bench_stats(args.workdir, args.stats_frames, args.repeats))
+    finally:
+        if not args.keep:
+            shutil.rmtree(args.workdir, ignore_errors=True)
+    print("\n== summary ==")
+    print("\n".join(results))
+
+
+# -- 1. memory ---------------------------------------------------------------------------------------
+
+
+def bench_memory(workdir: Path, gigabytes: float, samples: int) -> str:
+    print(f"[memory] writing {gigabytes:g} GB of parquet (224x224 PNGs, 2 cameras) ...", flush=True)
+    start = time.perf_counter()
+    path = write_image_dataset(workdir / "large", target_bytes=int(gigabytes * GB), png_level=0)
+    parquet_bytes = sum(p.stat().st_size for p in path.rglob("*.parquet"))
+    print(f"[memory] wrote {parquet_bytes / GB:.2f} GB in {time.perf_counter() - start:.0f} s", flush=True)
+
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("datasets_rss_child.py")),
+            str(path),
+            str(workdir / "cache-large"),
+            str(samples),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    peak_sum = _sample_tree_rss(child)
+    report = json.loads(child.communicate()[0])
+    index_bytes = sum(p.stat().st_size for p in (workdir / "cache-large").rglob("*") if p.is_file())
+    print(
+        f"[memory] opened {report['frames']:,} frames in {report['open_s']:.0f} s (validation, stats, "
+        f"frame index of {index_bytes / GB:.2f} GB), then read {report['samples']:,} random samples "
+        f"in {report['iterate_s']:.0f} s"
+    )
+    main_peak = report["peak_rss_main"]
+    worker_peak = report["peak_rss_largest_worker"]
+    after_open = report["peak_rss_main_after_open"]
+    line = (
+        f"memory: {parquet_bytes / GB:.2f} GB of parquet: peak RSS main process {main_peak / MB:.0f} MB "
+        f"(after opening: {after_open / MB:.0f} MB), largest worker {worker_peak / MB:.0f} MB, "
+        f"all processes together {peak_sum / MB:.0f} MB (sampled every 0.2 s, shared pages counted "
+        f"in each); goal < 2048 MB: {'met' if max(main_peak, worker_peak) < 2 * GB else 'MISSED'}"
+    )
+    print(line, flush=True)
+    shutil.rmtree(path)
+    shutil.rmtree(workdir / "cache-large")
+    return line
+
+
+def _sample_tree_rss(process: subprocess.Popen[str]) -> int:
+    """The largest sum of RSS over a process and its descendants, sampled until it exits."""
+    peak = 0
+
+    def tree(pid: int) -> list[int]:
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return [pid]
+        return [pid, *(p for child in children for p in tree(int(child)))]
+
+    def rss(pid: int) -> int:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return 0
+
+    while process.poll() is None:
+        peak = max(peak, sum(rss(pid) for pid in tree(process.pid)))
+        time.sleep(0.2)
+    return peak
+
+
+# -- 2. throughput ------------------------------------------------------------------------------------
+
+_ENCODED: list[bytes] = []  # inherited by the forked decode processes
+
+
+def _decode(bounds: tuple[int, int]) -> int:
+    for encoded in _ENCODED[bounds[0] : bounds[1]]:
+        np.asarray(Image.open(io.BytesIO(encoded)).convert("RGB"))
+    return bounds[1] - bounds[0]
+
+
+def bench_throughput(workdir: Path, frames: int, repeats: int) -> str:
+    print(f"[throughput] writing {frames:,} frames of 2 cameras at 224x224 ...", flush=True)
+    path = write_image_dataset(workdir / "throughput", frames=frames, episode_length=100)
+    dataset = open_dataset(str(path), cache_dir=workdir / "cache")
+    _ENCODED.clear()
+    for parquet in sorted(path.rglob("*.parquet")):
+        table = pq.read_table(parquet, columns=list(CAMERAS))
+        for camera in CAMERAS:
+            _ENCODED.extend(cell["bytes"] for cell in table.column(camera).to_pylist())
+    order = np.random.default_rng(0).permutation(len(dataset)).tolist()
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=32, sampler=order, num_workers=2, persistent_workers=True
+    )
+    for _, _ in zip(range(4), loader, strict=False):  # start the workers, warm the page cache
+        pass
+    half = len(_ENCODED) // 2
+    loader_rates, raw_rates = [], []
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        pool.map(_decode, [(0, 64), (64, 128)])
+        for _ in range(repeats):
+            start = time.perf_counter()
+            samples = sum(len(batch["prompt"]) for batch in loader)
+            loader_rates.append(samples / (time.perf_counter() - start))
+            start = time.perf_counter()
+            images = sum(pool.map(_decode, [(0, half), (half, len(_ENCODED))]))
+            raw_rates.append(images / len(CAMERAS) / (time.perf_counter() - start))
+    loader_rate, raw_rate = statistics.median(loader_rates), statistics.median(raw_rates)
+    ratio = loader_rate / raw_rate
+    line = (
+        f"throughput: {loader_rate:.0f} samples/s through the DataLoader (2 workers) vs "
+        f"{raw_rate:.0f} samples/s decoding the same PNGs (2 processes), 2 cameras at 224x224; "
+        f"ratio {ratio:.2f}; goal >= 0.7: "
+        f"{'met' if ratio >= 0.7 else 'MISSED'} (runs: loader {_fmt(loader_rates)}, raw {_fmt(raw_rates)})"
+    )
+    print(line, flush=True)
+    return line
+
+
+# -- 3. statistics -------------------------------------------------------------------------------------
+
+
+def bench_stats(workdir: Path, frames: int, repeats: int) -> str:
+    print(f"[stats] writing {frames:,} frames of 14-wide state and action ...", flush=True)
+    path = write_numeric_dataset(workdir / "numeric", frames=frames)
+    files = [str(p) for p in sorted(path.rglob("*.parquet"))]
+    columns = ["observation.state", "action"]
+    pq.read_table(files, columns=columns)  # warm the page cache for both
+    relay_times, pyarrow_times = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        table = pq.read_table(files, columns=columns)
+        pyarrow_times.append(time.perf_counter() - start)
+        assert table.num_rows == frames
+        del table
+        start = time.perf_counter()
+        stats, source = dataset_norm_stats(str(path), cache_dir=workdir / "cache")
+        relay_times.append(time.perf_counter() - start)
+        assert source == "computed" and stats.state_dim == 14
+    relay_s, pyarrow_s = statistics.median(relay_times), statistics.median(pyarrow_times)
+    ratio = relay_s / pyarrow_s
+    line = (
+        f"stats: {frames:,} frames in {len(files):,} files: {relay_s:.2f} s (validate + exact quantiles) vs "
+        f"{pyarrow_s:.2f} s reading the two columns with pyarrow; ratio {ratio:.2f}; goal <= 2: "
+        f"{'met' if ratio <= 2 else 'MISSED'} "
+        f"(runs: relay {_fmt(relay_times)}, pyarrow {_fmt(pyarrow_times)})"
+    )
+    print(line, flush=True)
+    return line
+
+
+def _fmt(values: list[float]) -> str:
+    return ", ".join(f"{v:.3g}" for v in values)
+
+
+if __name__ == "__main__":
+    main()
