@@ -50,6 +50,7 @@ SUMMARY = "summary.json"
 NORM_STATS = "norm_stats.json"
 # Rows per read while copying images: bounds memory to a few dozen frames per camera.
 COPY_BATCH_ROWS = 64
+STREAM_BUFFER = 1 << 20
 
 
 def fingerprint(meta: DatasetMeta) -> str:
@@ -79,6 +80,9 @@ def ensure_frame_index(meta: DatasetMeta, name: str, cache: Path) -> Path:
     with FileLock(f"{target}.lock"):
         if (target / SUMMARY).is_file():
             return target
+        # Left by a build that was killed; nobody else builds this index while we hold the lock.
+        for stale in target.parent.glob(f".{target.name}.*"):
+            shutil.rmtree(stale, ignore_errors=True)
         inspection = inspect_dataset(meta.root, name)
         inspection.problems.raise_if_any()
         assert inspection.summary is not None and inspection.columns is not None and inspection.meta
@@ -116,9 +120,9 @@ def _copy_images(directory: Path, meta: DatasetMeta, cameras: list[str], name: s
         for episode in meta.episodes:
             relative = meta.data_file(episode.index)
             try:
-                batches = pq.ParquetFile(meta.root / relative).iter_batches(
-                    batch_size=COPY_BATCH_ROWS, columns=cameras
-                )
+                # Streamed page by page (no pre-buffering of whole column chunks): less memory.
+                parquet = pq.ParquetFile(meta.root / relative, pre_buffer=False, buffer_size=STREAM_BUFFER)
+                batches = parquet.iter_batches(batch_size=COPY_BATCH_ROWS, columns=cameras)
                 row = 0
                 for batch in batches:
                     for camera in cameras:

@@ -220,11 +220,12 @@ def _first_frame_sizes(meta: DatasetMeta, problems: Problems) -> dict[str, tuple
         return sizes
     relative = meta.data_file(meta.episodes[0].index)
     try:
-        parquet = pq.ParquetFile(meta.root / relative)
-        if parquet.metadata.num_row_groups == 0:
-            return sizes
+        parquet = pq.ParquetFile(meta.root / relative, pre_buffer=False, buffer_size=1 << 20)
         present = [camera for camera in sizes if parquet.schema_arrow.get_field_index(camera) >= 0]
-        table = parquet.read_row_group(0, columns=present)
+        batch = next(parquet.iter_batches(batch_size=1, columns=present), None)
+        if batch is None:
+            return sizes
+        table = pa.Table.from_batches([batch])
     except (OSError, pa.ArrowException):
         return sizes  # the pass over every data file reports it
     for camera in present:

@@ -14,6 +14,8 @@ import torch
 from PIL import Image
 
 from relay_engine.datasets import LeRobotDataset, open_dataset
+from relay_engine.datasets.frame_index import fingerprint
+from relay_engine.datasets.meta import require_meta
 from relay_engine.errors import ConfigError, DatasetError
 from relay_engine.samples import Sample
 from tests.engine.datasets import handmade as hm
@@ -168,3 +170,14 @@ def test_a_corrupt_frame_is_named(broken: Path, cache_dir: Path) -> None:
         DatasetError, match=r"episode 0, frame 2: observation.images.top is not a readable image"
     ):
         dataset[2]
+
+
+def test_a_build_killed_midway_leaves_nothing_behind(synthetic: Path, cache_dir: Path) -> None:
+    key = fingerprint(require_meta(synthetic, "synthetic"))
+    stale = cache_dir / "frames" / f".{key}.killed"
+    (stale / "images").mkdir(parents=True)
+    (stale / "images" / "observation.images.top.bin").write_bytes(b"half written")
+    dataset = open_dataset(str(synthetic), cache_dir=cache_dir)
+    assert not stale.exists()
+    assert sorted(p.name for p in (cache_dir / "frames").iterdir() if p.is_dir()) == [key]
+    assert dataset[0]["image"]["base_0_rgb"].shape == (32, 32, 3)
