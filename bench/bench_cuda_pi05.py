@@ -1,6 +1,8 @@
 """The full pi05 LoRA training step on a CUDA GPU: step time and model FLOP utilisation.
 
-Not a test; needs a CUDA machine (about 40 GB of GPU memory at batch 32). Builds pi05 at its
+Not a test; needs a CUDA machine (an estimate, not measured: some 20-30 GB of GPU memory at
+batch 32, 13.4 GB of it the fp32 weights). It has not been run: no GPU was at hand when it was
+written; its code path was exercised with `--device cpu --model pi05-tiny`. Builds pi05 at its
 real sizes with random weights (the timing does not depend on their values; no download),
 LoRA rank 32 on the default targets (the action expert, heads in full), and runs the engine's
 training step (Learner: bf16 autocast, fp32 weights, gradients and AdamW) on a batch of 32
