@@ -1,0 +1,31 @@
+"""Relay's training engine: LeRobot datasets, pi0.5, LoRA/full tuning, the loop and its checkpoints.
+
+    from relay_engine import Trainer, TrainingArguments, load_policy, open_dataset
+
+The names below load on first use, so `import relay_engine.errors` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_PUBLIC = {
+    "open_dataset": "relay_engine.datasets",
+    "load_policy": "relay_engine.models",
+    "apply_tuning": "relay_engine.tuning",
+    "Trainer": "relay_engine.training.trainer",
+    "TrainingArguments": "relay_engine.training.trainer",
+    "Learner": "relay_engine.training.learner",
+    "AdamParams": "relay_engine.training.learner",
+    "Recipe": "relay_engine.recipe",
+    "run_recipe": "relay_engine.recipe",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'relay_engine' has no attribute {name!r}")

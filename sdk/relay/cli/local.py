@@ -1,7 +1,211 @@
-"""`relay local`."""
+"""`relay local train|eval`: the recipe's loop on this machine, no service."""
 
 from __future__ import annotations
 
-import typer
+import json
+import signal
+from pathlib import Path
+from types import FrameType
+from typing import Any
 
-app = typer.Typer(help="local", no_args_is_help=True)
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from relay.cli._extras import require
+
+app = typer.Typer(
+    help="Train and evaluate on this machine, with the same engine the service runs.", no_args_is_help=True
+)
+console = Console(stderr=True)
+
+
+def parse_episodes(spec: str | None) -> list[int] | None:
+    """'0-39,45' -> [0, ..., 39, 45]."""
+    if spec is None:
+        return None
+    episodes: list[int] = []
+    try:
+        for part in spec.split(","):
+            first, _, last = part.strip().partition("-")
+            episodes.extend(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise typer.BadParameter(f"{spec!r}: give episodes as numbers and ranges, like 0-39,45") from None
+    return episodes
+
+
+def parse_cameras(pairs: list[str] | None) -> dict[str, str] | None:
+    """['base_0_rgb=observation.images.top'] -> {'base_0_rgb': 'observation.images.top'}."""
+    if not pairs:
+        return None
+    cameras = {}
+    for pair in pairs:
+        camera, sep, feature = pair.partition("=")
+        if not sep:
+            raise typer.BadParameter(
+                f"{pair!r}: give MODEL_CAMERA=DATASET_FEATURE, like base_0_rgb=observation.images.top"
+            )
+        cameras[camera] = feature
+    return cameras
+
+
+def fail(message: str) -> typer.Exit:
+    console.print(f"[red]error:[/red] {message}", markup=True, highlight=False, soft_wrap=True)
+    return typer.Exit(1)
+
+
+class StopOnInterrupt:
+    """The first Ctrl-C asks the loop to stop after the current step; a second one aborts."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        console.print("stopping after this step (Ctrl-C again to abort)")
+
+
+@app.command()
+def train(
+    model: str = typer.Option(..., help="Base model: pi05 or pi05-tiny."),
+    dataset: str = typer.Option(..., help="A Hub dataset repo id or a local dataset directory."),
+    steps: int = typer.Option(6000, help="Optimizer steps, 1 to 100,000."),
+    output_dir: Path = typer.Option(..., help="Where checkpoints and the merged model go."),
+    batch_size: int = typer.Option(128, help="Samples per step, 1 to 512."),
+    learning_rate: float = typer.Option(2.5e-5, help="The peak learning rate, after warmup."),
+    finetune: str = typer.Option("lora", help="lora or full."),
+    lora_rank: int = typer.Option(32, help="LoRA rank, 1 to 256."),
+    lora_alpha: float | None = typer.Option(None, help="LoRA alpha (default: the rank)."),
+    targets: str | None = typer.Option(None, help="Comma-separated targets (see `relay models info`)."),
+    cameras: list[str] | None = typer.Option(
+        None, "--camera", help="MODEL_CAMERA=DATASET_FEATURE, repeatable."
+    ),
+    episodes: str | None = typer.Option(None, help="Train on these episodes only, like 0-39."),
+    seed: int = typer.Option(0, help="Seeds the data order, the initialisation and the noise."),
+    checkpoint_every: int = typer.Option(1000, help="Steps between checkpoints."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    json_lines: bool = typer.Option(
+        False, "--json", help="Print one JSON object per event instead of a progress bar."
+    ),
+) -> None:
+    """Run the recipe's loop here, with a progress bar; run it again to resume from the last checkpoint."""
+    from relay.sft.config import SFTConfig
+
+    try:
+        config = SFTConfig(
+            model=model,
+            dataset_name=dataset,
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            steps=steps,
+            finetune=finetune,
+            lora_rank=lora_rank,
+            lora_alpha=lora_alpha,
+            targets=targets.split(",") if targets else None,
+            cameras=parse_cameras(cameras),
+        )
+    except ValueError as error:
+        raise fail(str(error)) from None
+
+    recipe_module = require("relay_engine.recipe")
+    errors = require("relay_engine.errors")
+    recipe = recipe_module.Recipe.from_config(
+        config.model_dump(),
+        seed=seed,
+        checkpoint_every=checkpoint_every,
+        episodes=parse_episodes(episodes),
+        device=device,
+    )
+    stop = StopOnInterrupt()
+    previous_handler = signal.signal(signal.SIGINT, stop)
+    progress = Progress(
+        TextColumn("[bold]training"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=json_lines,
+    )
+
+    def on_event(event: dict[str, Any]) -> None:
+        if json_lines:
+            print(json.dumps(event), flush=True)
+            return
+        if "loss" in event:
+            status = (
+                f"loss {event['loss']:.4f}  grad_norm {event['grad_norm'] or 0:.3f}  lr {event['lr']:.2e}"
+            )
+            progress.update(task, completed=event["step"], status=status)
+            if event["skipped"]:
+                progress.console.print(
+                    f"step {event['step']}: {event['skipped']:.0%} of steps skipped (non-finite gradient)"
+                )
+        elif event.get("event") == "checkpoint":
+            progress.update(task, completed=event["step"])
+
+    try:
+        with progress:
+            task = progress.add_task("train", total=recipe.steps, status="loading")
+            result = recipe_module.run_recipe(
+                recipe,
+                output_dir,
+                output_dir=output_dir,
+                on_event=on_event,
+                should_stop=lambda: stop.requested,
+            )
+    except errors.EngineError as error:
+        raise fail(str(error)) from None
+    finally:
+        signal.signal(signal.SIGINT, previous_handler)
+
+    if result.status == "stopped":
+        console.print(
+            f"stopped at step {result.step}; run the same command again to resume from the last checkpoint"
+        )
+        raise typer.Exit(130)
+    summary = {
+        "status": result.status,
+        "step": result.step,
+        "loss": result.loss,
+        "output_dir": str(result.output_dir),
+    }
+    if json_lines:
+        print(json.dumps(summary), flush=True)
+    else:
+        console.print(f"completed {result.step} steps, loss {result.loss:.4f}; model in {result.output_dir}")
+
+
+@app.command("eval")
+def evaluate(
+    model: str = typer.Option(..., help="A base model name (pi05-tiny) or an output directory."),
+    dataset: str = typer.Option(..., help="A Hub dataset repo id or a local dataset directory."),
+    episodes: str | None = typer.Option(None, help="Evaluate on these episodes only, like 40-49."),
+    batch_size: int = typer.Option(32, help="Frames per sampling batch."),
+    num_steps: int = typer.Option(10, help="Euler steps of the sampler."),
+    seed: int = typer.Option(0, help="Seeds the sampler's noise."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """The mean squared error of sampled action chunks against the dataset's, in normalized units."""
+    datasets = require("relay_engine.datasets")
+    models = require("relay_engine.models")
+    evaluation = require("relay_engine.training.evaluate")
+    recipe_module = require("relay_engine.recipe")
+    errors = require("relay_engine.errors")
+    try:
+        policy = models.load_policy(model, device=recipe_module.pick_device(device))
+        data = datasets.open_dataset(dataset, action_horizon=policy.config.action_horizon)
+        selected = parse_episodes(episodes)
+        indices = data.indices_of_episodes(selected) if selected is not None else range(len(data))
+        result = evaluation.evaluate_actions(
+            policy, data, list(indices), batch_size=batch_size, num_steps=num_steps, seed=seed
+        )
+    except errors.EngineError as error:
+        raise fail(str(error)) from None
+    if json_output:
+        print(json.dumps({"mse": result.mse, "frames": result.samples}))
+    else:
+        print(f"action MSE {result.mse:.4f} (normalized units) over {result.samples} frames")

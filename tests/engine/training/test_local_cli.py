@@ -1,0 +1,119 @@
+"""`relay local train` and `relay local eval`, run as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def relay(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "relay.cli", *args], capture_output=True, text=True, timeout=600
+    )
+
+
+def test_local_train_prints_events_resumes_and_the_output_evaluates(
+    synthetic_dataset_path: Path, tmp_path: Path
+) -> None:
+    common = [
+        "local",
+        "train",
+        "--model",
+        "pi05-tiny",
+        "--dataset",
+        str(synthetic_dataset_path),
+        "--output-dir",
+        str(tmp_path),
+        "--batch-size",
+        "4",
+        "--learning-rate",
+        "1e-3",
+        "--checkpoint-every",
+        "10",
+        "--json",
+    ]
+    first = relay(*common, "--steps", "20")
+    assert first.returncode == 0, first.stderr
+    lines = [json.loads(line) for line in first.stdout.splitlines()]
+    assert [e["step"] for e in lines if "grad_norm" in e] == [10, 20]
+    assert {"step": 20, "event": "finished"} in lines
+    assert lines[-1]["status"] == "completed" and lines[-1]["output_dir"] == str(tmp_path)
+    assert {p.name for p in tmp_path.iterdir()} >= {
+        "model.safetensors",
+        "config.json",
+        "norm_stats.json",
+        "checkpoints",
+    }
+
+    # The same command again finds the finished run and only rewrites the output.
+    again = relay(*common, "--steps", "20")
+    assert again.returncode == 0, again.stderr
+    assert not [line for line in again.stdout.splitlines() if '"grad_norm"' in line]
+
+    evaluated = relay(
+        "local",
+        "eval",
+        "--model",
+        str(tmp_path),
+        "--dataset",
+        str(synthetic_dataset_path),
+        "--episodes",
+        "0-1",
+        "--json",
+    )
+    assert evaluated.returncode == 0, evaluated.stderr
+    result = json.loads(evaluated.stdout)
+    assert result["mse"] > 0 and result["frames"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batch-size", "0"], "bad batch_size: 0"),
+        (["--finetune", "half"], "bad finetune"),
+        (["--targets", "language.everything"], "unknown target 'language.everything'"),
+        (["--camera", "front=observation.images.top"], "unknown model camera 'front'"),
+    ],
+)
+def test_local_train_refuses_bad_settings_naming_the_field(
+    args: list[str], message: str, synthetic_dataset_path: Path, tmp_path: Path
+) -> None:
+    result = relay(
+        "local",
+        "train",
+        "--model",
+        "pi05-tiny",
+        "--dataset",
+        str(synthetic_dataset_path),
+        "--output-dir",
+        str(tmp_path),
+        "--steps",
+        "1",
+        *args,
+    )
+    assert result.returncode == 1
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_local_train_reports_a_dataset_problem(tmp_path: Path) -> None:
+    (tmp_path / "not-a-dataset").mkdir()
+    result = relay(
+        "local",
+        "train",
+        "--model",
+        "pi05-tiny",
+        "--dataset",
+        str(tmp_path / "not-a-dataset"),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--steps",
+        "1",
+    )
+    assert result.returncode == 1
+    assert "not-a-dataset" in result.stderr and "Traceback" not in result.stderr
