@@ -2,31 +2,41 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from relay_api.errors import APIProblem
 from relay_api.keys import KeyCache
 from relay_api.queue import Publisher
 from relay_api.settings import Settings
 
+# The dependencies are `async def` and do no blocking work on the event loop, so a request costs
+# one trip to the thread pool (its route), not one per dependency.
 
-def get_settings(request: Request) -> Settings:
+
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_publisher(request: Request) -> Publisher:
+async def get_publisher(request: Request) -> Publisher:
     publisher: Publisher = request.app.state.publisher
     return publisher
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    with request.app.state.sessions() as session:
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    session: Session = request.app.state.sessions()  # connects lazily, in the route's thread
+    try:
         yield session
+    finally:
+        if session.in_transaction():
+            await run_in_threadpool(session.close)  # a rollback is a round trip: not on the loop
+        else:
+            session.close()
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
@@ -36,7 +46,7 @@ PublisherDep = Annotated[Publisher, Depends(get_publisher)]
 _UNAUTHORIZED = {"www-authenticate": "Bearer"}
 
 
-def current_user(
+async def current_user(
     request: Request,
     session: SessionDep,
     authorization: Annotated[str | None, Header(description="Bearer <your API key>")] = None,
@@ -46,11 +56,14 @@ def current_user(
         raise APIProblem(401, "missing API key: send the header Authorization: Bearer <key>",
                          code="missing_api_key", headers=_UNAUTHORIZED)
     scheme, _, key = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+    key = key.strip()
+    if scheme.lower() != "bearer" or not key:
         raise APIProblem(401, "the Authorization header must read: Bearer <key>",
                          code="invalid_api_key", headers=_UNAUTHORIZED)
     cache: KeyCache = request.app.state.keys
-    user_id = cache.user_of(session, key.strip())
+    user_id = cache.known(key)
+    if user_id is None:
+        user_id = await run_in_threadpool(cache.look_up, session, key)
     if user_id is None:
         raise APIProblem(401, "invalid API key", code="invalid_api_key", headers=_UNAUTHORIZED)
     return user_id

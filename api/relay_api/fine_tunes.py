@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy import and_, insert, or_, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -118,6 +118,10 @@ def _by_idempotency_key(session: Session, user_id: int, key: str, digest: str) -
 
 
 def mark_enqueued(session: Session, job_id: str) -> None:
+    if session.get_bind().dialect.name == "postgresql":
+        # Losing this note in a crash only means the reconciler publishes the job again, so it need
+        # not wait for the disk (the job's own row did).
+        session.execute(text("SET LOCAL synchronous_commit = off"))
     session.execute(
         update(fine_tunes).where(fine_tunes.c.id == job_id, fine_tunes.c.enqueued_at.is_(None))
         .values(enqueued_at=utcnow())
@@ -130,9 +134,16 @@ def get(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
     row = session.execute(
         select(fine_tunes).where(fine_tunes.c.id == job_id, fine_tunes.c.user_id == user_id)
     ).mappings().first()
+    _end_read(session)
     if row is None:
         raise not_found(job_id)
     return dict(row)
+
+
+def _end_read(session: Session) -> None:
+    # End a read's transaction here, in the route's thread, so its connection goes back to the pool
+    # before the response is sent (and the request's teardown has no round trip to make).
+    session.rollback()
 
 
 def list_page(
@@ -154,6 +165,7 @@ def list_page(
     rows = session.execute(
         query.order_by(fine_tunes.c.created_at.desc(), fine_tunes.c.id.desc()).limit(limit + 1)
     ).mappings().all()
+    _end_read(session)
     return [dict(r) for r in rows[:limit]], len(rows) > limit
 
 
@@ -165,6 +177,7 @@ def events_page(
     if after is not None:
         query = query.where(fine_tune_events.c.id > after)
     rows = session.execute(query.order_by(fine_tune_events.c.id).limit(limit + 1)).mappings().all()
+    _end_read(session)
     return [dict(r) for r in rows[:limit]], len(rows) > limit
 
 

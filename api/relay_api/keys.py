@@ -95,19 +95,22 @@ class KeyCache:
         self._known: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
 
-    def user_of(self, session: Session, key: str) -> int | None:
-        digest = hash_key(key)
-        now = time.monotonic()
+    def known(self, key: str) -> int | None:
+        """The user of a key checked less than `ttl` seconds ago, without asking the database."""
         with self._lock:
-            known = self._known.get(digest)
-        if known is not None and known[1] > now:
-            return known[0]
+            known = self._known.get(hash_key(key))
+        return known[0] if known is not None and known[1] > time.monotonic() else None
+
+    def look_up(self, session: Session, key: str) -> int | None:
+        """The user of an active key, from the database (and remembered)."""
+        digest = hash_key(key)
         user_id = session.scalar(
             select(api_keys.c.user_id).where(api_keys.c.key_hash == digest, api_keys.c.revoked_at.is_(None))
         )
+        session.rollback()  # end the read here, in this thread
         if user_id is not None and self.ttl > 0:
             with self._lock:
                 if len(self._known) > 10_000:
                     self._known.clear()
-                self._known[digest] = (user_id, now + self.ttl)
+                self._known[digest] = (user_id, time.monotonic() + self.ttl)
         return user_id

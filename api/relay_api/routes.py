@@ -160,7 +160,6 @@ def list_files(job_id: str, user: CurrentUser, session: SessionDep, settings: Se
 def download_file(job_id: str, path: str, request: Request, user: CurrentUser, session: SessionDep,
                   settings: SettingsDep) -> Response:
     job = fine_tunes.get(session, user, job_id)
-    session.close()  # release the connection before a long transfer
     full, sha256 = resolve(job, settings.job_dir(job_id), path)
     if sha256 is None:
         sha256 = request.app.state.checksums.sha256(full)

@@ -176,6 +176,8 @@ class Stack:
             "RELAY_HEARTBEAT_SECONDS": "0.5",
             "RELAY_RECONCILE_SECONDS": "1",
             "RELAY_MAX_ATTEMPTS": "3",
+            # Parked jobs (tests/service/test_api.py) must stay parked however long the session runs.
+            "RELAY_REPUBLISH_SECONDS": "86400",
             "RELAY_EVENTS_POLL_SECONDS": "0.1",
             "RELAY_AUTH_CACHE_SECONDS": "0",
             "RELAY_CACHE_DIR": str(self.root / "cache"),
@@ -222,6 +224,20 @@ class Stack:
                 self._worker.start()
                 self._worker.wait_ready()
             return self._worker
+
+    def start_standby_worker(self) -> WorkerProcess:
+        """A second worker, starting now (not waited for); `adopt` makes it the shared one."""
+        standby = WorkerProcess(
+            {**os.environ, **self.env_settings}, self.root / f"worker-{uuid.uuid4().hex[:6]}.log"
+        )
+        standby.start()
+        return standby
+
+    def adopt(self, worker: WorkerProcess) -> None:
+        with self._lock:
+            if self._worker is not None:
+                self._worker.stop()
+            self._worker = worker
 
     def dataset(self, name: str = "tiny", **options: Any) -> Path:
         """A small synthetic LeRobot dataset (written once per name), as a local directory."""

@@ -51,13 +51,17 @@ def test_a_job_whose_worker_is_killed_resumes_from_its_last_checkpoint(
 ) -> None:
     worker = stack.worker()
     job = train(tiny(dataset, steps=40), client=client)
+    wait_for(lambda: job.refresh().status == "running", 120, "the worker to claim the job", every=0.02)
+    # The worker that will take over warms up meanwhile; its reconciler will find the lapsed lease.
+    standby = stack.start_standby_worker()
     wait_for(lambda: checkpoint_steps(stack, job.id), 180, "the job's first checkpoint", every=0.02)
     worker.kill()  # SIGKILL, the worker and its pool process at once
     last_checkpoint = max(checkpoint_steps(stack, job.id))
     assert job.refresh().status == "running", "the job ended before the kill; make it longer"
     assert last_checkpoint < 40
 
-    stack.worker()  # a new worker; its reconciler finds the lapsed lease and resumes the job
+    standby.wait_ready()
+    stack.adopt(standby)
     job.wait(poll=1, timeout=300)
     assert job.status == "completed" and job.step == 40
     assert job.to_dict()["attempts"] == 2

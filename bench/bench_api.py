@@ -1,0 +1,335 @@
+"""Benchmarks of the fine-tuning service (issue 4), measured in one run; prints figures and ratios.
+
+1. API latency with 50 concurrent clients on loopback: p50 and p99 of create, retrieve, list and
+   events, each against a bare FastAPI endpoint (a sync `def` returning a small JSON object, as
+   the routes are; an `async def` one is shown too) served the same way: uvicorn, one process,
+   the same options, measured by the same client in the same run. Goal: p99 ratio at most 3.
+2. From POST to `running` with a warm worker (Redis broker, one Celery worker process that has
+   already run a job): median over --jobs jobs, seen by a client polling every 10 ms, and from
+   the server's timestamps (created_at to started_at). Goal: under 1 s.
+
+Needs PostgreSQL and Redis on 127.0.0.1 (scripts/services.sh); uses the database relay_bench and
+Redis database 12, both emptied first.
+
+    python bench/bench_api.py [--requests 40] [--jobs 10]
+
+The machine is shared, so expect noise; the ratios come from back-to-back runs in one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import redis
+from fastapi import FastAPI
+
+ROOT = Path(__file__).resolve().parents[1]
+PG_ADMIN = os.environ.get("RELAY_BENCH_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("RELAY_BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
+DATABASE = "relay_bench"
+CLIENTS = 50
+PARKED_QUEUE = "relay.bench-parked"
+
+
+def bare_app() -> FastAPI:
+    """The baseline: FastAPI with nothing behind it."""
+    app = FastAPI()
+
+    @app.get("/bare")
+    def bare() -> dict[str, Any]:
+        return {"id": "ft-000000000000", "object": "fine_tune", "status": "running"}
+
+    @app.get("/bare-async")
+    async def bare_async() -> dict[str, Any]:
+        return {"id": "ft-000000000000", "object": "fine_tune", "status": "running"}
+
+    return app
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def recreate_database() -> str:
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (DATABASE,)
+        )
+        admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}"')
+        admin.execute(f'CREATE DATABASE "{DATABASE}"')
+    return PG_ADMIN.rsplit("/", 1)[0] + "/" + DATABASE
+
+
+class Served:
+    """An ASGI app served by `uvicorn --factory` in a child process, like production (one worker)."""
+
+    def __init__(self, factory: str, env: dict[str, str], app_dir: Path | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--factory",
+            factory,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ]
+        if app_dir is not None:
+            command += ["--app-dir", str(app_dir)]
+        self.process = subprocess.Popen(command, env=env, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(self.url + "/docs", timeout=1)
+                return
+            except httpx.TransportError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise RuntimeError(f"{factory} did not start") from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        os.killpg(self.process.pid, signal.SIGTERM)
+        self.process.wait(timeout=30)
+
+
+async def measure(
+    url: str, request: Callable[[httpx.AsyncClient, int], Awaitable[httpx.Response]], per_client: int
+) -> list[float]:
+    """`CLIENTS` clients, each with its own connection, each sending `per_client` requests in a row."""
+    latencies: list[float] = []
+
+    async def one_client(index: int) -> None:
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+            await request(client, index)  # warm the connection
+            for _ in range(per_client):
+                started = time.perf_counter()
+                response = await request(client, index)
+                latencies.append(time.perf_counter() - started)
+                if response.status_code != 200:
+                    raise RuntimeError(f"{response.request.url}: {response.status_code} {response.text}")
+
+    await asyncio.gather(*(one_client(i) for i in range(CLIENTS)))
+    return latencies
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def api_latency(env: dict[str, str], key: str, job_id: str, per_client: int) -> dict[str, dict[str, float]]:
+    headers = {"authorization": f"Bearer {key}"}
+    config = {"model": "pi05-tiny", "dataset_name": "bench/dataset", "steps": 10, "batch_size": 2}
+    bare = Served("bench_api:bare_app", env, app_dir=ROOT / "bench")
+    relay = Served("relay_api.app:create_app", {**env, "RELAY_FINE_TUNE_QUEUE": PARKED_QUEUE})
+    workloads: dict[str, tuple[str, Callable[[httpx.AsyncClient, int], Awaitable[httpx.Response]]]] = {
+        "bare (def)": (bare.url, lambda c, i: c.get("/bare")),
+        "bare (async def)": (bare.url, lambda c, i: c.get("/bare-async")),
+        "create": (relay.url, lambda c, i: c.post("/v1/fine-tunes", json=config, headers=headers)),
+        "retrieve": (relay.url, lambda c, i: c.get(f"/v1/fine-tunes/{job_id}", headers=headers)),
+        "list": (relay.url, lambda c, i: c.get("/v1/fine-tunes", params={"limit": 20}, headers=headers)),
+        "events": (relay.url, lambda c, i: c.get(f"/v1/fine-tunes/{job_id}/events", headers=headers)),
+    }
+    results: dict[str, dict[str, float]] = {}
+    try:
+        for name, (url, request) in workloads.items():
+            latencies = asyncio.run(measure(url, request, per_client))
+            results[name] = {
+                "p50_ms": 1000 * percentile(latencies, 0.5),
+                "p99_ms": 1000 * percentile(latencies, 0.99),
+                "requests": len(latencies),
+            }
+    finally:
+        bare.stop()
+        relay.stop()
+    return results
+
+
+def post_to_running(env: dict[str, str], key: str, dataset: Path, jobs: int) -> dict[str, float]:
+    """Median time from POST to `running` with a warm worker."""
+    from relay._http import Client
+
+    worker_log = open(Path(env["RELAY_HOME"]) / "worker.log", "wb")  # noqa: SIM115
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "relay_worker.app",
+            "worker",
+            "--concurrency",
+            "1",
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],
+        env=env,
+        stdout=worker_log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    relay = Served("relay_api.app:create_app", env)
+    client = Client(relay.url, key)
+    config = {"model": "pi05-tiny", "dataset_name": str(dataset), "batch_size": 1}
+    try:
+        # Warm up: the worker's first job loads the dataset and builds the model once.
+        warm = client.request("POST", "/v1/fine-tunes", json_body={**config, "steps": 2})
+        wait_until(client, warm["id"], {"completed"}, timeout=600)
+        observed, server_side = [], []
+        for _ in range(jobs):
+            started = time.perf_counter()
+            job = client.request("POST", "/v1/fine-tunes", json_body={**config, "steps": 100_000})
+            while client.request("GET", f"/v1/fine-tunes/{job['id']}")["status"] == "queued":
+                time.sleep(0.01)
+            observed.append(time.perf_counter() - started)
+            job = client.request("GET", f"/v1/fine-tunes/{job['id']}")
+            server_side.append(_seconds_between(job["created_at"], job["started_at"]))
+            client.request("POST", f"/v1/fine-tunes/{job['id']}/cancel")
+            wait_until(client, job["id"], {"cancelled"}, timeout=120)
+        return {
+            "observed_median_s": statistics.median(observed),
+            "server_median_s": statistics.median(server_side),
+            "observed_max_s": max(observed),
+            "jobs": jobs,
+        }
+    finally:
+        relay.stop()
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+        worker_log.close()
+
+
+def wait_until(client: Any, job_id: str, statuses: set[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while (status := client.request("GET", f"/v1/fine-tunes/{job_id}")["status"]) not in statuses:
+        if status == "error" or time.monotonic() > deadline:
+            raise RuntimeError(f"{job_id} is {status}, waiting for {statuses}")
+        time.sleep(0.05)
+
+
+def _seconds_between(start: str, end: str) -> float:
+    from datetime import datetime
+
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
+def post_to_running_report(env: dict[str, str], key: str, home: Path, jobs: int) -> dict[str, float]:
+    from relay_engine.datasets import write_synthetic_dataset
+
+    print(f"\n2. POST -> running with a warm worker ({jobs} jobs)")
+    dataset = write_synthetic_dataset(home / "dataset", episodes=2, episode_length=20)
+    running = post_to_running(env, key, dataset, jobs)
+    print(
+        f"median {running['observed_median_s']:.3f} s seen by the client "
+        f"(max {running['observed_max_s']:.3f} s); "
+        f"median {running['server_median_s']:.3f} s from created_at to started_at"
+    )
+    return running
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=40, help="requests per client per workload")
+    parser.add_argument("--jobs", type=int, default=10, help="jobs for POST -> running (0: skip that part)")
+    args = parser.parse_args()
+
+    from sqlalchemy import select
+
+    from relay.sft.config import SFTConfig
+    from relay_api import keys, lifecycle, migrate
+    from relay_api.db import session_factory
+    from relay_api.fine_tunes import create, mark_enqueued
+    from relay_api.models import User
+    from relay_api.settings import Settings
+
+    home = Path(tempfile.mkdtemp(prefix="relay-bench-"))
+    database_url = recreate_database()
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    env = {
+        **os.environ,
+        "RELAY_HOME": str(home),
+        "RELAY_DATABASE_URL": database_url,
+        "RELAY_BROKER_URL": REDIS_URL,
+        "RELAY_CACHE_DIR": str(home / "cache"),
+    }
+    settings = Settings(home=home, database_url=database_url, broker_url=REDIS_URL)
+    migrate.upgrade(settings.database_url)
+    sessions = session_factory(settings)
+    with sessions() as session:
+        key = keys.create_key(session, "bench").key
+        user_id = session.execute(select(User.id).where(User.name == "bench")).scalar_one()
+        # A job with 100 events, as a worker writes them, for retrieve and events.
+        row, _ = create(session, user_id, SFTConfig(model="pi05-tiny", dataset_name="bench/dataset"), None)
+        mark_enqueued(session, row["id"])
+    claim = lifecycle.claim(sessions, settings, row["id"], "bench")
+    assert claim is not None
+    for step in range(10, 1010, 10):
+        lifecycle.record_event(
+            sessions,
+            settings,
+            claim,
+            {"step": step, "loss": 0.5, "grad_norm": 1.0, "lr": 2e-5, "skipped": 0.0},
+        )
+    lifecycle.complete(sessions, claim, 1000, 0.5, str(home / "nowhere"), {})
+
+    print(f"1. API latency: {CLIENTS} concurrent clients x {args.requests} requests; loopback; 1 uvicorn")
+    latency = api_latency(env, key, row["id"], args.requests)
+    base = latency["bare (def)"]
+    base_async = latency["bare (async def)"]
+    print(f"{'':18}{'p50 ms':>9}{'p99 ms':>9}{'p50 x':>8}{'p99 x':>8}{'p99 x async':>13}")
+    for name, figures in latency.items():
+        p50, p99 = figures["p50_ms"], figures["p99_ms"]
+        print(
+            f"{name:18}{p50:9.1f}{p99:9.1f}{p50 / base['p50_ms']:8.2f}"
+            f"{p99 / base['p99_ms']:8.2f}{p99 / base_async['p99_ms']:13.2f}"
+        )
+
+    running: dict[str, float] = {}
+    if args.jobs:
+        running = post_to_running_report(env, key, home, args.jobs)
+
+    out = ROOT / "bench" / "out"
+    out.mkdir(exist_ok=True)
+    (out / "bench_api.json").write_text(
+        json.dumps({"latency": latency, "post_to_running": running}, indent=2)
+    )
+    sessions.kw["bind"].dispose()
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()
