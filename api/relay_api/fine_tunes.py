@@ -63,6 +63,12 @@ def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
     return {"id": row["id"], "object": "fine_tune.event", "created_at": iso(row["created_at"]), **body}
 
 
+def names_local_directory(dataset_name: str) -> bool:
+    """Whether the engine would read `dataset_name` from the worker's disk rather than the Hub (the
+    engine's rule: an absolute path, ~/..., ./..., ../... or a file:// URL)."""
+    return dataset_name.startswith(("/", "~", "./", "../", "file:"))
+
+
 def request_hash(config: SFTConfig) -> str:
     canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()

@@ -18,6 +18,7 @@ from relay.sft import status as st
 from relay.sft.config import SFTConfig
 from relay_api import fine_tunes, schemas
 from relay_api.deps import CurrentUser, PublisherDep, SessionDep, SettingsDep
+from relay_api.errors import APIProblem
 from relay_api.files import listing, resolve
 from relay_api.models import fine_tune_events
 from relay_api.models import fine_tunes as fine_tunes_table
@@ -38,9 +39,17 @@ def create_fine_tune(
     user: CurrentUser,
     session: SessionDep,
     publisher: PublisherDep,
+    settings: SettingsDep,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Accept a recipe and answer at once with the job (`queued`); a worker picks it up."""
+    if not settings.local_datasets and fine_tunes.names_local_directory(config.dataset_name):
+        raise APIProblem(
+            400,
+            f"bad dataset_name: {json.dumps(config.dataset_name)} (this server does not read local "
+            "directories; name a LeRobot dataset on the Hugging Face Hub, such as lerobot/pusht_image)",
+            param="dataset_name", code="invalid_value",
+        )
     row, replayed = fine_tunes.create(session, user, config, idempotency_key)
     if not replayed:
         try:

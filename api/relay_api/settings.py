@@ -26,6 +26,10 @@ class Settings(BaseSettings):
     # Where the engine caches datasets it downloads (None: the engine's default, RELAY_CACHE_DIR).
     dataset_cache_dir: Path | None = None
 
+    # Whether a job may name a directory on the workers' disks as its dataset (an absolute path,
+    # ~/..., ./... or file://). Right for a laptop; off for a shared service (docker-compose.yml).
+    local_datasets: bool = True
+
     fine_tune_queue: str = "relay.fine-tunes"
     # Steps between a job's checkpoints: what a lost worker can cost at most.
     checkpoint_every: int = Field(1000, ge=1)
