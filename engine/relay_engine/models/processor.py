@@ -86,9 +86,10 @@ class Pi05Collator:
         self.config = config
         self.tokenizer = tokenizer if tokenizer is not None else make_tokenizer(config.tokenizer, source)
 
-    def __call__(self, samples: Sequence[Sample]) -> Pi05Batch:
+    def __call__(self, samples: Sequence[Sample], item: str = "sample") -> Pi05Batch:
+        """Collate; a problem names the `item` ("sample 3", or "datum 3" for a session's data)."""
         if not samples:
-            raise EngineError("a batch needs at least one sample")
+            raise EngineError(f"a batch needs at least one {item}")
         config = self.config
         size = config.vision.image_size
         horizon, width = config.action_horizon, config.action_dim
@@ -100,14 +101,15 @@ class Pi05Collator:
         weights = np.ones(count, dtype=np.float32)
         prompts = []
         for row, sample in enumerate(samples):
+            label = f"{item} {row}"
             for camera, image in (sample.get("image") or {}).items():
-                slot = _camera_slot(row, camera)
-                images[row, slot] = resize_with_pad(_image_tensor(row, camera, image), size)
+                slot = _camera_slot(label, camera)
+                images[row, slot] = resize_with_pad(_image_tensor(label, camera, image), size)
                 image_mask[row, slot] = True
-            prompts.append(format_prompt(str(sample.get("prompt", "")), _state(row, sample)))
+            prompts.append(format_prompt(str(sample.get("prompt", "")), _state(label, sample)))
             if sample.get("actions") is not None:
-                _fill_actions(row, sample, actions[row], action_mask[row])
-            weights[row] = _weight(row, sample)
+                _fill_actions(label, sample, actions[row], action_mask[row])
+            weights[row] = _weight(label, sample)
         tokens, token_mask = tokenize_prompts(self.tokenizer, prompts, config.max_token_len)
         return Pi05Batch(
             images=images,
@@ -121,61 +123,61 @@ class Pi05Collator:
         )
 
 
-def _camera_slot(row: int, camera: str) -> int:
+def _camera_slot(label: str, camera: str) -> int:
     try:
         return MODEL_CAMERAS.index(camera)
     except ValueError:
         raise EngineError(
-            f"sample {row}: image: unknown model camera {camera!r}; valid: " + ", ".join(MODEL_CAMERAS)
+            f"{label}: image: unknown model camera {camera!r}; valid: " + ", ".join(MODEL_CAMERAS)
         ) from None
 
 
-def _image_tensor(row: int, camera: str, image: Any) -> torch.Tensor:
+def _image_tensor(label: str, camera: str, image: Any) -> torch.Tensor:
     array = np.asarray(image)
     if array.dtype != np.uint8 or array.ndim != 3 or array.shape[-1] != 3:
         raise EngineError(
-            f"sample {row}: image {camera!r} must be a uint8 array of shape (height, width, 3), "
+            f"{label}: image {camera!r} must be a uint8 array of shape (height, width, 3), "
             f"got {array.dtype} {array.shape}"
         )
     return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1).float().mul_(2.0 / 255.0).sub_(1.0)
 
 
-def _state(row: int, sample: Sample) -> np.ndarray:
+def _state(label: str, sample: Sample) -> np.ndarray:
     state = np.asarray(sample.get("state", np.zeros(0)), dtype=np.float32).reshape(-1)
     state_dim = int(sample.get("state_dim", state.shape[0]))
     if not 0 <= state_dim <= state.shape[0]:
-        raise EngineError(f"sample {row}: state_dim must be between 0 and {state.shape[0]}, got {state_dim}")
+        raise EngineError(f"{label}: state_dim must be between 0 and {state.shape[0]}, got {state_dim}")
     if not np.isfinite(state[:state_dim]).all():
-        raise EngineError(f"sample {row}: state must be finite")
+        raise EngineError(f"{label}: state must be finite")
     return state[:state_dim]
 
 
-def _fill_actions(row: int, sample: Sample, out: np.ndarray, mask: np.ndarray) -> None:
+def _fill_actions(label: str, sample: Sample, out: np.ndarray, mask: np.ndarray) -> None:
     horizon, width = out.shape
     chunk = np.asarray(sample["actions"], dtype=np.float32)
     if chunk.ndim != 2 or chunk.shape[0] != horizon or chunk.shape[1] > width:
         raise EngineError(
-            f"sample {row}: actions must have shape ({horizon}, up to {width}) for this model's "
+            f"{label}: actions must have shape ({horizon}, up to {width}) for this model's "
             f"action_horizon {horizon}, got {chunk.shape}"
         )
     if not np.isfinite(chunk).all():
-        raise EngineError(f"sample {row}: actions must be finite")
+        raise EngineError(f"{label}: actions must be finite")
     action_dim = int(sample.get("action_dim", chunk.shape[1]))
     if not 1 <= action_dim <= chunk.shape[1]:
         raise EngineError(
-            f"sample {row}: action_dim must be between 1 and {chunk.shape[1]}, got {action_dim}"
+            f"{label}: action_dim must be between 1 and {chunk.shape[1]}, got {action_dim}"
         )
     out[:, : chunk.shape[1]] = chunk
     valid_steps = ~np.asarray(sample.get("action_is_pad", np.zeros(horizon, dtype=bool)), dtype=bool)
     if valid_steps.shape != (horizon,):
         raise EngineError(
-            f"sample {row}: action_is_pad must have shape ({horizon},), got {valid_steps.shape}"
+            f"{label}: action_is_pad must have shape ({horizon},), got {valid_steps.shape}"
         )
     mask[:, :action_dim] = valid_steps[:, None]
 
 
-def _weight(row: int, sample: Sample) -> float:
+def _weight(label: str, sample: Sample) -> float:
     weight = float(sample.get("weight", 1.0))
     if not np.isfinite(weight) or weight < 0:
-        raise EngineError(f"sample {row}: weight must be a finite number >= 0, got {weight}")
+        raise EngineError(f"{label}: weight must be a finite number >= 0, got {weight}")
     return weight

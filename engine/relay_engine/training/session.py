@@ -1,0 +1,238 @@
+"""A training-loop session's model: what a worker holds while a user's program drives it.
+
+The user's loop calls forward_backward / optim_step / sample ... one at a time; each call is one
+method here, on plain data (numpy arrays, strings, numbers), so the worker only decodes requests
+and encodes results. The steps are the Learner's, the same code that runs recipe jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from relay.catalog import ACTION_DIM, MODEL_CAMERAS, STATE_DIM, default_targets
+from relay_engine.errors import EngineError
+from relay_engine.models import FlowOutputs, Pi05Batch, Pi05Policy, load_policy
+from relay_engine.samples import Sample
+from relay_engine.training.export import write_output
+from relay_engine.training.learner import AdamParams, Learner
+from relay_engine.tuning import apply_tuning
+
+OUTPUT_KEYS = ("velocity", "target", "x_t", "noise", "time")
+STATE_META = "session.json"
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What a session trains: fixed for its life, and checked when a saved state is loaded."""
+
+    base_model: str
+    finetune: str = "lora"
+    targets: list[str] | None = None
+    lora_rank: int = 32
+    lora_alpha: float | None = None
+    action_horizon: int = 10
+
+    def identity(self) -> dict[str, Any]:
+        """What a saved state must share with the session that loads it."""
+        targets = list(self.targets) if self.targets is not None else list(default_targets(self.finetune))
+        return {
+            "base_model": self.base_model,
+            "finetune": self.finetune,
+            "targets": targets,
+            "lora_rank": self.lora_rank if self.finetune == "lora" else None,
+        }
+
+
+def datum_to_sample(index: int, datum: Mapping[str, Any], *, with_actions: bool = True) -> Sample:
+    """A session datum ({"observation": {...}, "actions", "weight"}) as a training Sample.
+
+    The state and actions arrive normalized, up to 32 wide; they are padded here. Everything
+    else (image dtypes and shapes, action chunk length, finite values) the collator checks.
+    """
+    label = f"datum {index}"
+    observation = datum.get("observation")
+    if not isinstance(observation, Mapping):
+        raise EngineError(f"{label}: observation must be a dict with image, state and prompt")
+    state = np.asarray(observation.get("state", np.zeros(0)), dtype=np.float32).reshape(-1)
+    if state.shape[0] > STATE_DIM:
+        raise EngineError(f"{label}: state has {state.shape[0]} values; at most {STATE_DIM}")
+    prompt = observation.get("prompt", "")
+    if not isinstance(prompt, str):
+        raise EngineError(f"{label}: prompt must be a string")
+    images = observation.get("image") or {}
+    if not isinstance(images, Mapping):
+        raise EngineError(f"{label}: image must map model cameras ({', '.join(MODEL_CAMERAS)}) to frames")
+    padded_state = np.zeros(STATE_DIM, dtype=np.float32)
+    padded_state[: state.shape[0]] = state
+    sample: dict[str, Any] = {
+        "image": dict(images),
+        "state": padded_state,
+        "state_dim": int(state.shape[0]),
+        "prompt": prompt,
+        "weight": float(datum.get("weight", 1.0)),
+    }
+    if with_actions:
+        if datum.get("actions") is None:
+            raise EngineError(f"{label}: actions are missing")
+        actions = np.asarray(datum["actions"], dtype=np.float32)
+        if actions.ndim != 2 or actions.shape[1] > ACTION_DIM:
+            raise EngineError(
+                f"{label}: actions must be (action_horizon, up to {ACTION_DIM}), got {actions.shape}"
+            )
+        sample["actions"] = actions
+        sample["action_dim"] = int(actions.shape[1])
+    return sample  # type: ignore[return-value]
+
+
+def check_frame_sizes(samples: Sequence[Mapping[str, Any]]) -> None:
+    """Within a batch each camera's frames are one size (spec/training-loops.md)."""
+    first: dict[str, tuple[int, ...]] = {}
+    for index, sample in enumerate(samples):
+        for camera, frame in sample["image"].items():
+            shape = tuple(np.shape(frame))
+            if first.setdefault(camera, shape) != shape:
+                raise EngineError(
+                    f"datum {index}: image {camera!r} is {shape}, but an earlier datum's is {first[camera]}; "
+                    "within a batch each camera's frames must be one size"
+                )
+
+
+class TrainingSession:
+    """A tuned pi05, its optimizer and the calls of spec/training-loops.md, on plain data."""
+
+    def __init__(self, spec: SessionSpec, *, device: torch.device | str = "cpu", seed: int = 0) -> None:
+        self.spec = spec
+        policy = load_policy(spec.base_model, device=device, action_horizon=spec.action_horizon, seed=seed)
+        self.model = apply_tuning(policy, spec.finetune, spec.targets, spec.lora_rank, spec.lora_alpha)
+        self.learner = Learner(self.model, seed=seed, device=device)
+        self._custom: tuple[FlowOutputs, Pi05Batch] | None = None
+        self._samplers: dict[str, Pi05Policy] = {}
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return {
+            "model": self.spec.base_model,
+            "action_horizon": self.spec.action_horizon,
+            "action_dim": ACTION_DIM,
+            "trainable_params": sum(p.numel() for p in self.learner.params),
+        }
+
+    # -- data -------------------------------------------------------------------------------------
+
+    def _batch(self, datums: Sequence[Mapping[str, Any]], *, with_actions: bool = True) -> Pi05Batch:
+        if not datums:
+            raise EngineError("a batch needs at least one datum")
+        samples = [datum_to_sample(i, d, with_actions=with_actions) for i, d in enumerate(datums)]
+        check_frame_sizes(samples)
+        return self.model.collate(samples, item="datum")
+
+    def _observation_batch(self, observations: Sequence[Mapping[str, Any]]) -> Pi05Batch:
+        return self._batch([{"observation": o} for o in observations], with_actions=False)
+
+    # -- calls -------------------------------------------------------------------------------------
+
+    def forward_backward(self, datums: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        self._refuse_pending_custom()
+        result = self.learner.forward_backward(self._batch(datums))
+        return {"metrics": {"loss": result.loss}, "loss_fn_outputs": [{"loss": x} for x in result.per_sample]}
+
+    def forward(self, datums: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+        return _arrays(self.learner.forward(self._batch(datums)))
+
+    def forward_custom(self, datums: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+        """The first half of forward_backward_custom: outputs whose graph waits for backward_custom."""
+        self._refuse_pending_custom()
+        batch = self._batch(datums)
+        outputs = self.learner.forward_for_custom_loss(batch)
+        self._custom = (outputs, batch)
+        return _arrays(outputs)
+
+    def backward_custom(
+        self,
+        grad_velocity: np.ndarray,
+        loss: float,
+        metrics: Mapping[str, float],
+        per_datum: Sequence[Mapping[str, float]] | None = None,
+    ) -> dict[str, Any]:
+        if self._custom is None:
+            raise EngineError("backward_custom: no custom forward pass is waiting for its gradient")
+        outputs, batch = self._custom
+        self._custom = None
+        if tuple(grad_velocity.shape) != tuple(outputs.velocity.shape):
+            raise EngineError(
+                f"the custom loss's gradient has shape {tuple(grad_velocity.shape)}; "
+                f"velocity's is {tuple(outputs.velocity.shape)}"
+            )
+        self.learner.backward_custom(outputs, batch, torch.tensor(grad_velocity), loss, [])
+        return {"metrics": {"loss": loss, **metrics}, "loss_fn_outputs": list(per_datum or [])}
+
+    def optim_step(self, adam: Mapping[str, float]) -> dict[str, Any]:
+        self._refuse_pending_custom()
+        step = self.learner.optim_step(AdamParams(**adam))
+        return {"metrics": {"grad_norm": step.grad_norm, "skipped": step.skipped}}
+
+    def sample(
+        self, observations: Sequence[Mapping[str, Any]], num_steps: int = 10, sampler: str | None = None
+    ) -> np.ndarray:
+        """(N, action_horizon, 32) actions, with the weights now or with a saved sampler's."""
+        batch = self._observation_batch(observations)
+        if sampler is None:
+            return self.learner.sample(batch, num_steps=num_steps).numpy()
+        policy = self._samplers.get(sampler)
+        if policy is None:
+            raise EngineError(f"no sampling client {sampler!r} in this session")
+        with torch.no_grad():
+            actions = policy.sample_actions(
+                batch.to(policy.device), num_steps=num_steps, generator=self.learner.generator
+            )
+        return actions.float().cpu().numpy()
+
+    # -- saving -----------------------------------------------------------------------------------
+
+    def save_weights(self, name: str, directory: Path) -> None:
+        """Merged weights to serve, and a sampler that keeps them however training goes on."""
+        write_output(self.model, directory, None)
+        self._samplers[name] = load_policy(str(directory), device=self.learner.device)
+
+    def save_state(self, directory: Path) -> None:
+        """The trainable weights, the optimizer and what they belong to, replacing an older state."""
+        self._refuse_pending_custom()
+        tmp = directory.with_name(f".{directory.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.learner.save_state(tmp)
+        (tmp / STATE_META).write_text(json.dumps(self.spec.identity(), indent=2))
+        if directory.exists():
+            shutil.rmtree(directory)
+        tmp.rename(directory)
+
+    def load_state(self, directory: Path, name: str) -> None:
+        if not (directory / STATE_META).is_file():
+            raise EngineError(f"no saved state named {name!r}")
+        saved = json.loads((directory / STATE_META).read_text())
+        if saved != self.spec.identity():
+            raise EngineError(
+                f"state {name!r} was saved by a session of {saved}; this session is {self.spec.identity()}: "
+                "load it in a session with the same model and targets"
+            )
+        self._refuse_pending_custom()
+        self.learner.load_state(directory)
+
+    def _refuse_pending_custom(self) -> None:
+        if self._custom is not None:
+            self._custom = None
+            raise EngineError(
+                "a custom loss's forward pass is still waiting for its gradient (backward_custom)"
+            )
+
+
+def _arrays(outputs: FlowOutputs) -> dict[str, np.ndarray]:
+    return {key: getattr(outputs, key).detach().float().cpu().numpy() for key in OUTPUT_KEYS}
