@@ -89,7 +89,7 @@ def create(
         row: dict[str, Any] = {
             "id": new_job_id(), "user_id": user_id, "config": config.model_dump(mode="json"),
             "status": st.QUEUED, "step": 0, "loss": None, "error": None, "output_dir": None,
-            "files": None, "attempt": 0, "lease_until": None, "lease_owner": None,
+            "files": None, "attempt": 0, "handovers": 0, "lease_until": None, "lease_owner": None,
             "last_failure": None, "enqueued_at": None, "idempotency_key": idempotency_key,
             "request_hash": digest, "created_at": now, "updated_at": now, "started_at": None,
             "finished_at": None, "cancel_requested_at": None,

@@ -4,7 +4,8 @@ A worker claims a job by incrementing its `attempt` (the fencing token) and taki
 later write of that worker names the attempt and is refused (``FencedOut``) once a newer attempt
 owns the job. A reconciler, run by every worker, hands jobs whose lease lapsed to a new attempt
 (which resumes from the last checkpoint), publishes jobs that never reached the broker, and fails
-a job after `max_attempts` claims. Writes are short transactions, retried when the database blips.
+a job after `max_attempts` failed claims (a claim given back by a worker that shuts down does not
+count). Writes are short transactions, retried when the database blips.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ def _lease(settings: Settings, now: dt.datetime) -> dt.datetime:
     return now + dt.timedelta(seconds=settings.lease_seconds)
 
 
+# Claims that ended in a failure; handovers (a worker's shutdown) do not count.
+failed_attempts = fine_tunes.c.attempt - fine_tunes.c.handovers
+
+
 def _owned(claim: Claim) -> Any:
     return and_(fine_tunes.c.id == claim.job_id, fine_tunes.c.attempt == claim.attempt,
                 fine_tunes.c.status.in_(LIVE))
@@ -70,7 +75,7 @@ def claim(sessions: sessionmaker[Session], settings: Settings, job_id: str, owne
                 update(fine_tunes)
                 .where(
                     fine_tunes.c.id == job_id,
-                    fine_tunes.c.attempt < settings.max_attempts,
+                    failed_attempts < settings.max_attempts,
                     or_(
                         fine_tunes.c.status == st.QUEUED,
                         and_(fine_tunes.c.status == st.RUNNING,
@@ -79,7 +84,7 @@ def claim(sessions: sessionmaker[Session], settings: Settings, job_id: str, owne
                 )
                 .values(status=st.RUNNING, attempt=fine_tunes.c.attempt + 1,
                         lease_until=_lease(settings, now), lease_owner=owner, updated_at=now,
-                        started_at=func.coalesce(fine_tunes.c.started_at, now))
+                        last_failure=None, started_at=func.coalesce(fine_tunes.c.started_at, now))
                 .returning(fine_tunes.c.attempt, fine_tunes.c.user_id, fine_tunes.c.config, fine_tunes.c.step)
             ).first()
             session.commit()
@@ -208,14 +213,24 @@ def _end_cancelled_or_fenced(sessions: sessionmaker[Session], claim: Claim, step
 
 
 def release(sessions: sessionmaker[Session], claim: Claim, reason: str) -> None:
-    """Give the job up without ending it (an infrastructure fault, a shutdown): its lease lapses now, so
-    the reconciler hands it to a new attempt, or fails it when no attempts are left."""
+    """Give the job up after a failure (an infrastructure fault): its lease lapses now, so the
+    reconciler hands it to a new attempt, or fails it when no attempts are left."""
+    _give_back(sessions, claim, {"last_failure": reason[:2000]})
+
+
+def hand_back(sessions: sessionmaker[Session], claim: Claim) -> None:
+    """Give the job back because this worker is shutting down; another resumes it, and the claim
+    does not count against max_attempts."""
+    _give_back(sessions, claim, {"last_failure": "its worker shut down",
+                                 "handovers": fine_tunes.c.handovers + 1})
+
+
+def _give_back(sessions: sessionmaker[Session], claim: Claim, values: dict[str, Any]) -> None:
     def run() -> None:
         now = utcnow()
         with sessions() as session:
             session.execute(
-                update(fine_tunes).where(_owned(claim))
-                .values(lease_until=now, last_failure=reason[:2000], updated_at=now)
+                update(fine_tunes).where(_owned(claim)).values(lease_until=now, updated_at=now, **values)
             )
             session.commit()
     with_retries(run)
@@ -245,14 +260,15 @@ def reconcile(
             select(fine_tunes.c.id).where(
                 or_(fine_tunes.c.status == st.QUEUED,
                     and_(fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until.is_(None))),
-                fine_tunes.c.attempt < settings.max_attempts,
+                failed_attempts < settings.max_attempts,
                 or_(and_(fine_tunes.c.enqueued_at.is_(None), fine_tunes.c.created_at < grace),
                     fine_tunes.c.enqueued_at < stale),
             )
         ).scalars().all()
         # Running, but its worker stopped renewing the lease (killed, lost, or gave it back).
         expired = session.execute(
-            select(fine_tunes.c.id, fine_tunes.c.attempt, fine_tunes.c.step, fine_tunes.c.last_failure)
+            select(fine_tunes.c.id, fine_tunes.c.attempt, failed_attempts, fine_tunes.c.step,
+                   fine_tunes.c.last_failure)
             .where(fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until < now)
         ).all()
         # A cancel was asked for and the worker is gone: nothing is left to stop.
@@ -262,9 +278,10 @@ def reconcile(
         ).all()
         # Out of attempts (e.g. a worker gave the job back on its last attempt).
         exhausted = session.execute(
-            select(fine_tunes.c.id, fine_tunes.c.attempt, fine_tunes.c.step, fine_tunes.c.last_failure)
+            select(fine_tunes.c.id, fine_tunes.c.attempt, failed_attempts, fine_tunes.c.step,
+                   fine_tunes.c.last_failure)
             .where(fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until.is_(None),
-                   fine_tunes.c.attempt >= settings.max_attempts)
+                   failed_attempts >= settings.max_attempts)
         ).all()
 
     for job_id in waiting:
@@ -274,10 +291,10 @@ def reconcile(
             session.commit()
         report.published.append(job_id)
 
-    for job_id, attempt, step, last_failure in [*expired, *exhausted]:
+    for job_id, attempt, failed, step, last_failure in [*expired, *exhausted]:
         reason = last_failure or f"the worker of attempt {attempt} stopped responding (killed or lost)"
-        if attempt >= settings.max_attempts:
-            message = f"gave up after {attempt} attempts; the last one ended with: {reason}"
+        if failed >= settings.max_attempts:
+            message = f"gave up after {failed} failed attempts; the last one ended with: {reason}"
             if _end_exhausted(sessions, job_id, attempt, step, message):
                 report.failed.append(job_id)
             continue

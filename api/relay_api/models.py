@@ -60,6 +60,8 @@ class FineTune(Base):
     # The claim: each claim increments `attempt`, the fencing token that every write of a worker
     # must match; the lease says until when the claiming worker is presumed alive.
     attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # Claims given back on purpose (a worker shutting down), which do not count against max_attempts.
+    handovers: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     lease_owner: Mapped[str | None] = mapped_column(String(255))
     # Why the last attempt ended without finishing the job; the final error quotes it.

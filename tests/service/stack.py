@@ -150,6 +150,12 @@ class WorkerProcess:
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
+    def shut_down(self, timeout: float = 120) -> int:
+        """SIGTERM to the main process only, as `docker compose stop` does; returns its exit status."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return

@@ -78,6 +78,30 @@ def test_a_job_whose_worker_is_killed_resumes_from_its_last_checkpoint(
     assert events[-1] == {"step": 40, "event": "finished"}
 
 
+def test_a_worker_that_shuts_down_hands_its_job_to_another(
+    stack: Stack, client: Client, dataset: Path
+) -> None:
+    worker = stack.worker()
+    job = train(tiny(dataset, steps=40), client=client)
+    wait_for(lambda: job.refresh().status == "running", 120, "the worker to claim the job", every=0.02)
+    standby = stack.start_standby_worker()
+    wait_for(lambda: checkpoint_steps(stack, job.id), 180, "the job's first checkpoint", every=0.02)
+
+    assert worker.shut_down() == 0  # a warm shutdown that does not wait for the whole job
+    assert job.refresh().status == "running", "the job ended before the shutdown; make it longer"
+    standby.wait_ready()
+    stack.adopt(standby)
+    job.wait(poll=1, timeout=300)
+    assert job.status == "completed" and job.step == 40
+
+    events = job.events()
+    retry = next(e for e in events if e.get("event") == "retry")
+    assert retry == {"step": retry["step"], "event": "retry", "attempt": 2, "reason": "its worker shut down"}
+    assert next(e for e in events if e.get("event") == "resumed")["step"] >= 10
+    keys = [(e["step"], e.get("event", "metrics")) for e in events]
+    assert len(keys) == len(set(keys))
+
+
 def test_a_job_the_broker_never_got_is_published_by_the_reconciler(
     stack: Stack, client: Client, dataset: Path
 ) -> None:
@@ -115,7 +139,7 @@ def test_a_job_out_of_attempts_ends_in_error_with_a_clear_message(
         session.commit()
     job = FineTuneJob(client.request("GET", f"/v1/fine-tunes/{row['id']}"), client)
     with pytest.raises(
-        RuntimeError, match="gave up after 3 attempts; the last one ended with: the worker of attempt 3"
+        RuntimeError, match="gave up after 3 failed attempts; the last one ended with: the worker of attempt"
     ):
         job.wait(poll=1, timeout=60)
     assert job.status == "error"

@@ -19,6 +19,7 @@ from relay_api.db import session_factory
 from relay_api.lifecycle import reconcile
 from relay_api.queue import RUN_FINE_TUNE, make_celery
 from relay_api.settings import get_settings
+from relay_worker import shutdown
 
 log = logging.getLogger("relay_worker")
 
@@ -72,6 +73,11 @@ def _start_reconciler(**_: Any) -> None:
     global _reconciler
     _reconciler = Reconciler()
     _reconciler.start()
+
+
+@signals.worker_shutting_down.connect
+def _hand_jobs_back(**_: Any) -> None:
+    shutdown.begin()
 
 
 @signals.worker_shutdown.connect

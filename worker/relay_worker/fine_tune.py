@@ -24,6 +24,7 @@ from relay_api.settings import Settings, get_settings
 from relay_engine.errors import EngineError
 from relay_engine.recipe import Recipe, run_recipe
 from relay_engine.training.checkpoint import CheckpointStore
+from relay_worker import shutdown
 
 log = logging.getLogger("relay_worker")
 
@@ -59,7 +60,7 @@ class LeaseKeeper(threading.Thread):
             self.cancel_requested = True
 
     def should_stop(self) -> bool:
-        return self.cancel_requested or self.lost
+        return self.cancel_requested or self.lost or shutdown.under_way()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -120,7 +121,8 @@ def _train(settings: Settings, sessions: Any, claim: Claim, keeper: LeaseKeeper)
         return lifecycle.complete(sessions, claim, result.step, loss, str(result.output_dir), files)
     if keeper.cancel_requested:
         return lifecycle.cancelled(sessions, claim, result.step)
-    lifecycle.release(sessions, claim, "the worker stopped the job")
+    lifecycle.hand_back(sessions, claim)
+    log.info("%s: stopped at step %d for the worker's shutdown; given back", claim.job_id, result.step)
     return "given back"
 
 
