@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from relay.cli._common import dataset_name, fail, parse_pairs
 from relay.cli._extras import require
 
 app = typer.Typer(
@@ -47,18 +48,20 @@ def check(
     """Print what the dataset holds and every problem; exit 0 only if it can be trained on."""
     datasets = require("relay_engine.datasets")
     errors = require("relay_engine.errors")
-    name = _dataset_name(dataset)
+    name = dataset_name(dataset)
     try:
         root = datasets.resolve_dataset(name, cache_dir=cache_dir)
     except errors.EngineError as error:
-        _fail(str(error))
+        fail(str(error))
     inspection = datasets.inspect_dataset(root, name)
     problems: list[str] = inspection.problems.messages()
     camera_map: dict[str, str] = {}
     summary = inspection.summary
     if summary is not None:
         try:
-            camera_map = datasets.map_cameras(name, summary, _pairs(camera, "camera") if camera else None)
+            camera_map = datasets.map_cameras(
+                name, summary, parse_pairs(camera, "camera") if camera else None
+            )
         except errors.EngineError as error:
             problems.append(str(getattr(error, "problem", error)))
         try:
@@ -88,17 +91,17 @@ def stats(
     """Print (or write) the normalization statistics training uses, in openpi's layout."""
     datasets = require("relay_engine.datasets")
     errors = require("relay_engine.errors")
-    name = _dataset_name(dataset)
+    name = dataset_name(dataset)
     try:
         norm_stats, source = datasets.dataset_norm_stats(name, cache_dir=cache_dir)
     except errors.EngineError as error:
-        _fail(str(error))
+        fail(str(error))
     text = norm_stats.to_json()
     if output is not None:
         try:
             output.write_text(text + "\n")
         except OSError as error:
-            _fail(f"cannot write {output}: {error}")
+            fail(f"cannot write {output}: {error}")
     if json_output:
         print(text)
     elif output is None:
@@ -143,7 +146,9 @@ def synth(
     synthetic = require("relay_engine.datasets.synth")
     errors = require("relay_engine.errors")
     episode_length = _length(length)
-    cameras = {feature: _size(size) for feature, size in _pairs(camera, "camera").items()} if camera else None
+    cameras = (
+        {feature: _size(size) for feature, size in parse_pairs(camera, "camera").items()} if camera else None
+    )
     try:
         path = synthetic.write_synthetic_dataset(
             out_dir,
@@ -159,19 +164,11 @@ def synth(
             overwrite=overwrite,
         )
     except errors.EngineError as error:
-        _fail(str(error))
+        fail(str(error))
     _out.print(f"wrote {path}", soft_wrap=True, markup=False)
 
 
 # -- helpers -----------------------------------------------------------------------------------------
-
-
-def _dataset_name(dataset: str) -> str:
-    """A directory that exists here is meant as one, even when given relative (`my_data`, `data/x`)."""
-    path = Path(dataset).expanduser()
-    if not dataset.startswith("file://") and path.is_dir():
-        return str(path.resolve())
-    return dataset
 
 
 def _print_summary(summary: Any, root: Path, camera_map: dict[str, str], norm_stats_file: str | None) -> None:
@@ -209,16 +206,6 @@ def _print_summary(summary: Any, root: Path, camera_map: dict[str, str], norm_st
     _out.print(tasks)
 
 
-def _pairs(values: list[str], option: str) -> dict[str, str]:
-    pairs: dict[str, str] = {}
-    for value in values:
-        key, sep, item = value.partition("=")
-        if not sep or not key or not item:
-            raise typer.BadParameter(f"expected KEY=VALUE, got {value!r}", param_hint=f"--{option}")
-        pairs[key] = item
-    return pairs
-
-
 def _size(text: str) -> tuple[int, int]:
     match = re.fullmatch(r"(\d+)x(\d+)", text)
     if not match:
@@ -231,8 +218,3 @@ def _length(text: str) -> int | tuple[int, int]:
     if not match:
         raise typer.BadParameter(f"expected N or LOW-HIGH, got {text!r}", param_hint="--length")
     return int(match[1]) if match[2] is None else (int(match[1]), int(match[2]))
-
-
-def _fail(message: str) -> NoReturn:
-    _err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(1)

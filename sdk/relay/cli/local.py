@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from relay.cli._common import dataset_name, fail, parse_pairs
 from relay.cli._extras import require
 
 app = typer.Typer(
@@ -32,26 +33,6 @@ def parse_episodes(spec: str | None) -> list[int] | None:
     except ValueError:
         raise typer.BadParameter(f"{spec!r}: give episodes as numbers and ranges, like 0-39,45") from None
     return episodes
-
-
-def parse_cameras(pairs: list[str] | None) -> dict[str, str] | None:
-    """['base_0_rgb=observation.images.top'] -> {'base_0_rgb': 'observation.images.top'}."""
-    if not pairs:
-        return None
-    cameras = {}
-    for pair in pairs:
-        camera, sep, feature = pair.partition("=")
-        if not sep:
-            raise typer.BadParameter(
-                f"{pair!r}: give MODEL_CAMERA=DATASET_FEATURE, like base_0_rgb=observation.images.top"
-            )
-        cameras[camera] = feature
-    return cameras
-
-
-def fail(message: str) -> typer.Exit:
-    console.print(f"[red]error:[/red] {message}", markup=True, highlight=False, soft_wrap=True)
-    return typer.Exit(1)
 
 
 class StopOnInterrupt:
@@ -96,7 +77,7 @@ def train(
     try:
         config = SFTConfig(
             model=model,
-            dataset_name=dataset,
+            dataset_name=dataset_name(dataset),
             batch_size=batch_size,
             learning_rate=learning_rate,
             steps=steps,
@@ -104,10 +85,10 @@ def train(
             lora_rank=lora_rank,
             lora_alpha=lora_alpha,
             targets=targets.split(",") if targets else None,
-            cameras=parse_cameras(cameras),
+            cameras=parse_pairs(cameras, "camera") if cameras else None,
         )
     except ValueError as error:
-        raise fail(str(error)) from None
+        fail(str(error))
 
     recipe_module = require("relay_engine.recipe")
     errors = require("relay_engine.errors")
@@ -157,7 +138,7 @@ def train(
                 should_stop=lambda: stop.requested,
             )
     except errors.EngineError as error:
-        raise fail(str(error)) from None
+        fail(str(error))
     finally:
         signal.signal(signal.SIGINT, previous_handler)
 
@@ -197,14 +178,14 @@ def evaluate(
     errors = require("relay_engine.errors")
     try:
         policy = models.load_policy(model, device=recipe_module.pick_device(device))
-        data = datasets.open_dataset(dataset, action_horizon=policy.config.action_horizon)
+        data = datasets.open_dataset(dataset_name(dataset), action_horizon=policy.config.action_horizon)
         selected = parse_episodes(episodes)
         indices = data.indices_of_episodes(selected) if selected is not None else range(len(data))
         result = evaluation.evaluate_actions(
             policy, data, list(indices), batch_size=batch_size, num_steps=num_steps, seed=seed
         )
     except errors.EngineError as error:
-        raise fail(str(error)) from None
+        fail(str(error))
     if json_output:
         print(json.dumps({"mse": result.mse, "frames": result.samples}))
     else:

@@ -1,0 +1,37 @@
+"""What the CLI's command groups share: error output and argument parsing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+err = Console(stderr=True)
+
+
+def fail(message: str) -> NoReturn:
+    """Print `error: message` on stderr and exit 1."""
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def dataset_name(dataset: str) -> str:
+    """A directory that exists here is meant as one, even when given relative (`my_data`, `data/x`)."""
+    path = Path(dataset).expanduser()
+    if not dataset.startswith("file://") and path.is_dir():
+        return str(path.resolve())
+    return dataset
+
+
+def parse_pairs(values: list[str], option: str) -> dict[str, str]:
+    """['a=b', 'c=d'] -> {'a': 'b', 'c': 'd'}, or a usage error naming --option."""
+    pairs: dict[str, str] = {}
+    for value in values:
+        key, sep, item = value.partition("=")
+        if not sep or not key or not item:
+            raise typer.BadParameter(f"expected KEY=VALUE, got {value!r}", param_hint=f"--{option}")
+        pairs[key] = item
+    return pairs
