@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from relay import __version__
 from relay.sft.config import problems
 from relay_api import routes
-from relay_api.db import session_factory
+from relay_api.db import read_session_factory, session_factory
 from relay_api.errors import APIProblem, error_body
 from relay_api.files import ChecksumCache
 from relay_api.keys import KeyCache
@@ -42,6 +42,7 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
     app = FastAPI(title="Relay", version=__version__, description=DESCRIPTION)
     app.state.settings = settings
     app.state.sessions = session_factory(settings)
+    app.state.readers = read_session_factory(settings)
     app.state.publisher = publisher or Publisher(settings)
     app.state.keys = KeyCache(settings.auth_cache_seconds)
     app.state.checksums = ChecksumCache()
@@ -58,7 +59,7 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
 
     @app.get("/healthz", tags=["health"], summary="Whether the API can reach its database")
     def healthz() -> dict[str, str]:
-        with app.state.sessions() as session:
+        with app.state.readers() as session:
             session.execute(text("SELECT 1"))
         return {"status": "ok"}
 

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from relay_api.errors import APIProblem
@@ -29,7 +29,19 @@ async def get_publisher(request: Request) -> Publisher:
 
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
-    session: Session = request.app.state.sessions()  # connects lazily, in the route's thread
+    """A session for a request that writes: statements run in a transaction the route commits."""
+    async for session in _session(request.app.state.sessions):
+        yield session
+
+
+async def get_read_session(request: Request) -> AsyncIterator[Session]:
+    """A session for a request that only reads (autocommit: no BEGIN or ROLLBACK round trips)."""
+    async for session in _session(request.app.state.readers):
+        yield session
+
+
+async def _session(factory: sessionmaker[Session]) -> AsyncIterator[Session]:
+    session = factory()  # connects lazily, in the route's thread
     try:
         yield session
     finally:
@@ -41,6 +53,7 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
+ReadSessionDep = Annotated[Session, Depends(get_read_session)]
 PublisherDep = Annotated[Publisher, Depends(get_publisher)]
 
 _UNAUTHORIZED = {"www-authenticate": "Bearer"}
@@ -48,7 +61,7 @@ _UNAUTHORIZED = {"www-authenticate": "Bearer"}
 
 async def current_user(
     request: Request,
-    session: SessionDep,
+    session: ReadSessionDep,
     authorization: Annotated[str | None, Header(description="Bearer <your API key>")] = None,
 ) -> int:
     """The id of the user whose key the request carries; 401 without a valid one."""

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
 from relay_api import fine_tunes, schemas
-from relay_api.deps import CurrentUser, PublisherDep, SessionDep, SettingsDep
+from relay_api.deps import CurrentUser, PublisherDep, ReadSessionDep, SessionDep, SettingsDep
 from relay_api.errors import APIProblem
 from relay_api.files import listing, resolve
 from relay_api.models import fine_tune_events
@@ -66,7 +66,7 @@ def create_fine_tune(
             responses={200: {"model": schemas.FineTuneList}})
 def list_fine_tunes(
     user: CurrentUser,
-    session: SessionDep,
+    session: ReadSessionDep,
     after: Annotated[str | None, Query(description="The last job id of the previous page.")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> Response:
@@ -76,7 +76,7 @@ def list_fine_tunes(
 
 
 @router.get("/{job_id}", summary="Retrieve a fine-tune", responses={200: {"model": schemas.FineTuneOut}})
-def retrieve_fine_tune(job_id: str, user: CurrentUser, session: SessionDep) -> Response:
+def retrieve_fine_tune(job_id: str, user: CurrentUser, session: ReadSessionDep) -> Response:
     return JSONResponse(fine_tunes.job_object(fine_tunes.get(session, user, job_id)))
 
 
@@ -99,10 +99,10 @@ def fine_tune_events_route(
     job_id: str,
     request: Request,
     user: CurrentUser,
-    session: SessionDep,
+    session: ReadSessionDep,
     settings: SettingsDep,
     after: Annotated[int | None, Query(ge=0, description="Only events after this event id.")] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 20,
     stream: Annotated[bool, Query(description="Stream events as they happen (server-sent events).")] = False,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> Response:
@@ -111,7 +111,7 @@ def fine_tune_events_route(
         start = after
         if last_event_id and last_event_id.isdigit():
             start = max(start or 0, int(last_event_id))
-        sessions = request.app.state.sessions
+        sessions = request.app.state.readers
         return EventSourceResponse(
             _follow(sessions, job_id, start, settings.events_poll_seconds, request), ping=15
         )
@@ -155,7 +155,7 @@ def _status_and_events(sessions: Any, job_id: str, after: int | None) -> tuple[s
 
 
 @router.get("/{job_id}/files", summary="A fine-tune's files", responses={200: {"model": schemas.FileList}})
-def list_files(job_id: str, user: CurrentUser, session: SessionDep, settings: SettingsDep) -> Response:
+def list_files(job_id: str, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep) -> Response:
     """The output (once completed: model.safetensors, config.json, norm_stats.json) and the checkpoints.
     `sha256` is recorded for the output; a checkpoint file's comes with its download."""
     job = fine_tunes.get(session, user, job_id)
@@ -166,7 +166,7 @@ def list_files(job_id: str, user: CurrentUser, session: SessionDep, settings: Se
     200: {"description": "The file. `x-checksum-sha256` (and `repr-digest`) carry its sha256; "
                          "send `Range: bytes=N-` to resume a download."},
 })
-def download_file(job_id: str, path: str, request: Request, user: CurrentUser, session: SessionDep,
+def download_file(job_id: str, path: str, request: Request, user: CurrentUser, session: ReadSessionDep,
                   settings: SettingsDep) -> Response:
     job = fine_tunes.get(session, user, job_id)
     full, sha256 = resolve(job, settings.job_dir(job_id), path)
