@@ -49,7 +49,9 @@ def make_engine(url: str, pool_size: int = 10) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    # No overflow: a request waits for a pooled connection rather than open one (a new PostgreSQL
+    # connection costs a server process), so a process holds at most `pool_size` connections.
+    return create_engine(url, pool_size=pool_size, max_overflow=0, pool_timeout=30, pool_pre_ping=True)
 
 
 def _sqlite_pragmas(connection: Any, _record: Any) -> None:

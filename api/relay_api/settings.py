@@ -50,7 +50,8 @@ class Settings(BaseSettings):
     events_poll_seconds: float = Field(0.5, gt=0)
     # How long the API trusts a key it has checked (a revoked key works at most this long after).
     auth_cache_seconds: float = Field(30.0, ge=0)
-    db_pool_size: int = Field(10, ge=1)
+    # Database connections per process (the API's thread pool runs 40 requests at once at most).
+    db_pool_size: int = Field(20, ge=1)
 
     @model_validator(mode="after")
     def _defaults_in_home(self) -> Settings:
