@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -333,6 +334,8 @@ def main() -> None:
     sessions.kw["bind"].dispose()
     with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":
