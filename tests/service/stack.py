@@ -269,6 +269,7 @@ class Stack:
                 api.stop()
         self.sessions.kw["bind"].dispose()
         drop_database(SERVICE_DB)
+        redis.Redis.from_url(REDIS_URL).flushdb()
         self._tmp.cleanup()
 
 
