@@ -113,6 +113,7 @@ def run_recipe(
     )
     indices = _training_indices(dataset, recipe.episodes)
     policy = load_policy(recipe.model, device=device, action_horizon=recipe.action_horizon, seed=recipe.seed)
+    policy.config = policy.config.replace(robot_action_dim=dataset.summary.action_dim)
     model = apply_tuning(policy, recipe.finetune, recipe.targets, recipe.lora_rank, recipe.lora_alpha)
     learner = Learner(model, seed=recipe.seed, device=device)
 

@@ -71,6 +71,9 @@ class Pi05Config:
     max_token_len: int
     action_horizon: int = 10
     action_dim: int = ACTION_DIM
+    # How many of the action_dim columns are the robot's (the dataset's action width), once known;
+    # the rest are padding, which the sampler keeps on its noise path (see Pi05Policy.sample_actions).
+    robot_action_dim: int | None = None
     # Seeds the initial weights of a model built without pretrained ones.
     seed: int = 0
     # How the weights were tuned (finetune, lora_rank, targets...): metadata, not structure.

@@ -164,15 +164,11 @@ def _fill_actions(label: str, sample: Sample, out: np.ndarray, mask: np.ndarray)
         raise EngineError(f"{label}: actions must be finite")
     action_dim = int(sample.get("action_dim", chunk.shape[1]))
     if not 1 <= action_dim <= chunk.shape[1]:
-        raise EngineError(
-            f"{label}: action_dim must be between 1 and {chunk.shape[1]}, got {action_dim}"
-        )
+        raise EngineError(f"{label}: action_dim must be between 1 and {chunk.shape[1]}, got {action_dim}")
     out[:, : chunk.shape[1]] = chunk
     valid_steps = ~np.asarray(sample.get("action_is_pad", np.zeros(horizon, dtype=bool)), dtype=bool)
     if valid_steps.shape != (horizon,):
-        raise EngineError(
-            f"{label}: action_is_pad must have shape ({horizon},), got {valid_steps.shape}"
-        )
+        raise EngineError(f"{label}: action_is_pad must have shape ({horizon},), got {valid_steps.shape}")
     mask[:, :action_dim] = valid_steps[:, None]
 
 

@@ -33,11 +33,16 @@ def evaluate_actions(
     """
     policy.eval()
     device = next(policy.parameters()).device
+    # Sample every policy, trained or not, knowing the robot's action width (see sample_actions).
+    summary = getattr(dataset, "summary", None)
+    robot_action_dim = summary.action_dim if summary is not None else None
     generator = torch.Generator().manual_seed(seed)
     squared_error, count = 0.0, 0
     for start in range(0, len(indices), batch_size):
         batch = policy.collate([dataset[i] for i in indices[start : start + batch_size]]).to(device)
-        predicted = policy.sample_actions(batch, num_steps=num_steps, generator=generator).float()
+        predicted = policy.sample_actions(
+            batch, num_steps=num_steps, generator=generator, robot_action_dim=robot_action_dim
+        ).float()
         mask = batch.action_mask.float()
         squared_error += float((((predicted - batch.actions.float()) ** 2) * mask).sum())
         count += int(mask.sum())

@@ -139,9 +139,18 @@ class TrainingSession:
 
     # -- calls -------------------------------------------------------------------------------------
 
+    def _note_action_width(self, datums: Sequence[Mapping[str, Any]]) -> None:
+        """The robot's action width is the widest chunk trained on; the sampler needs it."""
+        widest = max(int(np.shape(d["actions"])[-1]) for d in datums)
+        known = self.model.config.robot_action_dim or 0
+        if widest > known:
+            self.model.config = self.model.config.replace(robot_action_dim=widest)
+
     def forward_backward(self, datums: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         self._refuse_pending_custom()
-        result = self.learner.forward_backward(self._batch(datums))
+        batch = self._batch(datums)
+        self._note_action_width(datums)
+        result = self.learner.forward_backward(batch)
         return {"metrics": {"loss": result.loss}, "loss_fn_outputs": [{"loss": x} for x in result.per_sample]}
 
     def forward(self, datums: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
@@ -151,6 +160,7 @@ class TrainingSession:
         """The first half of forward_backward_custom: outputs whose graph waits for backward_custom."""
         self._refuse_pending_custom()
         batch = self._batch(datums)
+        self._note_action_width(datums)
         outputs = self.learner.forward_for_custom_loss(batch)
         self._custom = (outputs, batch)
         return _arrays(outputs)

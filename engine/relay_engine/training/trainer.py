@@ -82,6 +82,9 @@ class Trainer:
         self.policy = model
         self.train_dataset = train_dataset
         self.device = next(model.parameters()).device
+        summary = getattr(getattr(train_dataset, "dataset", train_dataset), "summary", None)
+        if summary is not None:  # a LeRobot dataset (or a Subset of one) knows the robot's action width
+            model.config = model.config.replace(robot_action_dim=summary.action_dim)
         self.model = apply_tuning(model, args.finetune, args.targets, args.lora_rank, args.lora_alpha)
         if args.training_backend == "triton":
             # Compiling flow_outputs compiles its forward graph and, through AOTAutograd, the backward.
