@@ -64,6 +64,13 @@ def test_fine_tunes_commands(
     )
     assert refused.exit_code == 2
     assert "error: bad batch_size: 0 (must be an integer from 1 to 512)" in refused.output
+    unknown = runner.invoke(
+        app, ["fine-tunes", "create", "--model", "pi05-tiny", "--dataset", "x", "--target", "wings"], env=env
+    )
+    assert (
+        unknown.exit_code == 2
+        and """error: bad targets: ["wings"] (unknown target 'wings'""" in unknown.output
+    )
 
     created = json.loads(
         run(

@@ -11,9 +11,11 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from relay import sft
+from relay.cli._common import dataset_name, err, fail, parse_pairs
 from relay.errors import APIError, ConfigError
 from relay.sft.config import SFTConfig
 from relay.sft.job import Event, FineTuneJob
@@ -22,7 +24,6 @@ from relay.sft.train import train
 app = typer.Typer(help="Recipe jobs on Relay's GPUs: create, list, retrieve, cancel, events, download.",
                   no_args_is_help=True)
 out = Console()
-err = Console(stderr=True)
 
 
 @contextmanager
@@ -30,25 +31,11 @@ def _clear_errors() -> Iterator[None]:
     """A refused request or a broken rule is a message and exit status, not a traceback."""
     try:
         yield
-    except ConfigError as error:
-        err.print(f"[red]error:[/red] {error}", highlight=False)
+    except ConfigError as error:  # a broken rule is a usage error: exit 2, as typer's own are
+        err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except (APIError, RuntimeError, TimeoutError) as error:
-        err.print(f"[red]error:[/red] {error}", highlight=False)
-        raise typer.Exit(1) from None
-
-
-def _cameras(pairs: list[str] | None) -> dict[str, str] | None:
-    if not pairs:
-        return None
-    cameras: dict[str, str] = {}
-    for pair in pairs:
-        camera, sep, feature = pair.partition("=")
-        if not sep:
-            raise ConfigError(f"bad --camera: {pair!r} (give MODEL_CAMERA=DATASET_FEATURE, "
-                              "like base_0_rgb=observation.images.top)", "cameras")
-        cameras[camera] = feature
-    return cameras
+        fail(str(error))
 
 
 @app.command()
@@ -84,9 +71,10 @@ def create(
             except (OSError, ValueError) as error:
                 raise ConfigError(f"cannot read --config {config_file}: {error}") from None
         given = {
-            "model": model, "dataset_name": dataset, "batch_size": batch_size, "learning_rate": learning_rate,
-            "steps": steps, "finetune": finetune, "lora_rank": lora_rank, "lora_alpha": lora_alpha,
-            "targets": target or None, "cameras": _cameras(camera), "name": name,
+            "model": model, "dataset_name": dataset_name(dataset) if dataset else None,
+            "batch_size": batch_size, "learning_rate": learning_rate, "steps": steps, "finetune": finetune,
+            "lora_rank": lora_rank, "lora_alpha": lora_alpha, "targets": target or None,
+            "cameras": parse_pairs(camera, "camera") if camera else None, "name": name,
         }
         fields.update({k: v for k, v in given.items() if v is not None})
         config = SFTConfig.parse(fields)

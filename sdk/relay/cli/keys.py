@@ -9,13 +9,14 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from relay.cli._common import err, fail
 from relay.cli._extras import require
 
 app = typer.Typer(help="API keys: create, list, revoke. Uses the service's database (RELAY_DATABASE_URL).",
                   no_args_is_help=True)
-err = Console(stderr=True)
 
 
 @app.command()
@@ -29,7 +30,7 @@ def create(
         try:
             new = keys.create_key(session, user)
         except ValueError as error:
-            err.print(f"[red]error:[/red] {error}", highlight=False)
+            err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
     if as_json:
         print(json.dumps({"user": new.user, "key": new.key}))
@@ -58,8 +59,7 @@ def revoke(key: str = typer.Argument(..., help="The key, or its first characters
     with _database() as session:
         count = keys.revoke_keys(session, key.removesuffix("..."))
     if not count:
-        err.print(f"[red]error:[/red] no active key matches {key}", highlight=False)
-        raise typer.Exit(1)
+        fail(f"no active key matches {key}")
     err.print(f"revoked {count} key(s)")
 
 
@@ -70,13 +70,11 @@ def _database() -> Iterator[Any]:
     settings = require("relay_api.settings").get_settings()
     sqlalchemy_errors = require("sqlalchemy.exc")
     if settings.uses_sqlite and not settings.home.exists():
-        err.print(f"[red]error:[/red] no Relay data directory at {settings.home}: start `relay server` "
-                  "there once, or set RELAY_HOME / RELAY_DATABASE_URL", highlight=False)
-        raise typer.Exit(1)
+        fail(f"no Relay data directory at {settings.home}: start `relay server` there once, "
+             "or set RELAY_HOME / RELAY_DATABASE_URL")
     try:
         with db.session_factory(settings)() as session:
             yield session
     except (sqlalchemy_errors.OperationalError, sqlalchemy_errors.ProgrammingError) as error:
-        err.print(f"[red]error:[/red] cannot use the database at {settings.database_url}: {error.orig}. "
-                  "Is it up and migrated (`python -m relay_api.migrate`)?", highlight=False)
-        raise typer.Exit(1) from None
+        fail(f"cannot use the database at {settings.database_url}: {error.orig}. "
+             "Is it up and migrated (`python -m relay_api.migrate`)?")
