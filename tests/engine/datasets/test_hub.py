@@ -12,7 +12,7 @@ import pytest
 
 from relay_engine.datasets import open_dataset, resolve_dataset
 from relay_engine.errors import DatasetError
-from tests.engine.datasets.hub_server import FakeHub, Repo
+from tests.hub import FakeHub, Repo
 
 REPO = "lerobot/synthetic_image"
 

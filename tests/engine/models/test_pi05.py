@@ -20,8 +20,8 @@ from relay_engine.models import (
     sample_flow_time,
 )
 from tests.engine.models.joint_reference import joint_forward
-from tests.engine.models.model_hub import ModelHub
 from tests.engine.models.samples import make_samples
+from tests.hub import FakeHub, Repo
 
 
 @pytest.fixture(scope="module")
@@ -198,8 +198,8 @@ def test_load_errors_name_the_problem(tmp_path: Path) -> None:
 
 def test_loads_from_the_hub(policy: Pi05Policy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     policy.save_pretrained(tmp_path / "repo")
-    with ModelHub() as hub:
-        hub.repos["someone/tiny-pick"] = tmp_path / "repo"
+    with FakeHub() as hub:
+        hub.models["someone/tiny-pick"] = Repo.at(tmp_path / "repo")
         monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
         monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
         loaded = load_policy("someone/tiny-pick")

@@ -1,12 +1,13 @@
-"""A loopback HTTP server that answers the Hugging Face Hub endpoints huggingface_hub uses to fetch a
-dataset revision (the Hub itself cannot be reached from tests). Facts: shared/reference/
-lerobot-v2.1-format.md, section 5.
+"""A loopback HTTP server that answers the Hugging Face Hub endpoints huggingface_hub uses to fetch
+dataset revisions and model files (the Hub itself cannot be reached from tests). Facts: shared/
+reference/lerobot-v2.1-format.md, section 5.
 
 - GET  /api/datasets/{repo}/refs                      branches and tags
 - GET  /api/datasets/{repo}/revision/{revision}       the commit sha and the file list
 - GET  /api/datasets/{repo}/tree/{sha}[/{path}]       the files, recursively
 - HEAD /datasets/{repo}/resolve/{sha}/{path}          X-Repo-Commit, ETag, Content-Length
 - GET  /datasets/{repo}/resolve/{sha}/{path}          the bytes
+- HEAD, GET /{repo}/resolve/{revision}/{path}         the same for a model repo (`hub.models`)
 
 Errors are 404s with the `X-Error-Code` huggingface_hub maps to its exceptions.
 """
@@ -23,8 +24,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-_API = re.compile(r"/api/datasets/(?P<repo>[^/]+/[^/]+)/(?P<verb>refs|revision|tree)(?:/(?P<rest>.*))?")
-_RESOLVE = re.compile(r"/datasets/(?P<repo>[^/]+/[^/]+)/resolve/(?P<revision>[^/]+)/(?P<path>.+)")
+_API = re.compile(
+    r"/api/(?P<kind>datasets|models)/(?P<repo>[^/]+/[^/]+)/(?P<verb>refs|revision|tree)(?:/(?P<rest>.*))?"
+)
+_RESOLVE = re.compile(
+    r"(?:/(?P<kind>datasets))?/(?P<repo>[^/]+/[^/]+)/resolve/(?P<revision>[^/]+)/(?P<path>.+)"
+)
 
 
 @dataclass
@@ -44,6 +49,13 @@ class Repo:
             self.tags[tag] = sha
         return sha
 
+    @classmethod
+    def at(cls, root: Path) -> Repo:
+        """A repo whose main branch is the directory `root`."""
+        repo = cls()
+        repo.add_commit(root, branch="main")
+        return repo
+
     def resolve(self, revision: str) -> str | None:
         if revision in self.commits:
             return revision
@@ -52,7 +64,8 @@ class Repo:
 
 class FakeHub:
     def __init__(self) -> None:
-        self.repos: dict[str, Repo] = {}
+        self.repos: dict[str, Repo] = {}  # dataset repos
+        self.models: dict[str, Repo] = {}
         self.requests: list[tuple[str, str]] = []
         self.downloads: Counter[str] = Counter()
         self.authorizations: list[str | None] = []
@@ -79,6 +92,9 @@ class FakeHub:
             self._closed = True
             self._server.shutdown()
             self._server.server_close()
+
+    def repo(self, match: re.Match[str]) -> Repo | None:
+        return (self.repos if match["kind"] == "datasets" else self.models).get(match["repo"])
 
     def record(self, method: str, path: str, authorization: str | None) -> None:
         with self._lock:
@@ -115,7 +131,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 self._error(404, "RepoNotFound", send_body)
 
         def _api(self, match: re.Match[str], send_body: bool) -> None:
-            repo = hub.repos.get(match["repo"])
+            repo = hub.repo(match)
             if repo is None:
                 return self._error(404, "RepoNotFound", send_body)
             verb, rest = match["verb"], match["rest"] or ""
@@ -148,7 +164,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             return self._json(entries, send_body)
 
         def _resolve(self, match: re.Match[str], send_body: bool) -> None:
-            repo = hub.repos.get(match["repo"])
+            repo = hub.repo(match)
             if repo is None:
                 return self._error(404, "RepoNotFound", send_body)
             sha = repo.resolve(match["revision"])
