@@ -6,4 +6,8 @@ Relay's GPUs. This package is the client: it needs no torch (except for custom l
 
 from __future__ import annotations
 
+from relay.codec import Codec
+
 __version__ = "0.1.0"
+
+__all__ = ["Codec", "__version__"]

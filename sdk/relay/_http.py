@@ -57,13 +57,32 @@ class Client:
         GETs are retried on connection errors and busy answers; other methods only when the caller
         says a repeat is harmless (`retry=True`, e.g. a create that carries an Idempotency-Key).
         """
+        response = self.send(method, path, json_body=json_body, params=params, headers=headers, retry=retry)
+        return response.json()
+
+    def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        content: bytes | None = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        retry: bool | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        """`request`, returning the response itself (for binary bodies and answers other than 200)."""
         self._require_key(method, path)
         retry = method == "GET" if retry is None else retry
         params = {k: v for k, v in (params or {}).items() if v is not None}
+        extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
         attempt = 0
         while True:
             try:
-                response = self._http.request(method, path, json=json_body, params=params, headers=headers)
+                response = self._http.request(
+                    method, path, json=json_body, content=content, params=params, headers=headers, **extra
+                )
             except httpx.TransportError as error:
                 if retry and attempt < self.max_retries:
                     attempt = self._backoff(attempt)
@@ -74,7 +93,7 @@ class Client:
                 continue
             if response.is_error:
                 raise error_from_response(method, path, response)
-            return response.json()
+            return response
 
     def stream_events(self, path: str, params: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
         """Follow a server-sent event stream; yield each event's JSON data until the server's [DONE]."""

@@ -2,7 +2,8 @@
 
 A request the API refused raises ``APIError``, a RuntimeError whose message reads like
 ``POST /v1/fine-tunes: 400 bad batch_size: 0 (...)``; a config the SDK can check before sending
-raises ``ConfigError``, a ValueError naming the field and the rule.
+raises ``ConfigError``, a ValueError naming the field and the rule; a training session's call that
+failed raises ``RequestFailedError`` from its future's ``.result()``.
 """
 
 from __future__ import annotations
@@ -44,3 +45,30 @@ class APIError(RuntimeError):
         self.param = param
         self.code = code
         self.request_id = request_id
+
+
+class RequestFailedError(RuntimeError):
+    """A training session's call failed. ``category`` says whose fault: ``"user"`` (a malformed
+    datum, a bad name, a state that does not fit; the session goes on) or ``"server"`` (a fault of
+    the service, such as a lost worker). ``request_id`` is the id of the request that sent the call,
+    to quote when asking for help; ``call`` names the call and ``seq`` is its number in the session."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        category: str,
+        request_id: str | None = None,
+        call: str | None = None,
+        seq: int | None = None,
+        code: str | None = None,
+    ) -> None:
+        what = f"{call} (call {seq})" if call and seq is not None else call or "the call"
+        detail = f"{category} error" + (f", request id {request_id}" if request_id else "")
+        super().__init__(f"{what} failed: {message} [{detail}]")
+        self.message = message
+        self.category = category
+        self.request_id = request_id
+        self.call = call
+        self.seq = seq
+        self.code = code

@@ -141,9 +141,19 @@ class Problem:
     code: str
 
 
-def problems(errors: Iterable[Mapping[str, Any]], data: Any) -> list[Problem]:
+def problems(
+    errors: Iterable[Mapping[str, Any]],
+    data: Any,
+    *,
+    rules: Mapping[str, str] = RULES,
+    fields: Iterable[str] | None = None,
+    what: str = "SFTConfig",
+    body_message: str = "the config must be an object with the recipe's fields",
+) -> list[Problem]:
     """Pydantic's errors (``ValidationError.errors()``) in Relay's words: each names the field, the
-    value given and the rule. `data` is what was validated."""
+    value given and the rule. `data` is what was validated; `rules`, `fields`, `what` and
+    `body_message` describe the model it was validated as (SFTConfig unless said otherwise)."""
+    known = ", ".join(fields if fields is not None else SFTConfig.model_fields)
     found: list[Problem] = []
     for item in errors:
         loc = item.get("loc") or ()
@@ -153,17 +163,17 @@ def problems(errors: Iterable[Mapping[str, Any]], data: Any) -> list[Problem]:
         if isinstance(raised, ConfigError):  # SFTConfig(...) itself, validated as a part of something
             found.append(Problem(raised.param, raised.message, raised.code))
         elif field is None:
-            message = "the config must be an object with the recipe's fields"
+            message = body_message
             found.append(Problem(None, message, "invalid_body"))
         elif kind == "extra_forbidden":
-            message = f"unknown field {field} (SFTConfig's fields: {', '.join(SFTConfig.model_fields)})"
+            message = f"unknown field {field} ({what}'s fields: {known})"
             found.append(Problem(field, message, "unknown_field"))
         elif kind == "missing":
-            message = f"missing {field} (required; it {RULES.get(field, 'must be set')})"
+            message = f"missing {field} (required; it {rules.get(field, 'must be set')})"
             found.append(Problem(field, message, "missing_field"))
         else:
             given = data.get(field, item.get("input")) if isinstance(data, dict) else item.get("input")
-            rule = RULES.get(field, "")
+            rule = rules.get(field, "")
             if kind == "value_error":
                 # Our own validators' and the catalog's messages say the rule already.
                 rule = str(item.get("ctx", {}).get("error", "")) or rule
@@ -171,8 +181,9 @@ def problems(errors: Iterable[Mapping[str, Any]], data: Any) -> list[Problem]:
     return found
 
 
-def config_error(error: ValidationError, data: Any) -> ConfigError:
-    found = problems(error.errors(include_url=False), data)
+def config_error(error: ValidationError, data: Any, **described: Any) -> ConfigError:
+    """A ConfigError from pydantic's; `described` passes on to `problems`."""
+    found = problems(error.errors(include_url=False), data, **described)
     if not found:
         return ConfigError(str(error))
     return ConfigError("; ".join(p.message for p in found), found[0].param, found[0].code)
