@@ -9,6 +9,8 @@ import json
 import logging
 import re
 import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,7 +22,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relay import __version__
 from relay.sft.config import problems
-from relay_api import routes
+from relay_api import routes, session_routes
+from relay_api.channel import api_channel
 from relay_api.db import read_session_factory, session_factory
 from relay_api.errors import APIProblem, error_body
 from relay_api.files import ChecksumCache
@@ -30,7 +33,8 @@ from relay_api.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
-DESCRIPTION = """Fine-tune pi0.5 robot policies on LeRobot datasets from a recipe.
+DESCRIPTION = """Fine-tune pi0.5 robot policies on LeRobot datasets from a recipe, or drive the training
+loop yourself in a session (`relay.training`).
 
 Authenticate with `Authorization: Bearer <key>` (`relay keys create --user NAME` makes one).
 Errors answer `{"error": {"message", "type", "param", "code"}}`; every response carries `x-request-id`.
@@ -39,15 +43,23 @@ Errors answer `{"error": {"message", "type", "param", "code"}}`; every response 
 
 def create_app(settings: Settings | None = None, publisher: Publisher | None = None) -> FastAPI:
     settings = settings or get_settings()
-    app = FastAPI(title="Relay", version=__version__, description=DESCRIPTION)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await app.state.channel.aclose()
+
+    app = FastAPI(title="Relay", version=__version__, description=DESCRIPTION, lifespan=lifespan)
     app.state.settings = settings
     app.state.sessions = session_factory(settings)
     app.state.readers = read_session_factory(settings)
     app.state.publisher = publisher or Publisher(settings)
     app.state.keys = KeyCache(settings.auth_cache_seconds)
     app.state.checksums = ChecksumCache()
+    app.state.channel = api_channel(settings)
 
     app.include_router(routes.router)
+    app.include_router(session_routes.router)
     app.add_exception_handler(APIProblem, _problem_answer)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_answer)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_answer)  # type: ignore[arg-type]

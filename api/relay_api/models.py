@@ -5,7 +5,18 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    PrimaryKeyConstraint,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from relay_api.db import Base, UTCDateTime, utcnow
@@ -101,7 +112,55 @@ class FineTuneEvent(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class TrainingSessionRow(Base):
+    """A training-loop session: what it trains, where it runs, and how it ended.
+
+    starting (queued, then loading on the worker named in `worker`) -> ready -> closed | error.
+    The worker renews `lease_until` while it holds the session; a lapsed lease means it is gone.
+    """
+
+    __tablename__ = "training_sessions"
+    __table_args__ = (
+        UniqueConstraint("user_id", "idempotency_key", name="uq_training_sessions_user_idempotency_key"),
+        Index("ix_training_sessions_user_created", "user_id", "created_at", "id"),
+        Index("ix_training_sessions_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)  # "ses-" + 12 hex
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)  # relay.training.config.SessionConfig
+    info: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # the model's sizes, once loaded
+    error: Mapped[str | None] = mapped_column(Text)  # why it ended in error, or why it was closed
+    worker: Mapped[str | None] = mapped_column(String(255))
+    lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    last_contact_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    close_requested_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    ready_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+
+class SessionMessage(Base):
+    """A session's call or result in the SQL channel (the embedded server, which has no Redis)."""
+
+    __tablename__ = "session_messages"
+    __table_args__ = (PrimaryKeyConstraint("session_id", "kind", "seq", name="pk_session_messages"),)
+
+    session_id: Mapped[str] = mapped_column(String(16))
+    kind: Mapped[str] = mapped_column(String(8))  # "call" or "result"
+    seq: Mapped[int] = mapped_column(BigInteger)
+    request_id: Mapped[str | None] = mapped_column(String(64))
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 users = User.__table__
 api_keys = ApiKey.__table__
 fine_tunes = FineTune.__table__
 fine_tune_events = FineTuneEvent.__table__
+training_sessions = TrainingSessionRow.__table__
+session_messages = SessionMessage.__table__

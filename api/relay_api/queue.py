@@ -1,24 +1,32 @@
 """The Celery side the API and the workers share: the app's settings, task names, publishing.
 
-A message is only a wake-up that names a job; the row in the database says what to do. So a lost
+Two queues on the same workers: recipe jobs and training sessions. A message is only a wake-up
+that names a job or a session; the row in the database says what to do. So a lost
 message is published again by the reconciler, and a duplicate finds the job taken and does nothing.
 """
 
 from __future__ import annotations
 
 from celery import Celery
+from kombu import Exchange, Queue
 
 from relay_api.settings import Settings
 
 RUN_FINE_TUNE = "relay.run_fine_tune"
+RUN_SESSION = "relay.run_session"
 
 
 def make_celery(settings: Settings, name: str = "relay") -> Celery:
     app = Celery(name, broker=settings.broker_url, set_as_current=False)
     app.conf.update(
         task_ignore_result=True,
-        task_routes={RUN_FINE_TUNE: {"queue": settings.fine_tune_queue}},
+        task_routes={
+            RUN_FINE_TUNE: {"queue": settings.fine_tune_queue},
+            RUN_SESSION: {"queue": settings.session_queue},
+        },
         task_default_queue=settings.fine_tune_queue,
+        # A worker started without --queues takes both: recipe jobs and training sessions.
+        task_queues=[_queue(settings.fine_tune_queue), _queue(settings.session_queue)],
         task_serializer="json",
         accept_content=["json"],
         broker_connection_retry_on_startup=True,
@@ -30,6 +38,12 @@ def make_celery(settings: Settings, name: str = "relay") -> Celery:
     return app
 
 
+def _queue(name: str) -> Queue:
+    # Each queue its own exchange and key: without them Celery binds every queue to the default
+    # queue's, and a message would reach both queues.
+    return Queue(name, Exchange(name, type="direct"), routing_key=name)
+
+
 class Publisher:
     """Hands jobs to the workers."""
 
@@ -39,3 +53,6 @@ class Publisher:
 
     def fine_tune(self, job_id: str) -> None:
         self.app.send_task(RUN_FINE_TUNE, args=[job_id], queue=self.settings.fine_tune_queue)
+
+    def session(self, session_id: str) -> None:
+        self.app.send_task(RUN_SESSION, args=[session_id], queue=self.settings.session_queue)

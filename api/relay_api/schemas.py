@@ -85,3 +85,46 @@ ERRORS: dict[int | str, dict[str, object]] = {
     401: {"model": ErrorOut, "description": "A missing or wrong API key."},
     404: {"model": ErrorOut, "description": "No such fine-tune among yours."},
 }
+
+
+class SessionOut(BaseModel):
+    """A training session: ``starting`` (waiting for a worker, then loading on ``worker``), ``ready``,
+    ``closed`` or ``error`` (``error`` says why it ended)."""
+
+    id: str
+    object: Literal["training_session"] = "training_session"
+    status: Literal["starting", "ready", "closed", "error"]
+    base_model: str
+    finetune: str
+    rank: int
+    alpha: float | None
+    targets: list[str]
+    action_horizon: int
+    codec: str
+    info: dict[str, object] | None
+    error: str | None
+    worker: str | None
+    idle_timeout_seconds: float
+    created_at: str
+    ready_at: str | None
+    ended_at: str | None
+
+
+class SessionList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[SessionOut]
+    has_more: bool
+
+
+class CallAccepted(BaseModel):
+    object: Literal["session.call"] = "session.call"
+    session_id: str
+    seq: int
+    request_id: str
+    replayed: bool
+
+
+class CallPending(BaseModel):
+    object: Literal["session.call"] = "session.call"
+    seq: int
+    status: Literal["pending"] = "pending"

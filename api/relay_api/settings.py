@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -46,6 +47,26 @@ class Settings(BaseSettings):
     # GPUs for a worker's processes, one each: "0,1,2,3" with `celery worker -c 4`. Empty: leave as is.
     worker_gpus: str = ""
 
+    # Training-loop sessions: their own queue on the same workers, one session per worker process.
+    session_queue: str = "relay.sessions"
+    # A session without contact from its client (calls, heartbeats) for this long is closed.
+    session_idle_seconds: float = Field(600.0, gt=0)
+    # A session that no worker took (or that never finished loading) within this long is ended;
+    # the client gives up sooner, after its own start_timeout.
+    session_start_seconds: float = Field(1800.0, gt=0)
+    # How long a call's result is kept for its client to read.
+    session_result_seconds: float = Field(3600.0, gt=0)
+    # Calls sent and not yet run, per session, before the API answers 429 (the SDK keeps 8 ahead).
+    session_max_pending_calls: int = Field(64, ge=1)
+    # The largest call body (a batch with its frames).
+    session_max_call_bytes: int = Field(1 << 30, ge=1 << 20)
+    # How calls and results travel between the API and the worker holding a session: through Redis
+    # (streams and keys), or through the SQL database (polled; the embedded server, which has no Redis).
+    # "auto": Redis when the broker is Redis, else SQL.
+    session_channel: Literal["auto", "redis", "sql"] = "auto"
+    # Redis for the session channel; by default the broker's when that is Redis.
+    redis_url: str = ""
+
     # How often a live event stream looks for new events.
     events_poll_seconds: float = Field(0.5, gt=0)
     # How long the API trusts a key it has checked (a revoked key works at most this long after).
@@ -64,6 +85,12 @@ class Settings(BaseSettings):
             self.database_url = "postgresql+psycopg://" + self.database_url.split("://", 1)[1]
         if not self.heartbeat_seconds:
             self.heartbeat_seconds = self.lease_seconds / 4
+        if not self.redis_url and self.broker_url.startswith(("redis://", "rediss://")):
+            self.redis_url = self.broker_url
+        if self.session_channel == "auto":
+            self.session_channel = "redis" if self.redis_url else "sql"
+        if self.session_channel == "redis" and not self.redis_url:
+            raise ValueError("session_channel is redis, but no redis_url is set (nor a Redis broker_url)")
         return self
 
     @property
@@ -72,6 +99,10 @@ class Settings(BaseSettings):
 
     def job_dir(self, job_id: str) -> Path:
         return self.jobs_dir / job_id
+
+    def user_dir(self, user_id: int) -> Path:
+        """A user's files (saved states, sessions' saved weights), by user id: names may hold dots."""
+        return self.home / "users" / str(user_id)
 
     @property
     def uses_sqlite(self) -> bool:

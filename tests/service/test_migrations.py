@@ -13,7 +13,7 @@ from sqlalchemy import create_engine, inspect
 from relay_api import migrate
 from tests.service.stack import drop_database, recreate_database
 
-TABLES = {"users", "api_keys", "fine_tunes", "fine_tune_events"}
+TABLES = {"users", "api_keys", "fine_tunes", "fine_tune_events", "training_sessions", "session_messages"}
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])

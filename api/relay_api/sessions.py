@@ -1,0 +1,256 @@
+"""What the API does with training sessions' rows: create (idempotently), find, list, heartbeats,
+close, and noticing a worker that is gone.
+
+The row is the truth about a session. Its status only moves forward (starting -> ready ->
+closed | error), through conditional updates, so the API, the worker and the reconciler cannot
+undo each other.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from relay.training import status as st
+from relay.training.config import SessionConfig
+from relay_api.db import utcnow
+from relay_api.errors import APIProblem
+from relay_api.fine_tunes import iso
+from relay_api.models import training_sessions as table
+from relay_api.settings import Settings
+
+SESSION_ID_PREFIX = "ses-"
+WORKER_LOST = (
+    "its worker stopped responding (killed or lost); the session has ended and what was not saved is "
+    "lost: start a new session (and load_state what you saved)"
+)
+
+
+def new_session_id() -> str:
+    return SESSION_ID_PREFIX + secrets.token_hex(6)
+
+
+def session_object(row: Mapping[str, Any], settings: Settings) -> dict[str, Any]:
+    """A session as the API shows it."""
+    return {
+        "id": row["id"],
+        "object": "training_session",
+        "status": row["status"],
+        **row["config"],
+        "info": row["info"],
+        "error": row["error"],
+        "worker": row["worker"],
+        "idle_timeout_seconds": settings.session_idle_seconds,
+        "created_at": iso(row["created_at"]),
+        "ready_at": iso(row["ready_at"]),
+        "ended_at": iso(row["ended_at"]),
+    }
+
+
+def not_found(session_id: str) -> APIProblem:
+    return APIProblem(404, f"no training session {session_id}", param="id", code="not_found")
+
+
+def _request_hash(config: SessionConfig) -> str:
+    canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def create(
+    session: Session, user_id: int, config: SessionConfig, idempotency_key: str | None
+) -> tuple[dict[str, Any], bool]:
+    """Insert a starting session and commit; returns (row, replayed). The same Idempotency-Key
+    with the same config returns the session it created before; with a different one, 409."""
+    digest = _request_hash(config)
+    if idempotency_key is not None:
+        existing = _by_idempotency_key(session, user_id, idempotency_key, digest)
+        if existing is not None:
+            return existing, True
+    for _ in range(3):
+        now = utcnow()
+        row: dict[str, Any] = {
+            "id": new_session_id(),
+            "user_id": user_id,
+            "status": st.STARTING,
+            "config": config.model_dump(mode="json"),
+            "info": None,
+            "error": None,
+            "worker": None,
+            "lease_until": None,
+            "last_contact_at": now,
+            "close_requested_at": None,
+            "idempotency_key": idempotency_key,
+            "request_hash": digest,
+            "created_at": now,
+            "updated_at": now,
+            "ready_at": None,
+            "ended_at": None,
+        }
+        try:
+            session.execute(insert(table).values(row))
+            session.commit()
+            return row, False
+        except IntegrityError:
+            session.rollback()
+            if idempotency_key is not None:
+                existing = _by_idempotency_key(session, user_id, idempotency_key, digest)
+                if existing is not None:
+                    return existing, True
+    raise RuntimeError("could not pick a free session id")
+
+
+def _by_idempotency_key(session: Session, user_id: int, key: str, digest: str) -> dict[str, Any] | None:
+    row = (
+        session.execute(select(table).where(table.c.user_id == user_id, table.c.idempotency_key == key))
+        .mappings()
+        .first()
+    )
+    if row is None:
+        return None
+    if row["request_hash"] != digest:
+        raise APIProblem(
+            409,
+            f"Idempotency-Key {key!r} was used for session {row['id']} with other settings; "
+            "use a new key for a new session",
+            param="Idempotency-Key",
+            code="idempotency_key_reused",
+        )
+    return dict(row)
+
+
+def get(session: Session, user_id: int, session_id: str) -> dict[str, Any]:
+    """The caller's session; another user's is as absent as one that never existed."""
+    row = (
+        session.execute(select(table).where(table.c.id == session_id, table.c.user_id == user_id))
+        .mappings()
+        .first()
+    )
+    session.rollback()  # end the read here, in the route's thread
+    if row is None:
+        raise not_found(session_id)
+    return dict(row)
+
+
+def list_page(
+    session: Session, user_id: int, after: str | None, limit: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """The caller's sessions, newest first, starting after the session `after`."""
+    query = select(table).where(table.c.user_id == user_id)
+    if after is not None:
+        cursor = session.execute(
+            select(table.c.created_at).where(table.c.id == after, table.c.user_id == user_id)
+        ).scalar()
+        if cursor is None:
+            raise APIProblem(
+                400,
+                f"bad after: {after} (must be the id of one of your sessions)",
+                param="after",
+                code="invalid_value",
+            )
+        query = query.where(
+            or_(table.c.created_at < cursor, and_(table.c.created_at == cursor, table.c.id < after))
+        )
+    rows = (
+        session.execute(query.order_by(table.c.created_at.desc(), table.c.id.desc()).limit(limit + 1))
+        .mappings()
+        .all()
+    )
+    session.rollback()
+    return [dict(r) for r in rows[:limit]], len(rows) > limit
+
+
+def worker_lost(row: Mapping[str, Any], now: dt.datetime | None = None) -> bool:
+    """Whether the worker holding the session stopped renewing its lease."""
+    now = now or utcnow()
+    return (
+        row["status"] in st.LIVE
+        and row["worker"] is not None
+        and row["lease_until"] is not None
+        and row["lease_until"] < now
+    )
+
+
+def end_if_worker_lost(session: Session, row: dict[str, Any]) -> dict[str, Any]:
+    """End a session whose worker is gone (its lease lapsed) in `error`; return the row as it is now."""
+    if not worker_lost(row):
+        return row
+    now = utcnow()
+    moved = session.execute(
+        update(table)
+        .where(table.c.id == row["id"], table.c.status.in_(st.LIVE), table.c.lease_until < now)
+        .values(status=st.ERROR, error=WORKER_LOST, ended_at=now, updated_at=now, lease_until=None)
+    ).rowcount
+    session.commit()
+    if moved:
+        return {**row, "status": st.ERROR, "error": WORKER_LOST, "ended_at": now, "lease_until": None}
+    return _reread(session, row)
+
+
+def _reread(session: Session, row: Mapping[str, Any]) -> dict[str, Any]:
+    fresh = session.execute(select(table).where(table.c.id == row["id"])).mappings().one()
+    session.rollback()
+    return dict(fresh)
+
+
+def heartbeat(session: Session, user_id: int, session_id: str) -> dict[str, Any]:
+    """The client is alive: note the contact, and answer with the session (its status)."""
+    now = utcnow()
+    session.execute(
+        update(table)
+        .where(table.c.id == session_id, table.c.user_id == user_id, table.c.status.in_(st.LIVE))
+        .values(last_contact_at=now)
+    )
+    session.commit()
+    return end_if_worker_lost(session, get(session, user_id, session_id))
+
+
+def request_close(session: Session, user_id: int, session_id: str) -> tuple[dict[str, Any], bool]:
+    """Close: a starting session ends now; a ready one ends once its worker has run the calls
+    before the close (its channel carries a close marker after them). Returns (row, whether the
+    worker must be told). Closing again is harmless."""
+    row = get(session, user_id, session_id)
+    now = utcnow()
+    if row["status"] == st.STARTING:
+        moved = session.execute(
+            update(table)
+            .where(table.c.id == session_id, table.c.status == st.STARTING)
+            .values(
+                status=st.CLOSED,
+                error="closed by its client before it was ready",
+                ended_at=now,
+                updated_at=now,
+                close_requested_at=now,
+            )
+        ).rowcount
+        session.commit()
+        if moved:
+            return get(session, user_id, session_id), False
+        row = get(session, user_id, session_id)  # it became ready meanwhile
+    if row["status"] == st.READY and row["close_requested_at"] is None:
+        session.execute(
+            update(table)
+            .where(table.c.id == session_id, table.c.close_requested_at.is_(None))
+            .values(close_requested_at=now, updated_at=now)
+        )
+        session.commit()
+        return get(session, user_id, session_id), True
+    return row, False
+
+
+def end_unpublished(session: Session, session_id: str, reason: str) -> None:
+    """The queue could not be reached: end the session now rather than leave it starting."""
+    now = utcnow()
+    session.execute(
+        update(table)
+        .where(table.c.id == session_id, table.c.status == st.STARTING)
+        .values(status=st.ERROR, error=reason, ended_at=now, updated_at=now)
+    )
+    session.commit()
