@@ -1,9 +1,11 @@
 """The embedded service for a laptop: `relay server`.
 
 Everything under one data directory (``RELAY_HOME``, else ``./.relay``): a SQLite database, a
-SQLite-backed Celery broker (kombu's SQLAlchemy transport, so no server is needed), job work
+SQLite-backed Celery broker (kombu's SQLAlchemy transport, so no server is needed), training
+sessions' calls and results in the SQLite database too (relay_api.channel_sql), job work
 directories, the worker's log, and ``client.json`` with the URL and a local API key, where the SDK
-and the CLI look for them. The API runs in this process and one worker in a child process.
+and the CLI look for them. The API runs in this process and one worker (jobs and sessions, one at
+a time) in a child process.
 """
 
 from __future__ import annotations
@@ -99,7 +101,8 @@ class WorkerProcess:
     def command(self) -> list[str]:
         return [
             sys.executable, "-m", "celery", "-A", "relay_worker.app", "worker", "--loglevel", "INFO",
-            "--concurrency", "1", "--queues", self.settings.fine_tune_queue,
+            "--concurrency", "1",
+            "--queues", f"{self.settings.fine_tune_queue},{self.settings.session_queue}",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]
 

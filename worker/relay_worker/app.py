@@ -1,6 +1,6 @@
-"""The Celery worker: ``celery -A relay_worker.app worker -c 1 -Q relay.fine-tunes``.
+"""The Celery worker: ``celery -A relay_worker.app worker -c 1 -Q relay.fine-tunes,relay.sessions``.
 
-One process per GPU (``-c N`` with ``RELAY_WORKER_GPUS``), one task at a time each: late
+One process per GPU (``-c N`` with ``RELAY_WORKER_GPUS``), one task (a job or a session) at a time each: late
 acknowledgement, no prefetch beyond the task at hand, and a message that comes back if its
 process dies. The job row, claimed with a lease, decides whether a delivery trains; see
 relay_api.lifecycle. Each worker also runs the reconciler in a thread of its main process.
@@ -15,6 +15,7 @@ from typing import Any
 
 from celery import signals
 
+from relay_api import session_lifecycle
 from relay_api.db import session_factory
 from relay_api.lifecycle import reconcile
 from relay_api.queue import RUN_FINE_TUNE, make_celery
@@ -42,7 +43,8 @@ if settings.broker_url.startswith("sqla+"):
 
 class Reconciler(threading.Thread):
     """Every `reconcile_seconds`: resume jobs whose lease lapsed, publish jobs the broker never got,
-    fail jobs out of attempts, finish cancels whose worker is gone."""
+    fail jobs out of attempts, finish cancels whose worker is gone; end sessions whose worker is gone
+    or that no worker started in time."""
 
     def __init__(self) -> None:
         super().__init__(name="relay-reconciler", daemon=True)
@@ -59,6 +61,11 @@ class Reconciler(threading.Thread):
             for kind in ("published", "resumed", "failed", "cancelled"):
                 for job_id in getattr(report, kind):
                     log.info("reconciler: %s %s", kind, job_id)
+            try:
+                for session_id in session_lifecycle.reconcile(sessions, settings):
+                    log.info("reconciler: ended session %s", session_id)
+            except Exception:
+                log.exception("reconciler pass over sessions failed")
 
 
 def publish(job_id: str) -> None:

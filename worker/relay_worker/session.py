@@ -1,0 +1,309 @@
+"""Host one training session: claim it, load the model, run its calls in order until it ends.
+
+A session holds this worker process (one GPU) for its life. The lease keeper renews the claim
+every `heartbeat_seconds` and learns from the row whether the client asked to close or has been
+silent for `session_idle_seconds`; the loop takes the next call from the channel, runs it on the
+engine's TrainingSession and leaves the result, until a close call, a close request with no calls
+left, the idle timeout, a lost claim or the worker's shutdown.
+
+A call that fails on the user's input (EngineError, a bad name or setting, a malformed body) gets a
+"user" error for its own result and the session goes on; any other failure is a "server" error,
+logged with its request id, and the session goes on too (the user decides whether to continue).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relay.errors import ConfigError
+from relay.training import status as st
+from relay.training import types, wire
+from relay.training.config import check_name
+from relay_api import session_lifecycle as lifecycle
+from relay_api.channel import QueuedCall, WorkerChannel, worker_channel
+from relay_api.db import session_factory, utcnow
+from relay_api.lifecycle import FencedOut
+from relay_api.session_lifecycle import SessionClaim
+from relay_api.settings import Settings, get_settings
+from relay_engine.errors import EngineError
+from relay_engine.training.session import SessionSpec, TrainingSession
+from relay_worker import shutdown
+from relay_worker.fine_tune import worker_name
+
+log = logging.getLogger("relay_worker")
+
+USER_ERRORS = (EngineError, ConfigError, wire.WireError)
+WAIT_FOR_CALL_SECONDS = 0.5  # how often the loop looks up from an empty channel
+
+
+class SessionKeeper(threading.Thread):
+    """Renews the session's lease and notes why it should end: closed, idle, lost."""
+
+    def __init__(self, settings: Settings, claim: SessionClaim) -> None:
+        super().__init__(name=f"lease-{claim.session_id}", daemon=True)
+        self.settings = settings
+        self.claim = claim
+        self.sessions = session_factory(settings)
+        self.close_requested = False
+        self.lost = False
+        self.last_contact: dt.datetime = utcnow()
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopping.wait(self.settings.heartbeat_seconds):
+            try:
+                state = lifecycle.renew(self.sessions, self.settings, self.claim)
+            except FencedOut:
+                self.lost = True
+                return
+            except Exception:  # the database is away: the lease may lapse, and fencing keeps us honest
+                log.warning("could not renew the lease of %s", self.claim.session_id, exc_info=True)
+                continue
+            self.close_requested = state.close_requested
+            self.last_contact = state.last_contact_at
+
+    def idle_for(self) -> float:
+        return (utcnow() - self.last_contact).total_seconds()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+
+def run_session(session_id: str, settings: Settings | None = None) -> str:
+    """Host the session if this delivery can claim it; returns what happened, for the task's log."""
+    settings = settings or get_settings()
+    sessions = session_factory(settings)
+    claim = lifecycle.claim(sessions, settings, session_id, worker_name())
+    if claim is None:
+        return "not claimed: the session is taken or ended"
+    keeper = SessionKeeper(settings, claim)
+    keeper.start()
+    channel = worker_channel(settings)
+    status, reason = st.ERROR, "the worker failed unexpectedly"
+    try:
+        status, reason = _host(settings, sessions, claim, keeper, channel)
+        return f"{status}: {reason}"
+    except Exception as error:
+        log.exception("session %s failed", session_id)
+        reason = f"the worker failed: {type(error).__name__}: {error}"
+        raise
+    finally:
+        keeper.stop()
+        with contextlib.suppress(Exception):
+            channel.clear(session_id)
+        lifecycle.end(sessions, claim, status, reason)
+        channel.close()
+        log.info("session %s ended %s: %s", session_id, status, reason)
+
+
+def _host(
+    settings: Settings, sessions: Any, claim: SessionClaim, keeper: SessionKeeper, channel: WorkerChannel
+) -> tuple[str, str]:
+    config = claim.config
+    spec = SessionSpec(
+        base_model=config["base_model"],
+        finetune=config["finetune"],
+        targets=config["targets"],
+        lora_rank=config["rank"],
+        lora_alpha=config["alpha"],
+        action_horizon=config["action_horizon"],
+    )
+    log.info("session %s: loading %s (%s)", claim.session_id, spec.base_model, spec.finetune)
+    try:
+        training = TrainingSession(spec, device="cuda" if torch.cuda.is_available() else "cpu")
+    except EngineError as error:
+        return st.ERROR, f"could not load the model: {error}"
+    if not lifecycle.mark_ready(sessions, settings, claim, training.info):
+        return st.CLOSED, "closed before it was ready"
+    keeper.last_contact = utcnow()  # the idle clock starts now; loading was not the client's silence
+    log.info("session %s: ready (%s)", claim.session_id, training.info)
+    host = SessionHost(training, settings, claim)
+    return host.serve(keeper, channel)
+
+
+class SessionHost:
+    """Runs a session's calls on its TrainingSession."""
+
+    def __init__(self, training: TrainingSession, settings: Settings, claim: SessionClaim) -> None:
+        self.training = training
+        self.settings = settings
+        self.claim = claim
+        self.user_dir = settings.user_dir(claim.user_id)
+        self.handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
+            "forward_backward": self._forward_backward,
+            "forward": self._forward,
+            "forward_custom": self._forward_custom,
+            "backward_custom": self._backward_custom,
+            "discard_custom": self._discard_custom,
+            "optim_step": self._optim_step,
+            "sample": self._sample,
+            "save_weights": self._save_weights,
+            "save_state": self._save_state,
+            "load_state": self._load_state,
+        }
+
+    def serve(self, keeper: SessionKeeper, channel: WorkerChannel) -> tuple[str, str]:
+        """Run calls in order until the session should end; returns (status, why)."""
+        session_id = self.claim.session_id
+        idle_limit = self.settings.session_idle_seconds
+        after = 0
+        while True:
+            if keeper.lost:
+                return st.ERROR, "the worker lost its claim on the session (its lease lapsed)"
+            if shutdown.under_way():
+                return st.ERROR, "its worker shut down; what was not saved is lost"
+            if keeper.idle_for() > idle_limit:
+                return (
+                    st.CLOSED,
+                    f"no contact from its client for {idle_limit:.0f} s; what was not saved is lost",
+                )
+            call = channel.next_call(session_id, after, WAIT_FOR_CALL_SECONDS)
+            if call is None:
+                if keeper.close_requested:
+                    return st.CLOSED, "closed by its client"
+                continue
+            after = call.seq
+            payload, ended = self.run_call(call)
+            channel.put_result(session_id, call.seq, payload)
+            if ended:
+                return st.CLOSED, "closed by its client"
+
+    def run_call(self, call: QueuedCall) -> tuple[bytes, bool]:
+        """The call's result as wire bytes, and whether it closed the session."""
+        started = time.perf_counter()
+        op = "?"
+        try:
+            request = wire.decode(call.payload, writable=True)
+            if not isinstance(request, dict):
+                raise wire.WireError("a call must be an object with an op")
+            op = str(request.get("op"))
+            if op == "close":
+                return self._ok(call, None), True
+            handler = self.handlers.get(op)
+            if handler is None:
+                raise wire.WireError(f"unknown op {op!r}; known: close, {', '.join(self.handlers)}")
+            value = handler(request)
+            log.debug(
+                "session %s call %d %s: %.1f ms",
+                self.claim.session_id,
+                call.seq,
+                op,
+                (time.perf_counter() - started) * 1000,
+            )
+            return self._ok(call, value), False
+        except USER_ERRORS as error:
+            return self._error(call, "user", str(error)), False
+        except Exception as error:
+            log.exception(
+                "session %s call %d (%s, request %s) failed",
+                self.claim.session_id,
+                call.seq,
+                op,
+                call.request_id,
+            )
+            return self._error(call, "server", f"{type(error).__name__}: {error}"), False
+
+    @staticmethod
+    def _ok(call: QueuedCall, value: Any) -> bytes:
+        return wire.encode({"ok": True, "request_id": call.request_id, "value": value})
+
+    @staticmethod
+    def _error(call: QueuedCall, category: str, message: str) -> bytes:
+        body = {
+            "ok": False,
+            "request_id": call.request_id,
+            "error": {"message": message, "category": category},
+        }
+        return wire.encode(body)
+
+    # -- the calls ----------------------------------------------------------------------------------
+
+    def _forward_backward(self, request: dict[str, Any]) -> Any:
+        if request.get("loss_fn", "flow_matching") != "flow_matching":
+            raise ConfigError(
+                f"bad loss_fn: {request.get('loss_fn')!r} (the built-in loss is 'flow_matching')"
+            )
+        return self.training.forward_backward(_datums(request))
+
+    def _forward(self, request: dict[str, Any]) -> Any:
+        return self.training.forward(_datums(request))
+
+    def _forward_custom(self, request: dict[str, Any]) -> Any:
+        return self.training.forward_custom(_datums(request))
+
+    def _backward_custom(self, request: dict[str, Any]) -> Any:
+        grad = request.get("grad")
+        if not hasattr(grad, "shape"):
+            raise ConfigError("backward_custom needs grad, the gradient of the loss with respect to velocity")
+        metrics = {str(k): float(v) for k, v in dict(request.get("metrics") or {}).items()}
+        return self.training.backward_custom(grad, float(request.get("loss", 0.0)), metrics)
+
+    def _discard_custom(self, request: dict[str, Any]) -> None:
+        # The client's loss function failed: drop the forward pass waiting for its gradient. A
+        # session refuses (and drops) a waiting forward pass before any other custom forward.
+        with contextlib.suppress(EngineError):
+            self.training.forward_custom([])
+
+    def _optim_step(self, request: dict[str, Any]) -> Any:
+        adam = request.get("adam")
+        if not isinstance(adam, dict):
+            raise ConfigError("optim_step needs adam: the AdamParams' fields")
+        try:
+            params = types.AdamParams(**adam)
+        except TypeError as error:
+            raise ConfigError(f"bad adam: {error}") from None
+        return self.training.optim_step(params.to_dict())
+
+    def _sample(self, request: dict[str, Any]) -> Any:
+        observations = request.get("observations")
+        if not isinstance(observations, list):
+            raise ConfigError("sample needs observations: a list of observations")
+        num_steps = request.get("num_steps", 10)
+        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+            raise ConfigError(f"bad num_steps: {num_steps!r} (must be an integer >= 1)")
+        sampler = request.get("sampler")
+        if sampler is not None:
+            check_name(sampler, "sampler")
+        return self.training.sample(observations, num_steps=num_steps, sampler=sampler)
+
+    def _save_weights(self, request: dict[str, Any]) -> Any:
+        name = check_name(request.get("name"), "name")
+        directory = self.user_dir / "sessions" / self.claim.session_id / "weights" / name
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        self.training.save_weights(name, directory)
+        return {"name": name, "path": str(directory)}
+
+    def _save_state(self, request: dict[str, Any]) -> Any:
+        name = check_name(request.get("name"), "name")
+        directory = self._state_dir(name)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        self.training.save_state(directory)
+        return {"name": name, "path": str(directory)}
+
+    def _load_state(self, request: dict[str, Any]) -> Any:
+        name = check_name(request.get("name"), "name")
+        directory = self._state_dir(name)
+        self.training.load_state(directory, name)
+        return {"name": name, "path": str(directory)}
+
+    def _state_dir(self, name: str) -> Path:
+        return self.user_dir / "states" / name
+
+
+def _datums(request: dict[str, Any]) -> list[dict[str, Any]]:
+    datums = request.get("datums")
+    if not isinstance(datums, list):
+        raise ConfigError("the call needs datums: a list of datums")
+    for index, datum in enumerate(datums):
+        if not isinstance(datum, dict):
+            raise ConfigError(f"datum {index}: must be an object with observation, actions and weight")
+    return datums
