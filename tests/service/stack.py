@@ -3,7 +3,8 @@ served by uvicorn on loopback, and Celery worker processes, all started once per
 shared by tests/service and tests/sdk (through `shared_stack`).
 
 Settings are short so faults show quickly: checkpoints every 10 steps, 3 s leases renewed every
-0.5 s, a reconciler pass every second.
+0.5 s, a reconciler pass every second, sessions idle after 4 s. The workers take both queues (jobs
+and training sessions).
 """
 
 from __future__ import annotations
@@ -187,6 +188,8 @@ class Stack:
             "RELAY_EVENTS_POLL_SECONDS": "0.1",
             "RELAY_AUTH_CACHE_SECONDS": "0",
             "RELAY_CACHE_DIR": str(self.root / "cache"),
+            # Training sessions close after 4 s without contact (the SDK's heartbeats come every second).
+            "RELAY_SESSION_IDLE_SECONDS": "4",
         }
         self.settings = Settings(
             **{
@@ -212,11 +215,13 @@ class Stack:
 
     @property
     def parked_api_url(self) -> str:
-        """The API again, but publishing to a queue no worker reads: its jobs stay queued."""
+        """The API again, but publishing to queues no worker reads: its jobs stay queued, and its
+        training sessions starting."""
         with self._lock:
             if self._parked_api is None:
                 self._parked_api = ApiServer(
-                    self.settings.model_copy(update={"fine_tune_queue": PARKED_QUEUE})
+                    self.settings.model_copy(update={"fine_tune_queue": PARKED_QUEUE,
+                                                     "session_queue": PARKED_QUEUE + "-sessions"})
                 )
             return self._parked_api.url
 

@@ -1,5 +1,6 @@
 """`relay server` on a laptop with no servers: SQLite, a SQLite broker, the API and one worker; the SDK
-finds it through the client file it writes, a job completes, and stopping it stops its worker."""
+finds it through the client file it writes, a job completes, a training session runs (its calls and
+results through SQLite), and stopping it stops its worker."""
 
 from __future__ import annotations
 
@@ -73,6 +74,8 @@ def test_relay_server_runs_a_job_end_to_end(
         assert job.output_dir == str(home / "jobs" / job.id / "output")
         weights = job.download(tmp_path / "weights")
         assert (weights / "model.safetensors").stat().st_size > 0
+
+        run_a_training_session(home)
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -82,6 +85,24 @@ def test_relay_server_runs_a_job_end_to_end(
             leftovers = wait_for_exit(home)
             assert server.returncode is not None
             assert not leftovers, f"processes left running: {leftovers}"
+
+
+def run_a_training_session(home: Path) -> None:
+    import numpy as np
+
+    from relay.training import ServiceClient, types
+    from tests.service.sessions_data import batch
+
+    with ServiceClient(progress=False).create_lora_training_client("pi05-tiny", rank=8) as training_client:
+        futures = [training_client.forward_backward(batch(0, 2), "flow_matching"),
+                   training_client.optim_step(types.AdamParams(learning_rate=1e-4)),
+                   training_client.forward_backward(batch(2, 2), "flow_matching")]
+        saved = training_client.save_state("embedded").result(timeout=120)
+        actions = training_client.sample(batch(0, 1)[0].observation).result(timeout=120)
+        assert [f.result().metrics["loss"] > 0 for f in futures[::2]] == [True, True]
+        assert futures[1].result().metrics["skipped"] is False
+    assert actions.shape == (10, 32) and np.isfinite(actions).all()
+    assert saved.path.startswith(str(home / "users")) and (Path(saved.path) / "session.json").is_file()
 
 
 def wait_for_exit(home: Path) -> list[int]:
