@@ -29,6 +29,7 @@ from relay_api.errors import APIProblem, error_body
 from relay_api.files import ChecksumCache
 from relay_api.keys import KeyCache
 from relay_api.queue import Publisher
+from relay_api.sessions import ReadyCache
 from relay_api.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
     app.state.keys = KeyCache(settings.auth_cache_seconds)
     app.state.checksums = ChecksumCache()
     app.state.channel = api_channel(settings)
+    app.state.ready_sessions = ReadyCache()
 
     app.include_router(routes.router)
     app.include_router(session_routes.router)

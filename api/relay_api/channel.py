@@ -33,6 +33,10 @@ class TooManyPending(Exception):
     """The session already has the most calls waiting that it may have."""
 
 
+class ChannelUnavailable(Exception):
+    """Redis (or the database) cannot be reached now; the caller may try again shortly."""
+
+
 class ApiChannel(ABC):
     """The API's side. Async: a long-poll waits without holding a thread."""
 

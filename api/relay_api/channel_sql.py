@@ -13,11 +13,18 @@ import datetime as dt
 import time
 
 from sqlalchemy import delete, func, insert, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from relay_api.channel import ApiChannel, QueuedCall, ResultGone, TooManyPending, WorkerChannel
+from relay_api.channel import (
+    ApiChannel,
+    ChannelUnavailable,
+    QueuedCall,
+    ResultGone,
+    TooManyPending,
+    WorkerChannel,
+)
 from relay_api.db import session_factory, utcnow
 from relay_api.models import session_messages as messages
 from relay_api.settings import Settings
@@ -36,7 +43,10 @@ class SqlApiChannel(ApiChannel):
         self.sessions = session_factory(settings)
 
     async def append(self, session_id: str, seq: int, request_id: str, payload: bytes) -> bool:
-        return await run_in_threadpool(self._append, session_id, seq, request_id, payload)
+        try:
+            return await run_in_threadpool(self._append, session_id, seq, request_id, payload)
+        except OperationalError as error:
+            raise ChannelUnavailable(str(error)) from error
 
     def _append(self, session_id: str, seq: int, request_id: str, payload: bytes) -> bool:
         with self.sessions() as session:
@@ -72,7 +82,10 @@ class SqlApiChannel(ApiChannel):
         deadline = time.monotonic() + block_seconds
         wait = FIRST_WAIT
         while True:
-            payload = await run_in_threadpool(self._result, session_id, seq)
+            try:
+                payload = await run_in_threadpool(self._result, session_id, seq)
+            except OperationalError as error:
+                raise ChannelUnavailable(str(error)) from error
             if payload is not None:
                 return payload
             if time.monotonic() >= deadline:
@@ -104,6 +117,12 @@ class SqlWorkerChannel(WorkerChannel):
         self.sessions = session_factory(settings)
 
     def next_call(self, session_id: str, after: int, block_seconds: float) -> QueuedCall | None:
+        try:
+            return self._next_call(session_id, after, block_seconds)
+        except OperationalError as error:
+            raise ChannelUnavailable(str(error)) from error
+
+    def _next_call(self, session_id: str, after: int, block_seconds: float) -> QueuedCall | None:
         deadline = time.monotonic() + block_seconds
         wait = FIRST_WAIT
         while True:
@@ -124,6 +143,12 @@ class SqlWorkerChannel(WorkerChannel):
             wait = _backoff(wait)
 
     def put_result(self, session_id: str, seq: int, payload: bytes) -> None:
+        try:
+            self._put_result(session_id, seq, payload)
+        except OperationalError as error:
+            raise ChannelUnavailable(str(error)) from error
+
+    def _put_result(self, session_id: str, seq: int, payload: bytes) -> None:
         with self.sessions() as session:
             session.execute(
                 insert(messages).values(

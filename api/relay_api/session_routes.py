@@ -23,7 +23,7 @@ from relay.training import status as st
 from relay.training import wire
 from relay.training.config import SessionConfig
 from relay_api import schemas, sessions
-from relay_api.channel import ApiChannel, ResultGone, TooManyPending
+from relay_api.channel import ApiChannel, ChannelUnavailable, ResultGone, TooManyPending
 from relay_api.deps import CurrentUser, PublisherDep, ReadSessionDep, SessionDep, SettingsDep
 from relay_api.errors import APIProblem
 from relay_api.settings import Settings
@@ -112,10 +112,11 @@ def heartbeat(
     "/{session_id}/close", summary="Close a training session", responses={200: {"model": schemas.SessionOut}}
 )
 def close_session(
-    session_id: SessionId, user: CurrentUser, session: SessionDep, settings: SettingsDep
+    session_id: SessionId, request: Request, user: CurrentUser, session: SessionDep, settings: SettingsDep
 ) -> Response:
     """A starting session ends at once; a ready one once its worker has run the calls sent before."""
     row, _ = sessions.request_close(session, user, session_id)
+    request.app.state.ready_sessions.note(row)
     return JSONResponse(sessions.session_object(row, settings))
 
 
@@ -137,7 +138,7 @@ async def submit_call(
     """The body is a call in Relay's binary frames (relay.training.wire). A number sent again (a
     retry) is acknowledged with `replayed` and not run twice."""
     settings: Settings = request.app.state.settings
-    row = await run_in_threadpool(_live_row, request.app.state.sessions, user, session_id)
+    row = await _cached_row(request, user, session_id)
     if row["status"] != st.READY or row["close_requested_at"] is not None:
         raise _not_taking_calls(row)
     declared = request.headers.get("content-length")
@@ -154,6 +155,8 @@ async def submit_call(
     channel: ApiChannel = request.app.state.channel
     try:
         appended = await channel.append(session_id, seq, request_id, body)
+    except ChannelUnavailable as error:
+        raise _unavailable(error) from None
     except TooManyPending:
         raise APIProblem(
             429,
@@ -197,7 +200,7 @@ async def call_result(
     settings: Settings = request.app.state.settings
     factory: sessionmaker[Session] = request.app.state.sessions
     channel: ApiChannel = request.app.state.channel
-    await run_in_threadpool(_live_row, factory, user, session_id)  # 404 unless the caller's
+    await _cached_row(request, user, session_id)  # 404 unless the caller's
     deadline = time.monotonic() + wait
     # Between waits, look at the session: a worker that died writes no more results.
     look_every = max(0.2, min(5.0, settings.lease_seconds / 2))
@@ -207,6 +210,7 @@ async def call_result(
         if payload is not None:
             return Response(payload, media_type=wire.MEDIA_TYPE)
         row = await run_in_threadpool(_live_row, factory, user, session_id)
+        request.app.state.ready_sessions.note(row)
         if row["status"] in st.ENDED:
             # The worker may have written this result just before it let go.
             payload = await _result(channel, session_id, seq, 0.0, settings)
@@ -222,6 +226,8 @@ async def _result(
 ) -> bytes | None:
     try:
         return await channel.wait_result(session_id, seq, block)
+    except ChannelUnavailable as error:
+        raise _unavailable(error) from None
     except ResultGone:
         raise APIProblem(
             404,
@@ -231,6 +237,16 @@ async def _result(
             param="seq",
             code="result_gone",
         ) from None
+
+
+async def _cached_row(request: Request, user: int, session_id: str) -> dict[str, Any]:
+    """The caller's session: from the cache of ready sessions, else from the database."""
+    cache: sessions.ReadyCache = request.app.state.ready_sessions
+    row = cache.get(user, session_id)
+    if row is None:
+        row = await run_in_threadpool(_live_row, request.app.state.sessions, user, session_id)
+        cache.note(row)
+    return row
 
 
 def _live_row(factory: sessionmaker[Session], user: int, session_id: str) -> dict[str, Any]:
@@ -262,6 +278,16 @@ def _ended(row: dict[str, Any], opening: str) -> APIProblem:
         code = "worker_lost" if row["error"] == sessions.WORKER_LOST else "session_error"
         return APIProblem(410, f"{opening}: {reason}", code=code)
     return APIProblem(410, f"{opening}: it was closed ({reason})", code="session_closed")
+
+
+def _unavailable(error: ChannelUnavailable) -> APIProblem:
+    log.warning("session channel unavailable: %s", error)
+    return APIProblem(
+        503,
+        "the service's channel to its workers is unavailable; try again shortly",
+        code="channel_unavailable",
+        headers={"retry-after": "1"},
+    )
 
 
 def _too_large(settings: Settings) -> APIProblem:

@@ -12,6 +12,8 @@ import datetime as dt
 import hashlib
 import json
 import secrets
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -198,6 +200,33 @@ def _reread(session: Session, row: Mapping[str, Any]) -> dict[str, Any]:
     fresh = session.execute(select(table).where(table.c.id == row["id"])).mappings().one()
     session.rollback()
     return dict(fresh)
+
+
+class ReadyCache:
+    """Sessions seen `ready` in the last `ttl` seconds, so that a stream of calls does not read the
+    database once a call. A session that ends is noticed at most `ttl` later: a call sent in between
+    is queued and never runs, and its result answers that the session ended."""
+
+    def __init__(self, ttl: float = 1.0) -> None:
+        self.ttl = ttl
+        self._rows: dict[str, tuple[dict[str, Any], float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, user_id: int, session_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            found = self._rows.get(session_id)
+        if found is None or found[1] < time.monotonic() or found[0]["user_id"] != user_id:
+            return None
+        return found[0]
+
+    def note(self, row: dict[str, Any]) -> None:
+        with self._lock:
+            if len(self._rows) > 10_000:
+                self._rows.clear()
+            if row["status"] == st.READY and row["close_requested_at"] is None:
+                self._rows[row["id"]] = (row, time.monotonic() + self.ttl)
+            else:
+                self._rows.pop(row["id"], None)
 
 
 def heartbeat(session: Session, user_id: int, session_id: str) -> dict[str, Any]:

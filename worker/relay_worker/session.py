@@ -18,9 +18,11 @@ import datetime as dt
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -29,7 +31,7 @@ from relay.training import status as st
 from relay.training import types, wire
 from relay.training.config import check_name
 from relay_api import session_lifecycle as lifecycle
-from relay_api.channel import QueuedCall, WorkerChannel, worker_channel
+from relay_api.channel import ChannelUnavailable, QueuedCall, WorkerChannel, worker_channel
 from relay_api.db import session_factory, utcnow
 from relay_api.lifecycle import FencedOut
 from relay_api.session_lifecycle import SessionClaim
@@ -40,9 +42,15 @@ from relay_worker import shutdown
 from relay_worker.fine_tune import worker_name
 
 log = logging.getLogger("relay_worker")
+T = TypeVar("T")
 
 USER_ERRORS = (EngineError, ConfigError, wire.WireError)
+
+# A call's arrays are read straight from its body, read-only: the engine only reads them (frames
+# become new float tensors), so the copy that would make them writable is not worth 10 MB a batch.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
 WAIT_FOR_CALL_SECONDS = 0.5  # how often the loop looks up from an empty channel
+CHANNEL_PATIENCE_SECONDS = 60.0  # how long a session rides out Redis (or the database) being away
 
 
 class SessionKeeper(threading.Thread):
@@ -127,7 +135,17 @@ def _host(
     keeper.last_contact = utcnow()  # the idle clock starts now; loading was not the client's silence
     log.info("session %s: ready (%s)", claim.session_id, training.info)
     host = SessionHost(training, settings, claim)
-    return host.serve(keeper, channel)
+    opened = time.perf_counter()
+    try:
+        return host.serve(keeper, channel)
+    finally:
+        log.info(
+            "session %s: %d calls in %.1f s of %.1f s open",
+            claim.session_id,
+            host.calls_run,
+            host.seconds_running,
+            time.perf_counter() - opened,
+        )
 
 
 class SessionHost:
@@ -150,6 +168,8 @@ class SessionHost:
             "save_state": self._save_state,
             "load_state": self._load_state,
         }
+        self.calls_run = 0
+        self.seconds_running = 0.0  # in calls, as against waiting for them
 
     def serve(self, keeper: SessionKeeper, channel: WorkerChannel) -> tuple[str, str]:
         """Run calls in order until the session should end; returns (status, why)."""
@@ -166,23 +186,31 @@ class SessionHost:
                     st.CLOSED,
                     f"no contact from its client for {idle_limit:.0f} s; what was not saved is lost",
                 )
-            call = channel.next_call(session_id, after, WAIT_FOR_CALL_SECONDS)
+            call = _patiently(partial(channel.next_call, session_id, after, WAIT_FOR_CALL_SECONDS))
             if call is None:
                 if keeper.close_requested:
                     return st.CLOSED, "closed by its client"
                 continue
             after = call.seq
             payload, ended = self.run_call(call)
-            channel.put_result(session_id, call.seq, payload)
+            _patiently(partial(channel.put_result, session_id, call.seq, payload))
             if ended:
                 return st.CLOSED, "closed by its client"
 
     def run_call(self, call: QueuedCall) -> tuple[bytes, bool]:
         """The call's result as wire bytes, and whether it closed the session."""
         started = time.perf_counter()
+        try:
+            return self._run_call(call)
+        finally:
+            self.calls_run += 1
+            self.seconds_running += time.perf_counter() - started
+
+    def _run_call(self, call: QueuedCall) -> tuple[bytes, bool]:
+        started = time.perf_counter()
         op = "?"
         try:
-            request = wire.decode(call.payload, writable=True)
+            request = wire.decode(call.payload)
             if not isinstance(request, dict):
                 raise wire.WireError("a call must be an object with an op")
             op = str(request.get("op"))
@@ -307,3 +335,17 @@ def _datums(request: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(datum, dict):
             raise ConfigError(f"datum {index}: must be an object with observation, actions and weight")
     return datums
+
+
+def _patiently(operation: Callable[[], T]) -> T:
+    """Run a channel operation, trying again while the channel is unreachable (a Redis restart)."""
+    waited, delay = 0.0, 0.2
+    while True:
+        try:
+            return operation()
+        except ChannelUnavailable as error:
+            if waited >= CHANNEL_PATIENCE_SECONDS:
+                raise
+            log.warning("the session channel is unavailable (%s); trying again in %.1f s", error, delay)
+            time.sleep(delay)
+            waited, delay = waited + delay, min(delay * 2, 5.0)

@@ -141,12 +141,18 @@ class CallStream:
 
     def _wait_for_room(self, call: Call) -> None:
         assert call.seq is not None
-        while self._sent and call.seq - self._done_seq > self.max_in_flight:
-            oldest = self._sent.popleft()
-            if oldest.outcome is None:
-                # Its own future reports a failure; here it only has to be over.
-                with contextlib.suppress(Exception):
-                    self.outcome(oldest, None)
+        if call.seq - self._done_seq <= self.max_in_flight:
+            return
+        # The window is full: wait until half of it has run (not just the oldest call), so that a
+        # loop far ahead of the GPU costs one look-up every few calls rather than one a call.
+        target = call.seq - self.max_in_flight // 2
+        reached: Call | None = None
+        while self._sent and (self._sent[0].seq or 0) <= target:
+            reached = self._sent.popleft()
+        if reached is not None and reached.outcome is None:
+            # Its own future reports a failure; here it only has to be over.
+            with contextlib.suppress(Exception):
+                self.outcome(reached, None)
 
     def _post(self, call: Call) -> None:
         assert call.seq is not None and call.body is not None
@@ -307,10 +313,13 @@ def _read_result(content: bytes, call: Call) -> Result | BaseException:
     )
 
 
+# The service's faults; anything else the API refuses (a closed session, a body too large) is the caller's.
+SERVER_CODES = frozenset({"worker_lost", "session_error"})
+
+
 def _call_error(error: APIError, call: Call) -> RequestFailedError:
-    category = (
-        "server" if error.status is None or error.status >= 500 or error.code == "worker_lost" else "user"
-    )
+    server = error.status is None or error.status >= 500 or error.code in SERVER_CODES
+    category = "server" if server else "user"
     return RequestFailedError(
         error.message,
         category=category,
