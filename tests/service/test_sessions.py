@@ -38,8 +38,9 @@ def probe_loss(training_client: TrainingClient) -> float:
 
 def test_calls_run_in_the_order_they_were_made_while_the_loop_runs_ahead(service: ServiceClient) -> None:
     """Every call is sent without waiting; the results equal those of the engine run in this process
-    one call after another (so no call overtook another, and the wire carried the data exactly)."""
-    batches = [batch(10 * step, 2) for step in range(4)]
+    one call after another (so no call overtook another, and the wire carried the data exactly).
+    The frames are big enough that each batch travels in its own Redis key (relay_api.channel_redis)."""
+    batches = [[datum(10 * step + i, size=128) for i in range(2)] for step in range(4)]
     probe = batch(100, 2)
     with service.create_lora_training_client("pi05-tiny", rank=8) as training_client:
         futures = []

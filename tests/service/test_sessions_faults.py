@@ -87,3 +87,20 @@ def test_a_killed_worker_ends_its_session_with_a_clear_error(stack: Stack, user:
         training_client.forward(batch(0, 1)).result(timeout=30)
     training_client.close()
     service.close()
+
+
+def test_a_worker_that_shuts_down_ends_its_session_saying_so(stack: Stack, user: tuple[str, str]) -> None:
+    """A warm shutdown (SIGTERM, as `docker compose stop` sends) does not wait for a session, which may
+    be open for hours: the worker ends it at once, and the client hears why."""
+    worker = stack.worker()
+    service = ServiceClient(stack.api_url, user[1], progress=False)
+    training_client = service.create_lora_training_client("pi05-tiny", rank=8)
+    training_client.forward(batch(0, 1)).result(timeout=60)
+    assert worker.shut_down(timeout=60) == 0
+    row = session_row(stack, user[1], training_client.id)
+    assert row["status"] == "error" and row["error"] == "its worker shut down; what was not saved is lost"
+    with pytest.raises(RequestFailedError, match="its worker shut down") as error:
+        training_client.forward(batch(0, 1)).result(timeout=30)
+    assert error.value.category == "server"
+    training_client.close()
+    service.close()
