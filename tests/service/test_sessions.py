@@ -105,10 +105,16 @@ def test_a_custom_loss_equal_to_the_builtin_one_trains_the_same(service: Service
 
 
 def test_a_step_with_a_gradient_that_is_not_finite_is_skipped(service: ServiceClient) -> None:
+    """And a custom loss that raises leaves no forward pass waiting on the GPU for its gradient."""
     def poisoned(data: Any, outputs: dict[str, Any]) -> tuple[Any, dict[str, float]]:
         return (outputs["velocity"] * float("nan")).sum(), {}
 
+    def broken(data: Any, outputs: dict[str, Any]) -> tuple[Any, dict[str, float]]:
+        raise ValueError("a bug in my loss")
+
     with service.create_lora_training_client("pi05-tiny", rank=8) as training_client:
+        with pytest.raises(ValueError, match="a bug in my loss"):  # raised here, on the client
+            training_client.forward_backward_custom(batch(0, 2), broken)
         training_client.forward_backward_custom(batch(0, 2), poisoned)
         skipped = training_client.optim_step(types.AdamParams(learning_rate=LR)).result()
         training_client.forward_backward(batch(0, 2), "flow_matching")
