@@ -5,10 +5,14 @@
    pi05-tiny), against the same steps run in this process on the engine's TrainingSession: the
    same model, batches and learning rate, in the same run (in-process, then the service, then
    in-process again; the ratio uses the mean of the two in-process runs). The batch is sized so
-   that an in-process step takes about 100 ms here (--batch to choose). Twice: with two cameras at
-   224x224 (the spec's frames: pi05-tiny spends ~2 ms of CPU per datum, so this is some 15x more
-   frame bytes per second of compute than pi05 on a GPU), and at 64x64 (the same steps with a
-   twelfth of the bytes, which shows the per-call cost apart from moving frames). Goal: at most 1.2x.
+   that an in-process step takes about 100 ms here (--batch to choose). Three configurations:
+   - torch on all cores, two cameras at 224x224 (the spec's frames). pi05-tiny spends ~2 ms of CPU
+     per datum, so this moves some 15x more frame bytes per second of compute than pi05 on a GPU,
+     and every byte the client, the API and Redis move is CPU taken from the model;
+   - the same at 64x64 (a twelfth of the bytes): the per-call cost apart from moving frames;
+   - torch on one thread in both runs, 224x224: the other core moves the data, as a GPU host's
+     CPU would while the GPU computes.
+   Goal: at most 1.2x.
 2. Upload rate of one batch of 32 datums with 2 cameras at 224x224 (9.6 MB of frames): from the
    call to the API's acknowledgement (encode, POST, append to the session's Redis stream), for
    each codec, in MB of frames per second, against a plain loopback HTTP upload of the same
@@ -42,6 +46,7 @@ import httpx
 import numpy as np
 import psycopg
 import redis
+import torch
 from fastapi import FastAPI, Request
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,7 +161,8 @@ def service_steps(url: str, key: str, batches: list[list[dict[str, Any]]], steps
 
 
 def calibrate(target_ms: float) -> int:
-    """The batch size whose in-process forward_backward + optim_step is closest to `target_ms`."""
+    """The batch size whose in-process forward_backward + optim_step (with this process's torch
+    threads) is closest to `target_ms`."""
     from relay_engine.training.session import SessionSpec, TrainingSession
 
     session = TrainingSession(SessionSpec(base_model="pi05-tiny"))
@@ -177,6 +183,69 @@ def calibrate(target_ms: float) -> int:
         if median > target_ms:
             break
     return best
+
+
+def step_report(url: str, key: str, size: int, frame: int, steps: int, label: str) -> dict[str, Any]:
+    """The service's run between two in-process runs of the same steps."""
+    batches = [make_batch(1000 + i, size, frame) for i in range(DISTINCT_BATCHES)]
+    megabytes = sum(f.nbytes for d in batches[0] for f in d["observation"]["image"].values()) / 1e6
+    first, pairs = in_process_steps(batches, steps)
+    service = service_steps(url, key, batches, steps)
+    second, pairs_again = in_process_steps(batches, steps)
+    local = (first + second) / 2
+    pair_ms = 1000 * statistics.median(pairs + pairs_again)
+    print(f"\n  {label}: {size} datums, 2 cameras at {frame}x{frame} ({megabytes:.1f} MB of frames a step)")
+    print(f"  in-process: {first:.2f} s and {second:.2f} s (median pair {pair_ms:.0f} ms)")
+    print(
+        f"  service:    {service['seconds']:.2f} s ({1000 * service['seconds'] / steps:.0f} ms a pair; "
+        f"loss {service['first_loss']:.3f} -> {service['last_loss']:.3f})"
+    )
+    print(f"  ratio service / in-process: {service['seconds'] / local:.3f}")
+    return {
+        "batch": size,
+        "frame": frame,
+        "steps": steps,
+        "frames_mb_per_step": megabytes,
+        "in_process_s": [first, second],
+        "in_process_median_pair_ms": pair_ms,
+        **service,
+        "ratio": service["seconds"] / local,
+    }
+
+
+class Worker:
+    """One Celery worker process; `threads` sets its torch threads (OMP_NUM_THREADS)."""
+
+    def __init__(self, env: dict[str, str], log: Path, threads: int | None = None) -> None:
+        self.log = open(log, "ab")  # noqa: SIM115
+        env = {**env, "OMP_NUM_THREADS": str(threads)} if threads else env
+        command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "relay_worker.app",
+            "worker",
+            "--concurrency",
+            "1",
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ]
+        self.process = subprocess.Popen(
+            command, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def stop(self) -> None:
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.log.close()
 
 
 # -- 2. upload rate --------------------------------------------------------------------------------
@@ -299,75 +368,32 @@ def main() -> None:
     with session_factory(settings)() as session:
         key = keys.create_key(session, "bench").key
 
-    worker_log = open(home / "worker.log", "wb")  # noqa: SIM115
-    worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "relay_worker.app",
-            "worker",
-            "--concurrency",
-            "1",
-            "--loglevel",
-            "INFO",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ],
-        env=env,
-        stdout=worker_log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    parts = set(args.parts.split(","))
+    worker = Worker(env, home / "worker.log")
     api = Served("relay_api.app:create_app", env)
-    report: dict[str, Any] = {}
+    report: dict[str, Any] = {"steps": {}}
+    threads = torch.get_num_threads()
     try:
-        parts = set(args.parts.split(","))
-        size = args.batch or (calibrate(100.0) if "steps" in parts else 0)
-        print(
-            f"1. {args.steps} pipelined forward_backward + optim_step pairs; pi05-tiny LoRA (rank 32); "
-            f"{size} datums a step"
-        )
-        report["steps"] = {}
-        for frame in (224, 64) if "steps" in parts else ():
-            batches = [make_batch(1000 + i, size, frame) for i in range(DISTINCT_BATCHES)]
-            megabytes = sum(f.nbytes for d in batches[0] for f in d["observation"]["image"].values()) / 1e6
-            first, pairs = in_process_steps(batches, args.steps)
-            service = service_steps(api.url, key, batches, args.steps)
-            second, pairs_again = in_process_steps(batches, args.steps)
-            local = (first + second) / 2
-            pair_ms = 1000 * statistics.median(pairs + pairs_again)
-            print(f"\n  2 cameras at {frame}x{frame}: {megabytes:.1f} MB of frames a step")
-            print(f"  in-process: {first:.2f} s and {second:.2f} s (median pair {pair_ms:.0f} ms)")
-            print(
-                f"  service:    {service['seconds']:.2f} s "
-                f"({1000 * service['seconds'] / args.steps:.0f} ms a pair; "
-                f"loss {service['first_loss']:.3f} -> {service['last_loss']:.3f})"
-            )
-            print(f"  ratio service / in-process: {service['seconds'] / local:.3f}")
-            report["steps"][f"{frame}px"] = {
-                "batch": size,
-                "steps": args.steps,
-                "frames_mb_per_step": megabytes,
-                "in_process_s": [first, second],
-                "in_process_median_pair_ms": pair_ms,
-                **service,
-                "ratio": service["seconds"] / local,
-            }
-
+        if "steps" in parts:
+            size = args.batch or calibrate(100.0)
+            print(f"1. {args.steps} pipelined forward_backward + optim_step pairs; pi05-tiny LoRA (rank 32)")
+            for frame in (224, 64):
+                label = f"torch on {threads} threads"
+                report["steps"][f"{frame}px"] = step_report(api.url, key, size, frame, args.steps, label)
+            # A GPU leaves its host's CPU free for moving data; on this CPU-only machine, one torch
+            # thread in both runs leaves the other core to the client, the API and Redis.
+            worker.stop()
+            worker = Worker(env, home / "worker.log", threads=1)
+            torch.set_num_threads(1)
+            size = args.batch or calibrate(100.0)
+            label = "torch on 1 thread (the other core moves the data, as a GPU host's CPU would)"
+            report["steps"]["224px_one_thread"] = step_report(api.url, key, size, 224, args.steps, label)
+            torch.set_num_threads(threads)
         if "uploads" in parts:
             report["uploads"] = upload_report(api.url, key, database_url, home, args.uploads)
     finally:
         api.stop()
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
-        worker_log.close()
+        worker.stop()
         with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
         redis.Redis.from_url(REDIS_URL).flushdb()
