@@ -204,6 +204,7 @@ class Stack:
         self._api: ApiServer | None = None
         self._parked_api: ApiServer | None = None
         self._worker: WorkerProcess | None = None
+        self._standbys: list[WorkerProcess] = []  # stopped with the stack, even if a test failed first
         self._lock = threading.Lock()
 
     @property
@@ -242,6 +243,7 @@ class Stack:
             {**os.environ, **self.env_settings}, self.root / f"worker-{uuid.uuid4().hex[:6]}.log"
         )
         standby.start()
+        self._standbys.append(standby)
         return standby
 
     def adopt(self, worker: WorkerProcess) -> None:
@@ -267,8 +269,9 @@ class Stack:
         return new.user, new.key
 
     def stop(self) -> None:
-        if self._worker is not None:
-            self._worker.stop()
+        for worker in [self._worker, *self._standbys]:
+            if worker is not None:
+                worker.stop()
         for api in (self._api, self._parked_api):
             if api is not None:
                 api.stop()

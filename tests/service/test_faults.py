@@ -88,14 +88,17 @@ def test_a_worker_that_shuts_down_hands_its_job_to_another(
     wait_for(lambda: checkpoint_steps(stack, job.id), 180, "the job's first checkpoint", every=0.02)
 
     assert worker.shut_down() == 0  # a warm shutdown that does not wait for the whole job
-    assert job.refresh().status == "running", "the job ended before the shutdown; make it longer"
+    # On a fast machine the standby may resume (even finish) the job while the first worker exits,
+    # so the check that the first attempt did not finish it is made on the events.
     standby.wait_ready()
     stack.adopt(standby)
     job.wait(poll=1, timeout=300)
     assert job.status == "completed" and job.step == 40
 
     events = job.events()
-    retry = next(e for e in events if e.get("event") == "retry")
+    retries = [e for e in events if e.get("event") == "retry"]
+    assert retries, "the job ended before the shutdown; make it longer"
+    retry = retries[0]
     assert retry == {"step": retry["step"], "event": "retry", "attempt": 2, "reason": "its worker shut down"}
     assert next(e for e in events if e.get("event") == "resumed")["step"] >= 10
     keys = [(e["step"], e.get("event", "metrics")) for e in events]

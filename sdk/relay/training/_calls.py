@@ -5,9 +5,9 @@ and queued; the sender thread POSTs calls one after another, so the next call is
 the GPU runs this one. The service keeps them in that order and the worker runs them in it. A
 call's number is its idempotency key: a retried POST that had arrived is not run twice.
 
-The sender keeps at most `max_in_flight` calls ahead of the worker (it waits for an older call's
-result first), and the local queue holds as many again: a loop that runs far ahead of the GPU
-waits in its call rather than filling memory on both sides.
+The sender keeps at most `max_in_flight` calls ahead of the worker (when that many wait, it waits
+until half of them have run), and the local queue holds as many again: a loop that runs far ahead
+of the GPU waits in its call rather than filling memory on both sides.
 
 A heartbeat thread tells the service the client is alive while the session is open; a session
 without contact for the idle timeout is closed by its worker.
