@@ -276,10 +276,8 @@ class SessionHost:
         return self.training.backward_custom(grad, float(request.get("loss", 0.0)), metrics)
 
     def _discard_custom(self, request: dict[str, Any]) -> None:
-        # The client's loss function failed: drop the forward pass waiting for its gradient. A
-        # session refuses (and drops) a waiting forward pass before any other custom forward.
-        with contextlib.suppress(EngineError):
-            self.training.forward_custom([])
+        # The client's loss function failed: drop the forward pass waiting for its gradient.
+        self.training.discard_custom()
 
     def _optim_step(self, request: dict[str, Any]) -> Any:
         adam = request.get("adam")

@@ -236,6 +236,10 @@ class TrainingSession:
         self._refuse_pending_custom()
         self.learner.load_state(directory)
 
+    def discard_custom(self) -> None:
+        """Drop a custom forward pass still waiting for its gradient (the client's loss failed)."""
+        self._custom = None
+
     def _refuse_pending_custom(self) -> None:
         if self._custom is not None:
             self._custom = None

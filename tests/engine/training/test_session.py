@@ -95,6 +95,9 @@ def test_a_custom_loss_round_trip(session: TrainingSession) -> None:
     assert result["metrics"] == {"loss": 0.5, "weighted": 0.5}
     with pytest.raises(EngineError, match="no custom forward pass"):
         session.backward_custom(grad, 0.5, {})
+    session.forward_custom([datum(3)])
+    session.discard_custom()  # the client's loss failed: the next step goes on as usual
+    session.forward_backward([datum(3)])
     assert session.optim_step({"learning_rate": 1e-3})["metrics"]["grad_norm"] > 0
 
 
