@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relay import __version__
-from relay.sft.config import problems
+from relay.sft.config import SFTConfig
 from relay_api import routes, session_routes
 from relay_api.channel import api_channel
 from relay_api.db import read_session_factory, session_factory
@@ -113,7 +113,7 @@ async def _validation_answer(_request: Request, error: RequestValidationError) -
         return _answer(400, f"bad {name}: {given} ({rule})", name, "invalid_value")
     if body_errors[0].get("type") == "json_invalid":
         return _answer(400, "the request body is not valid JSON", None, "invalid_json")
-    found = problems(body_errors, error.body)
+    found = SFTConfig.problems(body_errors, error.body)
     return _answer(400, "; ".join(p.message for p in found), found[0].param, found[0].code)
 
 

@@ -1,0 +1,158 @@
+"""How Relay's settings objects state a broken rule, and the rules they share.
+
+SFTConfig (a recipe) and SessionConfig (a training session) are CheckedConfigs: built in the SDK
+or parsed from a request body by the API, a broken rule raises ConfigError whose message names the
+field, the value given and the rule (``bad batch_size: 0 (must be an integer from 1 to 512)``).
+The fields both have (the base model, the tuning method, the targets) use one definition here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Self
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+
+from relay import catalog
+from relay.errors import ConfigError
+
+MODEL_RULE = "must be one of " + ", ".join(catalog.MODELS)
+FINETUNE_RULE = "must be " + " or ".join(f'"{m}"' for m in catalog.FINETUNE_METHODS)
+TARGETS_RULE = "must be a list of targets from: " + ", ".join(catalog.TARGETS)
+
+
+def _known_model(value: str) -> str:
+    if value not in catalog.MODELS:
+        raise ValueError(MODEL_RULE)
+    return value
+
+
+def _known_method(value: str) -> str:
+    if value not in catalog.FINETUNE_METHODS:
+        raise ValueError(FINETUNE_RULE)
+    return value
+
+
+def _known_targets(value: list[str] | None) -> list[str] | None:
+    if value is not None:
+        catalog.check_targets(value)
+        if len(set(value)) != len(value):
+            raise ValueError("each target may appear once")
+    return value
+
+
+ModelName = Annotated[str, AfterValidator(_known_model)]
+FinetuneMethod = Annotated[str, AfterValidator(_known_method)]
+TargetNames = Annotated[list[str] | None, AfterValidator(_known_targets)]
+
+
+class CheckedConfig(BaseModel):
+    """A pydantic model that refuses unknown fields and raises ConfigError in Relay's words.
+
+    Subclasses set RULES (field -> its rule), WHAT (how messages name the object) and BODY_MESSAGE
+    (the message for a body that is not an object; `{fields}` stands for the field names).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    RULES: ClassVar[dict[str, str]] = {}
+    WHAT: ClassVar[str] = "the config"
+    BODY_MESSAGE: ClassVar[str] = "the body must be an object"
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as error:
+            raise type(self).config_error(error, data) from None
+
+    @classmethod
+    def parse(cls, data: Any) -> Self:
+        """Validate a mapping (a request body, a JSON file); raise ConfigError naming the field and rule."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as error:
+            raise cls.config_error(error, data) from None
+
+    @classmethod
+    def problems(cls, errors: Iterable[Mapping[str, Any]], data: Any) -> list[Problem]:
+        return problems(
+            errors,
+            data,
+            rules=cls.RULES,
+            fields=cls.model_fields,
+            what=cls.WHAT,
+            body_message=cls.BODY_MESSAGE.format(fields=", ".join(cls.model_fields)),
+        )
+
+    @classmethod
+    def config_error(cls, error: ValidationError, data: Any) -> ConfigError:
+        found = cls.problems(error.errors(include_url=False), data)
+        if not found:
+            return ConfigError(str(error))
+        return ConfigError("; ".join(p.message for p in found), found[0].param, found[0].code)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One broken rule: the field (None for the body as a whole), the message and a short code."""
+
+    param: str | None
+    message: str
+    code: str
+
+
+def problems(
+    errors: Iterable[Mapping[str, Any]],
+    data: Any,
+    *,
+    rules: Mapping[str, str],
+    fields: Iterable[str],
+    what: str,
+    body_message: str,
+) -> list[Problem]:
+    """Pydantic's errors (``ValidationError.errors()``) in Relay's words: each names the field, the
+    value given and the rule. `data` is what was validated; `rules`, `fields`, `what` and
+    `body_message` describe the model it was validated as."""
+    known = ", ".join(fields)
+    found: list[Problem] = []
+    for item in errors:
+        loc = item.get("loc") or ()
+        field = str(loc[0]) if loc else None
+        kind = item.get("type", "")
+        raised = (item.get("ctx") or {}).get("error")
+        if isinstance(raised, ConfigError):  # a checked config itself, validated as a part of something
+            found.append(Problem(raised.param, raised.message, raised.code))
+        elif field is None:
+            message = body_message
+            found.append(Problem(None, message, "invalid_body"))
+        elif kind == "extra_forbidden":
+            message = f"unknown field {field} ({what}'s fields: {known})"
+            found.append(Problem(field, message, "unknown_field"))
+        elif kind == "missing":
+            message = f"missing {field} (required; it {rules.get(field, 'must be set')})"
+            found.append(Problem(field, message, "missing_field"))
+        else:
+            given = data.get(field, item.get("input")) if isinstance(data, dict) else item.get("input")
+            rule = rules.get(field, "")
+            if kind == "value_error":
+                # Our own validators' and the catalog's messages say the rule already.
+                rule = str(item.get("ctx", {}).get("error", "")) or rule
+            found.append(Problem(field, f"bad {field}: {_show(given)} ({rule})", "invalid_value"))
+    return found
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def has_control_characters(text: str) -> bool:
+    return any(ord(ch) < 32 or ord(ch) == 127 for ch in text)
