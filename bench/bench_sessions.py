@@ -53,6 +53,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_api import Served  # noqa: E402
 
+from relay.optimizer import AdamParams  # noqa: E402
+
 PG_ADMIN = os.environ.get("RELAY_BENCH_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("RELAY_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
 DATABASE = "relay_bench_sessions"
@@ -128,13 +130,13 @@ def in_process_steps(batches: list[list[dict[str, Any]]], steps: int) -> tuple[f
     session = TrainingSession(SessionSpec(base_model="pi05-tiny"))
     for batch in batches[:2]:  # warm up
         session.forward_backward(batch)
-        session.optim_step({"learning_rate": LR})
+        session.optim_step(AdamParams(learning_rate=LR))
     pairs = []
     started = time.perf_counter()
     for step in range(steps):
         begun = time.perf_counter()
         session.forward_backward(batches[step % len(batches)])
-        session.optim_step({"learning_rate": LR})
+        session.optim_step(AdamParams(learning_rate=LR))
         pairs.append(time.perf_counter() - begun)
     return time.perf_counter() - started, pairs
 
@@ -170,12 +172,12 @@ def calibrate(target_ms: float) -> int:
     for size in (8, 16, 24, 32, 40, 48, 56, 64):
         batch = make_batch(size, size)
         session.forward_backward(batch)
-        session.optim_step({"learning_rate": LR})
+        session.optim_step(AdamParams(learning_rate=LR))
         times = []
         for _ in range(5):
             started = time.perf_counter()
             session.forward_backward(batch)
-            session.optim_step({"learning_rate": LR})
+            session.optim_step(AdamParams(learning_rate=LR))
             times.append(1000 * (time.perf_counter() - started))
         median = statistics.median(times)
         if abs(median - target_ms) < best_gap:

@@ -17,7 +17,7 @@ _PUBLIC = {
     "Trainer": "relay_engine.training.trainer",
     "TrainingArguments": "relay_engine.training.trainer",
     "Learner": "relay_engine.training.learner",
-    "AdamParams": "relay_engine.training.learner",
+    "AdamParams": "relay.optimizer",
     "Recipe": "relay_engine.recipe",
     "run_recipe": "relay_engine.recipe",
 }

@@ -22,13 +22,14 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from relay.optimizer import AdamParams
 from relay_engine.datasets import open_dataset
 from relay_engine.errors import ConfigError
 from relay_engine.models import load_policy
 from relay_engine.training.checkpoint import CheckpointStore
 from relay_engine.training.data import BatchOrder, DataPosition, batch_loader
 from relay_engine.training.export import write_output
-from relay_engine.training.learner import AdamParams, Learner
+from relay_engine.training.learner import Learner
 from relay_engine.training.loop import Event, LoopState, MetricsWindow, run_loop
 from relay_engine.training.schedule import learning_rate
 from relay_engine.tuning import apply_tuning

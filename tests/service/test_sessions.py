@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from relay.errors import RequestFailedError
+from relay.optimizer import AdamParams
 from relay.training import ServiceClient, TrainingClient, types, wire
 from relay_engine.training.session import SessionSpec, TrainingSession
 from tests.service.sessions_data import HORIZON, batch, datum, flow_matching_loss
@@ -61,7 +62,7 @@ def test_calls_run_in_the_order_they_were_made_while_the_loop_runs_ahead(service
         assert [o["loss"] for o in fb.loss_fn_outputs] == pytest.approx(
             [o["loss"] for o in expected["loss_fn_outputs"]], rel=1e-5
         )
-        expected_step = local.optim_step({"learning_rate": 1e-2})
+        expected_step = local.optim_step(AdamParams(learning_rate=1e-2))
         assert optim.metrics["grad_norm"] == pytest.approx(expected_step["metrics"]["grad_norm"], rel=1e-4)
         np.testing.assert_allclose(
             forward["velocity"], local.forward(plain)["velocity"], rtol=1e-4, atol=1e-5

@@ -287,7 +287,7 @@ class SessionHost:
             params = types.AdamParams(**adam)
         except TypeError as error:
             raise ConfigError(f"bad adam: {error}") from None
-        return self.training.optim_step(params.to_dict())
+        return self.training.optim_step(params)
 
     def _sample(self, request: dict[str, Any]) -> Any:
         observations = request.get("observations")

@@ -29,21 +29,10 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from relay.optimizer import AdamParams
 from relay_engine.errors import EngineError
 from relay_engine.models import FlowOutputs, Pi05Batch, flow_matching_loss, sample_flow_time
 from relay_engine.tuning import load_trainable_state_dict, trainable_state_dict
-
-
-@dataclass(frozen=True)
-class AdamParams:
-    """One AdamW step's settings; a session passes them every step, a recipe from its schedule."""
-
-    learning_rate: float
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 1.0  # 0 turns clipping off
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from relay.optimizer import AdamParams
 from relay_engine.models import Pi05Batch
-from relay_engine.training.learner import AdamParams, Learner
+from relay_engine.training.learner import Learner
 
 Event = dict[str, Any]
 

@@ -18,11 +18,12 @@ import numpy as np
 import torch
 
 from relay.catalog import ACTION_DIM, MODEL_CAMERAS, STATE_DIM, default_targets
+from relay.optimizer import AdamParams
 from relay_engine.errors import EngineError
 from relay_engine.models import FlowOutputs, Pi05Batch, Pi05Policy, load_policy
 from relay_engine.samples import Sample
 from relay_engine.training.export import write_output
-from relay_engine.training.learner import AdamParams, Learner
+from relay_engine.training.learner import Learner
 from relay_engine.tuning import apply_tuning
 
 OUTPUT_KEYS = ("velocity", "target", "x_t", "noise", "time")
@@ -184,9 +185,9 @@ class TrainingSession:
         self.learner.backward_custom(outputs, batch, torch.tensor(grad_velocity), loss, [])
         return {"metrics": {"loss": loss, **metrics}, "loss_fn_outputs": list(per_datum or [])}
 
-    def optim_step(self, adam: Mapping[str, float]) -> dict[str, Any]:
+    def optim_step(self, adam: AdamParams) -> dict[str, Any]:
         self._refuse_pending_custom()
-        step = self.learner.optim_step(AdamParams(**adam))
+        step = self.learner.optim_step(adam)
         return {"metrics": {"grad_norm": step.grad_norm, "skipped": step.skipped}}
 
     def sample(

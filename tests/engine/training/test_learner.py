@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from relay.optimizer import AdamParams
 from relay_engine.datasets import LeRobotDataset
 from relay_engine.errors import EngineError
 from relay_engine.models import Pi05Batch, flow_matching_loss, load_policy
-from relay_engine.training.learner import AdamParams, Learner
+from relay_engine.training.learner import Learner
 from relay_engine.tuning import apply_tuning, trainable_state_dict
 
 

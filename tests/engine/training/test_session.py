@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from relay.optimizer import AdamParams
 from relay_engine.errors import EngineError
 from relay_engine.training.session import SessionSpec, TrainingSession
 
@@ -43,7 +44,7 @@ def test_a_step_reports_the_loss_per_datum_and_the_gradient_norm(session: Traini
     result = session.forward_backward([datum(0), datum(1), datum(2, wrist=False)])
     assert len(result["loss_fn_outputs"]) == 3
     assert result["metrics"]["loss"] == pytest.approx(np.mean([o["loss"] for o in result["loss_fn_outputs"]]))
-    step = session.optim_step({"learning_rate": 1e-3})
+    step = session.optim_step(AdamParams(learning_rate=1e-3))
     assert step["metrics"]["grad_norm"] > 0 and step["metrics"]["skipped"] is False
 
 
@@ -88,7 +89,7 @@ def test_a_custom_loss_round_trip(session: TrainingSession) -> None:
     assert set(outputs) == {"velocity", "target", "x_t", "noise", "time"}
     assert outputs["velocity"].shape == (2, HORIZON, 32) and outputs["time"].shape == (2,)
     with pytest.raises(EngineError, match="still waiting for its gradient"):
-        session.optim_step({"learning_rate": 1e-3})
+        session.optim_step(AdamParams(learning_rate=1e-3))
     outputs = session.forward_custom([datum(3), datum(4)])
     grad = np.ones_like(outputs["velocity"]) * 1e-3
     result = session.backward_custom(grad, 0.5, {"weighted": 0.5})
@@ -98,7 +99,7 @@ def test_a_custom_loss_round_trip(session: TrainingSession) -> None:
     session.forward_custom([datum(3)])
     session.discard_custom()  # the client's loss failed: the next step goes on as usual
     session.forward_backward([datum(3)])
-    assert session.optim_step({"learning_rate": 1e-3})["metrics"]["grad_norm"] > 0
+    assert session.optim_step(AdamParams(learning_rate=1e-3))["metrics"]["grad_norm"] > 0
 
 
 def test_a_sampler_keeps_its_weights_while_training_goes_on(session: TrainingSession, tmp_path: Path) -> None:
@@ -115,7 +116,7 @@ def test_a_sampler_keeps_its_weights_while_training_goes_on(session: TrainingSes
     np.testing.assert_allclose(saved, current, atol=1e-5)
     for _ in range(3):
         session.forward_backward([datum(6), datum(7)])
-        session.optim_step({"learning_rate": 1e-2})
+        session.optim_step(AdamParams(learning_rate=1e-2))
     assert not np.allclose(sample(), current, atol=1e-3)
     np.testing.assert_allclose(sample("step-1"), saved, atol=1e-6)
 
@@ -124,16 +125,16 @@ def test_state_moves_between_sessions_of_the_same_model_and_targets(tmp_path: Pa
     first = TrainingSession(SessionSpec(base_model="pi05-tiny"), seed=1)
     batch = [datum(8), datum(9)]
     first.forward_backward(batch)
-    first.optim_step({"learning_rate": 1e-3})
+    first.optim_step(AdamParams(learning_rate=1e-3))
     first.save_state(tmp_path / "s")
     first.forward_backward(batch)
-    first.optim_step({"learning_rate": 1e-3})
+    first.optim_step(AdamParams(learning_rate=1e-3))
     expected = first.forward_backward(batch)["metrics"]["loss"]
 
     second = TrainingSession(SessionSpec(base_model="pi05-tiny", targets=None), seed=1)
     second.load_state(tmp_path / "s", "s")
     second.forward_backward(batch)
-    second.optim_step({"learning_rate": 1e-3})
+    second.optim_step(AdamParams(learning_rate=1e-3))
     assert second.forward_backward(batch)["metrics"]["loss"] == pytest.approx(expected, abs=1e-6)
 
     other = TrainingSession(SessionSpec(base_model="pi05-tiny", lora_rank=8))
