@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import and_, insert, or_, select, text, update
+from sqlalchemy import insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -23,6 +23,7 @@ from relay.sft.config import SFTConfig
 from relay_api.db import utcnow
 from relay_api.errors import APIProblem, not_found
 from relay_api.models import fine_tune_events, fine_tunes
+from relay_api.pagination import newest_first
 
 CONFIG_FIELDS: tuple[str, ...] = tuple(SFTConfig.model_fields)
 JOB_ID_PREFIX = "ft-"
@@ -156,23 +157,7 @@ def list_page(
     session: Session, user_id: int, after: str | None, limit: int
 ) -> tuple[list[dict[str, Any]], bool]:
     """The caller's jobs, newest first, starting after the job `after`; and whether more follow."""
-    query = select(fine_tunes).where(fine_tunes.c.user_id == user_id)
-    if after is not None:
-        cursor = session.execute(
-            select(fine_tunes.c.created_at).where(fine_tunes.c.id == after, fine_tunes.c.user_id == user_id)
-        ).scalar()
-        if cursor is None:
-            raise APIProblem(400, f"bad after: {after} (must be the id of one of your fine-tunes)",
-                             param="after", code="invalid_value")
-        query = query.where(or_(
-            fine_tunes.c.created_at < cursor,
-            and_(fine_tunes.c.created_at == cursor, fine_tunes.c.id < after),
-        ))
-    rows = session.execute(
-        query.order_by(fine_tunes.c.created_at.desc(), fine_tunes.c.id.desc()).limit(limit + 1)
-    ).mappings().all()
-    _end_read(session)
-    return [dict(r) for r in rows[:limit]], len(rows) > limit
+    return newest_first(session, fine_tunes, user_id, after, limit, "fine-tunes")
 
 
 def events_page(

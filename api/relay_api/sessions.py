@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -27,6 +27,7 @@ from relay_api.db import utcnow
 from relay_api.errors import APIProblem
 from relay_api.fine_tunes import iso
 from relay_api.models import training_sessions as table
+from relay_api.pagination import newest_first
 from relay_api.settings import Settings
 
 SESSION_ID_PREFIX = "ses-"
@@ -145,28 +146,7 @@ def list_page(
     session: Session, user_id: int, after: str | None, limit: int
 ) -> tuple[list[dict[str, Any]], bool]:
     """The caller's sessions, newest first, starting after the session `after`."""
-    query = select(table).where(table.c.user_id == user_id)
-    if after is not None:
-        cursor = session.execute(
-            select(table.c.created_at).where(table.c.id == after, table.c.user_id == user_id)
-        ).scalar()
-        if cursor is None:
-            raise APIProblem(
-                400,
-                f"bad after: {after} (must be the id of one of your sessions)",
-                param="after",
-                code="invalid_value",
-            )
-        query = query.where(
-            or_(table.c.created_at < cursor, and_(table.c.created_at == cursor, table.c.id < after))
-        )
-    rows = (
-        session.execute(query.order_by(table.c.created_at.desc(), table.c.id.desc()).limit(limit + 1))
-        .mappings()
-        .all()
-    )
-    session.rollback()
-    return [dict(r) for r in rows[:limit]], len(rows) > limit
+    return newest_first(session, table, user_id, after, limit, "sessions")
 
 
 def worker_lost(row: Mapping[str, Any], now: dt.datetime | None = None) -> bool:
