@@ -7,24 +7,16 @@ when the job completes; a checkpoint file's is computed when first asked for and
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from relay._http import sha256_of
 from relay_api.errors import APIProblem
 
 OUTPUT = "output"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_MANIFEST = "manifest.json"
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for chunk in iter(lambda: file.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def output_manifest(work_dir: Path, output_dir: Path) -> dict[str, dict[str, Any]]:
