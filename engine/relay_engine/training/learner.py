@@ -93,11 +93,16 @@ class Learner:
             return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def _mode(self, training: bool) -> None:
+        # Module.train() walks every submodule (thousands in pi05); switch only when it changes.
+        if self.model.training != training:
+            self.model.train(training)
+
     # -- steps -----------------------------------------------------------------------------------
 
     def forward_backward(self, batch: Pi05Batch) -> ForwardBackwardResult:
         """Add the gradients of the flow-matching loss on `batch` to those accumulated so far."""
-        self.model.train()
+        self._mode(training=True)
         batch = batch.to(self.device)
         outputs = self._flow_outputs(batch)
         loss, per_sample = flow_matching_loss(outputs, batch)
@@ -111,7 +116,7 @@ class Learner:
         It draws the noise that the same data would get from the next forward_backward, without
         using up those places, so forward(b) then forward_backward(b) report the same loss.
         """
-        self.model.eval()
+        self._mode(training=False)
         place = self._data_since_step
         try:
             with torch.no_grad():
@@ -121,7 +126,7 @@ class Learner:
 
     def forward_for_custom_loss(self, batch: Pi05Batch) -> FlowOutputs:
         """The forward pass of a custom loss: `velocity` keeps its graph until backward_custom."""
-        self.model.train()
+        self._mode(training=True)
         return self._flow_outputs(batch)
 
     def backward_custom(
@@ -187,7 +192,7 @@ class Learner:
 
     def sample(self, batch: Pi05Batch, num_steps: int = 10) -> torch.Tensor:
         """Actions (B, action_horizon, 32) for the batch's observations, with the weights as they are now."""
-        self.model.eval()
+        self._mode(training=False)
         with torch.no_grad(), self._autocast():
             actions = self.model.sample_actions(
                 batch.to(self.device), num_steps=num_steps, generator=self.generator
