@@ -25,6 +25,7 @@ from relay.sft.config import SFTConfig
 from relay_api import routes, session_routes
 from relay_api.channel import api_channel
 from relay_api.db import read_session_factory, session_factory
+from relay_api.enqueued import EnqueuedNotes
 from relay_api.errors import APIProblem, error_body
 from relay_api.files import ChecksumCache
 from relay_api.keys import KeyCache
@@ -48,6 +49,7 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
+        app.state.enqueued.close()
         await app.state.channel.aclose()
 
     app = FastAPI(title="Relay", version=__version__, description=DESCRIPTION, lifespan=lifespan)
@@ -55,6 +57,7 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
     app.state.sessions = session_factory(settings)
     app.state.readers = read_session_factory(settings)
     app.state.publisher = publisher or Publisher(settings)
+    app.state.enqueued = EnqueuedNotes(app.state.sessions)
     app.state.keys = KeyCache(settings.auth_cache_seconds)
     app.state.checksums = ChecksumCache()
     app.state.channel = api_channel(settings)

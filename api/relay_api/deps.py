@@ -9,6 +9,7 @@ from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from relay_api.enqueued import EnqueuedNotes
 from relay_api.errors import APIProblem
 from relay_api.keys import KeyCache
 from relay_api.queue import Publisher
@@ -26,6 +27,11 @@ async def get_settings(request: Request) -> Settings:
 async def get_publisher(request: Request) -> Publisher:
     publisher: Publisher = request.app.state.publisher
     return publisher
+
+
+async def get_enqueued_notes(request: Request) -> EnqueuedNotes:
+    notes: EnqueuedNotes = request.app.state.enqueued
+    return notes
 
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
@@ -55,6 +61,7 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
 ReadSessionDep = Annotated[Session, Depends(get_read_session)]
 PublisherDep = Annotated[Publisher, Depends(get_publisher)]
+EnqueuedNotesDep = Annotated[EnqueuedNotes, Depends(get_enqueued_notes)]
 
 _UNAUTHORIZED = {"www-authenticate": "Bearer"}
 

@@ -124,13 +124,15 @@ def _by_idempotency_key(session: Session, user_id: int, key: str, digest: str) -
     return dict(row)
 
 
-def mark_enqueued(session: Session, job_id: str) -> None:
+def mark_enqueued(session: Session, job_ids: str | list[str]) -> None:
+    """Note that these jobs' messages reached the broker (see relay_api.enqueued)."""
+    ids = [job_ids] if isinstance(job_ids, str) else job_ids
     if session.get_bind().dialect.name == "postgresql":
         # Losing this note in a crash only means the reconciler publishes the job again, so it need
         # not wait for the disk (the job's own row did).
         session.execute(text("SET LOCAL synchronous_commit = off"))
     session.execute(
-        update(fine_tunes).where(fine_tunes.c.id == job_id, fine_tunes.c.enqueued_at.is_(None))
+        update(fine_tunes).where(fine_tunes.c.id.in_(ids), fine_tunes.c.enqueued_at.is_(None))
         .values(enqueued_at=utcnow())
     )
     session.commit()

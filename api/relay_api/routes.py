@@ -17,7 +17,14 @@ from starlette.concurrency import run_in_threadpool
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
 from relay_api import fine_tunes, schemas
-from relay_api.deps import CurrentUser, PublisherDep, ReadSessionDep, SessionDep, SettingsDep
+from relay_api.deps import (
+    CurrentUser,
+    EnqueuedNotesDep,
+    PublisherDep,
+    ReadSessionDep,
+    SessionDep,
+    SettingsDep,
+)
 from relay_api.errors import APIProblem
 from relay_api.files import listing, resolve
 from relay_api.models import fine_tune_events
@@ -39,6 +46,7 @@ def create_fine_tune(
     user: CurrentUser,
     session: SessionDep,
     publisher: PublisherDep,
+    notes: EnqueuedNotesDep,
     settings: SettingsDep,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
@@ -54,7 +62,7 @@ def create_fine_tune(
     if not replayed:
         try:
             publisher.fine_tune(row["id"])
-            fine_tunes.mark_enqueued(session, row["id"])
+            notes.note(row["id"])
         except Exception:  # the row is the truth: the reconciler publishes it later
             session.rollback()
             log.warning("could not publish %s now; the reconciler will", row["id"], exc_info=True)
