@@ -14,3 +14,10 @@ def test_sdk_imports_without_heavy_modules() -> None:
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_recipe_entry_point_has_both_spellings() -> None:
+    import relay.sft
+    from relay.sft.train import train
+
+    assert relay.sft.train is train

@@ -1,6 +1,7 @@
 """Recipe jobs: ``from relay.sft.config import SFTConfig``, ``from relay.sft.train import train``.
 
-``list_jobs`` and ``retrieve`` find jobs again.
+``list_jobs`` and ``retrieve`` find jobs again. ``relay.sft.train(config)`` works too: the package
+exports the function under its module's name (``from relay.sft.train import train`` still finds it).
 """
 
 from __future__ import annotations
@@ -8,8 +9,9 @@ from __future__ import annotations
 from relay import _http
 from relay.sft.config import SFTConfig
 from relay.sft.job import FINE_TUNES, Event, FineTuneJob
+from relay.sft.train import train
 
-__all__ = ["Event", "FineTuneJob", "SFTConfig", "list_jobs", "retrieve"]
+__all__ = ["Event", "FineTuneJob", "SFTConfig", "list_jobs", "retrieve", "train"]
 
 JOBS_PAGE = 100
 
