@@ -8,20 +8,18 @@ workers cannot undo each other.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import json
 import secrets
 from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import insert, select, text, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
 from relay_api.db import utcnow
 from relay_api.errors import APIProblem, not_found
+from relay_api.idempotency import insert_once, request_hash
 from relay_api.models import fine_tune_events, fine_tunes
 from relay_api.pagination import newest_first
 
@@ -70,58 +68,26 @@ def names_local_directory(dataset_name: str) -> bool:
     return dataset_name.startswith(("/", "~", "./", "../", "file:"))
 
 
-def request_hash(config: SFTConfig) -> str:
-    canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
 def create(
     session: Session, user_id: int, config: SFTConfig, idempotency_key: str | None
 ) -> tuple[dict[str, Any], bool]:
     """Insert a queued job and commit; returns (row, replayed). The same Idempotency-Key with the
     same config returns the job it created before; with a different config, 409."""
+
     digest = request_hash(config)
-    if idempotency_key is not None:
-        existing = _by_idempotency_key(session, user_id, idempotency_key, digest)
-        if existing is not None:
-            return existing, True
-    for _ in range(3):
+
+    def new_row() -> dict[str, Any]:
         now = utcnow()
-        row: dict[str, Any] = {
+        return {
             "id": new_job_id(), "user_id": user_id, "config": config.model_dump(mode="json"),
             "status": st.QUEUED, "step": 0, "loss": None, "error": None, "output_dir": None,
             "files": None, "attempt": 0, "handovers": 0, "lease_until": None, "lease_owner": None,
             "last_failure": None, "enqueued_at": None, "idempotency_key": idempotency_key,
-            "request_hash": digest, "created_at": now, "updated_at": now, "started_at": None,
-            "finished_at": None, "cancel_requested_at": None,
+            "request_hash": digest, "created_at": now, "updated_at": now,
+            "started_at": None, "finished_at": None, "cancel_requested_at": None,
         }
-        try:
-            session.execute(insert(fine_tunes).values(row))
-            session.commit()
-            return row, False
-        except IntegrityError:
-            session.rollback()
-            if idempotency_key is not None:  # a concurrent request with the same key won
-                existing = _by_idempotency_key(session, user_id, idempotency_key, digest)
-                if existing is not None:
-                    return existing, True
-    raise RuntimeError("could not pick a free job id")
 
-
-def _by_idempotency_key(session: Session, user_id: int, key: str, digest: str) -> dict[str, Any] | None:
-    row = session.execute(
-        select(fine_tunes).where(fine_tunes.c.user_id == user_id, fine_tunes.c.idempotency_key == key)
-    ).mappings().first()
-    if row is None:
-        return None
-    if row["request_hash"] != digest:
-        raise APIProblem(
-            409,
-            f"Idempotency-Key {key!r} was used for fine-tune {row['id']} with a different config; "
-            "use a new key for a new job",
-            param="Idempotency-Key", code="idempotency_key_reused",
-        )
-    return dict(row)
+    return insert_once(session, fine_tunes, user_id, idempotency_key, digest, new_row, "fine-tune")
 
 
 def mark_enqueued(session: Session, job_ids: str | list[str]) -> None:

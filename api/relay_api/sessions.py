@@ -9,16 +9,13 @@ undo each other.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import json
 import secrets
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from relay.training import status as st
@@ -26,6 +23,7 @@ from relay.training.config import SessionConfig
 from relay_api.db import utcnow
 from relay_api.errors import APIProblem
 from relay_api.fine_tunes import iso
+from relay_api.idempotency import insert_once, request_hash
 from relay_api.models import training_sessions as table
 from relay_api.pagination import newest_first
 from relay_api.settings import Settings
@@ -62,24 +60,17 @@ def not_found(session_id: str) -> APIProblem:
     return APIProblem(404, f"no training session {session_id}", param="id", code="not_found")
 
 
-def _request_hash(config: SessionConfig) -> str:
-    canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
 def create(
     session: Session, user_id: int, config: SessionConfig, idempotency_key: str | None
 ) -> tuple[dict[str, Any], bool]:
     """Insert a starting session and commit; returns (row, replayed). The same Idempotency-Key
     with the same config returns the session it created before; with a different one, 409."""
-    digest = _request_hash(config)
-    if idempotency_key is not None:
-        existing = _by_idempotency_key(session, user_id, idempotency_key, digest)
-        if existing is not None:
-            return existing, True
-    for _ in range(3):
+
+    digest = request_hash(config)
+
+    def new_row() -> dict[str, Any]:
         now = utcnow()
-        row: dict[str, Any] = {
+        return {
             "id": new_session_id(),
             "user_id": user_id,
             "status": st.STARTING,
@@ -97,36 +88,8 @@ def create(
             "ready_at": None,
             "ended_at": None,
         }
-        try:
-            session.execute(insert(table).values(row))
-            session.commit()
-            return row, False
-        except IntegrityError:
-            session.rollback()
-            if idempotency_key is not None:
-                existing = _by_idempotency_key(session, user_id, idempotency_key, digest)
-                if existing is not None:
-                    return existing, True
-    raise RuntimeError("could not pick a free session id")
 
-
-def _by_idempotency_key(session: Session, user_id: int, key: str, digest: str) -> dict[str, Any] | None:
-    row = (
-        session.execute(select(table).where(table.c.user_id == user_id, table.c.idempotency_key == key))
-        .mappings()
-        .first()
-    )
-    if row is None:
-        return None
-    if row["request_hash"] != digest:
-        raise APIProblem(
-            409,
-            f"Idempotency-Key {key!r} was used for session {row['id']} with other settings; "
-            "use a new key for a new session",
-            param="Idempotency-Key",
-            code="idempotency_key_reused",
-        )
-    return dict(row)
+    return insert_once(session, table, user_id, idempotency_key, digest, new_row, "session")
 
 
 def get(session: Session, user_id: int, session_id: str) -> dict[str, Any]:

@@ -1,0 +1,76 @@
+"""Creating a row once per Idempotency-Key, as Stripe's API does, for jobs and sessions alike.
+
+The first request with a key creates the row; a repeat with the same body returns it; a repeat
+with another body is a 409. Two concurrent requests with one key race on the table's unique
+(user_id, idempotency_key), and the loser returns the winner's row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+from sqlalchemy import Table, insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from relay_api.errors import APIProblem
+
+
+def request_hash(config: BaseModel) -> str:
+    canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def insert_once(
+    session: Session,
+    table: Table,
+    user_id: int,
+    idempotency_key: str | None,
+    digest: str,
+    new_row: Callable[[], dict[str, Any]],
+    noun: str,
+) -> tuple[dict[str, Any], bool]:
+    """Insert `new_row()` and commit; returns (row, replayed). `new_row` draws a fresh id each
+    call, so a clash of random ids is tried again."""
+    if idempotency_key is not None:
+        existing = _by_key(session, table, user_id, idempotency_key, digest, noun)
+        if existing is not None:
+            return existing, True
+    for _ in range(3):
+        row = new_row()
+        try:
+            session.execute(insert(table).values(row))
+            session.commit()
+            return row, False
+        except IntegrityError:
+            session.rollback()
+            if idempotency_key is not None:  # a concurrent request with the same key won
+                existing = _by_key(session, table, user_id, idempotency_key, digest, noun)
+                if existing is not None:
+                    return existing, True
+    raise RuntimeError(f"could not pick a free {noun} id")
+
+
+def _by_key(
+    session: Session, table: Table, user_id: int, key: str, digest: str, noun: str
+) -> dict[str, Any] | None:
+    row = (
+        session.execute(select(table).where(table.c.user_id == user_id, table.c.idempotency_key == key))
+        .mappings()
+        .first()
+    )
+    if row is None:
+        return None
+    if row["request_hash"] != digest:
+        raise APIProblem(
+            409,
+            f"Idempotency-Key {key!r} was used for {noun} {row['id']} with other settings; "
+            f"use a new key for a new {noun}",
+            param="Idempotency-Key",
+            code="idempotency_key_reused",
+        )
+    return dict(row)
