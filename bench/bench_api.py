@@ -69,14 +69,13 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def recreate_database() -> str:
+def recreate_database(name: str = DATABASE) -> str:
+    """An empty database `name`; its URL."""
     with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (DATABASE,)
-        )
-        admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}"')
-        admin.execute(f'CREATE DATABASE "{DATABASE}"')
-    return PG_ADMIN.rsplit("/", 1)[0] + "/" + DATABASE
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    return PG_ADMIN.rsplit("/", 1)[0] + "/" + name
 
 
 class Served:
@@ -263,6 +262,30 @@ def post_to_running_report(env: dict[str, str], key: str, home: Path, jobs: int)
     return running
 
 
+def fresh_service(database: str, redis_url: str, prefix: str) -> tuple[Path, dict[str, str], Any, str]:
+    """An empty, migrated database, an empty Redis database and a data dir; the service's
+    environment and settings, and a key of the user `bench`."""
+    from relay_api import keys, migrate
+    from relay_api.db import session_factory
+    from relay_api.settings import Settings
+
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    database_url = recreate_database(database)
+    redis.Redis.from_url(redis_url).flushdb()
+    env = {
+        **os.environ,
+        "RELAY_HOME": str(home),
+        "RELAY_DATABASE_URL": database_url,
+        "RELAY_BROKER_URL": redis_url,
+        "RELAY_CACHE_DIR": str(home / "cache"),
+    }
+    settings = Settings(home=home, database_url=database_url, broker_url=redis_url)
+    migrate.upgrade(settings.database_url)
+    with session_factory(settings)() as session:
+        key = keys.create_key(session, "bench").key
+    return home, env, settings, key
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -274,27 +297,14 @@ def main() -> None:
     from sqlalchemy import select
 
     from relay.sft.config import SFTConfig
-    from relay_api import keys, lifecycle, migrate
+    from relay_api import lifecycle
     from relay_api.db import session_factory
     from relay_api.fine_tunes import create, mark_enqueued
     from relay_api.models import User
-    from relay_api.settings import Settings
 
-    home = Path(tempfile.mkdtemp(prefix="relay-bench-"))
-    database_url = recreate_database()
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    env = {
-        **os.environ,
-        "RELAY_HOME": str(home),
-        "RELAY_DATABASE_URL": database_url,
-        "RELAY_BROKER_URL": REDIS_URL,
-        "RELAY_CACHE_DIR": str(home / "cache"),
-    }
-    settings = Settings(home=home, database_url=database_url, broker_url=REDIS_URL)
-    migrate.upgrade(settings.database_url)
+    home, env, settings, key = fresh_service(DATABASE, REDIS_URL, "relay-bench-")
     sessions = session_factory(settings)
     with sessions() as session:
-        key = keys.create_key(session, "bench").key
         user_id = session.execute(select(User.id).where(User.name == "bench")).scalar_one()
         # A job with 100 events, as a worker writes them, for retrieve and events.
         row, _ = create(session, user_id, SFTConfig(model="pi05-tiny", dataset_name="bench/dataset"), None)

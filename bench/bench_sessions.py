@@ -37,7 +37,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,7 @@ from fastapi import FastAPI, Request
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from bench_api import Served  # noqa: E402
+from bench_api import Served, fresh_service  # noqa: E402
 
 from relay.optimizer import AdamParams  # noqa: E402
 
@@ -108,16 +107,6 @@ def as_datums(batch: list[dict[str, Any]]) -> list[Any]:
     from relay.training import types
 
     return [types.Datum(**item) for item in batch]
-
-
-def recreate_database() -> str:
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (DATABASE,)
-        )
-        admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}"')
-        admin.execute(f'CREATE DATABASE "{DATABASE}"')
-    return PG_ADMIN.rsplit("/", 1)[0] + "/" + DATABASE
 
 
 # -- 1. step overhead ------------------------------------------------------------------------------
@@ -351,24 +340,7 @@ def main() -> None:
     parser.add_argument("--parts", default="steps,uploads", help="which parts to run: steps, uploads")
     args = parser.parse_args()
 
-    from relay_api import keys, migrate
-    from relay_api.db import session_factory
-    from relay_api.settings import Settings
-
-    home = Path(tempfile.mkdtemp(prefix="relay-bench-sessions-"))
-    database_url = recreate_database()
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    env = {
-        **os.environ,
-        "RELAY_HOME": str(home),
-        "RELAY_DATABASE_URL": database_url,
-        "RELAY_BROKER_URL": REDIS_URL,
-        "RELAY_CACHE_DIR": str(home / "cache"),
-    }
-    settings = Settings(home=home, database_url=database_url, broker_url=REDIS_URL)
-    migrate.upgrade(settings.database_url)
-    with session_factory(settings)() as session:
-        key = keys.create_key(session, "bench").key
+    home, env, settings, key = fresh_service(DATABASE, REDIS_URL, "relay-bench-sessions-")
 
     parts = set(args.parts.split(","))
     worker = Worker(env, home / "worker.log")
@@ -392,7 +364,7 @@ def main() -> None:
             report["steps"]["224px_one_thread"] = step_report(api.url, key, size, 224, args.steps, label)
             torch.set_num_threads(threads)
         if "uploads" in parts:
-            report["uploads"] = upload_report(api.url, key, database_url, home, args.uploads)
+            report["uploads"] = upload_report(api.url, key, settings.database_url, home, args.uploads)
     finally:
         api.stop()
         worker.stop()
