@@ -4,6 +4,9 @@ Our parameter names are lerobot PI05Policy's (`model.paligemma_with_expert...`) 
 unused `lm_head`s. lerobot's real `model.safetensors` stores the tied token embedding as
 `...paligemma.lm_head.weight` and has no `...embed_tokens.weight` (safetensors drops tied
 duplicates), so we read either and write the `lm_head` form, which is what lerobot loads.
+lerobot's `from_pretrained` loads strictly by default (and on a mismatch only prints a warning
+and keeps random weights), so the file also carries the action expert's `lm_head`, which
+nothing computes with: zeros, in bfloat16 to halve their size.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ _PREFIX = "model."
 _EMBED = "model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
 _LM_HEAD = "model.paligemma_with_expert.paligemma.lm_head.weight"
 _EXPERT_LM_HEAD = "model.paligemma_with_expert.gemma_expert.lm_head.weight"
+_ACTION_IN = "model.action_in_proj.weight"  # (expert width, 32)
 # Older or openpi-converted files: plain expert norm scales (adaRMS has none), pi0 names.
 _DROPPED = re.compile(
     r"model\.(paligemma_with_expert\.gemma_expert\.model\.(layers\.\d+\.(input|post_attention)_layernorm|norm)"
@@ -201,9 +205,13 @@ def to_policy_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
 
 
 def to_lerobot_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our state dict -> what lerobot's pi05 file holds (the embedding stored as lm_head)."""
+    """Our state dict -> what lerobot's pi05 file holds (the embedding stored as lm_head, and
+    the expert's unused lm_head as zeros)."""
     out = {k: v for k, v in state.items() if k != _EMBED}
     out[_LM_HEAD] = state[_EMBED]
+    vocab = state[_EMBED].shape[0]
+    expert_width = state[_ACTION_IN].shape[0]
+    out[_EXPERT_LM_HEAD] = torch.zeros((vocab, expert_width), dtype=torch.bfloat16)
     return out
 
 

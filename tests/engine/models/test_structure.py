@@ -35,6 +35,26 @@ def test_pi05_names_and_shapes_are_lerobots() -> None:
     assert {k: v for k, v in ours.items() if expected[k] != v} == {}
 
 
+def test_saved_files_carry_every_key_lerobot_loads_strictly(tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    from relay_engine.models import load_policy
+
+    tiny = build_policy("pi05-tiny")
+    tiny.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as saved:
+        keys = set(saved.keys())
+    # lerobot's PI05Policy: every tensor of its state dict, the embedding given as lm_head (its
+    # loader copies lm_head to embed_tokens).
+    embed = "model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
+    assert keys == (set(tiny.state_dict()) - {embed}) | UNUSED_LM_HEADS
+    reloaded = load_policy(tmp_path)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(tiny.state_dict().values(), reloaded.state_dict().values(), strict=True)
+    )
+
+
 def test_pi05_parameter_count() -> None:
     policy = build_policy("pi05", device="meta")
     assert sum(p.numel() for p in policy.parameters()) == 3_353_433_872
