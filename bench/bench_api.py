@@ -173,13 +173,13 @@ def api_latency(env: dict[str, str], key: str, job_id: str, per_client: int) -> 
     return results
 
 
-def post_to_running(env: dict[str, str], key: str, dataset: Path, jobs: int) -> dict[str, float]:
-    """Median time from POST to `running` with a warm worker."""
-    from relay._http import Client
+class Worker:
+    """One Celery worker process; `threads` sets its torch threads (OMP_NUM_THREADS)."""
 
-    worker_log = open(Path(env["RELAY_HOME"]) / "worker.log", "wb")  # noqa: SIM115
-    worker = subprocess.Popen(
-        [
+    def __init__(self, env: dict[str, str], log: Path, threads: int | None = None) -> None:
+        self.log = open(log, "ab")  # noqa: SIM115
+        env = {**env, "OMP_NUM_THREADS": str(threads)} if threads else env
+        command = [
             sys.executable,
             "-m",
             "celery",
@@ -193,12 +193,26 @@ def post_to_running(env: dict[str, str], key: str, dataset: Path, jobs: int) -> 
             "--without-gossip",
             "--without-mingle",
             "--without-heartbeat",
-        ],
-        env=env,
-        stdout=worker_log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+        ]
+        self.process = subprocess.Popen(
+            command, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def stop(self) -> None:
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.log.close()
+
+
+def post_to_running(env: dict[str, str], key: str, dataset: Path, jobs: int) -> dict[str, float]:
+    """Median time from POST to `running` with a warm worker."""
+    from relay._http import Client
+
+    worker = Worker(env, Path(env["RELAY_HOME"]) / "worker.log")
     relay = Served("relay_api.app:create_app", env)
     client = Client(relay.url, key)
     config = {"model": "pi05-tiny", "dataset_name": str(dataset), "batch_size": 1}
@@ -225,13 +239,7 @@ def post_to_running(env: dict[str, str], key: str, dataset: Path, jobs: int) -> 
         }
     finally:
         relay.stop()
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
-        worker_log.close()
+        worker.stop()
 
 
 def wait_until(client: Any, job_id: str, statuses: set[str], timeout: float) -> None:

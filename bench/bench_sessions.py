@@ -33,9 +33,7 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,7 +48,7 @@ from fastapi import FastAPI, Request
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from bench_api import Served, fresh_service  # noqa: E402
+from bench_api import Served, Worker, fresh_service  # noqa: E402
 
 from relay.optimizer import AdamParams  # noqa: E402
 
@@ -202,41 +200,6 @@ def step_report(url: str, key: str, size: int, frame: int, steps: int, label: st
         **service,
         "ratio": service["seconds"] / local,
     }
-
-
-class Worker:
-    """One Celery worker process; `threads` sets its torch threads (OMP_NUM_THREADS)."""
-
-    def __init__(self, env: dict[str, str], log: Path, threads: int | None = None) -> None:
-        self.log = open(log, "ab")  # noqa: SIM115
-        env = {**env, "OMP_NUM_THREADS": str(threads)} if threads else env
-        command = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "relay_worker.app",
-            "worker",
-            "--concurrency",
-            "1",
-            "--loglevel",
-            "INFO",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ]
-        self.process = subprocess.Popen(
-            command, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    def stop(self) -> None:
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        self.log.close()
 
 
 # -- 2. upload rate --------------------------------------------------------------------------------
