@@ -37,9 +37,10 @@ def start_server() -> subprocess.Popen[bytes]:
         if server.poll() is not None:
             sys.exit(f"relay server exited; see {HOME / 'server.log'}")
         try:
-            if httpx.get(f"http://127.0.0.1:{PORT}/healthz", timeout=1).status_code == 200 and (
-                HOME / "client.json"
-            ).exists():
+            if (
+                httpx.get(f"http://127.0.0.1:{PORT}/healthz", timeout=1).status_code == 200
+                and (HOME / "client.json").exists()
+            ):
                 return server
         except httpx.HTTPError:
             pass

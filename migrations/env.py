@@ -22,8 +22,9 @@ def database_url() -> str:
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=database_url(), target_metadata=target_metadata, literal_binds=True,
-                      render_as_batch=True)
+    context.configure(
+        url=database_url(), target_metadata=target_metadata, literal_binds=True, render_as_batch=True
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -32,8 +33,9 @@ def run_migrations_online() -> None:
     engine = make_engine(database_url(), pool_size=1)
     with engine.connect() as connection:
         # Batch mode lets later migrations alter tables on SQLite too.
-        context.configure(connection=connection, target_metadata=target_metadata, compare_type=True,
-                          render_as_batch=True)
+        context.configure(
+            connection=connection, target_metadata=target_metadata, compare_type=True, render_as_batch=True
+        )
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

@@ -13,5 +13,6 @@ python -m pip install -q --upgrade pip
 python -m pip install -q -e ".[dev]"
 
 ruff check .
+ruff format --check .
 lint-imports
-pytest "$@"
+pytest --durations=15 "$@"

@@ -83,8 +83,13 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
     return app
 
 
-def _answer(status: int, message: str, param: str | None = None, code: str | None = None,
-            headers: dict[str, str] | None = None) -> JSONResponse:
+def _answer(
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 

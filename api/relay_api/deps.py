@@ -73,13 +73,21 @@ async def current_user(
 ) -> int:
     """The id of the user whose key the request carries; 401 without a valid one."""
     if not authorization:
-        raise APIProblem(401, "missing API key: send the header Authorization: Bearer <key>",
-                         code="missing_api_key", headers=_UNAUTHORIZED)
+        raise APIProblem(
+            401,
+            "missing API key: send the header Authorization: Bearer <key>",
+            code="missing_api_key",
+            headers=_UNAUTHORIZED,
+        )
     scheme, _, key = authorization.partition(" ")
     key = key.strip()
     if scheme.lower() != "bearer" or not key:
-        raise APIProblem(401, "the Authorization header must read: Bearer <key>",
-                         code="invalid_api_key", headers=_UNAUTHORIZED)
+        raise APIProblem(
+            401,
+            "the Authorization header must read: Bearer <key>",
+            code="invalid_api_key",
+            headers=_UNAUTHORIZED,
+        )
     cache: KeyCache = request.app.state.keys
     user_id = cache.known(key)
     if user_id is None:

@@ -81,8 +81,9 @@ def _local_key(settings: Settings) -> str:
     saved = _config.resolve().api_key
     with session_factory(settings)() as session:
         if saved:
-            known = session.scalar(select(ApiKey.id).where(ApiKey.key_hash == keys.hash_key(saved),
-                                                           ApiKey.revoked_at.is_(None)))
+            known = session.scalar(
+                select(ApiKey.id).where(ApiKey.key_hash == keys.hash_key(saved), ApiKey.revoked_at.is_(None))
+            )
             if known is not None:
                 return saved
         return keys.create_key(session, LOCAL_USER).key
@@ -100,10 +101,21 @@ class WorkerProcess:
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", "celery", "-A", "relay_worker.app", "worker", "--loglevel", "INFO",
-            "--concurrency", "1",
-            "--queues", f"{self.settings.fine_tune_queue},{self.settings.session_queue}",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "relay_worker.app",
+            "worker",
+            "--loglevel",
+            "INFO",
+            "--concurrency",
+            "1",
+            "--queues",
+            f"{self.settings.fine_tune_queue},{self.settings.session_queue}",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
         ]
 
     def start(self) -> None:
@@ -112,8 +124,9 @@ class WorkerProcess:
 
     def _spawn(self) -> None:
         log_file = open(self.log_path, "ab")  # noqa: SIM115 (the child keeps it)
-        self._process = subprocess.Popen(self.command(), stdout=log_file, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+        self._process = subprocess.Popen(
+            self.command(), stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
         log_file.close()
 
     def _watch(self) -> None:

@@ -74,7 +74,9 @@ def resolve(job: dict[str, Any], work_dir: Path, path: str) -> tuple[Path, str |
     relative = PurePosixPath(path)
     parts = relative.parts
     if (
-        len(parts) < 2 or parts[0] not in (OUTPUT, CHECKPOINTS) or relative.is_absolute()
+        len(parts) < 2
+        or parts[0] not in (OUTPUT, CHECKPOINTS)
+        or relative.is_absolute()
         or any(part in ("..", ".") or part.startswith(".") for part in parts)
     ):
         raise APIProblem(404, f"no file {path} in fine-tune {job['id']}", param="path", code="not_found")

@@ -79,12 +79,28 @@ def create(
     def new_row() -> dict[str, Any]:
         now = utcnow()
         return {
-            "id": new_job_id(), "user_id": user_id, "config": config.model_dump(mode="json"),
-            "status": st.QUEUED, "step": 0, "loss": None, "error": None, "output_dir": None,
-            "files": None, "attempt": 0, "handovers": 0, "lease_until": None, "lease_owner": None,
-            "last_failure": None, "enqueued_at": None, "idempotency_key": idempotency_key,
-            "request_hash": digest, "created_at": now, "updated_at": now,
-            "started_at": None, "finished_at": None, "cancel_requested_at": None,
+            "id": new_job_id(),
+            "user_id": user_id,
+            "config": config.model_dump(mode="json"),
+            "status": st.QUEUED,
+            "step": 0,
+            "loss": None,
+            "error": None,
+            "output_dir": None,
+            "files": None,
+            "attempt": 0,
+            "handovers": 0,
+            "lease_until": None,
+            "lease_owner": None,
+            "last_failure": None,
+            "enqueued_at": None,
+            "idempotency_key": idempotency_key,
+            "request_hash": digest,
+            "created_at": now,
+            "updated_at": now,
+            "started_at": None,
+            "finished_at": None,
+            "cancel_requested_at": None,
         }
 
     return insert_once(session, fine_tunes, user_id, idempotency_key, digest, new_row, "fine-tune")
@@ -98,7 +114,8 @@ def mark_enqueued(session: Session, job_ids: str | list[str]) -> None:
         # not wait for the disk (the job's own row did).
         session.execute(text("SET LOCAL synchronous_commit = off"))
     session.execute(
-        update(fine_tunes).where(fine_tunes.c.id.in_(ids), fine_tunes.c.enqueued_at.is_(None))
+        update(fine_tunes)
+        .where(fine_tunes.c.id.in_(ids), fine_tunes.c.enqueued_at.is_(None))
         .values(enqueued_at=utcnow())
     )
     session.commit()
@@ -106,9 +123,11 @@ def mark_enqueued(session: Session, job_ids: str | list[str]) -> None:
 
 def get(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
     """The caller's job `job_id`; another user's job is as absent as a job that never existed."""
-    row = session.execute(
-        select(fine_tunes).where(fine_tunes.c.id == job_id, fine_tunes.c.user_id == user_id)
-    ).mappings().first()
+    row = (
+        session.execute(select(fine_tunes).where(fine_tunes.c.id == job_id, fine_tunes.c.user_id == user_id))
+        .mappings()
+        .first()
+    )
     _end_read(session)
     if row is None:
         raise not_found(job_id)
@@ -153,21 +172,30 @@ def cancel(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
                 409,
                 f"fine-tune {job_id} is already {row['status']}; "
                 "only a queued or running job can be cancelled",
-                param="id", code="job_finished",
+                param="id",
+                code="job_finished",
             )
         if row["status"] == st.QUEUED:
             moved = session.execute(
-                update(fine_tunes).where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.QUEUED)
+                update(fine_tunes)
+                .where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.QUEUED)
                 .values(status=st.CANCELLED, cancel_requested_at=now, finished_at=now, updated_at=now)
             ).rowcount
             if moved:
-                session.execute(insert(fine_tune_events).values(
-                    job_id=job_id, step=row["step"], kind="cancelled", attempt=row["attempt"], data={},
-                    created_at=now,
-                ))
+                session.execute(
+                    insert(fine_tune_events).values(
+                        job_id=job_id,
+                        step=row["step"],
+                        kind="cancelled",
+                        attempt=row["attempt"],
+                        data={},
+                        created_at=now,
+                    )
+                )
         else:  # running
             moved = session.execute(
-                update(fine_tunes).where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.RUNNING)
+                update(fine_tunes)
+                .where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.RUNNING)
                 .values(status=st.CANCEL_REQUESTED, cancel_requested_at=now, updated_at=now)
             ).rowcount
         session.commit()

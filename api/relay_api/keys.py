@@ -70,8 +70,10 @@ def list_keys(session: Session) -> list[tuple[str, str, str, str | None]]:
         .join(User, User.id == ApiKey.user_id)
         .order_by(User.name, ApiKey.id)
     )
-    return [(name, prefix, created.isoformat(), revoked.isoformat() if revoked else None)
-            for name, prefix, created, revoked in rows]
+    return [
+        (name, prefix, created.isoformat(), revoked.isoformat() if revoked else None)
+        for name, prefix, created, revoked in rows
+    ]
 
 
 def revoke_keys(session: Session, key_or_prefix: str) -> int:

@@ -62,12 +62,14 @@ failed_attempts = fine_tunes.c.attempt - fine_tunes.c.handovers
 
 
 def _owned(claim: Claim) -> Any:
-    return and_(fine_tunes.c.id == claim.job_id, fine_tunes.c.attempt == claim.attempt,
-                fine_tunes.c.status.in_(LIVE))
+    return and_(
+        fine_tunes.c.id == claim.job_id, fine_tunes.c.attempt == claim.attempt, fine_tunes.c.status.in_(LIVE)
+    )
 
 
 def claim(sessions: sessionmaker[Session], settings: Settings, job_id: str, owner: str) -> Claim | None:
     """Take the job if it is queued, or running with a lapsed lease, and has attempts left."""
+
     def run() -> Claim | None:
         now = utcnow()
         with sessions() as session:
@@ -78,35 +80,48 @@ def claim(sessions: sessionmaker[Session], settings: Settings, job_id: str, owne
                     failed_attempts < settings.max_attempts,
                     or_(
                         fine_tunes.c.status == st.QUEUED,
-                        and_(fine_tunes.c.status == st.RUNNING,
-                             or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now)),
+                        and_(
+                            fine_tunes.c.status == st.RUNNING,
+                            or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now),
+                        ),
                     ),
                 )
-                .values(status=st.RUNNING, attempt=fine_tunes.c.attempt + 1,
-                        lease_until=_lease(settings, now), lease_owner=owner, updated_at=now,
-                        last_failure=None, started_at=func.coalesce(fine_tunes.c.started_at, now))
+                .values(
+                    status=st.RUNNING,
+                    attempt=fine_tunes.c.attempt + 1,
+                    lease_until=_lease(settings, now),
+                    lease_owner=owner,
+                    updated_at=now,
+                    last_failure=None,
+                    started_at=func.coalesce(fine_tunes.c.started_at, now),
+                )
                 .returning(fine_tunes.c.attempt, fine_tunes.c.user_id, fine_tunes.c.config, fine_tunes.c.step)
             ).first()
             session.commit()
             if row is None:
                 return None
             return Claim(job_id, row.attempt, row.user_id, row.config, row.step)
+
     return with_retries(run)
 
 
 def renew(sessions: sessionmaker[Session], settings: Settings, claim: Claim) -> JobState:
     """Extend the lease (the heartbeat) and read whether a cancel was asked for."""
+
     def run() -> JobState:
         now = utcnow()
         with sessions() as session:
             status = session.execute(
-                update(fine_tunes).where(_owned(claim)).values(lease_until=_lease(settings, now))
+                update(fine_tunes)
+                .where(_owned(claim))
+                .values(lease_until=_lease(settings, now))
                 .returning(fine_tunes.c.status)
             ).scalar()
             session.commit()
         if status is None:
             raise FencedOut(claim.job_id)
         return JobState(status)
+
     return with_retries(run)
 
 
@@ -133,35 +148,60 @@ def record_event(
             _insert_event(session, claim.job_id, step, kind, claim.attempt, data, now)
             session.commit()
         return JobState(status)
+
     return with_retries(run)
 
 
 def _insert_event(
     session: Session, job_id: str, step: int, kind: str, attempt: int, data: dict[str, Any], now: dt.datetime
 ) -> None:
-    values = {"job_id": job_id, "step": step, "kind": kind, "attempt": attempt, "data": data,
-              "created_at": now}
+    values = {
+        "job_id": job_id,
+        "step": step,
+        "kind": kind,
+        "attempt": attempt,
+        "data": data,
+        "created_at": now,
+    }
     dialect = session.get_bind().dialect.name
     builder = pg_insert if dialect == "postgresql" else sqlite_insert
-    session.execute(builder(fine_tune_events).values(values).on_conflict_do_nothing(
-        index_elements=["job_id", "step", "kind"]))
+    session.execute(
+        builder(fine_tune_events)
+        .values(values)
+        .on_conflict_do_nothing(index_elements=["job_id", "step", "kind"])
+    )
 
 
 def complete(
-    sessions: sessionmaker[Session], claim: Claim, step: int, loss: float | None, output_dir: str,
+    sessions: sessionmaker[Session],
+    claim: Claim,
+    step: int,
+    loss: float | None,
+    output_dir: str,
     files: dict[str, Any],
 ) -> str:
     """The engine finished and wrote the output: `completed` (or `cancelled`, if a cancel came first)."""
+
     def run() -> str:
         now = utcnow()
         with sessions() as session:
             moved = session.execute(
-                update(fine_tunes).where(_owned(claim), fine_tunes.c.status == st.RUNNING)
-                .values(status=st.COMPLETED, step=step, loss=loss, output_dir=output_dir, files=files,
-                        finished_at=now, updated_at=now, lease_until=None)
+                update(fine_tunes)
+                .where(_owned(claim), fine_tunes.c.status == st.RUNNING)
+                .values(
+                    status=st.COMPLETED,
+                    step=step,
+                    loss=loss,
+                    output_dir=output_dir,
+                    files=files,
+                    finished_at=now,
+                    updated_at=now,
+                    lease_until=None,
+                )
             ).rowcount
             session.commit()
         return st.COMPLETED if moved else ""
+
     if with_retries(run):
         return st.COMPLETED
     return _end_cancelled_or_fenced(sessions, claim, step)
@@ -169,11 +209,13 @@ def complete(
 
 def fail(sessions: sessionmaker[Session], claim: Claim, message: str) -> str:
     """End the job in `error` with a message for the user (or `cancelled`, if a cancel came first)."""
+
     def run() -> str:
         now = utcnow()
         with sessions() as session:
             step = session.execute(
-                update(fine_tunes).where(_owned(claim), fine_tunes.c.status == st.RUNNING)
+                update(fine_tunes)
+                .where(_owned(claim), fine_tunes.c.status == st.RUNNING)
                 .values(status=st.ERROR, error=message, finished_at=now, updated_at=now, lease_until=None)
                 .returning(fine_tunes.c.step)
             ).scalar()
@@ -181,6 +223,7 @@ def fail(sessions: sessionmaker[Session], claim: Claim, message: str) -> str:
                 _insert_event(session, claim.job_id, step, "error", claim.attempt, {"message": message}, now)
             session.commit()
         return st.ERROR if step is not None else ""
+
     if with_retries(run):
         return st.ERROR
     return _end_cancelled_or_fenced(sessions, claim, None)
@@ -194,19 +237,26 @@ def cancelled(sessions: sessionmaker[Session], claim: Claim, step: int | None) -
 def _end_cancelled_or_fenced(sessions: sessionmaker[Session], claim: Claim, step: int | None) -> str:
     def run() -> bool:
         now = utcnow()
-        values: dict[str, Any] = {"status": st.CANCELLED, "finished_at": now, "updated_at": now,
-                                  "lease_until": None}
+        values: dict[str, Any] = {
+            "status": st.CANCELLED,
+            "finished_at": now,
+            "updated_at": now,
+            "lease_until": None,
+        }
         if step is not None:
             values["step"] = step
         with sessions() as session:
             final_step = session.execute(
-                update(fine_tunes).where(_owned(claim), fine_tunes.c.status == st.CANCEL_REQUESTED)
-                .values(values).returning(fine_tunes.c.step)
+                update(fine_tunes)
+                .where(_owned(claim), fine_tunes.c.status == st.CANCEL_REQUESTED)
+                .values(values)
+                .returning(fine_tunes.c.step)
             ).scalar()
             if final_step is not None:
                 _insert_event(session, claim.job_id, final_step, "cancelled", claim.attempt, {}, now)
             session.commit()
         return final_step is not None
+
     if with_retries(run):
         return st.CANCELLED
     raise FencedOut(claim.job_id)
@@ -221,8 +271,9 @@ def release(sessions: sessionmaker[Session], claim: Claim, reason: str) -> None:
 def hand_back(sessions: sessionmaker[Session], claim: Claim) -> None:
     """Give the job back because this worker is shutting down; another resumes it, and the claim
     does not count against max_attempts."""
-    _give_back(sessions, claim, {"last_failure": "its worker shut down",
-                                 "handovers": fine_tunes.c.handovers + 1})
+    _give_back(
+        sessions, claim, {"last_failure": "its worker shut down", "handovers": fine_tunes.c.handovers + 1}
+    )
 
 
 def _give_back(sessions: sessionmaker[Session], claim: Claim, values: dict[str, Any]) -> None:
@@ -233,6 +284,7 @@ def _give_back(sessions: sessionmaker[Session], claim: Claim, values: dict[str, 
                 update(fine_tunes).where(_owned(claim)).values(lease_until=now, updated_at=now, **values)
             )
             session.commit()
+
     with_retries(run)
 
 
@@ -256,32 +308,52 @@ def reconcile(
         # or handed over long ago, and the message may be gone (a Redis restart).
         grace = now - dt.timedelta(seconds=min(settings.reconcile_seconds, 5.0))
         stale = now - dt.timedelta(seconds=settings.republish_seconds)
-        waiting = session.execute(
-            select(fine_tunes.c.id).where(
-                or_(fine_tunes.c.status == st.QUEUED,
-                    and_(fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until.is_(None))),
-                failed_attempts < settings.max_attempts,
-                or_(and_(fine_tunes.c.enqueued_at.is_(None), fine_tunes.c.created_at < grace),
-                    fine_tunes.c.enqueued_at < stale),
+        waiting = (
+            session.execute(
+                select(fine_tunes.c.id).where(
+                    or_(
+                        fine_tunes.c.status == st.QUEUED,
+                        and_(fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until.is_(None)),
+                    ),
+                    failed_attempts < settings.max_attempts,
+                    or_(
+                        and_(fine_tunes.c.enqueued_at.is_(None), fine_tunes.c.created_at < grace),
+                        fine_tunes.c.enqueued_at < stale,
+                    ),
+                )
             )
-        ).scalars().all()
+            .scalars()
+            .all()
+        )
         # Running, but its worker stopped renewing the lease (killed, lost, or gave it back).
         expired = session.execute(
-            select(fine_tunes.c.id, fine_tunes.c.attempt, failed_attempts, fine_tunes.c.step,
-                   fine_tunes.c.last_failure)
-            .where(fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until < now)
+            select(
+                fine_tunes.c.id,
+                fine_tunes.c.attempt,
+                failed_attempts,
+                fine_tunes.c.step,
+                fine_tunes.c.last_failure,
+            ).where(fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until < now)
         ).all()
         # A cancel was asked for and the worker is gone: nothing is left to stop.
         orphaned_cancels = session.execute(
-            select(fine_tunes.c.id, fine_tunes.c.attempt)
-            .where(fine_tunes.c.status == st.CANCEL_REQUESTED, lapsed)
+            select(fine_tunes.c.id, fine_tunes.c.attempt).where(
+                fine_tunes.c.status == st.CANCEL_REQUESTED, lapsed
+            )
         ).all()
         # Out of attempts (e.g. a worker gave the job back on its last attempt).
         exhausted = session.execute(
-            select(fine_tunes.c.id, fine_tunes.c.attempt, failed_attempts, fine_tunes.c.step,
-                   fine_tunes.c.last_failure)
-            .where(fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until.is_(None),
-                   failed_attempts >= settings.max_attempts)
+            select(
+                fine_tunes.c.id,
+                fine_tunes.c.attempt,
+                failed_attempts,
+                fine_tunes.c.step,
+                fine_tunes.c.last_failure,
+            ).where(
+                fine_tunes.c.status == st.RUNNING,
+                fine_tunes.c.lease_until.is_(None),
+                failed_attempts >= settings.max_attempts,
+            )
         ).all()
 
     for job_id in waiting:
@@ -302,13 +374,24 @@ def reconcile(
         with sessions() as session:
             moved = session.execute(
                 update(fine_tunes)
-                .where(fine_tunes.c.id == job_id, fine_tunes.c.attempt == attempt,
-                       fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until < utcnow())
+                .where(
+                    fine_tunes.c.id == job_id,
+                    fine_tunes.c.attempt == attempt,
+                    fine_tunes.c.status == st.RUNNING,
+                    fine_tunes.c.lease_until < utcnow(),
+                )
                 .values(lease_until=None, enqueued_at=utcnow(), last_failure=reason)
             ).rowcount
             if moved:
-                _insert_event(session, job_id, step, "retry", attempt,
-                              {"attempt": attempt + 1, "reason": reason}, utcnow())
+                _insert_event(
+                    session,
+                    job_id,
+                    step,
+                    "retry",
+                    attempt,
+                    {"attempt": attempt + 1, "reason": reason},
+                    utcnow(),
+                )
             session.commit()
         if moved:
             report.resumed.append(job_id)
@@ -318,9 +401,12 @@ def reconcile(
             when = utcnow()
             final_step = session.execute(
                 update(fine_tunes)
-                .where(fine_tunes.c.id == job_id, fine_tunes.c.attempt == attempt,
-                       fine_tunes.c.status == st.CANCEL_REQUESTED,
-                       or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < when))
+                .where(
+                    fine_tunes.c.id == job_id,
+                    fine_tunes.c.attempt == attempt,
+                    fine_tunes.c.status == st.CANCEL_REQUESTED,
+                    or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < when),
+                )
                 .values(status=st.CANCELLED, finished_at=when, updated_at=when, lease_until=None)
                 .returning(fine_tunes.c.step)
             ).scalar()
@@ -339,13 +425,15 @@ def _end_exhausted(
         now = utcnow()
         moved = session.execute(
             update(fine_tunes)
-            .where(fine_tunes.c.id == job_id, fine_tunes.c.attempt == attempt,
-                   fine_tunes.c.status == st.RUNNING,
-                   or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now))
+            .where(
+                fine_tunes.c.id == job_id,
+                fine_tunes.c.attempt == attempt,
+                fine_tunes.c.status == st.RUNNING,
+                or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now),
+            )
             .values(status=st.ERROR, error=message, finished_at=now, updated_at=now, lease_until=None)
         ).rowcount
         if moved:
             _insert_event(session, job_id, step, "error", attempt, {"message": message}, now)
         session.commit()
     return bool(moved)
-

@@ -56,7 +56,8 @@ def create_fine_tune(
             400,
             f"bad dataset_name: {json.dumps(config.dataset_name)} (this server does not read local "
             "directories; name a LeRobot dataset on the Hugging Face Hub, such as lerobot/pusht_image)",
-            param="dataset_name", code="invalid_value",
+            param="dataset_name",
+            code="invalid_value",
         )
     row, replayed = fine_tunes.create(session, user, config, idempotency_key)
     if not replayed:
@@ -70,8 +71,9 @@ def create_fine_tune(
     return JSONResponse(fine_tunes.job_object(row), headers=headers)
 
 
-@router.get("", summary="List your fine-tunes, newest first",
-            responses={200: {"model": schemas.FineTuneList}})
+@router.get(
+    "", summary="List your fine-tunes, newest first", responses={200: {"model": schemas.FineTuneList}}
+)
 def list_fine_tunes(
     user: CurrentUser,
     session: ReadSessionDep,
@@ -88,21 +90,31 @@ def retrieve_fine_tune(job_id: str, user: CurrentUser, session: ReadSessionDep) 
     return JSONResponse(fine_tunes.job_object(fine_tunes.get(session, user, job_id)))
 
 
-@router.post("/{job_id}/cancel", summary="Cancel a fine-tune", responses={
-    200: {"model": schemas.FineTuneOut},
-    409: {"model": schemas.ErrorOut, "description": "The job already completed or failed."},
-})
+@router.post(
+    "/{job_id}/cancel",
+    summary="Cancel a fine-tune",
+    responses={
+        200: {"model": schemas.FineTuneOut},
+        409: {"model": schemas.ErrorOut, "description": "The job already completed or failed."},
+    },
+)
 def cancel_fine_tune(job_id: str, user: CurrentUser, session: SessionDep) -> Response:
     """A queued job is cancelled at once; a running one becomes `cancel_requested` and stops within a step."""
     return JSONResponse(fine_tunes.job_object(fine_tunes.cancel(session, user, job_id)))
 
 
-@router.get("/{job_id}/events", summary="A fine-tune's events", responses={
-    200: {"model": schemas.EventList,
-          "content": {"text/event-stream": {"schema": {"type": "string"}}},
-          "description": "A page of events, oldest first; or, with stream=true (or Accept: "
-                         "text/event-stream), a live stream of them ending with `data: [DONE]`."},
-})
+@router.get(
+    "/{job_id}/events",
+    summary="A fine-tune's events",
+    responses={
+        200: {
+            "model": schemas.EventList,
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "description": "A page of events, oldest first; or, with stream=true (or Accept: "
+            "text/event-stream), a live stream of them ending with `data: [DONE]`.",
+        },
+    },
+)
 def fine_tune_events_route(
     job_id: str,
     request: Request,
@@ -152,7 +164,8 @@ def _status_and_events(sessions: Any, job_id: str, after: int | None) -> tuple[s
     # The status first: every event of an ended job was committed before its final status.
     with sessions() as session:
         status = session.execute(
-            fine_tunes_table.select().with_only_columns(fine_tunes_table.c.status)
+            fine_tunes_table.select()
+            .with_only_columns(fine_tunes_table.c.status)
             .where(fine_tunes_table.c.id == job_id)
         ).scalar()
         query = fine_tune_events.select().where(fine_tune_events.c.job_id == job_id)
@@ -170,18 +183,33 @@ def list_files(job_id: str, user: CurrentUser, session: ReadSessionDep, settings
     return JSONResponse({"object": "list", "data": listing(job, settings.job_dir(job_id))})
 
 
-@router.get("/{job_id}/files/{path:path}", summary="Download a file", response_class=FileResponse, responses={
-    200: {"description": "The file. `x-checksum-sha256` (and `repr-digest`) carry its sha256; "
-                         "send `Range: bytes=N-` to resume a download."},
-})
-def download_file(job_id: str, path: str, request: Request, user: CurrentUser, session: ReadSessionDep,
-                  settings: SettingsDep) -> Response:
+@router.get(
+    "/{job_id}/files/{path:path}",
+    summary="Download a file",
+    response_class=FileResponse,
+    responses={
+        200: {
+            "description": "The file. `x-checksum-sha256` (and `repr-digest`) carry its sha256; "
+            "send `Range: bytes=N-` to resume a download."
+        },
+    },
+)
+def download_file(
+    job_id: str,
+    path: str,
+    request: Request,
+    user: CurrentUser,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+) -> Response:
     job = fine_tunes.get(session, user, job_id)
     full, sha256 = resolve(job, settings.job_dir(job_id), path)
     if sha256 is None:
         sha256 = request.app.state.checksums.sha256(full)
     digest = base64.b64encode(bytes.fromhex(sha256)).decode()
     return FileResponse(
-        full, filename=full.name, content_disposition_type="attachment",
+        full,
+        filename=full.name,
+        content_disposition_type="attachment",
         headers={"x-checksum-sha256": sha256, "repr-digest": f"sha-256=:{digest}:"},
     )

@@ -183,7 +183,9 @@ class Client:
     def _require_key(self, method: str, path: str) -> None:
         if not self.api_key:
             raise APIError(
-                method, path, None,
+                method,
+                path,
+                None,
                 "no API key: set RELAY_API_KEY, or start a local server with `relay server` "
                 f"(it writes one to {_config.client_file()})",
             )
@@ -204,8 +206,14 @@ def error_from_response(method: str, path: str, response: httpx.Response) -> API
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict) and isinstance(error.get("message"), str):
         return APIError(
-            method, path, response.status_code, error["message"],
-            type=error.get("type"), param=error.get("param"), code=error.get("code"), request_id=request_id,
+            method,
+            path,
+            response.status_code,
+            error["message"],
+            type=error.get("type"),
+            param=error.get("param"),
+            code=error.get("code"),
+            request_id=request_id,
         )
     text = response.text.strip()[:300] or response.reason_phrase
     return APIError(method, path, response.status_code, text, request_id=request_id)

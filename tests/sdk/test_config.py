@@ -64,8 +64,16 @@ def test_defaults_follow_the_choices_made() -> None:
 
 
 def test_limits_are_inclusive() -> None:
-    for fields in ({"batch_size": 1}, {"batch_size": 512}, {"steps": 1}, {"steps": 100_000},
-                   {"lora_rank": 1}, {"lora_rank": 256}, {"learning_rate": 1}, {"name": "n" * 128}):
+    for fields in (
+        {"batch_size": 1},
+        {"batch_size": 512},
+        {"steps": 1},
+        {"steps": 100_000},
+        {"lora_rank": 1},
+        {"lora_rank": 256},
+        {"learning_rate": 1},
+        {"name": "n" * 128},
+    ):
         SFTConfig(**BASE, **fields)
 
 

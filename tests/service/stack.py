@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import redis
 import uvicorn
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -32,10 +30,10 @@ from relay_api import keys, migrate
 from relay_api.app import create_app
 from relay_api.db import session_factory
 from relay_api.settings import Settings
+from tests.isolation import RedisServer, free_port, run_database_name
 
 PG_ADMIN = os.environ.get("RELAY_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("RELAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
-SERVICE_DB = "relay_test_service"
+SERVICE_DB = run_database_name("service")
 PARKED_QUEUE = "relay.parked"
 WORKER_READY_SECONDS = 180.0
 
@@ -57,12 +55,6 @@ def drop_database(name: str) -> None:
     with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
         admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
@@ -173,11 +165,11 @@ class Stack:
         self._tmp = tempfile.TemporaryDirectory(prefix="relay-service-tests-")
         self.root = Path(self._tmp.name)
         self.database_url = recreate_database(SERVICE_DB)
-        redis.Redis.from_url(REDIS_URL).flushdb()
+        self.redis = RedisServer()
         self.env_settings = {
             "RELAY_HOME": str(self.root / "home"),
             "RELAY_DATABASE_URL": self.database_url,
-            "RELAY_BROKER_URL": REDIS_URL,
+            "RELAY_BROKER_URL": self.redis.url,
             "RELAY_CHECKPOINT_EVERY": "10",
             "RELAY_LEASE_SECONDS": "3",
             "RELAY_HEARTBEAT_SECONDS": "0.5",
@@ -221,8 +213,9 @@ class Stack:
         with self._lock:
             if self._parked_api is None:
                 self._parked_api = ApiServer(
-                    self.settings.model_copy(update={"fine_tune_queue": PARKED_QUEUE,
-                                                     "session_queue": PARKED_QUEUE + "-sessions"})
+                    self.settings.model_copy(
+                        update={"fine_tune_queue": PARKED_QUEUE, "session_queue": PARKED_QUEUE + "-sessions"}
+                    )
                 )
             return self._parked_api.url
 
@@ -277,7 +270,7 @@ class Stack:
                 api.stop()
         self.sessions.kw["bind"].dispose()
         drop_database(SERVICE_DB)
-        redis.Redis.from_url(REDIS_URL).flushdb()
+        self.redis.close()
         self._tmp.cleanup()
 
 

@@ -94,9 +94,11 @@ def run_a_training_session(home: Path) -> None:
     from tests.service.sessions_data import batch
 
     with ServiceClient(progress=False).create_lora_training_client("pi05-tiny", rank=8) as training_client:
-        futures = [training_client.forward_backward(batch(0, 2), "flow_matching"),
-                   training_client.optim_step(types.AdamParams(learning_rate=1e-4)),
-                   training_client.forward_backward(batch(2, 2), "flow_matching")]
+        futures = [
+            training_client.forward_backward(batch(0, 2), "flow_matching"),
+            training_client.optim_step(types.AdamParams(learning_rate=1e-4)),
+            training_client.forward_backward(batch(2, 2), "flow_matching"),
+        ]
         saved = training_client.save_state("embedded").result(timeout=120)
         actions = training_client.sample(batch(0, 1)[0].observation).result(timeout=120)
         assert [f.result().metrics["loss"] > 0 for f in futures[::2]] == [True, True]

@@ -107,6 +107,7 @@ def test_a_custom_loss_equal_to_the_builtin_one_trains_the_same(service: Service
 
 def test_a_step_with_a_gradient_that_is_not_finite_is_skipped(service: ServiceClient) -> None:
     """And a custom loss that raises leaves no forward pass waiting on the GPU for its gradient."""
+
     def poisoned(data: Any, outputs: dict[str, Any]) -> tuple[Any, dict[str, float]]:
         return (outputs["velocity"] * float("nan")).sum(), {}
 

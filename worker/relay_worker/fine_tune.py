@@ -99,7 +99,10 @@ def _train(settings: Settings, sessions: Any, claim: Claim, keeper: LeaseKeeper)
     try:
         recipe = Recipe.from_config(claim.config, checkpoint_every=settings.checkpoint_every)
         result = run_recipe(
-            recipe, work_dir, on_event=on_event, should_stop=keeper.should_stop,
+            recipe,
+            work_dir,
+            on_event=on_event,
+            should_stop=keeper.should_stop,
             dataset_cache_dir=settings.dataset_cache_dir,
         )
     except FencedOut:

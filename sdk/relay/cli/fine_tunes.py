@@ -21,8 +21,10 @@ from relay.sft.config import SFTConfig
 from relay.sft.job import Event, FineTuneJob
 from relay.sft.train import train
 
-app = typer.Typer(help="Recipe jobs on Relay's GPUs: create, list, retrieve, cancel, events, download.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Recipe jobs on Relay's GPUs: create, list, retrieve, cancel, events, download.",
+    no_args_is_help=True,
+)
 out = Console()
 
 
@@ -42,7 +44,9 @@ def _clear_errors() -> Iterator[None]:
 def create(
     model: str | None = typer.Option(None, help="Base model: pi05, or pi05-tiny (CPU)."),
     dataset: str | None = typer.Option(
-        None, "--dataset", "--dataset-name",
+        None,
+        "--dataset",
+        "--dataset-name",
         help="LeRobot dataset on the Hub (lerobot/pusht_image) or a local directory.",
     ),
     batch_size: int | None = typer.Option(None, help="Samples per step, 1 to 512 (default 128)."),
@@ -56,8 +60,9 @@ def create(
         None, "--camera", help="MODEL_CAMERA=DATASET_FEATURE, repeatable."
     ),
     name: str | None = typer.Option(None, help="A name for the job."),
-    config_file: Path | None = typer.Option(None, "--config", help="A JSON file with the config's fields; "
-                                            "options given here override it."),
+    config_file: Path | None = typer.Option(
+        None, "--config", help="A JSON file with the config's fields; options given here override it."
+    ),
     idempotency_key: str | None = typer.Option(None, help="Send the same key again to get the same job."),
     wait: bool = typer.Option(False, "--wait", help="Wait for the job, with a progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
@@ -71,10 +76,17 @@ def create(
             except (OSError, ValueError) as error:
                 raise ConfigError(f"cannot read --config {config_file}: {error}") from None
         given = {
-            "model": model, "dataset_name": dataset_name(dataset) if dataset else None,
-            "batch_size": batch_size, "learning_rate": learning_rate, "steps": steps, "finetune": finetune,
-            "lora_rank": lora_rank, "lora_alpha": lora_alpha, "targets": target or None,
-            "cameras": parse_pairs(camera, "camera") if camera else None, "name": name,
+            "model": model,
+            "dataset_name": dataset_name(dataset) if dataset else None,
+            "batch_size": batch_size,
+            "learning_rate": learning_rate,
+            "steps": steps,
+            "finetune": finetune,
+            "lora_rank": lora_rank,
+            "lora_alpha": lora_alpha,
+            "targets": target or None,
+            "cameras": parse_pairs(camera, "camera") if camera else None,
+            "name": name,
         }
         fields.update({k: v for k, v in given.items() if v is not None})
         config = SFTConfig.parse(fields)
@@ -103,14 +115,23 @@ def list_(
     table.add_column("name", overflow="fold")
     table.add_column("created", no_wrap=True)
     for job in jobs:
-        table.add_row(job.id, _status(job.status), f"{job.step}/{job.steps}", _loss(job.loss), job.model,
-                      job.dataset_name, job.name or "", (job.to_dict().get("created_at") or "")[:19])
+        table.add_row(
+            job.id,
+            _status(job.status),
+            f"{job.step}/{job.steps}",
+            _loss(job.loss),
+            job.model,
+            job.dataset_name,
+            job.name or "",
+            (job.to_dict().get("created_at") or "")[:19],
+        )
     out.print(table)
 
 
 @app.command()
-def retrieve(job_id: str, as_json: bool = typer.Option(False, "--json", help="Print the job as JSON.")
-             ) -> None:
+def retrieve(
+    job_id: str, as_json: bool = typer.Option(False, "--json", help="Print the job as JSON.")
+) -> None:
     """One fine-tune, as the API reports it now."""
     with _clear_errors():
         _show_job(sft.retrieve(job_id), as_json)
@@ -160,8 +181,11 @@ def _show_job(job: FineTuneJob, as_json: bool) -> None:
     for key, value in job.to_dict().items():
         if key == "object" or value is None:
             continue
-        shown = _status(value) if key == "status" else (json.dumps(value) if isinstance(value, list | dict)
-                                                         else str(value))
+        shown = (
+            _status(value)
+            if key == "status"
+            else (json.dumps(value) if isinstance(value, list | dict) else str(value))
+        )
         table.add_row(f"[bold]{key}[/bold]", shown)
     out.print(table)
 
@@ -171,9 +195,11 @@ def _print_event(event: Event, as_json: bool) -> None:
         print(json.dumps({"id": event.id, "created_at": event.created_at, **event}), flush=True)
         return
     if "event" not in event:
-        line = (f"step {event['step']:>6}  loss {_loss(event.get('loss'))}"
-                f"  grad_norm {_num(event.get('grad_norm'))}  lr {_num(event.get('lr'), '.2e')}"
-                f"  skipped {_num(event.get('skipped'), '.0%')}")
+        line = (
+            f"step {event['step']:>6}  loss {_loss(event.get('loss'))}"
+            f"  grad_norm {_num(event.get('grad_norm'))}  lr {_num(event.get('lr'), '.2e')}"
+            f"  skipped {_num(event.get('skipped'), '.0%')}"
+        )
     else:
         details = "  ".join(f"{k} {v}" for k, v in event.items() if k not in ("step", "event"))
         line = f"step {event['step']:>6}  {event['event']}" + (f"  {details}" if details else "")
@@ -181,8 +207,14 @@ def _print_event(event: Event, as_json: bool) -> None:
     sys.stdout.flush()
 
 
-_STATUS_STYLE = {"completed": "green", "error": "red", "cancelled": "yellow",
-                 "cancel_requested": "yellow", "running": "cyan", "queued": "blue"}
+_STATUS_STYLE = {
+    "completed": "green",
+    "error": "red",
+    "cancelled": "yellow",
+    "cancel_requested": "yellow",
+    "running": "cyan",
+    "queued": "blue",
+}
 
 
 def _status(status: str) -> str:
@@ -196,4 +228,3 @@ def _loss(value: float | None) -> str:
 
 def _num(value: Any, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
-

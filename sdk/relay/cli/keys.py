@@ -15,8 +15,10 @@ from rich.table import Table
 from relay.cli._common import err, fail
 from relay.cli._extras import require
 
-app = typer.Typer(help="API keys: create, list, revoke. Uses the service's database (RELAY_DATABASE_URL).",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="API keys: create, list, revoke. Uses the service's database (RELAY_DATABASE_URL).",
+    no_args_is_help=True,
+)
 
 
 @app.command()
@@ -52,8 +54,9 @@ def list_() -> None:
 
 
 @app.command()
-def revoke(key: str = typer.Argument(..., help="The key, or its first characters as `relay keys list` shows.")
-           ) -> None:
+def revoke(
+    key: str = typer.Argument(..., help="The key, or its first characters as `relay keys list` shows."),
+) -> None:
     """Revoke a key. The API may accept it for up to RELAY_AUTH_CACHE_SECONDS more."""
     keys = require("relay_api.keys")
     with _database() as session:
@@ -70,11 +73,15 @@ def _database() -> Iterator[Any]:
     settings = require("relay_api.settings").get_settings()
     sqlalchemy_errors = require("sqlalchemy.exc")
     if settings.uses_sqlite and not settings.home.exists():
-        fail(f"no Relay data directory at {settings.home}: start `relay server` there once, "
-             "or set RELAY_HOME / RELAY_DATABASE_URL")
+        fail(
+            f"no Relay data directory at {settings.home}: start `relay server` there once, "
+            "or set RELAY_HOME / RELAY_DATABASE_URL"
+        )
     try:
         with db.session_factory(settings)() as session:
             yield session
     except (sqlalchemy_errors.OperationalError, sqlalchemy_errors.ProgrammingError) as error:
-        fail(f"cannot use the database at {settings.database_url}: {error.orig}. "
-             "Is it up and migrated (`python -m relay_api.migrate`)?")
+        fail(
+            f"cannot use the database at {settings.database_url}: {error.orig}. "
+            "Is it up and migrated (`python -m relay_api.migrate`)?"
+        )

@@ -165,7 +165,8 @@ class FineTuneJob:
                 in_output = relative.parts[0] == "output"
                 local = target.joinpath(*relative.parts[1:]) if in_output else target / relative
                 self._client.download(
-                    f"{FINE_TUNES}/{self.id}/files/{item['path']}", local,
+                    f"{FINE_TUNES}/{self.id}/files/{item['path']}",
+                    local,
                     on_bytes=bar.advance if bar is not None else None,
                 )
         finally:
@@ -180,8 +181,12 @@ class _ProgressBar:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=Console(stderr=True),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[detail]}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
         )
         self._progress.start()
         self._task = self._progress.add_task(job.id, total=job.steps, detail="")
