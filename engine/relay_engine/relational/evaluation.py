@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from relay_engine.relational.batch import collate
-from relay_engine.relational.sampling import LabelScale
+from relay_engine.relational.database import seconds
+from relay_engine.relational.sampling import ContextSampler, LabelScale
 from relay_engine.relational.training import RelationalExample
 from relay_engine.relational.transformer import RelationalTransformer
 
@@ -86,3 +87,23 @@ def evaluate(
     else:
         raise ValueError(f"evaluation covers binary and regression tasks, not {problem_type!r}")
     return Evaluation(problem_type, len(examples), metrics)
+
+
+def label_frequency_baseline(sampler: ContextSampler, split: str) -> np.ndarray:
+    """A baseline without a model: for each row of the split, the mean label of the same entity's
+    earlier train rows (the train split's mean when it has none)."""
+    spec = sampler.spec
+    train, rows = sampler.splits["train"], sampler.splits[split]
+    train_entities = train.column(spec.entity_column).to_pylist()
+    train_times = seconds(train.column(spec.time_column))
+    train_labels = np.asarray(train.column(spec.target_column).to_pylist(), dtype=np.float64)
+    overall = float(train_labels.mean())
+    history: dict[object, list[tuple[float, float]]] = {}
+    for entity, time, label in zip(train_entities, train_times, train_labels, strict=True):
+        history.setdefault(entity, []).append((float(time), float(label)))
+    times = seconds(rows.column(spec.time_column))
+    out = []
+    for entity, time in zip(rows.column(spec.entity_column).to_pylist(), times, strict=True):
+        earlier = [label for t, label in history.get(entity, []) if t < time]
+        out.append(float(np.mean(earlier)) if earlier else overall)
+    return np.asarray(out)
