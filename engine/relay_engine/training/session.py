@@ -19,6 +19,7 @@ import torch
 
 from relay.catalog import ACTION_DIM, MODEL_CAMERAS, STATE_DIM, default_targets
 from relay.optimizer import AdamParams
+from relay.training.config import STATE_META_FILE as STATE_META
 from relay_engine.errors import EngineError
 from relay_engine.models import FlowOutputs, Pi05Batch, Pi05Policy, load_policy
 from relay_engine.samples import Sample
@@ -27,7 +28,6 @@ from relay_engine.training.learner import Learner
 from relay_engine.tuning import apply_tuning
 
 OUTPUT_KEYS = ("velocity", "target", "x_t", "noise", "time")
-STATE_META = "session.json"
 
 
 @dataclass(frozen=True)
