@@ -196,7 +196,7 @@ class _Spinner:
 
 
 class TrainingClient:
-    """A session: a GPU with the model loaded, driven one call at a time (spec/training-loops.md).
+    """A session: a GPU with the model loaded, driven one call at a time (docs/sessions.md).
 
     Every call returns an APIFuture at once; the GPU runs calls in the order they were made.
     ``close()`` (or leaving a ``with`` block) ends the session; what was not saved is lost.

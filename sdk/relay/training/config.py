@@ -42,7 +42,7 @@ RULES: dict[str, str] = {
 
 
 class SessionConfig(CheckedConfig):
-    """What a training session trains (spec/training-loops.md, "Sessions"): fixed for its life."""
+    """What a training session trains (docs/sessions.md): fixed for its life."""
 
     RULES: ClassVar[dict[str, str]] = RULES
     WHAT: ClassVar[str] = "a session"
