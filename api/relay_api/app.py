@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relay import __version__
 from relay.sft.config import SFTConfig
-from relay_api import routes, session_routes
+from relay_api import routes, session_routes, states
 from relay_api.channel import api_channel
 from relay_api.db import read_session_factory, session_factory
 from relay_api.enqueued import EnqueuedNotes
@@ -65,6 +65,7 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
 
     app.include_router(routes.router)
     app.include_router(session_routes.router)
+    app.include_router(states.router)
     app.add_exception_handler(APIProblem, _problem_answer)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_answer)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_answer)  # type: ignore[arg-type]

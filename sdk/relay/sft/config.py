@@ -49,7 +49,7 @@ RULES: dict[str, str] = {
 
 
 class SFTConfig(CheckedConfig):
-    """A recipe: the base model, the dataset and a few settings (spec/fine-tuning.md)."""
+    """A recipe: the base model, the dataset and a few settings (docs/recipe-jobs.md)."""
 
     RULES: ClassVar[dict[str, str]] = RULES
     WHAT: ClassVar[str] = "SFTConfig"
