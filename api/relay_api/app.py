@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
 from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -24,10 +25,11 @@ from relay import __version__
 from relay.sft.config import SFTConfig
 from relay_api import routes, session_routes
 from relay_api.channel import api_channel
-from relay_api.db import read_session_factory, session_factory
+from relay_api.db import is_outage, read_session_factory, session_factory
 from relay_api.enqueued import EnqueuedNotes
-from relay_api.errors import APIProblem, error_body
+from relay_api.errors import APIProblem, database_unavailable, error_body
 from relay_api.files import ChecksumCache
+from relay_api.guard import Guard
 from relay_api.keys import KeyCache
 from relay_api.queue import Publisher
 from relay_api.sessions import ReadyCache
@@ -68,6 +70,9 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
     app.add_exception_handler(APIProblem, _problem_answer)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_answer)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_answer)  # type: ignore[arg-type]
+    app.add_exception_handler(SQLAlchemyError, _database_answer)  # type: ignore[arg-type]
+    # The last added runs first: every answer, the guard's too, carries the request id.
+    app.add_middleware(Guard)
     app.add_middleware(RequestId)
 
     @app.get("/", include_in_schema=False)
@@ -102,6 +107,14 @@ async def _http_answer(_request: Request, error: HTTPException) -> JSONResponse:
     if error.status_code == 404 and message == "Not Found":
         message = "no such endpoint; see /docs"
     return _answer(error.status_code, message, headers=getattr(error, "headers", None))
+
+
+async def _database_answer(_request: Request, error: SQLAlchemyError) -> JSONResponse:
+    """503 with Retry-After while the database is away (a restart, a network cut); other database
+    errors are bugs, and stay 500s."""
+    if is_outage(error):
+        return await _problem_answer(_request, database_unavailable(error))
+    raise error
 
 
 async def _validation_answer(_request: Request, error: RequestValidationError) -> JSONResponse:
