@@ -10,7 +10,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sqlalchemy import DateTime, Engine, create_engine, event
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
@@ -51,7 +52,27 @@ def make_engine(url: str, pool_size: int = 10) -> Engine:
         return engine
     # No overflow: a request waits for a pooled connection rather than open one (a new PostgreSQL
     # connection costs a server process), so a process holds at most `pool_size` connections.
-    return create_engine(url, pool_size=pool_size, max_overflow=0, pool_timeout=30, pool_pre_ping=True)
+    # A connect timeout, so that a database behind a dead network answers "unavailable" in seconds
+    # rather than hold a request (or a worker's write) for the kernel's minutes.
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=0,
+        pool_timeout=30,
+        pool_pre_ping=True,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS},
+    )
+
+
+CONNECT_TIMEOUT_SECONDS = 5
+
+
+def is_outage(error: BaseException) -> bool:
+    """Whether a database error means the database is away (down, restarting, unreachable, every
+    connection busy) rather than that a statement is wrong: the same statement may work later."""
+    if isinstance(error, OperationalError | InterfaceError | PoolTimeout):
+        return True
+    return isinstance(error, DBAPIError) and bool(error.connection_invalidated)
 
 
 def _sqlite_pragmas(connection: Any, _record: Any) -> None:

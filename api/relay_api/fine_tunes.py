@@ -62,12 +62,6 @@ def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
     return {"id": row["id"], "object": "fine_tune.event", "created_at": iso(row["created_at"]), **body}
 
 
-def names_local_directory(dataset_name: str) -> bool:
-    """Whether the engine would read `dataset_name` from the worker's disk rather than the Hub (the
-    engine's rule: an absolute path, ~/..., ./..., ../... or a file:// URL)."""
-    return dataset_name.startswith(("/", "~", "./", "../", "file:"))
-
-
 def create(
     session: Session, user_id: int, config: SFTConfig, idempotency_key: str | None
 ) -> tuple[dict[str, Any], bool]:
