@@ -36,7 +36,7 @@ def iso(moment: dt.datetime | None) -> str | None:
 
 
 def job_object(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A job as the API shows it: the spec's attributes, then the config's fields."""
+    """A job as the API shows it: its own attributes, then the config's fields."""
     config = row["config"]
     return {
         "id": row["id"],

@@ -1,4 +1,4 @@
-"""/v1/sessions: training-loop sessions (spec/training-loops.md) and their calls.
+"""/v1/sessions: training-loop sessions (docs/sessions.md) and their calls.
 
 A session is created `starting` and published to the sessions queue; a worker loads the model
 and marks it `ready`. Calls are POSTed in order with the client's number (``x-relay-seq``), as

@@ -42,7 +42,7 @@ from relay_engine.training.loop import Event, LoopState, MetricsWindow, run_loop
 from relay_engine.training.schedule import learning_rate
 from relay_engine.tuning import apply_tuning
 
-# The fixed part of the recipe (spec/fine-tuning.md, "The rest is fixed"). Weight decay is not
+# The fixed part of the recipe (docs/recipe-jobs.md, "What is fixed"). Weight decay is not
 # named there; openpi's default (1e-10) is none in effect, so we use none.
 RECIPE_ADAM = AdamParams(
     learning_rate=0.0, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0, grad_clip_norm=1.0

@@ -16,15 +16,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from relay_api import lifecycle
 from relay_api.db import session_factory
 from relay_api.files import output_manifest
-from relay_api.lifecycle import Claim, FencedOut
 from relay_api.settings import Settings, get_settings
 from relay_engine.errors import EngineError
 from relay_engine.recipe import Recipe, run_recipe
 from relay_engine.training.checkpoint import CheckpointStore
-from relay_worker import shutdown
+from relay_worker import lifecycle, shutdown
+from relay_worker.lifecycle import Claim, FencedOut
 
 log = logging.getLogger("relay_worker")
 
