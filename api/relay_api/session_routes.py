@@ -14,7 +14,7 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -27,6 +27,7 @@ from relay_api.channel import ApiChannel, ChannelUnavailable, ResultGone, TooMan
 from relay_api.deps import CurrentUser, PublisherDep, ReadSessionDep, SessionDep, SettingsDep
 from relay_api.errors import APIProblem
 from relay_api.params import CallNumber, CallNumberHeader, IdempotencyKey, PageAfter, PageLimit, SessionId
+from relay_api.responses import JSONResponse
 from relay_api.settings import Settings
 
 log = logging.getLogger(__name__)
