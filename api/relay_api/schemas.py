@@ -31,6 +31,7 @@ class FineTuneOut(BaseModel):
     targets: list[str] | None
     cameras: dict[str, str] | None
     name: str | None
+    task: str | None = None
 
 
 class FineTuneList(BaseModel):

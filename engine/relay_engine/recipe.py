@@ -27,6 +27,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from relay.catalog import RELATIONAL_MODELS
 from relay.optimizer import AdamParams
 from relay_engine.datasets import open_dataset
 from relay_engine.distributed import Parallel, World, choose_strategy, gathered_policy, join, launched, leave
@@ -63,6 +64,8 @@ class Recipe:
     lora_alpha: float | None = None
     targets: list[str] | None = None
     cameras: dict[str, str] | None = None
+    # RT-J: the task table of the database to train on (pi05 has none).
+    task: str | None = None
     # Engine settings that are not the user's to choose in a job.
     action_horizon: int = 10
     checkpoint_every: int = 1000
@@ -115,6 +118,11 @@ def run_recipe(
     output_dir: Path | None = None,
 ) -> RecipeResult:
     """Run the recipe here; under torch.distributed.run, as this process's part of the group."""
+    if recipe.model in RELATIONAL_MODELS:  # RT-J: one process, its own data and step
+        from relay_engine.relational.recipe import run_relational_recipe
+
+        output = Path(output_dir) if output_dir is not None else Path(work_dir) / "output"
+        return run_relational_recipe(recipe, Path(work_dir), on_event, should_stop, output)
     if not launched():
         return _run(recipe, work_dir, None, on_event, should_stop, dataset_cache_dir, output_dir)
     # A caller that joined the group itself (to run several recipes in one launch) keeps it.

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from relay.catalog import RELATIONAL_MODELS
 from relay.cli._common import dataset_name, fail, parse_pairs
 from relay.cli._extras import require
 
@@ -50,14 +51,17 @@ class StopOnInterrupt:
 
 @app.command()
 def train(
-    model: str = typer.Option(..., help="Base model: pi05 or pi05-tiny."),
-    dataset: str = typer.Option(..., help="A Hub dataset repo id or a local dataset directory."),
+    model: str = typer.Option(..., help="Base model: pi05, pi05-tiny, rt-j or rt-j-tiny."),
+    dataset: str = typer.Option(
+        ..., help="A Hub dataset repo id or a local dataset directory (rt-j: a database directory)."
+    ),
+    task: str | None = typer.Option(None, help="rt-j models: the database's task to train on."),
     steps: int = typer.Option(6000, help="Optimizer steps, 1 to 100,000."),
     output_dir: Path = typer.Option(..., help="Where checkpoints and the merged model go."),
     batch_size: int = typer.Option(128, help="Samples per step, 1 to 512."),
     learning_rate: float = typer.Option(2.5e-5, help="The peak learning rate, after warmup."),
-    finetune: str = typer.Option("lora", help="lora or full."),
-    lora_rank: int = typer.Option(32, help="LoRA rank, 1 to 256."),
+    finetune: str | None = typer.Option(None, help="lora or full [default: lora; rt-j models: full]."),
+    lora_rank: int | None = typer.Option(None, help="LoRA rank, 1 to 256 [default: 32]."),
     lora_alpha: float | None = typer.Option(None, help="LoRA alpha (default: the rank)."),
     targets: str | None = typer.Option(None, help="Comma-separated targets (see `relay models info`)."),
     cameras: list[str] | None = typer.Option(
@@ -75,17 +79,22 @@ def train(
     from relay.sft.config import SFTConfig
 
     try:
+        given = {
+            "finetune": finetune,
+            "lora_rank": lora_rank,
+            "lora_alpha": lora_alpha,
+            "targets": targets.split(",") if targets else None,
+            "cameras": parse_pairs(cameras, "camera") if cameras else None,
+            "task": task,
+        }
+        # Options left out are left to SFTConfig, whose defaults depend on the model's family.
         config = SFTConfig(
             model=model,
             dataset_name=dataset_name(dataset),
             batch_size=batch_size,
             learning_rate=learning_rate,
             steps=steps,
-            finetune=finetune,
-            lora_rank=lora_rank,
-            lora_alpha=lora_alpha,
-            targets=targets.split(",") if targets else None,
-            cameras=parse_pairs(cameras, "camera") if cameras else None,
+            **{field: value for field, value in given.items() if value is not None},
         )
     except ValueError as error:
         fail(str(error))
@@ -169,8 +178,15 @@ def evaluate(
     seed: int = typer.Option(0, help="Seeds the sampler's noise."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    task: str | None = typer.Option(None, help="rt-j: the database's task [default: the model's]."),
+    split: str = typer.Option("val", help="rt-j: the task's split, train, val or test."),
 ) -> None:
-    """The mean squared error of sampled action chunks against the dataset's, in normalized units."""
+    """pi05: the mean squared error of sampled action chunks against the dataset's, in normalized
+    units. rt-j: AUROC (binary tasks) or MAE and nMAE (regression) on a task's split."""
+    relational = require("relay_engine.relational.recipe")
+    if task is not None or model in RELATIONAL_MODELS or relational.is_relational_checkpoint(model):
+        _evaluate_relational(model, dataset, task, split, seed, device, json_output)
+        return
     datasets = require("relay_engine.datasets")
     models = require("relay_engine.models")
     evaluation = require("relay_engine.training.evaluate")
@@ -190,3 +206,27 @@ def evaluate(
         print(json.dumps({"mse": result.mse, "frames": result.samples}))
     else:
         print(f"action MSE {result.mse:.4f} (normalized units) over {result.samples} frames")
+
+
+def _evaluate_relational(
+    model: str, dataset: str, task: str | None, split: str, seed: int, device: str, json_output: bool
+) -> None:
+    relational = require("relay_engine.relational.recipe")
+    errors = require("relay_engine.errors")
+    try:
+        report = relational.evaluate_split(
+            model, dataset_name(dataset), task, split, device=device, seed=seed
+        )
+    except errors.EngineError as error:
+        fail(str(error))
+    if json_output:
+        print(json.dumps(report))
+        return
+    where = f"{report['task']} {report['split']} ({report['examples']} rows)"
+    if report["problem_type"] == "binary":
+        print(
+            f"AUROC {report['auroc']:.4f}, accuracy {report['accuracy']:.4f} on {where}; "
+            f"label-frequency baseline AUROC {report['label_frequency_auroc']:.4f}"
+        )
+    else:
+        print(f"MAE {report['mae']:.4f}, nMAE {report['nmae']:.4f}, RMSE {report['rmse']:.4f} on {where}")

@@ -14,27 +14,33 @@ from pydantic import Field, field_validator, model_validator
 from relay import catalog
 from relay._rules import (
     FINETUNE_RULE,
-    MODEL_RULE,
     TARGETS_RULE,
     CheckedConfig,
     FinetuneMethod,
-    ModelName,
     TargetNames,
     has_control_characters,
 )
+from relay.errors import ConfigError
 
 BATCH_SIZE_MAX = 512
 STEPS_MAX = 100_000
 LORA_RANK_MAX = 256
 NAME_MAX = 128
 DATASET_NAME_MAX = 1024
+TASK_MAX = 128
+RECIPE_MODEL_RULE = "must be one of " + ", ".join(catalog.RECIPE_MODELS)
 
 # What each field must be; every message about a field ends with its rule.
 RULES: dict[str, str] = {
-    "model": MODEL_RULE,
+    "model": RECIPE_MODEL_RULE,
     "dataset_name": (
         "must be a LeRobot dataset on the Hugging Face Hub such as lerobot/pusht_image, or a local "
-        f"dataset directory: 1 to {DATASET_NAME_MAX} characters, no control characters"
+        "dataset directory (for rt-j models: a relational database directory): "
+        f"1 to {DATASET_NAME_MAX} characters, no control characters"
+    ),
+    "task": (
+        f"must name a task table of the database (rt-j models only): 1 to {TASK_MAX} characters, "
+        "no control characters"
     ),
     "batch_size": f"must be an integer from 1 to {BATCH_SIZE_MAX}",
     "learning_rate": "must be a number greater than 0",
@@ -48,18 +54,27 @@ RULES: dict[str, str] = {
 }
 
 
+# Fields an RT-J recipe refuses, and why.
+_NOT_FOR_RELATIONAL: dict[str, str] = {
+    "cameras": "RT-J reads the tables of a database, not camera images",
+    "targets": "RT-J is tuned in full: every weight trains",
+    "lora_rank": "RT-J is tuned in full, without LoRA",
+    "lora_alpha": "RT-J is tuned in full, without LoRA",
+}
+
+
 class SFTConfig(CheckedConfig):
     """A recipe: the base model, the dataset and a few settings (docs/recipe-jobs.md)."""
 
     RULES: ClassVar[dict[str, str]] = RULES
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
-        "model": catalog.MODELS,
+        "model": catalog.RECIPE_MODELS,
         "finetune": catalog.FINETUNE_METHODS,
     }
     WHAT: ClassVar[str] = "SFTConfig"
     BODY_MESSAGE: ClassVar[str] = "the config must be an object with the recipe's fields"
 
-    model: ModelName
+    model: str
     dataset_name: str
     batch_size: int = Field(128, strict=True, ge=1, le=BATCH_SIZE_MAX)
     learning_rate: float = Field(2.5e-5, strict=True, gt=0, allow_inf_nan=False)
@@ -70,6 +85,21 @@ class SFTConfig(CheckedConfig):
     targets: TargetNames = None
     cameras: dict[str, str] | None = None
     name: str | None = Field(None, max_length=NAME_MAX)
+    task: str | None = Field(None, min_length=1, max_length=TASK_MAX)
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value not in catalog.RECIPE_MODELS:
+            raise ValueError(RECIPE_MODEL_RULE)
+        return value
+
+    @field_validator("task")
+    @classmethod
+    def _plain_task(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or has_control_characters(value)):
+            raise ValueError(RULES["task"])
+        return value
 
     @field_validator("dataset_name")
     @classmethod
@@ -95,6 +125,36 @@ class SFTConfig(CheckedConfig):
         if value is not None and has_control_characters(value):
             raise ValueError(RULES["name"])
         return value
+
+    @model_validator(mode="after")
+    def _fits_the_family(self) -> SFTConfig:
+        # Fields of the other family are refused rather than ignored, so nothing is silently dropped.
+        given = self.model_fields_set
+        if catalog.is_relational(self.model):
+            if self.task is None:
+                raise ConfigError(
+                    f"missing task (required for {self.model}; it {RULES['task']})", "task", "missing_field"
+                )
+            for field, why in _NOT_FOR_RELATIONAL.items():
+                if field in given and getattr(self, field) is not None:
+                    raise ConfigError(
+                        f"bad {field}: {self.model} takes no {field} ({why})", field, "invalid_value"
+                    )
+            if "finetune" in given and self.finetune != "full":
+                raise ConfigError(
+                    f'bad finetune: "{self.finetune}" ({self.model} is tuned in full: must be "full")',
+                    "finetune",
+                    "invalid_value",
+                )
+            self.finetune = "full"
+        elif self.task is not None:
+            raise ConfigError(
+                f"bad task: {self.model} takes no task (task names a relational database's task table, "
+                f"for {', '.join(catalog.RELATIONAL_MODELS)})",
+                "task",
+                "invalid_value",
+            )
+        return self
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> SFTConfig:
