@@ -12,6 +12,8 @@ from relay.sft.config import SFTConfig
 def test_an_rt_j_recipe_is_tuned_in_full() -> None:
     config = SFTConfig(model="rt-j", dataset_name="/data/shop", task="user-churn")
     assert config.finetune == "full" and config.targets == ["all"] and config.task == "user-churn"
+    # What a job stores and the SDK sends back reads the same.
+    assert SFTConfig.parse(config.model_dump(mode="json")) == config
 
 
 @pytest.mark.parametrize(
@@ -20,7 +22,7 @@ def test_an_rt_j_recipe_is_tuned_in_full() -> None:
         ({"model": "rt-j"}, "task", "missing task (required for rt-j"),
         ({"model": "rt-j", "task": "t", "cameras": {"base_0_rgb": "x"}}, "cameras", "takes no cameras"),
         ({"model": "rt-j-tiny", "task": "t", "finetune": "lora"}, "finetune", 'must be "full"'),
-        ({"model": "rt-j", "task": "t", "lora_rank": 8}, "lora_rank", "without LoRA"),
+        ({"model": "rt-j", "task": "t", "targets": ["vision"]}, "targets", "every weight trains"),
         ({"model": "pi05", "task": "t"}, "task", "pi05 takes no task"),
         ({"model": "rt-j", "task": "bad\ntask"}, "task", "no control characters"),
         ({"model": "rt-x", "task": "t"}, "model", "pi05, pi05-tiny, rt-j, rt-j-tiny"),

@@ -54,12 +54,11 @@ RULES: dict[str, str] = {
 }
 
 
-# Fields an RT-J recipe refuses, and why.
+# Fields an RT-J recipe refuses, and why. (lora_rank and lora_alpha, as for any finetune="full"
+# recipe, are ignored; a config read back from a job holds them filled in.)
 _NOT_FOR_RELATIONAL: dict[str, str] = {
     "cameras": "RT-J reads the tables of a database, not camera images",
-    "targets": "RT-J is tuned in full: every weight trains",
-    "lora_rank": "RT-J is tuned in full, without LoRA",
-    "lora_alpha": "RT-J is tuned in full, without LoRA",
+    "targets": 'RT-J is tuned in full: every weight trains, targets ["all"]',
 }
 
 
@@ -136,7 +135,7 @@ class SFTConfig(CheckedConfig):
                     f"missing task (required for {self.model}; it {RULES['task']})", "task", "missing_field"
                 )
             for field, why in _NOT_FOR_RELATIONAL.items():
-                if field in given and getattr(self, field) is not None:
+                if field in given and getattr(self, field) not in (None, list(catalog.DEFAULT_FULL_TARGETS)):
                     raise ConfigError(
                         f"bad {field}: {self.model} takes no {field} ({why})", field, "invalid_value"
                     )
