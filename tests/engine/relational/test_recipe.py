@@ -105,3 +105,22 @@ def test_local_train_refuses_fields_of_the_other_family(shop: Path, tmp_path: Pa
     )
     assert result.exit_code == 1
     assert "bad cameras" in result.output and "not camera images" in result.output
+
+
+def test_datasets_check_and_stats_understand_databases(tmp_path: Path) -> None:
+    runner = CliRunner()
+    made = runner.invoke(
+        app, ["datasets", "synth-db", str(tmp_path / "db"), "--customers", "20", "--reviews", "100"]
+    )
+    assert made.exit_code == 0, made.output
+    checked = runner.invoke(app, ["datasets", "check", str(tmp_path / "db")])
+    assert checked.exit_code == 0, checked.output
+    assert "can be trained on (rt-j)" in checked.output and "task user-churn (binary" in checked.output
+    stats = runner.invoke(app, ["datasets", "stats", str(tmp_path / "db"), "--json"])
+    report = json.loads(stats.stdout)
+    assert report["columns"]["customer"]["age"]["type"] == "number"
+    assert report["tasks"]["user-ltv"]["splits"]["train"]["label_std"] > 0
+
+    (tmp_path / "db" / "tasks" / "user-churn" / "train.parquet").unlink()
+    broken = runner.invoke(app, ["datasets", "check", str(tmp_path / "db")])
+    assert broken.exit_code == 1 and "task user-churn has no train split" in broken.output
