@@ -22,3 +22,8 @@ class DatasetError(EngineError):
 
 class ConfigError(EngineError, ValueError):
     """A setting the engine cannot honour (an unknown target, a camera map that does not fit)."""
+
+
+class DiskFullError(EngineError):
+    """No room on the disk for a checkpoint or the output. Retrying on the same disk fails the same
+    way, so a job ends with this message at once; the last complete checkpoint is kept."""
