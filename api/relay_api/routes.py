@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Header, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from sse_starlette import EventSourceResponse
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from relay.dataset_names import names_local_directory
@@ -27,7 +28,7 @@ from relay_api.deps import (
     SettingsDep,
 )
 from relay_api.errors import APIProblem
-from relay_api.files import listing, resolve
+from relay_api.files import listing, pin, resolve, unpin
 from relay_api.models import fine_tune_events
 from relay_api.models import fine_tunes as fine_tunes_table
 from relay_api.params import EventAfter, IdempotencyKey, JobId, PageAfter, PageLimit, event_id_from_header
@@ -201,13 +202,22 @@ def download_file(
     settings: SettingsDep,
 ) -> Response:
     job = fine_tunes.get(session, user, job_id)
-    full, sha256 = resolve(job, settings.job_dir(job_id), path)
-    if sha256 is None:
-        sha256 = request.app.state.checksums.sha256(full)
+    work_dir = settings.job_dir(job_id)
+    full, sha256 = resolve(job, work_dir, path)
+    served, done = full, None
+    if sha256 is None:  # a checkpoint's file: pinned, so that pruning cannot cut the download short
+        served = pin(work_dir, full, job_id, path)
+        done = BackgroundTask(unpin, served)
+        try:
+            sha256 = request.app.state.checksums.sha256(served)
+        except BaseException:
+            unpin(served)
+            raise
     digest = base64.b64encode(bytes.fromhex(sha256)).decode()
     return FileResponse(
-        full,
+        served,
         filename=full.name,
         content_disposition_type="attachment",
         headers={"x-checksum-sha256": sha256, "repr-digest": f"sha-256=:{digest}:"},
+        background=done,
     )
