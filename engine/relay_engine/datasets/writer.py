@@ -156,6 +156,11 @@ class DatasetWriter:
             if not self.overwrite and any(self.out_dir.iterdir()):
                 raise ConfigError(f"{self.out_dir} already exists and is not empty")
             shutil.rmtree(self.out_dir)
+        # mkdtemp made the staging directory for its owner alone (0700); the dataset is a directory
+        # like any other the user makes, with the mode their umask gives one.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self._staging, 0o777 & ~umask)
         os.replace(self._staging, self.out_dir)
         return self.out_dir
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -135,3 +137,13 @@ def test_check_decodes_every_image_and_names_a_truncated_one(broken: Path, cache
     assert code == 1, output
     assert f"episode 1, frame 3, camera {camera}: not a readable image" in output
     assert "can be trained on" not in output
+
+
+def test_synth_makes_a_directory_with_the_umasks_mode(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        code, output = relay("synth", tmp_path / "shared", "--episodes", "1", "--length", "3-3")
+    finally:
+        os.umask(old)
+    assert code == 0, output
+    assert stat.S_IMODE((tmp_path / "shared").stat().st_mode) == 0o755  # not mkdtemp's 0700
