@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,11 @@ import httpx
 import psutil
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from relay_api.app import create_app
 from relay_api.keys import AmbiguousKey, revoke_keys
-from relay_api.models import ApiKey
+from relay_api.models import ApiKey, FineTune
 from tests.isolation import free_port
 from tests.service.stack import PARKED_QUEUE, Stack, wait_for
 
@@ -233,3 +235,41 @@ def test_a_checkpoint_download_never_races_its_pruning(stack: Stack, alice: dict
         saver.join(timeout=10)
     assert outcomes.get(200, 0) > 0 and saved[0] > 10, (outcomes, saved)
     assert not list((store.root.parent / ".pins").iterdir())  # every pin let go after its download
+
+
+def test_the_sdk_reads_every_field_of_the_job_the_api_documents(
+    parked: TestClient, alice: dict[str, str]
+) -> None:
+    from relay.sft.job import FineTuneJob
+    from relay_api.schemas import FineTuneOut
+
+    documented = set(FineTuneOut.model_fields) - {"object"}
+    assert documented <= set(typing.get_type_hints(FineTuneJob)), documented - set(
+        typing.get_type_hints(FineTuneJob)
+    )
+    answer = parked.post("/v1/fine-tunes", json=GOOD, headers=alice).json()
+    assert set(answer) == documented | {"object"}  # the route answers with exactly the documented shape
+    job = FineTuneJob(answer, client=object())  # type: ignore[arg-type]
+    assert all(getattr(job, name) == answer[name] for name in documented)
+    assert job.lease_lapsed_seconds is None  # queued: no lease to lapse
+
+
+def test_a_running_job_without_a_live_worker_shows_how_long_ago_its_lease_lapsed(
+    stack: Stack, parked: TestClient, alice: dict[str, str]
+) -> None:
+    import datetime as dt
+
+    from relay_api import fine_tunes
+
+    job = parked.post("/v1/fine-tunes", json=GOOD, headers=alice).json()
+    with stack.sessions() as db:
+        row = dict(
+            db.execute(select(FineTune).where(FineTune.id == job["id"])).mappings().one()["FineTune"].__dict__
+        )
+    # As the row reads once its worker died 90 s ago and no reconciler is left to resume it (set in
+    # memory: a live reconciler in the shared stack would resume a row changed in the database).
+    row.update(status="running", lease_until=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=90))
+    shown = fine_tunes.job_object(row)
+    assert shown["status"] == "running" and 89 <= shown["lease_lapsed_seconds"] < 120
+    row.update(lease_until=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=30))
+    assert fine_tunes.job_object(row)["lease_lapsed_seconds"] is None  # a live lease
