@@ -6,7 +6,7 @@
    same model, batches and learning rate, in the same run (in-process, then the service, then
    in-process again; the ratio uses the mean of the two in-process runs). The batch is sized so
    that an in-process step takes about 100 ms here (--batch to choose). Three configurations:
-   - torch on all cores, two cameras at 224x224 (the spec's frames). pi05-tiny spends ~2 ms of CPU
+   - torch on all cores, two cameras at 224x224 (pi05's own size). pi05-tiny spends ~2 ms of CPU
      per datum, so this moves some 15x more frame bytes per second of compute than pi05 on a GPU,
      and every byte the client, the API and Redis move is CPU taken from the model;
    - the same at 64x64 (a twelfth of the bytes): the per-call cost apart from moving frames;

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, Response
 from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
@@ -32,6 +32,7 @@ from relay_api.files import listing, pin, resolve, unpin
 from relay_api.models import fine_tune_events
 from relay_api.models import fine_tunes as fine_tunes_table
 from relay_api.params import EventAfter, IdempotencyKey, JobId, PageAfter, PageLimit, event_id_from_header
+from relay_api.responses import JSONResponse
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +125,8 @@ def fine_tune_events_route(
     stream: Annotated[bool, Query(description="Stream events as they happen (server-sent events).")] = False,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> Response:
-    fine_tunes.get(session, user, job_id)  # 404 unless it is the caller's
     if stream or "text/event-stream" in request.headers.get("accept", ""):
+        fine_tunes.get(session, user, job_id)  # 404 unless it is the caller's
         start = after
         resume_after = event_id_from_header(last_event_id)
         if resume_after is not None:
@@ -134,7 +135,7 @@ def fine_tune_events_route(
         return EventSourceResponse(
             _follow(sessions, job_id, start, settings.events_poll_seconds, request), ping=15
         )
-    rows, has_more = fine_tunes.events_page(session, job_id, after, limit)
+    rows, has_more = fine_tunes.events_page(session, user, job_id, after, limit)  # 404 unless the caller's
     data = [fine_tunes.event_object(r) for r in rows]
     return JSONResponse({"object": "list", "data": data, "has_more": has_more})
 

@@ -1,4 +1,4 @@
-"""/v1/sessions: training-loop sessions (spec/training-loops.md) and their calls.
+"""/v1/sessions: training-loop sessions (docs/sessions.md) and their calls.
 
 A session is created `starting` and published to the sessions queue; a worker loads the model
 and marks it `ready`. Calls are POSTed in order with the client's number (``x-relay-seq``), as
@@ -14,7 +14,7 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -27,6 +27,7 @@ from relay_api.channel import ApiChannel, ChannelUnavailable, ResultGone, TooMan
 from relay_api.deps import CurrentUser, PublisherDep, ReadSessionDep, SessionDep, SettingsDep
 from relay_api.errors import APIProblem
 from relay_api.params import CallNumber, CallNumberHeader, IdempotencyKey, PageAfter, PageLimit, SessionId
+from relay_api.responses import JSONResponse
 from relay_api.settings import Settings
 
 log = logging.getLogger(__name__)

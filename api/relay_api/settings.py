@@ -76,6 +76,9 @@ class Settings(BaseSettings):
     auth_cache_seconds: float = Field(30.0, ge=0)
     # Database connections per process (the API's thread pool runs 40 requests at once at most).
     db_pool_size: int = Field(20, ge=1)
+    # Serve /metrics (Prometheus): off by default on a shared server, since it tells anyone who can
+    # reach it how busy the service is; the embedded server turns it on.
+    metrics: bool = False
 
     @model_validator(mode="after")
     def _defaults_in_home(self) -> Settings:

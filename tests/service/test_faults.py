@@ -1,4 +1,4 @@
-"""Faults (reference/reliability-and-style.md, B4/B5): a worker killed mid-job, a job the broker never
+"""Faults (what docs/reliability.md promises): a worker killed mid-job, a job the broker never
 got, a job out of attempts, and writes from an attempt that no longer owns its job."""
 
 from __future__ import annotations

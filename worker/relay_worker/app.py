@@ -17,10 +17,11 @@ from typing import Any
 import redis
 from celery import signals
 
-from relay_api.db import session_factory
+from relay_api.db import session_factory, utcnow
 from relay_api.queue import RUN_FINE_TUNE, make_celery
 from relay_api.settings import get_settings
-from relay_worker import session_lifecycle, shutdown
+from relay_worker import heartbeat, session_lifecycle, shutdown
+from relay_worker.fine_tune import worker_name
 from relay_worker.lifecycle import reconcile
 
 log = logging.getLogger("relay_worker")
@@ -54,7 +55,10 @@ class Reconciler(threading.Thread):
 
     def run(self) -> None:
         sessions = session_factory(settings)
+        name, started_at = worker_name(), utcnow()
+        self._beat(sessions, name, started_at)
         while not self.stopping.wait(settings.reconcile_seconds):
+            self._beat(sessions, name, started_at)
             try:
                 report = reconcile(sessions, settings, publish, self.broker.started_at())
             except Exception:
@@ -68,6 +72,13 @@ class Reconciler(threading.Thread):
                     log.info("reconciler: ended session %s", session_id)
             except Exception:
                 log.exception("reconciler pass over sessions failed")
+
+    @staticmethod
+    def _beat(sessions: Any, name: str, started_at: Any) -> None:
+        try:
+            heartbeat.beat(sessions, name, started_at)
+        except Exception:  # only /metrics' count of live workers depends on it
+            log.warning("could not write this worker's heartbeat", exc_info=True)
 
 
 class BrokerWatch:

@@ -87,28 +87,55 @@ class CheckpointStore:
         """Write a checkpoint: `write_files(dir)` fills a fresh directory; `meta` goes in its manifest.
         Raises DiskFullError, before writing when the last checkpoint's size is not free, or when
         the disk fills up meanwhile; the last complete checkpoint stays as it was."""
+        tmp = self.begin(step)
+        try:
+            write_files(tmp)
+        except BaseException as error:
+            self._raise_if_disk_full(tmp, error)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return self.commit(step, tmp, meta)
+
+    def begin(self, step: int) -> Path:
+        """A fresh temporary directory for the checkpoint of `step` (to fill, then `commit`); DiskFullError
+        when the disk has less room than the last checkpoint took."""
         self.root.mkdir(parents=True, exist_ok=True)
-        final = self.root / self.name_of(step)
         needed = self._expected_bytes()
         free = shutil.disk_usage(self.root).free
         if needed is not None and free < needed * FREE_SPACE_MARGIN:
             raise DiskFullError(_disk_full_message(self.root, needed, free, before=True))
         tmp = self.root / f".tmp-{self.name_of(step)}-{uuid.uuid4().hex}"
         tmp.mkdir()
+        return tmp
+
+    def _raise_if_disk_full(self, tmp: Path, error: BaseException) -> None:
+        """A write that failed because the disk is full, said in those words (torch says "unexpected
+        pos ..."); the partial directory is removed either way."""
+        if not isinstance(error, Exception):
+            return
+        written = _bytes_under(tmp) if tmp.exists() else 0
+        free = shutil.disk_usage(self.root).free
+        if _is_disk_full(error, free):
+            shutil.rmtree(tmp, ignore_errors=True)
+            needed = max(self._expected_bytes() or 0, written)
+            raise DiskFullError(_disk_full_message(self.root, needed, free, before=False)) from error
+
+    def commit(self, step: int, tmp: Path, meta: dict[str, object]) -> Path:
+        """Seal a filled temporary directory: manifest, fsync, rename into place, then the pointer.
+
+        Files may sit one level down (a sharded checkpoint's per-rank files); the manifest lists
+        them by their path relative to the checkpoint.
+        """
+        final = self.root / self.name_of(step)
         try:
+            files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+            manifest = {"step": step, "files": files, **meta}
             try:
-                write_files(tmp)
-                files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-                manifest = {"step": step, "files": files, **meta}
                 (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-            except Exception as error:
-                written = _bytes_under(tmp)
-                free = shutil.disk_usage(self.root).free
-                if _is_disk_full(error, free):
-                    message = _disk_full_message(self.root, max(needed or 0, written), free, before=False)
-                    raise DiskFullError(message) from error
+            except OSError as error:
+                self._raise_if_disk_full(tmp, error)
                 raise
-            for path in tmp.iterdir():
+            for path in sorted(tmp.rglob("*"), reverse=True):  # files before their directories
                 _fsync_path(path)
             _fsync_path(tmp)
             if final.exists():  # a re-run of the same step (after a resume) replaces it whole

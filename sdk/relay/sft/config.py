@@ -49,9 +49,13 @@ RULES: dict[str, str] = {
 
 
 class SFTConfig(CheckedConfig):
-    """A recipe: the base model, the dataset and a few settings (spec/fine-tuning.md)."""
+    """A recipe: the base model, the dataset and a few settings (docs/recipe-jobs.md)."""
 
     RULES: ClassVar[dict[str, str]] = RULES
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "model": catalog.MODELS,
+        "finetune": catalog.FINETUNE_METHODS,
+    }
     WHAT: ClassVar[str] = "SFTConfig"
     BODY_MESSAGE: ClassVar[str] = "the config must be an object with the recipe's fields"
 
