@@ -8,6 +8,8 @@ pi0.5's attention spans both stacks (see `pi05.py`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
+from typing import Generic, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,19 @@ from relay_engine.models.config import GemmaSize
 
 RMS_EPS = 1e-6
 ROPE_MAX_WAVELENGTH = 10_000.0
+
+M = TypeVar("M", bound=nn.Module)
+
+
+class ModuleSequence(nn.ModuleList, Generic[M]):
+    """An nn.ModuleList that says what it holds: iterating a plain ModuleList gives a type checker
+    bare Modules, whose attributes it cannot know. The same modules and state-dict keys."""
+
+    def __init__(self, modules: Iterable[M]) -> None:
+        super().__init__(modules)
+
+    def __iter__(self) -> Iterator[M]:
+        return cast(Iterator[M], super().__iter__())
 
 
 class AdaptiveRMSNorm(nn.Module):

@@ -41,6 +41,7 @@ from relay_engine.models.layers import (
     RMS_EPS,
     AdaptiveRMSNorm,
     GemmaDecoderLayer,
+    ModuleSequence,
     attend,
     posemb_sincos,
     rope_tables,
@@ -93,7 +94,7 @@ class GemmaStack(nn.Module):
         super().__init__()
         if vocab_size is not None:
             self.embed_tokens = nn.Embedding(vocab_size, size.width)
-        self.layers = nn.ModuleList(GemmaDecoderLayer(size, cond_dim) for _ in range(size.depth))
+        self.layers = ModuleSequence(GemmaDecoderLayer(size, cond_dim) for _ in range(size.depth))
         self.norm = (
             GemmaRMSNorm(size.width, eps=RMS_EPS)
             if cond_dim is None

@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from relay.optimizer import AdamParams
 from relay_engine.errors import EngineError
-from relay_engine.models import FlowOutputs, Pi05Batch, flow_matching_loss, sample_flow_time
+from relay_engine.models import FlowOutputs, Pi05Batch, Pi05Policy, flow_matching_loss, sample_flow_time
 from relay_engine.tuning import load_trainable_state_dict, trainable_state_dict
 
 
@@ -51,7 +51,7 @@ class OptimStepResult:
 class Learner:
     """A tuned policy, its AdamW optimizer and the noise generator of its flow-matching loss."""
 
-    def __init__(self, model: torch.nn.Module, *, seed: int = 0, device: torch.device | str = "cpu") -> None:
+    def __init__(self, model: Pi05Policy, *, seed: int = 0, device: torch.device | str = "cpu") -> None:
         self.model = model
         self.device = torch.device(device)
         self.params = [p for p in model.parameters() if p.requires_grad]
