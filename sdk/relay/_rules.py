@@ -55,16 +55,30 @@ LoraRank = Annotated[int, Field(strict=True, ge=1, le=catalog.LORA_RANK_MAX)]
 LoraAlpha = Annotated[float | None, Field(strict=True, gt=0, allow_inf_nan=False)]
 
 
+def _rules_in_schema(schema: dict[str, Any], cls: type[BaseModel]) -> None:
+    """Each field's rule as its description in the JSON schema (/docs, the console's form), and the
+    choices of a field that has a fixed set of them."""
+    properties = schema.get("properties", {})
+    for name, rule in getattr(cls, "RULES", {}).items():
+        if name in properties:
+            properties[name]["description"] = rule[:1].upper() + rule[1:] + "."
+    for name, choices in getattr(cls, "CHOICES", {}).items():
+        if name in properties:
+            properties[name]["enum"] = list(choices)
+
+
 class CheckedConfig(BaseModel):
     """A pydantic model that refuses unknown fields and raises ConfigError in Relay's words.
 
     Subclasses set RULES (field -> its rule), WHAT (how messages name the object) and BODY_MESSAGE
-    (the message for a body that is not an object; `{fields}` stands for the field names).
+    (the message for a body that is not an object; `{fields}` stands for the field names), and
+    may set CHOICES (field -> its allowed values, for the JSON schema).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_rules_in_schema)
 
     RULES: ClassVar[dict[str, str]] = {}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {}
     WHAT: ClassVar[str] = "the config"
     BODY_MESSAGE: ClassVar[str] = "the body must be an object"
 

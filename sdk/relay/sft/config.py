@@ -53,13 +53,17 @@ RULES: dict[str, str] = {
 
 
 class SFTConfig(CheckedConfig):
-    """A recipe: the base model, the dataset and a few settings.
+    """A recipe: the base model, the dataset and a few settings (docs/recipe-jobs.md).
 
     The one declaration of a recipe's defaults: the engine's Recipe is built from a validated
     SFTConfig, and `relay local train`'s options take their defaults from here (``SFTConfig.default``).
     """
 
     RULES: ClassVar[dict[str, str]] = RULES
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "model": catalog.MODELS,
+        "finetune": catalog.FINETUNE_METHODS,
+    }
     WHAT: ClassVar[str] = "SFTConfig"
     BODY_MESSAGE: ClassVar[str] = "the config must be an object with the recipe's fields"
 
@@ -88,6 +92,8 @@ class SFTConfig(CheckedConfig):
         if value is not None:
             if not value:
                 raise ValueError("must map at least one model camera, or be left out for the dataset's")
+            if any(has_control_characters(name) for name in (*value, *value.values())):
+                raise ValueError(RULES["cameras"] + ", with no control characters")
             catalog.check_cameras(value)
         return value
 

@@ -31,6 +31,9 @@ from relay.errors import ConfigError
 
 ACTION_HORIZON_MAX = 100
 SAVED_NAME_MAX = 128
+# The file in a saved state's directory that says what it belongs to (model, finetune, targets,
+# rank): the worker writes it, the API lists states by it.
+STATE_META_FILE = "session.json"
 
 # Sessions once called these `rank` and `alpha`; bodies sent and configs stored with those names are
 # still read. (`create_lora_training_client(rank=..., alpha=...)` keeps its published argument names.)
@@ -61,7 +64,7 @@ def with_current_names(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class SessionConfig(CheckedConfig):
-    """What a training session trains: fixed for its life."""
+    """What a training session trains (docs/sessions.md): fixed for its life."""
 
     RULES: ClassVar[dict[str, str]] = RULES
     WHAT: ClassVar[str] = "a session"

@@ -90,7 +90,14 @@ def test_events_and_output_of_a_completed_run(
 
     metrics = [e for e in events if "loss" in e]
     assert [e["step"] for e in metrics] == [10, 20, 25]
-    assert set(metrics[0]) == {"step", "loss", "grad_norm", "lr", "skipped"}
+    speed = {"steps_per_second", "samples_per_second", "data_wait"}
+    assert set(metrics[0]) == {"step", "loss", "grad_norm", "lr", "skipped", *speed}
+    assert metrics[0]["steps_per_second"] > 0 and 0 <= metrics[0]["data_wait"] <= 1
+    # 10 steps of batch_size samples each, in the same time.
+    ratio = metrics[0]["samples_per_second"] / metrics[0]["steps_per_second"]
+    assert ratio == pytest.approx(recipe.config.batch_size)
+    checkpoints = [e for e in events if e.get("event") == "checkpoint"]
+    assert all(set(e) == {"step", "event", "seconds"} and e["seconds"] > 0 for e in checkpoints)
     assert metrics[0]["skipped"] == 0.0 and metrics[0]["lr"] > 0
     assert [e["step"] for e in events if e.get("event") == "checkpoint"] == [10, 20, 25]
     assert events[-1] == {"step": 25, "event": "finished"}
@@ -159,3 +166,4 @@ def test_a_recipe_is_a_validated_sftconfig_whose_fingerprint_predates_that() -> 
     assert recipe.fingerprint() == hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:16]
     renamed = Recipe.from_config(recipe.config.model_copy(update={"name": "second"}), seed=3)
     assert renamed.fingerprint() == recipe.fingerprint()
+    assert Recipe.from_dict(json.loads(json.dumps(recipe.to_dict()))) == recipe
