@@ -105,8 +105,8 @@ class SessionOut(BaseModel):
     status: Literal["starting", "ready", "closed", "error"]
     base_model: str
     finetune: str
-    rank: int
-    alpha: float | None
+    lora_rank: int
+    lora_alpha: float | None
     targets: list[str]
     action_horizon: int
     codec: str

@@ -19,7 +19,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from relay.training import status as st
-from relay.training.config import SessionConfig
+from relay.training.config import SessionConfig, with_current_names
 from relay_api.db import utcnow
 from relay_api.errors import APIProblem
 from relay_api.fine_tunes import iso
@@ -46,7 +46,7 @@ def session_object(row: Mapping[str, Any], settings: Settings) -> dict[str, Any]
         "id": row["id"],
         "object": "training_session",
         "status": row["status"],
-        **row["config"],
+        **with_current_names(row["config"]),
         "info": row["info"],
         "error": row["error"],
         "worker": row["worker"],

@@ -82,7 +82,7 @@ class FineTuneJob:
 
     @property
     def config(self) -> SFTConfig:
-        return SFTConfig(**{f: self._data.get(f) for f in CONFIG_FIELDS})
+        return SFTConfig.parse({f: self._data.get(f) for f in CONFIG_FIELDS})
 
     @property
     def done(self) -> bool:
