@@ -213,7 +213,6 @@ class ContextSampler:
         if spec.problem_type == "regression":  # the train stats, as for the targets
             labels = _labels(rows, spec)
             scalars[:, 1] = (labels - self.label_scale.mean) / self.label_scale.std
-        self.task_columns = column_ids
         return _EncodedTable(
             spec.name,
             self.table_index[spec.name],
