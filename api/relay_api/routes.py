@@ -20,6 +20,7 @@ from relay_api import fine_tunes, schemas
 from relay_api.deps import (
     CurrentUser,
     EnqueuedNotesDep,
+    OneStatementSessionDep,
     PublisherDep,
     ReadSessionDep,
     SessionDep,
@@ -45,7 +46,7 @@ IdempotencyKey = Annotated[
 def create_fine_tune(
     config: Annotated[SFTConfig, Body()],
     user: CurrentUser,
-    session: SessionDep,
+    session: OneStatementSessionDep,
     publisher: PublisherDep,
     notes: EnqueuedNotesDep,
     settings: SettingsDep,
