@@ -313,10 +313,10 @@ def main() -> None:
     from sqlalchemy import select
 
     from relay.sft.config import SFTConfig
-    from relay_api import lifecycle
     from relay_api.db import session_factory
     from relay_api.fine_tunes import create, mark_enqueued
     from relay_api.models import User
+    from relay_worker import lifecycle
 
     home, env, settings, key = fresh_service(DATABASE, REDIS_URL, "relay-bench-")
     sessions = session_factory(settings)

@@ -210,10 +210,11 @@ def ready_session_without_worker(database_url: str, home: Path, key_user: str) -
     from sqlalchemy import select
 
     from relay.training.config import SessionConfig
-    from relay_api import session_lifecycle, sessions
+    from relay_api import sessions
     from relay_api.db import session_factory
     from relay_api.models import User
     from relay_api.settings import Settings
+    from relay_worker import session_lifecycle
 
     settings = Settings(home=home, database_url=database_url, broker_url=REDIS_URL, lease_seconds=3600)
     factory = session_factory(settings)

@@ -194,7 +194,7 @@ def test_sessions_commands(
         training_client.save_state("cli-state").result(timeout=120)
 
         listed = [json.loads(line) for line in run("sessions", "list", "--json").splitlines()]
-        assert [(s["id"], s["status"], s["rank"]) for s in listed] == [(session_id, "ready", 4)]
+        assert [(s["id"], s["status"], s["lora_rank"]) for s in listed] == [(session_id, "ready", 4)]
         table = run("sessions", "list")
         assert session_id in table and "ready" in table and "lora r4" in table
         assert "pi05-tiny" in run("sessions", "show", session_id)

@@ -13,9 +13,10 @@ from relay._http import Client
 from relay.sft.config import SFTConfig
 from relay.sft.job import FineTuneJob
 from relay.sft.train import train
-from relay_api import fine_tunes, lifecycle
+from relay_api import fine_tunes
 from relay_api.db import utcnow
 from relay_api.models import FineTune, FineTuneEvent
+from relay_worker import lifecycle
 from tests.service.stack import Stack, wait_for
 
 pytestmark = pytest.mark.slow

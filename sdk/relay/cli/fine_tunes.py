@@ -15,10 +15,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from relay import sft
+from relay.catalog import LORA_RANK_MAX
 from relay.cli._common import dataset_name, err, fail, parse_pairs, show_record, status_text
 from relay.cli.watch import watch_events
 from relay.errors import APIError, ConfigError
-from relay.sft.config import SFTConfig
+from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 from relay.sft.job import Event, FineTuneJob
 from relay.sft.train import train
 
@@ -50,11 +51,19 @@ def create(
         "--dataset-name",
         help="LeRobot dataset on the Hub (lerobot/pusht_image) or a local directory.",
     ),
-    batch_size: int | None = typer.Option(None, help="Samples per step, 1 to 512 (default 128)."),
-    learning_rate: float | None = typer.Option(None, help="Peak learning rate (default 2.5e-5)."),
-    steps: int | None = typer.Option(None, help="Optimizer steps, 1 to 100,000 (default 6000)."),
+    batch_size: int | None = typer.Option(
+        None, help=f"Samples per step, 1 to {BATCH_SIZE_MAX} (default {SFTConfig.default('batch_size')})."
+    ),
+    learning_rate: float | None = typer.Option(
+        None, help=f"Peak learning rate (default {SFTConfig.default('learning_rate')})."
+    ),
+    steps: int | None = typer.Option(
+        None, help=f"Optimizer steps, 1 to {STEPS_MAX:,} (default {SFTConfig.default('steps')})."
+    ),
     finetune: str | None = typer.Option(None, help="lora (default) or full."),
-    lora_rank: int | None = typer.Option(None, help="LoRA rank, 1 to 256 (default 32)."),
+    lora_rank: int | None = typer.Option(
+        None, help=f"LoRA rank, 1 to {LORA_RANK_MAX} (default {SFTConfig.default('lora_rank')})."
+    ),
     lora_alpha: float | None = typer.Option(None, help="LoRA alpha (default: the rank)."),
     target: list[str] | None = typer.Option(None, "--target", help="Where training goes; repeatable."),
     camera: list[str] | None = typer.Option(

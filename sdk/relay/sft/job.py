@@ -35,7 +35,8 @@ class Event(dict[str, Any]):
 
 class FineTuneJob:
     """A recipe job. Attributes: ``id``, ``status``, ``step``, ``loss``, ``error``, ``output_dir``,
-    ``created_at``, ``started_at``, ``finished_at`` and the config's fields."""
+    ``created_at``, ``started_at``, ``finished_at``, ``attempts``, ``lease_lapsed_seconds`` (a running
+    job whose worker stopped renewing its lease: how long ago it lapsed) and the config's fields."""
 
     id: str
     status: str
@@ -43,6 +44,11 @@ class FineTuneJob:
     loss: float | None
     error: str | None
     output_dir: str | None
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    attempts: int
+    lease_lapsed_seconds: float | None
     model: str
     dataset_name: str
     batch_size: int
@@ -76,7 +82,7 @@ class FineTuneJob:
 
     @property
     def config(self) -> SFTConfig:
-        return SFTConfig(**{f: self._data.get(f) for f in CONFIG_FIELDS})
+        return SFTConfig.parse({f: self._data.get(f) for f in CONFIG_FIELDS})
 
     @property
     def done(self) -> bool:
