@@ -22,6 +22,7 @@ from relay_api import fine_tunes, schemas
 from relay_api.deps import (
     CurrentUser,
     EnqueuedNotesDep,
+    OneStatementSessionDep,
     PublisherDep,
     ReadSessionDep,
     SessionDep,
@@ -43,7 +44,7 @@ router = APIRouter(prefix="/v1/fine-tunes", tags=["fine-tunes"], responses=schem
 def create_fine_tune(
     config: Annotated[SFTConfig, Body()],
     user: CurrentUser,
-    session: SessionDep,
+    session: OneStatementSessionDep,
     publisher: PublisherDep,
     notes: EnqueuedNotesDep,
     settings: SettingsDep,
