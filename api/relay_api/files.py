@@ -2,7 +2,8 @@
 
 Paths are relative to the job's work directory and always start with ``output/`` or
 ``checkpoints/``; nothing else in the data directory can be named. The output's sha256 is recorded
-when the job completes; a checkpoint file's is computed when first asked for and remembered.
+when the job completes; a checkpoint file's is computed when first listed or downloaded and
+remembered (checkpoint files never change once complete).
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ class ChecksumCache:
         return known
 
 
-def checkpoint_files(work_dir: Path) -> list[dict[str, Any]]:
-    """Files of the job's complete checkpoints (those with a manifest), oldest first."""
+def checkpoint_files(work_dir: Path, checksums: ChecksumCache) -> list[dict[str, Any]]:
+    """Files of the job's complete checkpoints (those with a manifest), oldest first, with sha256."""
     root = work_dir / CHECKPOINTS
     if not root.is_dir():
         return []
@@ -60,13 +61,15 @@ def checkpoint_files(work_dir: Path) -> list[dict[str, Any]]:
             continue
         for path in sorted(p for p in checkpoint.rglob("*") if p.is_file() and not p.name.startswith(".")):
             relative = PurePosixPath(CHECKPOINTS, *path.relative_to(root).parts)
-            found.append({"path": str(relative), "bytes": path.stat().st_size, "sha256": None})
+            found.append(
+                {"path": str(relative), "bytes": path.stat().st_size, "sha256": checksums.sha256(path)}
+            )
     return found
 
 
-def listing(job: dict[str, Any], work_dir: Path) -> list[dict[str, Any]]:
+def listing(job: dict[str, Any], work_dir: Path, checksums: ChecksumCache) -> list[dict[str, Any]]:
     outputs = [{"path": path, **meta} for path, meta in sorted((job.get("files") or {}).items())]
-    return outputs + checkpoint_files(work_dir)
+    return outputs + checkpoint_files(work_dir, checksums)
 
 
 def resolve(job: dict[str, Any], work_dir: Path, path: str) -> tuple[Path, str | None]:

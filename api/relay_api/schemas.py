@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class FineTuneOut(BaseModel):
@@ -13,7 +13,10 @@ class FineTuneOut(BaseModel):
     object: Literal["fine_tune"] = "fine_tune"
     status: Literal["queued", "running", "cancel_requested", "completed", "cancelled", "error"]
     step: int
-    loss: float | None
+    loss: float | None = Field(
+        description="The mean training loss over the latest metrics window (the last 10 steps): "
+        "the latest metrics event's `loss`. Null before the first event."
+    )
     error: str | None
     output_dir: str | None
     created_at: str
@@ -61,7 +64,7 @@ class EventList(BaseModel):
 class FileOut(BaseModel):
     path: str
     bytes: int
-    sha256: str | None
+    sha256: str
 
 
 class FileList(BaseModel):

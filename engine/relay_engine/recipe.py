@@ -101,7 +101,11 @@ def run_recipe(
     should_stop: Callable[[], bool],
     dataset_cache_dir: Path | None = None,
     output_dir: Path | None = None,
+    checkpoint_on_stop: bool = False,
 ) -> RecipeResult:
+    """Run (or resume) the recipe in `work_dir`. A resumed run first reports
+    `{"step": N, "event": "resumed"}`. With `checkpoint_on_stop`, a run stopped by `should_stop`
+    saves a checkpoint at the step it reached (a local run's Ctrl-C), so a rerun loses nothing."""
     work_dir = Path(work_dir)
     output_dir = Path(output_dir) if output_dir is not None else work_dir / "output"
     device = pick_device(recipe.device)
@@ -134,6 +138,7 @@ def run_recipe(
         )
         position = DataPosition.from_dict(manifest["data_position"])
         resumed_from = state.step
+        on_event({"step": resumed_from, "event": "resumed"})
 
     order = BatchOrder(len(indices), recipe.batch_size, recipe.seed, span_epochs=True)
     subset = torch.utils.data.Subset(dataset, indices.tolist()) if recipe.episodes is not None else dataset
@@ -171,10 +176,18 @@ def run_recipe(
         log_every=recipe.log_every,
     )
     if result.status != "completed":
+        if checkpoint_on_stop and state.step > 0 and _latest_step(store) != state.step:
+            save_checkpoint(state)
+            on_event({"step": state.step, "event": "checkpoint"})
         return RecipeResult(result.status, result.step, result.loss, None, resumed_from)
 
     write_output(model, output_dir, dataset.norm_stats.to_json())
     return RecipeResult("completed", result.step, result.loss, output_dir, resumed_from)
+
+
+def _latest_step(store: CheckpointStore) -> int | None:
+    latest = store.latest()
+    return None if latest is None else int(store.manifest(latest)["step"])
 
 
 def _training_indices(dataset: Any, episodes: Iterable[int] | None) -> np.ndarray:

@@ -89,7 +89,13 @@ def _train(settings: Settings, sessions: Any, claim: Claim, keeper: LeaseKeeper)
     work_dir = settings.job_dir(claim.job_id)
     work_dir.mkdir(parents=True, exist_ok=True)
 
+    # The job's `loss` is the latest metrics event's: the mean over its window of steps, never
+    # one step's loss, so the job and its events show one quantity.
+    window_loss: dict[str, Any] = {}
+
     def on_event(event: dict[str, Any]) -> None:
+        if "loss" in event:
+            window_loss["loss"] = event["loss"]
         keeper.note(lifecycle.record_event(sessions, settings, claim, _plain(event)))
 
     if claim.attempt > 1:
@@ -120,7 +126,7 @@ def _train(settings: Settings, sessions: Any, claim: Claim, keeper: LeaseKeeper)
     if result.status == "completed":
         assert result.output_dir is not None
         files = output_manifest(work_dir, Path(result.output_dir))
-        loss = _finite(result.loss)
+        loss = _finite(window_loss.get("loss", result.loss))
         return lifecycle.complete(sessions, claim, result.step, loss, str(result.output_dir), files)
     if keeper.cancel_requested:
         return lifecycle.cancelled(sessions, claim, result.step)

@@ -35,3 +35,9 @@ def parse_pairs(values: list[str], option: str) -> dict[str, str]:
             raise typer.BadParameter(f"expected KEY=VALUE, got {value!r}", param_hint=f"--{option}")
         pairs[key] = item
     return pairs
+
+
+def split_targets(values: list[str] | None) -> list[str] | None:
+    """`--target a --target b` and `--targets a,b` (or a mix) -> ['a', 'b']; None when none given."""
+    targets = [name.strip() for value in values or [] for name in value.split(",") if name.strip()]
+    return targets or None
