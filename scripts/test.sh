@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install Relay with its development extras in .venv and run the linters and the whole test
-# suite against real PostgreSQL, Redis and Celery worker processes. Exits non-zero on any failure.
+# Install Relay with its development extras in .venv and run the linters, the type checker and the
+# whole test suite against real PostgreSQL, Redis and Celery worker processes. Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,4 +15,6 @@ python -m pip install -q -e ".[dev]"
 ruff check .
 ruff format --check .
 lint-imports
+# The packages that type-check clean; api/relay_api and worker/relay_worker join when they do.
+mypy sdk/relay engine/relay_engine
 pytest --durations=15 "$@"

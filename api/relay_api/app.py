@@ -15,20 +15,24 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, RedirectResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relay import __version__
 from relay.sft.config import SFTConfig
-from relay_api import routes, session_routes
+from relay_api import console, routes, session_routes, states
 from relay_api.channel import api_channel
-from relay_api.db import read_session_factory, session_factory
+from relay_api.db import is_outage, read_session_factory, session_factory
 from relay_api.enqueued import EnqueuedNotes
-from relay_api.errors import APIProblem, error_body
+from relay_api.errors import APIProblem, database_unavailable, error_body
 from relay_api.files import ChecksumCache
+from relay_api.guard import Guard
 from relay_api.keys import KeyCache
+from relay_api.metrics import Metrics, RequestMetrics
 from relay_api.queue import Publisher
 from relay_api.sessions import ReadyCache
 from relay_api.settings import Settings, get_settings
@@ -52,7 +56,14 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
         app.state.enqueued.close()
         await app.state.channel.aclose()
 
-    app = FastAPI(title="Relay", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(
+        title="Relay",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url=None,  # served from the package's own files by relay_api.console
+        redoc_url=None,
+    )
     app.state.settings = settings
     app.state.sessions = session_factory(settings)
     app.state.readers = read_session_factory(settings)
@@ -65,14 +76,24 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
 
     app.include_router(routes.router)
     app.include_router(session_routes.router)
+    app.include_router(states.router)
     app.add_exception_handler(APIProblem, _problem_answer)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_answer)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_answer)  # type: ignore[arg-type]
+    app.add_exception_handler(SQLAlchemyError, _database_answer)  # type: ignore[arg-type]
+    if settings.metrics:
+        app.state.metrics = Metrics(app.state.readers, settings)
+        app.add_middleware(RequestMetrics, metrics=app.state.metrics)
+    # The last added runs first: every answer, the guard's too, carries the request id.
+    app.add_middleware(Guard)
     app.add_middleware(RequestId)
+    console.install(app)
 
-    @app.get("/", include_in_schema=False)
-    def root() -> RedirectResponse:
-        return RedirectResponse("/docs")
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        if not settings.metrics:
+            raise APIProblem(404, "metrics are off on this server (RELAY_METRICS=true turns them on)")
+        return Response(generate_latest(app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", tags=["health"], summary="Whether the API can reach its database")
     def healthz() -> dict[str, str]:
@@ -102,6 +123,14 @@ async def _http_answer(_request: Request, error: HTTPException) -> JSONResponse:
     if error.status_code == 404 and message == "Not Found":
         message = "no such endpoint; see /docs"
     return _answer(error.status_code, message, headers=getattr(error, "headers", None))
+
+
+async def _database_answer(_request: Request, error: SQLAlchemyError) -> JSONResponse:
+    """503 with Retry-After while the database is away (a restart, a network cut); other database
+    errors are bugs, and stay 500s."""
+    if is_outage(error):
+        return await _problem_answer(_request, database_unavailable(error))
+    raise error
 
 
 async def _validation_answer(_request: Request, error: RequestValidationError) -> JSONResponse:

@@ -36,6 +36,7 @@ LOCAL_USER = "local"
 def serve(host: str, port: int, log: Callable[[str], None] = print) -> None:
     home = _config.data_dir().expanduser().absolute()
     os.environ["RELAY_HOME"] = str(home)  # the worker process reads the same settings
+    os.environ.setdefault("RELAY_METRICS", "true")  # a laptop's /metrics tells no one else anything
     settings = Settings()
     home.mkdir(parents=True, exist_ok=True)
     _check_port_free(host, port)
@@ -48,7 +49,7 @@ def serve(host: str, port: int, log: Callable[[str], None] = print) -> None:
 
     worker = WorkerProcess(settings, home / "worker.log")
     worker.start()
-    log(f"Relay is serving at {base_url} (API docs: {base_url}/docs)")
+    log(f"Relay is serving at {base_url}: open it for the console (API docs: {base_url}/docs)")
     log(f"data: {home}; API key for user '{LOCAL_USER}' in {key_file} (the SDK and CLI read it from there)")
     log(f"worker log: {worker.log_path}; press Ctrl-C to stop")
     # uvicorn re-raises the signal that stopped it once it is done; make SIGTERM an exception here so

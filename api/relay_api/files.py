@@ -8,16 +8,22 @@ remembered (checkpoint files never change once complete).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
+import time
+import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from relay._http import sha256_of
+from relay._rules import has_control_characters
 from relay_api.errors import APIProblem
 
 OUTPUT = "output"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_MANIFEST = "manifest.json"
+PATH_MAX = 1024
 
 
 def output_manifest(work_dir: Path, output_dir: Path) -> dict[str, dict[str, Any]]:
@@ -30,15 +36,16 @@ def output_manifest(work_dir: Path, output_dir: Path) -> dict[str, dict[str, Any
 
 
 class ChecksumCache:
-    """sha256 of files that do not change once written (complete checkpoints), by path, size and mtime."""
+    """sha256 of files that do not change once written (complete checkpoints), by inode, size and mtime."""
 
     def __init__(self) -> None:
-        self._known: dict[tuple[str, int, int], str] = {}
+        self._known: dict[tuple[int, int, int, int], str] = {}
         self._lock = threading.Lock()
 
     def sha256(self, path: Path) -> str:
         stat = path.stat()
-        key = (str(path), stat.st_size, stat.st_mtime_ns)
+        # By inode, not name: a download reads a pinned second name of the same file (see `pin`).
+        key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
         with self._lock:
             known = self._known.get(key)
         if known is None:
@@ -61,9 +68,12 @@ def checkpoint_files(work_dir: Path, checksums: ChecksumCache) -> list[dict[str,
             continue
         for path in sorted(p for p in checkpoint.rglob("*") if p.is_file() and not p.name.startswith(".")):
             relative = PurePosixPath(CHECKPOINTS, *path.relative_to(root).parts)
-            found.append(
-                {"path": str(relative), "bytes": path.stat().st_size, "sha256": checksums.sha256(path)}
-            )
+            try:
+                size = path.stat().st_size
+                sha256 = checksums.sha256(path)
+            except FileNotFoundError:  # pruned while listed: it is gone, so it is not listed
+                continue
+            found.append({"path": str(relative), "bytes": size, "sha256": sha256})
     return found
 
 
@@ -74,6 +84,8 @@ def listing(job: dict[str, Any], work_dir: Path, checksums: ChecksumCache) -> li
 
 def resolve(job: dict[str, Any], work_dir: Path, path: str) -> tuple[Path, str | None]:
     """The file `path` names in the job's work directory and its sha256 if recorded; 404 otherwise."""
+    if len(path) > PATH_MAX or has_control_characters(path):  # NUL and friends: no file has them
+        raise APIProblem(404, f"no such file in fine-tune {job['id']}", param="path", code="not_found")
     relative = PurePosixPath(path)
     parts = relative.parts
     if (
@@ -93,3 +105,39 @@ def resolve(job: dict[str, Any], work_dir: Path, path: str) -> tuple[Path, str |
     if not full.is_file() or not full.resolve().is_relative_to(work_dir.resolve()):
         raise APIProblem(404, f"no file {path} in fine-tune {job['id']}", param="path", code="not_found")
     return full, recorded["sha256"] if recorded else None
+
+
+PINS = ".pins"
+
+
+def pin(work_dir: Path, full: Path, job_id: str, path: str) -> Path:
+    """A second name (a hard link) for a checkpoint file, under the job's work directory, that its
+    pruning cannot take away while a download reads it; the caller unlinks it when done. Without it a
+    checkpoint pruned mid-download gave a 500 or a truncated body."""
+    pins = work_dir / PINS
+    pins.mkdir(exist_ok=True)
+    _drop_stale_pins(pins)
+    pinned = pins / f"{uuid.uuid4().hex}-{full.name}"
+    try:
+        os.link(full, pinned)
+    except FileNotFoundError:  # pruned since it was listed
+        raise APIProblem(
+            404, f"no file {path} in fine-tune {job_id}", param="path", code="not_found"
+        ) from None
+    return pinned
+
+
+def unpin(pinned: Path) -> None:
+    pinned.unlink(missing_ok=True)
+
+
+# A pin this old was left by a download that never finished (a dropped connection, an API restart).
+STALE_PIN_SECONDS = 24 * 3600
+
+
+def _drop_stale_pins(pins: Path) -> None:
+    now = time.time()
+    for pinned in pins.iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            if now - pinned.stat().st_ctime > STALE_PIN_SECONDS:  # a link sets ctime, not mtime
+                pinned.unlink()

@@ -22,6 +22,7 @@ from relay_api.errors import APIProblem, not_found
 from relay_api.idempotency import insert_once, request_hash
 from relay_api.models import fine_tune_events, fine_tunes
 from relay_api.pagination import newest_first
+from relay_api.schemas import FineTuneOut
 
 CONFIG_FIELDS: tuple[str, ...] = tuple(SFTConfig.model_fields)
 JOB_ID_PREFIX = "ft-"
@@ -36,9 +37,10 @@ def iso(moment: dt.datetime | None) -> str | None:
 
 
 def job_object(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A job as the API shows it: the spec's attributes, then the config's fields."""
+    """A job as the API shows it (schemas.FineTuneOut, the one definition of its shape): its own
+    attributes, then the config's fields."""
     config = row["config"]
-    return {
+    job = {
         "id": row["id"],
         "object": "fine_tune",
         "status": row["status"],
@@ -50,22 +52,35 @@ def job_object(row: Mapping[str, Any]) -> dict[str, Any]:
         "started_at": iso(row["started_at"]),
         "finished_at": iso(row["finished_at"]),
         "attempts": row["attempt"],
+        "lease_lapsed_seconds": lease_lapsed_seconds(row),
         **{name: config.get(name) for name in CONFIG_FIELDS},
     }
+    return FineTuneOut.model_validate(job).model_dump(mode="json")
+
+
+def lease_lapsed_seconds(row: Mapping[str, Any]) -> float | None:
+    """For a running job whose worker stopped renewing its lease: how long ago the lease lapsed. A
+    worker resumes such a job within a reconciler pass, so a number that keeps growing means no
+    worker is alive to do it."""
+    lease_until = row.get("lease_until")
+    if row["status"] not in (st.RUNNING, st.CANCEL_REQUESTED) or lease_until is None:
+        return None
+    lapsed = (utcnow() - lease_until).total_seconds()
+    return round(lapsed, 1) if lapsed > 0 else None
 
 
 def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
     """An event as the engine reported it (``{"step": 10, "loss": ...}``), with its id and time."""
-    body: dict[str, Any] = {"step": row["step"], **row["data"]}
+    event: dict[str, Any] = {
+        "id": row["id"],
+        "object": "fine_tune.event",
+        "created_at": iso(row["created_at"]),
+        "step": row["step"],
+        **row["data"],
+    }
     if row["kind"] != "metrics":
-        body["event"] = row["kind"]
-    return {"id": row["id"], "object": "fine_tune.event", "created_at": iso(row["created_at"]), **body}
-
-
-def names_local_directory(dataset_name: str) -> bool:
-    """Whether the engine would read `dataset_name` from the worker's disk rather than the Hub (the
-    engine's rule: an absolute path, ~/..., ./..., ../... or a file:// URL)."""
-    return dataset_name.startswith(("/", "~", "./", "../", "file:"))
+        event["event"] = row["kind"]
+    return event
 
 
 def create(
@@ -148,15 +163,21 @@ def list_page(
 
 
 def events_page(
-    session: Session, job_id: str, after: int | None, limit: int
+    session: Session, user_id: int, job_id: str, after: int | None, limit: int
 ) -> tuple[list[dict[str, Any]], bool]:
-    """The job's events after event id `after`, oldest first; and whether more follow."""
-    query = select(fine_tune_events).where(fine_tune_events.c.job_id == job_id)
+    """The caller's job's events after event id `after`, oldest first; and whether more follow.
+
+    One round trip when there are events: the ownership check rides in the same statement. Only an
+    empty page looks the job up on its own, to tell "none yet" from "no such job" (a 404)."""
+    owned = select(fine_tunes.c.id).where(fine_tunes.c.id == job_id, fine_tunes.c.user_id == user_id)
+    query = select(fine_tune_events).where(fine_tune_events.c.job_id == job_id, owned.exists())
     if after is not None:
         query = query.where(fine_tune_events.c.id > after)
-    rows = session.execute(query.order_by(fine_tune_events.c.id).limit(limit + 1)).mappings().all()
+    rows = session.execute(query.order_by(fine_tune_events.c.id).limit(limit + 1)).all()
     _end_read(session)
-    return [dict(r) for r in rows[:limit]], len(rows) > limit
+    if not rows:
+        get(session, user_id, job_id)
+    return [row._asdict() for row in rows[:limit]], len(rows) > limit
 
 
 def cancel(session: Session, user_id: int, job_id: str) -> dict[str, Any]:

@@ -158,9 +158,20 @@ class SessionMessage(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class WorkerHeartbeat(Base):
+    """A worker's sign of life, written by its reconciler every pass (/metrics counts the recent ones)."""
+
+    __tablename__ = "worker_heartbeats"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)  # host:pid of the main process
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    seen_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 users = User.__table__
 api_keys = ApiKey.__table__
 fine_tunes = FineTune.__table__
 fine_tune_events = FineTuneEvent.__table__
 training_sessions = TrainingSessionRow.__table__
 session_messages = SessionMessage.__table__
+worker_heartbeats = WorkerHeartbeat.__table__

@@ -1,5 +1,6 @@
-"""The shapes of the API's answers, for /docs. Routes build these dicts directly (fine_tunes.job_object
-and event_object) and skip re-validating them on the way out."""
+"""The shapes of the API's answers: one model per resource, which the routes build their answers
+with (fine_tunes.job_object, sessions.session_object) and /openapi.json shows. Events are built as
+plain dicts on their hot path (fine_tunes.event_object) and match EventOut (tests/service)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class FineTuneOut(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a field the routes add must be declared here first
+
     id: str
     object: Literal["fine_tune"] = "fine_tune"
     status: Literal["queued", "running", "cancel_requested", "completed", "cancelled", "error"]
@@ -23,6 +26,10 @@ class FineTuneOut(BaseModel):
     started_at: str | None
     finished_at: str | None
     attempts: int
+    lease_lapsed_seconds: float | None = Field(
+        description="For a running job whose worker stopped renewing its lease: seconds since the lease "
+        "lapsed (another worker resumes it within seconds; a growing number means no worker is alive)."
+    )
     model: str
     dataset_name: str
     batch_size: int
@@ -94,13 +101,15 @@ class SessionOut(BaseModel):
     """A training session: ``starting`` (waiting for a worker, then loading on ``worker``), ``ready``,
     ``closed`` or ``error`` (``error`` says why it ended)."""
 
+    model_config = ConfigDict(extra="forbid")
+
     id: str
     object: Literal["training_session"] = "training_session"
     status: Literal["starting", "ready", "closed", "error"]
     base_model: str
     finetune: str
-    rank: int
-    alpha: float | None
+    lora_rank: int
+    lora_alpha: float | None
     targets: list[str]
     action_horizon: int
     codec: str
@@ -116,6 +125,26 @@ class SessionOut(BaseModel):
 class SessionList(BaseModel):
     object: Literal["list"] = "list"
     data: list[SessionOut]
+    has_more: bool
+
+
+class StateOut(BaseModel):
+    """A training state saved by a session's ``save_state(name)``; ``load_state(name)`` takes it back
+    in a session with the same model, finetune method, targets and rank."""
+
+    object: Literal["training_state"] = "training_state"
+    name: str
+    base_model: str | None
+    finetune: str | None
+    targets: list[str] | None
+    lora_rank: int | None
+    bytes: int
+    saved_at: str
+
+
+class StateList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[StateOut]
     has_more: bool
 
 

@@ -19,13 +19,14 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from relay.training import status as st
-from relay.training.config import SessionConfig
+from relay.training.config import SessionConfig, with_current_names
 from relay_api.db import utcnow
 from relay_api.errors import APIProblem
 from relay_api.fine_tunes import iso
 from relay_api.idempotency import insert_once, request_hash
 from relay_api.models import training_sessions as table
 from relay_api.pagination import newest_first
+from relay_api.schemas import SessionOut
 from relay_api.settings import Settings
 
 SESSION_ID_PREFIX = "ses-"
@@ -40,12 +41,12 @@ def new_session_id() -> str:
 
 
 def session_object(row: Mapping[str, Any], settings: Settings) -> dict[str, Any]:
-    """A session as the API shows it."""
-    return {
+    """A session as the API shows it (schemas.SessionOut, the one definition of its shape)."""
+    session = {
         "id": row["id"],
         "object": "training_session",
         "status": row["status"],
-        **row["config"],
+        **with_current_names(row["config"]),
         "info": row["info"],
         "error": row["error"],
         "worker": row["worker"],
@@ -54,6 +55,7 @@ def session_object(row: Mapping[str, Any], settings: Settings) -> dict[str, Any]
         "ready_at": iso(row["ready_at"]),
         "ended_at": iso(row["ended_at"]),
     }
+    return SessionOut.model_validate(session).model_dump(mode="json")
 
 
 def not_found(session_id: str) -> APIProblem:

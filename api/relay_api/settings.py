@@ -60,7 +60,10 @@ class Settings(BaseSettings):
     session_result_seconds: float = Field(3600.0, gt=0)
     # Calls sent and not yet run, per session, before the API answers 429 (the SDK keeps 8 ahead).
     session_max_pending_calls: int = Field(64, ge=1)
-    # The largest call body (a batch with its frames).
+    # The largest body of a JSON request (a recipe, a session's settings); bigger ones get a 413
+    # before they are read. A session's calls have their own limit, below.
+    max_json_body_bytes: int = Field(1 << 20, ge=1 << 10)
+    # The largest call body (a batch with its frames): the largest honest request.
     session_max_call_bytes: int = Field(1 << 30, ge=1 << 20)
     # How calls and results travel between the API and the worker holding a session: through Redis
     # (streams and keys), or through the SQL database (polled; the embedded server, which has no Redis).
@@ -75,6 +78,9 @@ class Settings(BaseSettings):
     auth_cache_seconds: float = Field(30.0, ge=0)
     # Database connections per process (the API's thread pool runs 40 requests at once at most).
     db_pool_size: int = Field(20, ge=1)
+    # Serve /metrics (Prometheus): off by default on a shared server, since it tells anyone who can
+    # reach it how busy the service is; the embedded server turns it on.
+    metrics: bool = False
 
     @field_validator("home", mode="before")
     @classmethod

@@ -10,12 +10,18 @@ from __future__ import annotations
 # tiny sizes, for CPUs, the demo and the tests.
 MODELS: tuple[str, ...] = ("pi05", "pi05-tiny")
 
+# RT-J, the relational transformer, for tasks on relational databases: `rt-j` has the published
+# dimensions (85,562,530 weights in Stanford's layout); `rt-j-tiny` is the same network, small.
+RELATIONAL_MODELS: tuple[str, ...] = ("rt-j", "rt-j-tiny")
+
 # pi0.5 always has these three camera slots; a slot with no image is masked.
 MODEL_CAMERAS: tuple[str, ...] = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 
 # States and actions are padded with zeros to this width.
 ACTION_DIM = 32
 STATE_DIM = 32
+# Actions per chunk that pi0.5 predicts and trains on, unless a session or recipe says otherwise.
+ACTION_HORIZON = 10
 
 # Where training goes. With finetune="lora", a target's attention, MLP (and, for `.norm`, the
 # adaptive-norm) linear layers get LoRA adapters, except `heads`, which are trained in full because
@@ -42,6 +48,10 @@ DEFAULT_LORA_TARGETS: tuple[str, ...] = ("action_expert.attn", "action_expert.ml
 DEFAULT_FULL_TARGETS: tuple[str, ...] = ("all",)
 
 FINETUNE_METHODS: tuple[str, ...] = ("lora", "full")
+
+# The LoRA adapters' rank: 1 to LORA_RANK_MAX; LORA_RANK_DEFAULT where a recipe or session names none.
+LORA_RANK_DEFAULT = 32
+LORA_RANK_MAX = 256
 
 
 def default_targets(finetune: str) -> tuple[str, ...]:

@@ -61,7 +61,8 @@ def test_a_job_runs_to_completion_with_its_events_and_files(
     assert events == streamed and [e.id for e in events] == [e.id for e in streamed]
     metrics = [e for e in events if "event" not in e]
     assert [e["step"] for e in metrics] == [10, 20]
-    assert all(set(e) == {"step", "loss", "grad_norm", "lr", "skipped"} for e in metrics)
+    speed = {"steps_per_second", "samples_per_second", "data_wait"}
+    assert all(set(e) == {"step", "loss", "grad_norm", "lr", "skipped", *speed} for e in metrics)
     assert [e["step"] for e in events if e.get("event") == "checkpoint"] == [10, 20]
     assert events[-1] == {"step": 20, "event": "finished"}
     assert job.events(after=events[1].id) == events[2:]

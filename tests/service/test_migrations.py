@@ -14,7 +14,15 @@ from relay_api import migrate
 from tests.isolation import run_database_name
 from tests.service.stack import drop_database, recreate_database
 
-TABLES = {"users", "api_keys", "fine_tunes", "fine_tune_events", "training_sessions", "session_messages"}
+TABLES = {
+    "users",
+    "api_keys",
+    "fine_tunes",
+    "fine_tune_events",
+    "training_sessions",
+    "session_messages",
+    "worker_heartbeats",
+}
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])

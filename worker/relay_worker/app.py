@@ -3,24 +3,26 @@
 One process per GPU (``-c N`` with ``RELAY_WORKER_GPUS``), one task (a job or a session) at a time each: late
 acknowledgement, no prefetch beyond the task at hand, and a message that comes back if its
 process dies. The job row, claimed with a lease, decides whether a delivery trains; see
-relay_api.lifecycle. Each worker also runs the reconciler in a thread of its main process.
+relay_worker.lifecycle. Each worker also runs the reconciler in a thread of its main process.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import threading
 from typing import Any
 
+import redis
 from celery import signals
 
-from relay_api import session_lifecycle
-from relay_api.db import session_factory
-from relay_api.lifecycle import reconcile
+from relay_api.db import session_factory, utcnow
 from relay_api.queue import RUN_FINE_TUNE, make_celery
 from relay_api.settings import get_settings
-from relay_worker import shutdown
+from relay_worker import heartbeat, session_lifecycle, shutdown
+from relay_worker.fine_tune import worker_name
+from relay_worker.lifecycle import reconcile
 
 log = logging.getLogger("relay_worker")
 
@@ -49,12 +51,16 @@ class Reconciler(threading.Thread):
     def __init__(self) -> None:
         super().__init__(name="relay-reconciler", daemon=True)
         self.stopping = threading.Event()
+        self.broker = BrokerWatch(settings.broker_url)
 
     def run(self) -> None:
         sessions = session_factory(settings)
+        name, started_at = worker_name(), utcnow()
+        self._beat(sessions, name, started_at)
         while not self.stopping.wait(settings.reconcile_seconds):
+            self._beat(sessions, name, started_at)
             try:
-                report = reconcile(sessions, settings, publish)
+                report = reconcile(sessions, settings, publish, self.broker.started_at())
             except Exception:
                 log.exception("reconciler pass failed; trying again in %ss", settings.reconcile_seconds)
                 continue
@@ -66,6 +72,40 @@ class Reconciler(threading.Thread):
                     log.info("reconciler: ended session %s", session_id)
             except Exception:
                 log.exception("reconciler pass over sessions failed")
+
+    @staticmethod
+    def _beat(sessions: Any, name: str, started_at: Any) -> None:
+        try:
+            heartbeat.beat(sessions, name, started_at)
+        except Exception:  # only /metrics' count of live workers depends on it
+            log.warning("could not write this worker's heartbeat", exc_info=True)
+
+
+class BrokerWatch:
+    """When the broker last started, from Redis's INFO; a restart (a new run id) is logged. Redis
+    without persistence forgets its queues when it restarts, and the reconciler publishes what it
+    forgot at once. None for other brokers, or when Redis cannot be asked."""
+
+    def __init__(self, broker_url: str) -> None:
+        self.client = (
+            redis.Redis.from_url(broker_url) if broker_url.startswith(("redis://", "rediss://")) else None
+        )
+        self.run_id: str | None = None
+
+    def started_at(self) -> dt.datetime | None:
+        if self.client is None:
+            return None
+        try:
+            info = self.client.info("server")
+        except redis.RedisError:
+            log.warning("cannot ask the broker when it started", exc_info=True)
+            return None
+        if self.run_id is not None and info["run_id"] != self.run_id:
+            log.warning(
+                "the broker restarted (run id %s); publishing the jobs it may have lost", info["run_id"]
+            )
+        self.run_id = info["run_id"]
+        return dt.datetime.now(dt.UTC) - dt.timedelta(seconds=int(info["uptime_in_seconds"]))
 
 
 def publish(job_id: str) -> None:

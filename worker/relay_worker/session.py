@@ -29,17 +29,17 @@ import torch
 from relay.errors import ConfigError
 from relay.training import status as st
 from relay.training import types, wire
-from relay.training.config import check_name
-from relay_api import session_lifecycle as lifecycle
+from relay.training.config import check_name, with_current_names
 from relay_api.channel import ChannelUnavailable, QueuedCall, WorkerChannel, worker_channel
 from relay_api.db import session_factory, utcnow
-from relay_api.lifecycle import FencedOut
-from relay_api.session_lifecycle import SessionClaim
 from relay_api.settings import Settings, get_settings
 from relay_engine.errors import EngineError
 from relay_engine.training.session import SessionSpec, TrainingSession
+from relay_worker import session_lifecycle as lifecycle
 from relay_worker import shutdown
 from relay_worker.fine_tune import worker_name
+from relay_worker.lifecycle import FencedOut
+from relay_worker.session_lifecycle import SessionClaim
 
 CLOSED_BY_CLIENT = "closed by its client"
 log = logging.getLogger("relay_worker")
@@ -118,13 +118,13 @@ def run_session(session_id: str, settings: Settings | None = None) -> str:
 def _host(
     settings: Settings, sessions: Any, claim: SessionClaim, keeper: SessionKeeper, channel: WorkerChannel
 ) -> tuple[str, str]:
-    config = claim.config
+    config = with_current_names(claim.config)
     spec = SessionSpec(
         base_model=config["base_model"],
         finetune=config["finetune"],
         targets=config["targets"],
-        lora_rank=config["rank"],
-        lora_alpha=config["alpha"],
+        lora_rank=config["lora_rank"],
+        lora_alpha=config["lora_alpha"],
         action_horizon=config["action_horizon"],
     )
     log.info("session %s: loading %s (%s)", claim.session_id, spec.base_model, spec.finetune)

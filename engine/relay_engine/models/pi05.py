@@ -41,12 +41,12 @@ from relay_engine.models.layers import (
     RMS_EPS,
     AdaptiveRMSNorm,
     GemmaDecoderLayer,
-    attend,
     posemb_sincos,
     rope_tables,
 )
 from relay_engine.models.processor import Pi05Batch, Pi05Collator
 from relay_engine.models.tokenizer import Tokenizer
+from relay_engine.modules import ModuleSequence
 
 # -- modules, with lerobot's names ----------------------------------------------------------------
 
@@ -93,7 +93,7 @@ class GemmaStack(nn.Module):
         super().__init__()
         if vocab_size is not None:
             self.embed_tokens = nn.Embedding(vocab_size, size.width)
-        self.layers = nn.ModuleList(GemmaDecoderLayer(size, cond_dim) for _ in range(size.depth))
+        self.layers = ModuleSequence(GemmaDecoderLayer(size, cond_dim) for _ in range(size.depth))
         self.norm = (
             GemmaRMSNorm(size.width, eps=RMS_EPS)
             if cond_dim is None
@@ -236,15 +236,10 @@ class Pi05Model(nn.Module):
             keys, values = [], []
             layers = self.language_model.layers
             for index, layer in enumerate(layers):
-                normed = layer.input_layernorm(hidden)
-                k, v = layer.self_attn.keys_values(normed, rope)
+                # The last layer's output feeds nothing: it only makes its keys and values.
+                hidden, k, v = layer(hidden, rope, mask, keys_only=index == len(layers) - 1)
                 keys.append(k)
                 values.append(v)
-                if index == len(layers) - 1:
-                    break  # the last layer's output feeds nothing
-                attended = attend(layer.self_attn.queries(normed, rope), k, v, mask)
-                hidden = hidden + layer.self_attn.output(attended)
-                hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return PrefixCache(keys=keys, values=values, mask=mask, lengths=mask.sum(dim=1))
 
     # -- the suffix -------------------------------------------------------------------------------
@@ -266,14 +261,7 @@ class Pi05Model(nn.Module):
         for layer, prefix_keys, prefix_values in zip(
             self.expert.layers, prefix.keys, prefix.values, strict=True
         ):
-            normed, gate = layer.input_layernorm(hidden, cond)
-            k, v = layer.self_attn.keys_values(normed, rope)
-            k = torch.cat([prefix_keys.to(k.dtype), k], dim=2)
-            v = torch.cat([prefix_values.to(v.dtype), v], dim=2)
-            attended = attend(layer.self_attn.queries(normed, rope), k, v, key_mask)
-            hidden = hidden + layer.self_attn.output(attended) * gate
-            normed, gate = layer.post_attention_layernorm(hidden, cond)
-            hidden = hidden + layer.mlp(normed) * gate
+            hidden, _, _ = layer(hidden, rope, key_mask, cond, prefix_keys, prefix_values)
         normed, _ = self.expert.norm(hidden, cond)
         # The action head reads the expert's output in fp32, whatever the autocast.
         with torch.autocast(device_type=normed.device.type, enabled=False):

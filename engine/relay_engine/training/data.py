@@ -9,10 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch.utils.data
+
+
+class MapDataset(Protocol):
+    """What the loader reads: `len(ds)` samples and `ds[i]`. A LeRobotDataset (which is not a torch
+    Dataset, so that reading datasets needs no torch), a torch Subset of one, a list of Samples."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int, /) -> Any: ...
+
+
+def select(dataset: MapDataset, indices: Sequence[int]) -> MapDataset:
+    """The samples at `indices`, in that order (a torch Subset, which takes any map-style dataset)."""
+    return torch.utils.data.Subset(cast("torch.utils.data.Dataset[Any]", dataset), indices)
 
 
 @dataclass(frozen=True)
@@ -76,28 +90,43 @@ class BatchOrder:
             yield indices
 
 
+# Which [start, stop) of a batch of n samples this process reads (all of it when alone).
+BatchPart = Callable[[int], tuple[int, int]]
+
+
 class _BatchSampler(torch.utils.data.Sampler[list[int]]):
     """Feeds a BatchOrder to a DataLoader (which reads ahead, so positions are tracked by the caller)."""
 
-    def __init__(self, order: BatchOrder, start: DataPosition) -> None:
+    def __init__(self, order: BatchOrder, start: DataPosition, part: BatchPart | None) -> None:
         self.order = order
         self.start = start
+        self.part = part
 
     def __iter__(self) -> Iterator[list[int]]:
-        return self.order.batches(self.start)
+        for indices in self.order.batches(self.start):
+            if self.part is None:
+                yield indices
+            else:
+                first, stop = self.part(len(indices))
+                yield indices[first:stop]
 
 
 def batch_loader(
-    dataset: torch.utils.data.Dataset[Any],
+    dataset: MapDataset,
     order: BatchOrder,
     start: DataPosition,
     collate: Callable[[Sequence[Any]], Any],
     num_workers: int,
+    part: BatchPart | None = None,
 ) -> Iterator[Any]:
-    """Collated batches from `start` on, decoded in `num_workers` processes (0: in this one)."""
+    """Collated batches from `start` on, decoded in `num_workers` processes (0: in this one).
+
+    With `part`, only this process's part of each batch (one process of a distributed run).
+    """
     loader = torch.utils.data.DataLoader(
-        dataset,
-        batch_sampler=_BatchSampler(order, start),
+        # DataLoader reads any map-style dataset; its annotation names the torch class.
+        cast("torch.utils.data.Dataset[Any]", dataset),
+        batch_sampler=_BatchSampler(order, start, part),
         collate_fn=collate,
         num_workers=num_workers,
         # Two batches in flight per worker keep the step fed without holding many images.

@@ -4,14 +4,20 @@ One step: read the step's batches, forward_backward each, optim_step at the sche
 Every `log_every` steps the loop reports the window's averages; every `checkpoint_every` steps
 and at the end it asks for a checkpoint. It checks `should_stop()` before every step. It knows
 nothing of databases or queues: the caller's callbacks do.
+
+examples/local_loop.py is this loop written flat in one file (dataset, tuned model, step, schedule,
+checkpoint), to read first or to start a variant from.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
+
+import torch
 
 from relay.optimizer import AdamParams
 from relay_engine.models import Pi05Batch
@@ -31,6 +37,11 @@ class MetricsWindow:
     grad_norm_count: int = 0
     lr_sum: float = 0.0
     skipped: int = 0
+    # Wall time of the window's steps, the part of it spent waiting for batches, and the samples
+    # trained on: the speed figures of the metrics event.
+    seconds: float = 0.0
+    data_seconds: float = 0.0
+    samples: int = 0
 
     def add(self, loss: float, grad_norm: float, lr: float, skipped: bool) -> None:
         self.steps += 1
@@ -49,13 +60,23 @@ class MetricsWindow:
         def mean(total: float, count: int) -> float | None:
             return total / count if count else None
 
-        return {
+        event: Event = {
             "step": step,
             "loss": mean(self.loss_sum, self.loss_count),
             "grad_norm": mean(self.grad_norm_sum, self.grad_norm_count),
             "lr": self.lr_sum / self.steps,
             "skipped": self.skipped / self.steps,
         }
+        if self.seconds > 0:
+            event["steps_per_second"] = self.steps / self.seconds
+            event["samples_per_second"] = self.samples / self.seconds
+            event["data_wait"] = min(1.0, self.data_seconds / self.seconds)
+        return event
+
+    def time(self, seconds: float, data_seconds: float, samples: int) -> None:
+        self.seconds += seconds
+        self.data_seconds += data_seconds
+        self.samples += samples
 
     def to_dict(self) -> dict[str, float]:
         return dict(vars(self))
@@ -102,8 +123,11 @@ def run_loop(
         if should_stop():
             return LoopResult("stopped", state.step, state.last_loss)
 
+        started = time.perf_counter()
         lr = learning_rate_at(state.step)
-        results = [learner.forward_backward(batch) for batch in next_step_batches()]
+        batches = next_step_batches()
+        data_seconds = time.perf_counter() - started
+        results = [learner.forward_backward(batch) for batch in batches]
         optim = learner.optim_step(replace(adam, learning_rate=lr))
         total_weight = sum(r.weight for r in results)
         loss = sum(r.loss * r.weight for r in results) / total_weight
@@ -114,12 +138,19 @@ def run_loop(
         state.step += 1
         state.last_loss = loss
         state.window.add(loss, optim.grad_norm, lr, optim.skipped)
+        state.window.time(
+            time.perf_counter() - started, data_seconds, sum(batch.batch_size for batch in batches)
+        )
         if state.step % log_every == 0 or state.step == total_steps:
-            on_event(state.window.event(state.step))
+            event = state.window.event(state.step)
+            if learner.device.type == "cuda":
+                event["gpu_memory_bytes"] = torch.cuda.memory_allocated(learner.device)
+            on_event(event)
             state.window = MetricsWindow()
         if save_checkpoint is not None and (state.step % checkpoint_every == 0 or state.step == total_steps):
+            saving = time.perf_counter()
             save_checkpoint(state)
-            on_event({"step": state.step, "event": "checkpoint"})
+            on_event({"step": state.step, "event": "checkpoint", "seconds": time.perf_counter() - saving})
         if after_step is not None:
             after_step(state)
 

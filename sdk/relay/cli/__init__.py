@@ -11,7 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import typer
 
-from relay.cli import datasets, fine_tunes, keys, local, models, server
+from relay.cli import datasets, fine_tunes, keys, local, models, server, sessions
 
 app = typer.Typer(
     name="relay",
@@ -24,6 +24,7 @@ app.add_typer(datasets.app, name="datasets")
 app.add_typer(models.app, name="models")
 app.add_typer(local.app, name="local")
 app.add_typer(fine_tunes.app, name="fine-tunes")
+app.add_typer(sessions.app, name="sessions")
 app.add_typer(keys.app, name="keys")
 app.command("server")(server.serve)
 

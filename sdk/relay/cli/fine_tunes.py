@@ -15,9 +15,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from relay import sft
-from relay.cli._common import dataset_name, err, fail, parse_pairs, split_targets
+from relay.catalog import LORA_RANK_MAX
+from relay.cli._common import dataset_name, err, fail, parse_pairs, show_record, split_targets, status_text
+from relay.cli.watch import watch_events
 from relay.errors import APIError, ConfigError
-from relay.sft.config import SFTConfig
+from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 from relay.sft.job import Event, FineTuneJob
 from relay.sft.train import train
 
@@ -52,11 +54,19 @@ def create(
         help="Required (here or in --config). LeRobot dataset on the Hub (lerobot/pusht_image) "
         "or a local directory.",
     ),
-    batch_size: int | None = typer.Option(None, help="Samples per step, 1 to 512 (default 128)."),
-    learning_rate: float | None = typer.Option(None, help="Peak learning rate (default 2.5e-5)."),
-    steps: int | None = typer.Option(None, help="Optimizer steps, 1 to 100,000 (default 6000)."),
+    batch_size: int | None = typer.Option(
+        None, help=f"Samples per step, 1 to {BATCH_SIZE_MAX} (default {SFTConfig.default('batch_size')})."
+    ),
+    learning_rate: float | None = typer.Option(
+        None, help=f"Peak learning rate (default {SFTConfig.default('learning_rate')})."
+    ),
+    steps: int | None = typer.Option(
+        None, help=f"Optimizer steps, 1 to {STEPS_MAX:,} (default {SFTConfig.default('steps')})."
+    ),
     finetune: str | None = typer.Option(None, help="lora (default) or full."),
-    lora_rank: int | None = typer.Option(None, help="LoRA rank, 1 to 256 (default 32)."),
+    lora_rank: int | None = typer.Option(
+        None, help=f"LoRA rank, 1 to {LORA_RANK_MAX} (default {SFTConfig.default('lora_rank')})."
+    ),
     lora_alpha: float | None = typer.Option(None, help="LoRA alpha (default: the rank)."),
     target: list[str] | None = typer.Option(
         None,
@@ -127,7 +137,7 @@ def list_(
     for job in jobs:
         table.add_row(
             job.id,
-            _status(job.status),
+            status_text(job.status),
             f"{job.step}/{job.steps}",
             _loss(job.loss),
             job.model,
@@ -162,9 +172,13 @@ def events(
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines (with event ids)."),
 ) -> None:
     """A fine-tune's events: metrics every 10 steps (loss, grad_norm and lr are means over those
-    steps), checkpoints, the end. Each line starts with the event's id, for --after."""
+    steps), checkpoints, the end. Each line starts with the event's id, for --after. With --follow
+    on a terminal, a live progress bar and loss sparkline under them."""
     with _clear_errors():
         job = sft.retrieve(job_id)
+        if follow and not as_json and out.is_terminal:  # piped: the plain lines below
+            watch_events(job, job.follow(after), lambda event: _print_event(event, False), out)
+            return
         stream = job.follow(after) if follow else iter(job.events(after))
         for event in stream:
             _print_event(event, as_json)
@@ -185,20 +199,10 @@ def download(
 
 
 def _show_job(job: FineTuneJob, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(job.to_dict()))
-        return
-    table = Table(show_header=False, box=None)
-    for key, value in job.to_dict().items():
-        if key == "object" or value is None:
-            continue
-        shown = (
-            _status(value)
-            if key == "status"
-            else (json.dumps(value) if isinstance(value, list | dict) else str(value))
-        )
-        table.add_row(f"[bold]{LOSS_LABEL if key == 'loss' else key}[/bold]", shown)
-    out.print(table)
+    record = job.to_dict()
+    if not as_json:  # say which loss this is (JSON keeps the API's field names)
+        record = {LOSS_LABEL if key == "loss" else key: value for key, value in record.items()}
+    show_record(record, as_json)
 
 
 def _print_event(event: Event, as_json: bool) -> None:
@@ -222,20 +226,6 @@ def _print_event(event: Event, as_json: bool) -> None:
 
 # The job's loss is a mean over the latest metrics window, like the events' loss: say so wherever it shows.
 LOSS_LABEL = "loss (10-step mean)"
-
-_STATUS_STYLE = {
-    "completed": "green",
-    "error": "red",
-    "cancelled": "yellow",
-    "cancel_requested": "yellow",
-    "running": "cyan",
-    "queued": "blue",
-}
-
-
-def _status(status: str) -> str:
-    style = _STATUS_STYLE.get(status)
-    return f"[{style}]{status}[/{style}]" if style else status
 
 
 def _loss(value: float | None) -> str:

@@ -13,8 +13,10 @@ import typer
 from rich.console import Console
 
 from relay._progress import ProgressReport
+from relay.catalog import LORA_RANK_MAX
 from relay.cli._common import dataset_name, fail, parse_pairs, split_targets
 from relay.cli._extras import require
+from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 
 app = typer.Typer(
     help="Train and evaluate on this machine, with the same engine the service runs.", no_args_is_help=True
@@ -54,12 +56,16 @@ class StopOnInterrupt:
 def train(
     model: str = typer.Option(..., help="Base model: pi05 or pi05-tiny."),
     dataset: str = typer.Option(..., help="A Hub dataset repo id or a local dataset directory."),
-    steps: int = typer.Option(6000, help="Optimizer steps, 1 to 100,000."),
+    steps: int = typer.Option(SFTConfig.default("steps"), help=f"Optimizer steps, 1 to {STEPS_MAX:,}."),
     output_dir: Path = typer.Option(..., help="Where checkpoints and the merged model go."),
-    batch_size: int = typer.Option(128, help="Samples per step, 1 to 512."),
-    learning_rate: float = typer.Option(2.5e-5, help="The peak learning rate, after warmup."),
-    finetune: str = typer.Option("lora", help="lora or full."),
-    lora_rank: int = typer.Option(32, help="LoRA rank, 1 to 256."),
+    batch_size: int = typer.Option(
+        SFTConfig.default("batch_size"), help=f"Samples per step, 1 to {BATCH_SIZE_MAX}."
+    ),
+    learning_rate: float = typer.Option(
+        SFTConfig.default("learning_rate"), help="The peak learning rate, after warmup."
+    ),
+    finetune: str = typer.Option(SFTConfig.default("finetune"), help="lora or full."),
+    lora_rank: int = typer.Option(SFTConfig.default("lora_rank"), help=f"LoRA rank, 1 to {LORA_RANK_MAX}."),
     lora_alpha: float | None = typer.Option(None, help="LoRA alpha (default: the rank)."),
     targets: list[str] | None = typer.Option(
         None,
@@ -80,8 +86,6 @@ def train(
 ) -> None:
     """Run the recipe's loop here, showing progress (a bar on a terminal, else a line every few
     seconds). Ctrl-C saves a checkpoint; the same command again resumes from it."""
-    from relay.sft.config import SFTConfig
-
     try:
         config = SFTConfig(
             model=model,
@@ -101,7 +105,7 @@ def train(
     recipe_module = require("relay_engine.recipe")
     errors = require("relay_engine.errors")
     recipe = recipe_module.Recipe.from_config(
-        config.model_dump(),
+        config,
         seed=seed,
         checkpoint_every=checkpoint_every,
         episodes=parse_episodes(episodes),
@@ -109,7 +113,7 @@ def train(
     )
     stop = StopOnInterrupt()
     previous_handler = signal.signal(signal.SIGINT, stop)
-    report = None if json_lines else ProgressReport("training", recipe.steps, stream=sys.stderr)
+    report = None if json_lines else ProgressReport("training", config.steps, stream=sys.stderr)
     window_loss: float | None = None
 
     def on_event(event: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ EVENTS_PAGE = 1000
 
 
 class Event(dict[str, Any]):
-    """One event as the spec shows it (``{"step": 10, "loss": 0.21, ...}``), with the API's ``id``
+    """One event as the engine reports it (``{"step": 10, "loss": 0.21, ...}``), with the API's ``id``
     (the cursor for ``events(after=...)``) and ``created_at`` as attributes."""
 
     id: int
@@ -36,7 +36,8 @@ class Event(dict[str, Any]):
 
 class FineTuneJob:
     """A recipe job. Attributes: ``id``, ``status``, ``step``, ``loss``, ``error``, ``output_dir``,
-    ``created_at``, ``started_at``, ``finished_at`` and the config's fields.
+    ``created_at``, ``started_at``, ``finished_at``, ``attempts``, ``lease_lapsed_seconds`` (a running
+    job whose worker stopped renewing its lease: how long ago it lapsed) and the config's fields.
 
     ``loss`` is the mean training loss over the latest metrics window (the last 10 steps), the
     same number as the latest metrics event's ``loss``."""
@@ -47,6 +48,11 @@ class FineTuneJob:
     loss: float | None
     error: str | None
     output_dir: str | None
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    attempts: int
+    lease_lapsed_seconds: float | None
     model: str
     dataset_name: str
     batch_size: int
@@ -80,7 +86,7 @@ class FineTuneJob:
 
     @property
     def config(self) -> SFTConfig:
-        return SFTConfig(**{f: self._data.get(f) for f in CONFIG_FIELDS})
+        return SFTConfig.parse({f: self._data.get(f) for f in CONFIG_FIELDS})
 
     @property
     def done(self) -> bool:

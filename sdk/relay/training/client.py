@@ -1,4 +1,8 @@
-"""ServiceClient, TrainingClient and SamplingClient: a training loop that runs each step on a GPU."""
+"""ServiceClient, TrainingClient and SamplingClient: a training loop that runs each step on a GPU.
+
+examples/session_loop.py is a whole training loop over these clients, flat in one file: data,
+schedule, logging, saved states, resuming and a held-out evaluation.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from relay import _http
+from relay.catalog import ACTION_HORIZON, LORA_RANK_DEFAULT
 from relay.codec import Codec
 from relay.errors import RequestFailedError
 from relay.training import types
@@ -26,6 +31,8 @@ from relay.training.status import READY, STARTING
 DEFAULT_START_TIMEOUT = 600.0
 NUM_STEPS_MAX = 1000
 LOSS_FNS = ("flow_matching",)
+STATES = "/v1/states"
+SESSIONS_PAGE = 100
 
 
 class ServiceClient:
@@ -52,20 +59,22 @@ class ServiceClient:
     def create_lora_training_client(
         self,
         base_model: str,
-        rank: int = 32,
+        rank: int = LORA_RANK_DEFAULT,
         targets: list[str] | None = None,
         alpha: float | None = None,
-        action_horizon: int = 10,
+        action_horizon: int = ACTION_HORIZON,
         *,
         codec: Codec = Codec.LOSSLESS,
     ) -> TrainingClient:
-        """A session training LoRA adapters (by default on the action expert); returns once ready."""
+        """A session training LoRA adapters (by default on the action expert); returns once ready.
+
+        `rank` and `alpha` are the session's `lora_rank` and `lora_alpha`."""
         config = SessionConfig(
             base_model=base_model,
             finetune="lora",
-            rank=rank,
+            lora_rank=rank,
             targets=targets,
-            alpha=alpha,
+            lora_alpha=alpha,
             action_horizon=action_horizon,
             codec=codec,
         )
@@ -75,7 +84,7 @@ class ServiceClient:
         self,
         base_model: str,
         targets: list[str] | None = None,
-        action_horizon: int = 10,
+        action_horizon: int = ACTION_HORIZON,
         *,
         codec: Codec = Codec.LOSSLESS,
     ) -> TrainingClient:
@@ -99,6 +108,37 @@ class ServiceClient:
             self._http.send("POST", f"{SESSIONS}/{session['id']}/close", retry=True)
             raise
         return TrainingClient(self._http, session, Codec(config.codec))
+
+    # -- finding sessions and states again ------------------------------------------------------------
+
+    def list_sessions(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Your sessions as the API shows them, newest first: all of them, or the newest `limit`."""
+        sessions: list[dict[str, Any]] = []
+        after: str | None = None
+        while limit is None or len(sessions) < limit:
+            page_size = SESSIONS_PAGE if limit is None else min(SESSIONS_PAGE, limit - len(sessions))
+            page = self._http.request("GET", SESSIONS, params={"after": after, "limit": page_size})
+            sessions.extend(page["data"])
+            if not page.get("has_more") or not page["data"]:
+                break
+            after = sessions[-1]["id"]
+        return sessions
+
+    def retrieve_session(self, session_id: str) -> dict[str, Any]:
+        """One session (``"ses-..."``), as the API reports it now."""
+        session: dict[str, Any] = self._http.request("GET", f"{SESSIONS}/{session_id}")
+        return session
+
+    def close_session(self, session_id: str) -> dict[str, Any]:
+        """Close a session from outside its program (its worker is freed once the calls already sent
+        have run); closing an ended session again is harmless."""
+        session: dict[str, Any] = self._http.request("POST", f"{SESSIONS}/{session_id}/close", retry=True)
+        return session
+
+    def list_states(self) -> list[dict[str, Any]]:
+        """The states your sessions saved (``save_state``), newest first, with what each belongs to."""
+        states: list[dict[str, Any]] = self._http.request("GET", STATES)["data"]
+        return states
 
     def close(self) -> None:
         self._http.close()
@@ -163,7 +203,7 @@ class _Spinner:
 
 
 class TrainingClient:
-    """A session: a GPU with the model loaded, driven one call at a time (spec/training-loops.md).
+    """A session: a GPU with the model loaded, driven one call at a time (docs/sessions.md).
 
     Every call returns an APIFuture at once; the GPU runs calls in the order they were made.
     ``close()`` (or leaving a ``with`` block) ends the session; what was not saved is lost.
@@ -281,7 +321,7 @@ class TrainingClient:
         ):
             raise ValueError(f"bad num_steps: {num_steps!r} (must be an integer from 1 to {NUM_STEPS_MAX})")
         single = isinstance(observation, Mapping)
-        observations = [observation] if single else list(observation)  # type: ignore[arg-type]
+        observations = [observation] if single else list(observation)
         try:
             encoded = [
                 types.observation_message(i, o, self.codec, "observation") for i, o in enumerate(observations)

@@ -17,11 +17,11 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from relay.training import status as st
-from relay_api.db import utcnow, with_retries
-from relay_api.lifecycle import FencedOut
+from relay_api.db import database_now, with_retries
 from relay_api.models import training_sessions as table
 from relay_api.sessions import WORKER_LOST
 from relay_api.settings import Settings
+from relay_worker.lifecycle import FencedOut
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def claim(
     """Take the session if it is starting and nobody holds it."""
 
     def run() -> SessionClaim | None:
-        now = utcnow()
+        now = database_now(sessions)
         with sessions() as session:
             row = session.execute(
                 update(table)
@@ -73,7 +73,7 @@ def renew(sessions: sessionmaker[Session], settings: Settings, claim: SessionCla
     """Extend the lease, and read whether the client is still in touch or asked to close."""
 
     def run() -> SessionState:
-        now = utcnow()
+        now = database_now(sessions)
         with sessions() as session:
             row = session.execute(
                 update(table)
@@ -96,7 +96,7 @@ def mark_ready(
     starts now: loading is not the client's silence."""
 
     def run() -> bool:
-        now = utcnow()
+        now = database_now(sessions)
         with sessions() as session:
             moved = session.execute(
                 update(table)
@@ -121,7 +121,7 @@ def end(sessions: sessionmaker[Session], claim: SessionClaim, status: str, messa
     assert status in st.ENDED
 
     def run() -> bool:
-        now = utcnow()
+        now = database_now(sessions)
         with sessions() as session:
             moved = session.execute(
                 update(table)
@@ -136,7 +136,7 @@ def end(sessions: sessionmaker[Session], claim: SessionClaim, status: str, messa
 
 def reconcile(sessions: sessionmaker[Session], settings: Settings) -> list[str]:
     """End sessions whose worker is gone, and sessions that did not start in time; returns their ids."""
-    now = utcnow()
+    now = database_now(sessions)
     too_old = now - dt.timedelta(seconds=settings.session_start_seconds)
     ended: list[str] = []
     with sessions() as session:
@@ -157,21 +157,21 @@ def reconcile(sessions: sessionmaker[Session], settings: Settings) -> list[str]:
             .all()
         )
     for session_id in lost:
-        if _end_unless_moved(sessions, session_id, WORKER_LOST, table.c.lease_until < utcnow()):
+        if _end_unless_moved(sessions, session_id, WORKER_LOST, table.c.lease_until < database_now(sessions)):
             ended.append(session_id)
     reason = (
         f"no worker started it within {settings.session_start_seconds:.0f} s (every worker was busy, "
         "or none was running)"
     )
     for session_id in stale:
-        alive = or_(table.c.worker.is_(None), table.c.lease_until < utcnow())
+        alive = or_(table.c.worker.is_(None), table.c.lease_until < database_now(sessions))
         if _end_unless_moved(sessions, session_id, reason, and_(table.c.status == st.STARTING, alive)):
             ended.append(session_id)
     return ended
 
 
 def _end_unless_moved(sessions: sessionmaker[Session], session_id: str, message: str, condition: Any) -> bool:
-    now = utcnow()
+    now = database_now(sessions)
     with sessions() as session:
         moved = session.execute(
             update(table)

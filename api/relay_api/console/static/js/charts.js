@@ -1,0 +1,69 @@
+// A live line chart of one figure against step (uPlot), grown a point at a time.
+
+import uPlot from "../vendor/uplot/uPlot.esm.js";
+import { h } from "./dom.js";
+
+// When each chart last received and drew a point (performance.now()), for the browser tests'
+// latency figures: window.relayConsole.charts[name] = {points, received, drawn}.
+const probe = (window.relayConsole ??= { charts: {} });
+
+export class LiveChart {
+  constructor(name, title, color) {
+    this.name = name;
+    this.steps = [];
+    this.values = [];
+    this.plot = null;
+    this.color = color;
+    this.title = title;
+    this.empty = h("div.empty", {}, "No points yet");
+    this.area = h("div");
+    this.node = h("div.card.chart", { "data-chart": name, "data-points": "0" }, h("h3", {}, title), this.empty, this.area);
+    probe.charts[name] = { points: 0, received: null, drawn: null };
+  }
+
+  add(step, value, receivedAt) {
+    if (value === null || value === undefined || !Number.isFinite(value)) return;
+    const last = this.steps.length ? this.steps[this.steps.length - 1] : -Infinity;
+    if (step <= last) return; // a resumed attempt may report a step again
+    this.steps.push(step);
+    this.values.push(value);
+    this.draw();
+    const state = probe.charts[this.name];
+    state.points = this.steps.length;
+    state.received = receivedAt;
+    state.drawn = performance.now();
+    this.node.dataset.points = String(this.steps.length);
+  }
+
+  draw() {
+    const data = [this.steps, this.values];
+    if (this.plot) {
+      this.plot.setData(data);
+      return;
+    }
+    if (!this.node.isConnected) return;
+    this.empty.remove();
+    const width = Math.max(280, this.area.clientWidth || 340);
+    this.plot = new uPlot(
+      {
+        width,
+        height: 190,
+        legend: { show: false },
+        cursor: { drag: { x: false, y: false } },
+        scales: { x: { time: false } },
+        axes: [{ label: "step", size: 36 }, { size: 60 }],
+        series: [{ label: "step" }, { label: this.title, stroke: this.color, width: 2, points: { size: 4 } }],
+      },
+      data,
+      this.area,
+    );
+    new ResizeObserver(() => {
+      const next = Math.max(280, this.area.clientWidth);
+      if (this.plot && Math.abs(next - this.plot.width) > 4) this.plot.setSize({ width: next, height: 190 });
+    }).observe(this.area);
+  }
+
+  destroy() {
+    if (this.plot) this.plot.destroy();
+  }
+}

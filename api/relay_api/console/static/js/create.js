@@ -1,0 +1,126 @@
+// The form that starts a fine-tune: one input per field of the recipe (from the API's schema),
+// and the API's own message next to each field it refuses.
+
+import { post } from "./api.js";
+import { h, notice } from "./dom.js";
+import { recipeSchema } from "./schema.js";
+
+export async function createView(ctx) {
+  const { fields, properties, required } = await recipeSchema();
+  // One key per form shown: a double submit (or a retry after a lost answer) starts one job.
+  const idempotencyKey = "console-" + Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, "0")).join("");
+  const inputs = {};
+  const errors = {};
+  const general = h("div");
+  const submit = h("button.primary", { type: "submit" }, "Start fine-tune");
+
+  const rows = fields.flatMap((field) => {
+    const schema = plain(properties[field]);
+    const input = inputFor(field, schema, required.includes(field));
+    inputs[field] = { input, schema };
+    errors[field] = h("div.field-error", { "data-error-for": field, role: "alert" });
+    return [
+      h("label", { for: `field-${field}` }, field, required.includes(field) ? " *" : null, h("small", {}, hint(field, schema))),
+      h("div", {}, input, errors[field]),
+    ];
+  });
+
+  const form = h(
+    "form.create",
+    { novalidate: true, onsubmit: send },
+    ...rows,
+    h("div.actions", {}, general, submit),
+  );
+  ctx.root.append(
+    h("h1", {}, "New fine-tune"),
+    h("p.muted", {}, "Fields left empty take their defaults. The server checks every value and says what it expects."),
+    form,
+  );
+
+  async function send(event) {
+    event.preventDefault();
+    general.replaceChildren();
+    for (const [field, box] of Object.entries(errors)) {
+      box.textContent = "";
+      inputs[field].input.classList.remove("invalid");
+    }
+    const body = {};
+    for (const [field, { input, schema }] of Object.entries(inputs)) {
+      const value = input.value.trim();
+      if (value !== "") body[field] = parse(value, schema);
+    }
+    submit.disabled = true;
+    try {
+      const job = await post("/v1/fine-tunes", body, { "idempotency-key": idempotencyKey });
+      location.hash = `#/jobs/${job.id}`;
+    } catch (error) {
+      if (ctx.failed(error)) return;
+      showProblems(error);
+    } finally {
+      submit.disabled = false;
+    }
+  }
+
+  // The API joins the problems it found with "; ", each starting by naming its field.
+  function showProblems(error) {
+    const unplaced = [];
+    for (const part of error.message.split(/; (?=(?:bad|missing|unknown field) [A-Za-z_]+\b)/)) {
+      const named = part.match(/^(?:bad|missing|unknown field) ([A-Za-z_]+)/);
+      const field = named && errors[named[1]] ? named[1] : part === error.message && errors[error.param] ? error.param : null;
+      if (field) {
+        errors[field].textContent = errors[field].textContent ? `${errors[field].textContent}; ${part}` : part;
+        inputs[field].input.classList.add("invalid");
+      } else {
+        unplaced.push(part);
+      }
+    }
+    if (unplaced.length) general.append(notice("error", unplaced.join("; ")));
+    const first = Object.keys(errors).find((field) => errors[field].textContent);
+    if (first) inputs[first].input.focus();
+  }
+}
+
+// The schema of a field that may also be null: the non-null branch.
+function plain(schema) {
+  if (schema.anyOf) {
+    const branch = schema.anyOf.find((item) => item.type !== "null") || {};
+    return { ...branch, description: schema.description, default: schema.default, title: schema.title };
+  }
+  return schema;
+}
+
+function inputFor(field, schema, required) {
+  const common = { id: `field-${field}`, name: field };
+  if (schema.enum) {
+    const options = schema.enum.map((choice) => h("option", { value: choice, selected: choice === schema.default }, choice));
+    return h("select", common, required ? h("option", { value: "" }, "choose…") : null, ...options);
+  }
+  if (schema.type === "object") {
+    return h("textarea", { ...common, placeholder: '{"base_0_rgb": "observation.images.top"}' });
+  }
+  const placeholder =
+    schema.type === "array" ? "comma-separated (default: the method's)" : schema.default !== undefined && schema.default !== null ? String(schema.default) : "";
+  return h("input", { ...common, type: "text", placeholder, inputmode: schema.type === "integer" || schema.type === "number" ? "decimal" : null });
+}
+
+function hint(field, schema) {
+  return schema.description || "";
+}
+
+// A typed value where the text reads as one; otherwise the text itself, for the API to refuse
+// in its own words.
+function parse(text, schema) {
+  if (schema.type === "integer" || schema.type === "number") {
+    const value = Number(text);
+    return Number.isNaN(value) ? text : value;
+  }
+  if (schema.type === "array") return text.split(",").map((item) => item.trim()).filter(Boolean);
+  if (schema.type === "object") {
+    try {
+      return JSON.parse(text);
+    } catch {
+      return text;
+    }
+  }
+  return text;
+}

@@ -1,0 +1,74 @@
+"""Debian's headless Chromium driven by Playwright, for the console's browser tests and its
+benchmark. Playwright's own browser builds are not used (they cannot be downloaded here):
+scripts/test.sh installs the `chromium` package when /usr/bin/chromium is missing.
+
+Every page is fenced: a request to any origin but the server under test is refused and noted, so
+a test can show that the console needs nothing from the internet.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from playwright.sync_api import Browser, Page, Route, sync_playwright
+
+CHROMIUM = Path(os.environ.get("RELAY_TEST_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@contextmanager
+def chromium() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        raise RuntimeError(f"{CHROMIUM} is missing: `apt-get install -y chromium` (scripts/test.sh does)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@dataclass
+class Fence:
+    """The requests a page tried to make to any other origin than `origin`."""
+
+    origin: str
+    refused: list[str] = field(default_factory=list)
+
+    def __call__(self, route: Route) -> None:
+        url = route.request.url
+        if url.startswith(self.origin + "/") or url == self.origin or url.startswith(("data:", "blob:")):
+            route.continue_()
+        else:
+            self.refused.append(url)
+            route.abort()
+
+
+def fenced_page(browser: Browser, origin: str) -> tuple[Page, Fence]:
+    """A fresh page (its own context: its own session storage) that may only talk to `origin`."""
+    context = browser.new_context(accept_downloads=True, viewport={"width": 1280, "height": 900})
+    fence = Fence(origin)
+    context.route("**/*", fence)
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    return page, fence
+
+
+def sign_in(page: Page, origin: str, key: str) -> None:
+    page.goto(origin + "/")
+    page.fill("#api-key", key)
+    page.click("button[type=submit]")
+    page.wait_for_selector("table[data-testid=jobs]")
