@@ -177,11 +177,14 @@ def _status_and_events(sessions: Any, job_id: str, after: int | None) -> tuple[s
 
 
 @router.get("/{job_id}/files", summary="A fine-tune's files", responses={200: {"model": schemas.FileList}})
-def list_files(job_id: JobId, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep) -> Response:
-    """The output (once completed: model.safetensors, config.json, norm_stats.json) and the checkpoints.
-    `sha256` is recorded for the output; a checkpoint file's comes with its download."""
+def list_files(
+    job_id: JobId, request: Request, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep
+) -> Response:
+    """The output (once completed: model.safetensors, config.json, norm_stats.json) and the checkpoints,
+    each with its size and sha256."""
     job = fine_tunes.get(session, user, job_id)
-    return JSONResponse({"object": "list", "data": listing(job, settings.job_dir(job_id))})
+    checksums = request.app.state.checksums
+    return JSONResponse({"object": "list", "data": listing(job, settings.job_dir(job_id), checksums)})
 
 
 @router.get(

@@ -16,7 +16,10 @@ class FineTuneOut(BaseModel):
     object: Literal["fine_tune"] = "fine_tune"
     status: Literal["queued", "running", "cancel_requested", "completed", "cancelled", "error"]
     step: int
-    loss: float | None
+    loss: float | None = Field(
+        description="The mean training loss over the latest metrics window (the last 10 steps): "
+        "the latest metrics event's `loss`. Null before the first event."
+    )
     error: str | None
     output_dir: str | None
     created_at: str
@@ -68,7 +71,7 @@ class EventList(BaseModel):
 class FileOut(BaseModel):
     path: str
     bytes: int
-    sha256: str | None
+    sha256: str
 
 
 class FileList(BaseModel):

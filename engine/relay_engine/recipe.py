@@ -127,15 +127,21 @@ def run_recipe(
     should_stop: Callable[[], bool],
     dataset_cache_dir: Path | None = None,
     output_dir: Path | None = None,
+    checkpoint_on_stop: bool = False,
 ) -> RecipeResult:
-    """Run the recipe here; under torch.distributed.run, as this process's part of the group."""
+    """Run the recipe here; under torch.distributed.run, as this process's part of the group.
+
+    A resumed run first reports `{"step": N, "event": "resumed"}`. With `checkpoint_on_stop`, a
+    run stopped by `should_stop` saves a checkpoint at the step it reached (a local run's
+    Ctrl-C), so that the same command again loses nothing."""
+    stopping = checkpoint_on_stop
     if not launched():
-        return _run(recipe, work_dir, None, on_event, should_stop, dataset_cache_dir, output_dir)
+        return _run(recipe, work_dir, None, on_event, should_stop, dataset_cache_dir, output_dir, stopping)
     # A caller that joined the group itself (to run several recipes in one launch) keeps it.
     joined_here = not torch.distributed.is_initialized()
     world = join(recipe.device)
     try:
-        return _run(recipe, work_dir, world, on_event, should_stop, dataset_cache_dir, output_dir)
+        return _run(recipe, work_dir, world, on_event, should_stop, dataset_cache_dir, output_dir, stopping)
     finally:
         if joined_here:
             leave()
@@ -149,6 +155,7 @@ def _run(
     should_stop: Callable[[], bool],
     dataset_cache_dir: Path | None,
     output_dir: Path | None,
+    checkpoint_on_stop: bool,
 ) -> RecipeResult:
     config = recipe.config
     work_dir = Path(work_dir)
@@ -221,6 +228,9 @@ def _run(
         if main:  # one process speaks for the group
             on_event(event)
 
+    if resumed_from is not None:
+        report({"step": resumed_from, "event": "resumed"})
+
     def stop_agreed() -> bool:
         # A stop asked of any process (rank 0 hears the service's cancel) stops all at the same step.
         wanted = should_stop()
@@ -240,6 +250,9 @@ def _run(
         log_every=recipe.log_every,
     )
     if result.status != "completed":
+        if checkpoint_on_stop and state.step > 0 and _latest_step(store) != state.step:
+            save_checkpoint(state)
+            report({"step": state.step, "event": "checkpoint"})
         return RecipeResult(result.status, result.step, result.loss, None, resumed_from)
 
     whole = gathered_policy(model, parallel)
@@ -255,6 +268,11 @@ def _run(
         resumed_from,
         extra={"processes": processes, "strategy": strategy if parallel is not None else None},
     )
+
+
+def _latest_step(store: CheckpointStore) -> int | None:
+    latest = store.latest()
+    return None if latest is None else int(store.manifest(latest)["step"])
 
 
 def _training_indices(dataset: Any, episodes: Iterable[int] | None) -> np.ndarray:

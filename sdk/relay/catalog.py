@@ -39,7 +39,9 @@ TARGETS: dict[str, str] = {
     "action_expert.attn": "the action expert's attention projections (q, k, v, o)",
     "action_expert.mlp": "the action expert's MLPs (gate, up, down)",
     "action_expert.norm": "the action expert's adaptive RMSNorm layers (the time conditioning)",
-    "heads": "action_in_proj, action_out_proj, time_mlp_in and time_mlp_out, always trained in full",
+    "heads": "action_in_proj, action_out_proj, time_mlp_in and time_mlp_out: trained in full, even "
+    "with LoRA, when targeted (they are in the default targets and in `all`; explicit targets "
+    "without `heads` leave them frozen)",
 }
 
 DEFAULT_LORA_TARGETS: tuple[str, ...] = ("action_expert.attn", "action_expert.mlp", "heads")

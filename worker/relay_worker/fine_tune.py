@@ -221,7 +221,13 @@ def _train(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeep
 
 def _run(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper, work_dir: Path) -> str:
 
+    # The job's `loss` is the latest metrics event's: the mean over its window of steps, never
+    # one step's loss, so the job and its events show one quantity.
+    window_loss: dict[str, Any] = {}
+
     def on_event(event: dict[str, Any]) -> None:
+        if "loss" in event:
+            window_loss["loss"] = event["loss"]
         keeper.add_event(_plain(event))
 
     def end(operation: Callable[[], str]) -> str:
@@ -260,7 +266,7 @@ def _run(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper
     if result.status == "completed":
         assert result.output_dir is not None
         files = output_manifest(work_dir, Path(result.output_dir))
-        loss = _finite(result.loss)
+        loss = _finite(window_loss.get("loss", result.loss))
         output_dir = str(result.output_dir)
         return end(lambda: lifecycle.complete(db_sessions, claim, result.step, loss, output_dir, files))
     if keeper.cancel_requested:

@@ -41,6 +41,7 @@ from relay_worker.fine_tune import worker_name
 from relay_worker.lifecycle import FencedOut
 from relay_worker.session_lifecycle import SessionClaim
 
+CLOSED_BY_CLIENT = "closed by its client"
 log = logging.getLogger("relay_worker")
 T = TypeVar("T")
 
@@ -108,7 +109,8 @@ def run_session(session_id: str, settings: Settings | None = None) -> str:
         keeper.stop()
         with contextlib.suppress(Exception):
             channel.clear(session_id)
-        lifecycle.end(sessions, claim, status, reason)
+        # A session its client closed ended as it should: its `error` stays empty.
+        lifecycle.end(sessions, claim, status, None if reason == CLOSED_BY_CLIENT else reason)
         channel.close()
         log.info("session %s ended %s: %s", session_id, status, reason)
 
@@ -189,13 +191,13 @@ class SessionHost:
             call = _patiently(partial(channel.next_call, session_id, after, WAIT_FOR_CALL_SECONDS))
             if call is None:
                 if keeper.close_requested:
-                    return st.CLOSED, "closed by its client"
+                    return st.CLOSED, CLOSED_BY_CLIENT
                 continue
             after = call.seq
             payload, ended = self.run_call(call)
             _patiently(partial(channel.put_result, session_id, call.seq, payload))
             if ended:
-                return st.CLOSED, "closed by its client"
+                return st.CLOSED, CLOSED_BY_CLIENT
 
     def run_call(self, call: QueuedCall) -> tuple[bytes, bool]:
         """The call's result as wire bytes, and whether it closed the session."""
