@@ -6,7 +6,7 @@
    same model, batches and learning rate, in the same run (in-process, then the service, then
    in-process again; the ratio uses the mean of the two in-process runs). The batch is sized so
    that an in-process step takes about 100 ms here (--batch to choose). Three configurations:
-   - torch on all cores, two cameras at 224x224 (the spec's frames). pi05-tiny spends ~2 ms of CPU
+   - torch on all cores, two cameras at 224x224 (pi05's own size). pi05-tiny spends ~2 ms of CPU
      per datum, so this moves some 15x more frame bytes per second of compute than pi05 on a GPU,
      and every byte the client, the API and Redis move is CPU taken from the model;
    - the same at 64x64 (a twelfth of the bytes): the per-call cost apart from moving frames;
@@ -210,10 +210,11 @@ def ready_session_without_worker(database_url: str, home: Path, key_user: str) -
     from sqlalchemy import select
 
     from relay.training.config import SessionConfig
-    from relay_api import session_lifecycle, sessions
+    from relay_api import sessions
     from relay_api.db import session_factory
     from relay_api.models import User
     from relay_api.settings import Settings
+    from relay_worker import session_lifecycle
 
     settings = Settings(home=home, database_url=database_url, broker_url=REDIS_URL, lease_seconds=3600)
     factory = session_factory(settings)

@@ -62,7 +62,7 @@ def main() -> None:
     print("starting relay server ...")
     server = start_server()
     try:
-        # 2. A recipe job through the SDK, exactly as spec/fine-tuning.md shows it.
+        # 2. A recipe job through the SDK, exactly as docs/recipe-jobs.md shows it.
         from relay.sft.config import SFTConfig
         from relay.sft.train import train
 

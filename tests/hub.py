@@ -1,6 +1,6 @@
 """A loopback HTTP server that answers the Hugging Face Hub endpoints huggingface_hub uses to fetch
-dataset revisions and model files (the Hub itself cannot be reached from tests). Facts: shared/
-reference/lerobot-v2.1-format.md, section 5.
+dataset revisions and model files (the Hub itself cannot be reached from tests): the routes below,
+as huggingface_hub calls them.
 
 - GET  /api/datasets/{repo}/refs                      branches and tags
 - GET  /api/datasets/{repo}/revision/{revision}       the commit sha and the file list

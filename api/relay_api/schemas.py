@@ -116,6 +116,26 @@ class SessionList(BaseModel):
     has_more: bool
 
 
+class StateOut(BaseModel):
+    """A training state saved by a session's ``save_state(name)``; ``load_state(name)`` takes it back
+    in a session with the same model, finetune method, targets and rank."""
+
+    object: Literal["training_state"] = "training_state"
+    name: str
+    base_model: str | None
+    finetune: str | None
+    targets: list[str] | None
+    lora_rank: int | None
+    bytes: int
+    saved_at: str
+
+
+class StateList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[StateOut]
+    has_more: bool
+
+
 class CallAccepted(BaseModel):
     object: Literal["session.call"] = "session.call"
     session_id: str

@@ -4,6 +4,11 @@
 complete checkpoint if there is one, runs the fixed schedule and writes the merged output. It is
 what a worker runs for `POST /v1/fine-tunes` and what `relay local train` runs on a laptop.
 
+Under torch.distributed.run (`relay local train --nproc-per-node N`, or a worker's launcher) it
+runs as one process of a group: each process reads its part of every global batch, the model
+trains under DDP or FSDP (relay_engine.distributed), and rank 0 alone reports events and writes
+the output. Checkpoints are sharded, so a run resumes on any number of processes.
+
 Work directory layout:
     checkpoints/step-00001000/ ...   complete checkpoints, and `latest` naming the newest
     output/                          once completed: model.safetensors (adapters merged),
@@ -24,6 +29,9 @@ import torch
 
 from relay.optimizer import AdamParams
 from relay_engine.datasets import open_dataset
+from relay_engine.distributed import Parallel, World, choose_strategy, gathered_policy, join, launched, leave
+from relay_engine.distributed.checkpoint import STATE_DIR, load_sharded, save_sharded
+from relay_engine.distributed.group import batch_slice
 from relay_engine.errors import ConfigError
 from relay_engine.models import load_policy
 from relay_engine.training.checkpoint import CheckpointStore
@@ -34,7 +42,7 @@ from relay_engine.training.loop import Event, LoopState, MetricsWindow, run_loop
 from relay_engine.training.schedule import learning_rate
 from relay_engine.tuning import apply_tuning
 
-# The fixed part of the recipe (spec/fine-tuning.md, "The rest is fixed"). Weight decay is not
+# The fixed part of the recipe (docs/recipe-jobs.md, "What is fixed"). Weight decay is not
 # named there; openpi's default (1e-10) is none in effect, so we use none.
 RECIPE_ADAM = AdamParams(
     learning_rate=0.0, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0, grad_clip_norm=1.0
@@ -64,6 +72,8 @@ class Recipe:
     episodes: list[int] | None = None
     num_workers: int | None = None  # data-loading processes; None: 0 on the CPU, more on a GPU
     device: str = "auto"
+    # How a run of many processes shares the model: auto (FSDP for full, DDP for LoRA), ddp or fsdp.
+    strategy: str = "auto"
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], **engine_settings: Any) -> Recipe:
@@ -73,7 +83,9 @@ class Recipe:
 
     def fingerprint(self) -> str:
         """What must not change between a checkpoint and a resume."""
-        fixed = {k: v for k, v in asdict(self).items() if k not in ("num_workers", "device", "log_every")}
+        # How many processes run it, and how they share the model, may change: checkpoints reshard.
+        free = ("num_workers", "device", "log_every", "strategy")
+        fixed = {k: v for k, v in asdict(self).items() if k not in free}
         return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -102,9 +114,39 @@ def run_recipe(
     dataset_cache_dir: Path | None = None,
     output_dir: Path | None = None,
 ) -> RecipeResult:
+    """Run the recipe here; under torch.distributed.run, as this process's part of the group."""
+    if not launched():
+        return _run(recipe, work_dir, None, on_event, should_stop, dataset_cache_dir, output_dir)
+    # A caller that joined the group itself (to run several recipes in one launch) keeps it.
+    joined_here = not torch.distributed.is_initialized()
+    world = join(recipe.device)
+    try:
+        return _run(recipe, work_dir, world, on_event, should_stop, dataset_cache_dir, output_dir)
+    finally:
+        if joined_here:
+            leave()
+
+
+def _run(
+    recipe: Recipe,
+    work_dir: Path,
+    world: World | None,
+    on_event: Callable[[Event], None],
+    should_stop: Callable[[], bool],
+    dataset_cache_dir: Path | None,
+    output_dir: Path | None,
+) -> RecipeResult:
     work_dir = Path(work_dir)
     output_dir = Path(output_dir) if output_dir is not None else work_dir / "output"
-    device = pick_device(recipe.device)
+    device = world.device if world is not None else pick_device(recipe.device)
+    rank, processes = (world.rank, world.size) if world is not None else (0, 1)
+    main = rank == 0
+    if recipe.batch_size < processes:
+        raise ConfigError(
+            f"bad batch_size: {recipe.batch_size} (must be at least the number of processes, {processes}: "
+            "each process trains on its part of every batch)"
+        )
+    strategy = choose_strategy(recipe.strategy, recipe.finetune)
 
     dataset = open_dataset(
         recipe.dataset_name,
@@ -116,7 +158,8 @@ def run_recipe(
     policy = load_policy(recipe.model, device=device, action_horizon=recipe.action_horizon, seed=recipe.seed)
     policy.config = policy.config.replace(robot_action_dim=dataset.summary.action_dim)
     model = apply_tuning(policy, recipe.finetune, recipe.targets, recipe.lora_rank, recipe.lora_alpha)
-    learner = Learner(model, seed=recipe.seed, device=device)
+    parallel = Parallel(model, world, strategy) if world is not None else None
+    learner = Learner(model, seed=recipe.seed, device=device, parallel=parallel)
 
     store = CheckpointStore(work_dir / "checkpoints")
     state, position = LoopState(), DataPosition()
@@ -126,7 +169,10 @@ def run_recipe(
         manifest = store.manifest(latest)
         if manifest.get("recipe") != recipe.fingerprint():
             raise ConfigError(f"{work_dir} holds checkpoints of a different recipe; use a new directory")
-        learner.load_state(latest)
+        if (latest / STATE_DIR).is_dir():
+            load_sharded(latest, learner, parallel)
+        else:  # a checkpoint written before checkpoints were sharded
+            learner.load_state(latest)
         state = LoopState(
             step=int(manifest["step"]),
             window=MetricsWindow.from_dict(manifest["window"]),
@@ -138,7 +184,9 @@ def run_recipe(
     order = BatchOrder(len(indices), recipe.batch_size, recipe.seed, span_epochs=True)
     subset = torch.utils.data.Subset(dataset, indices.tolist()) if recipe.episodes is not None else dataset
     num_workers = recipe.num_workers if recipe.num_workers is not None else (0 if device.type == "cpu" else 8)
-    batches = batch_loader(subset, order, position, policy.collate, num_workers)
+    batches = batch_loader(
+        subset, order, position, policy.collate, num_workers, part=lambda n: batch_slice(n, rank, processes)
+    )
 
     def next_step_batches() -> list[Any]:
         nonlocal position
@@ -146,16 +194,22 @@ def run_recipe(
         return [next(batches)]
 
     def save_checkpoint(loop_state: LoopState) -> None:
-        store.save(
-            loop_state.step,
-            learner.save_state,
-            meta={
-                "recipe": recipe.fingerprint(),
-                "data_position": position.to_dict(),
-                "window": loop_state.window.to_dict(),
-                "loss": loop_state.last_loss,
-            },
-        )
+        meta = {
+            "recipe": recipe.fingerprint(),
+            "data_position": position.to_dict(),
+            "window": loop_state.window.to_dict(),
+            "loss": loop_state.last_loss,
+        }
+        save_sharded(store, loop_state.step, learner, meta, parallel)
+
+    def report(event: Event) -> None:
+        if main:  # one process speaks for the group
+            on_event(event)
+
+    def stop_agreed() -> bool:
+        # A stop asked of any process (rank 0 hears the service's cancel) stops all at the same step.
+        wanted = should_stop()
+        return parallel.any(wanted) if parallel is not None else wanted
 
     result = run_loop(
         learner,
@@ -164,8 +218,8 @@ def run_recipe(
         total_steps=recipe.steps,
         learning_rate_at=lambda step: learning_rate(step, recipe.steps, recipe.learning_rate),
         adam=RECIPE_ADAM,
-        on_event=on_event,
-        should_stop=should_stop,
+        on_event=report,
+        should_stop=stop_agreed,
         save_checkpoint=save_checkpoint,
         checkpoint_every=recipe.checkpoint_every,
         log_every=recipe.log_every,
@@ -173,8 +227,19 @@ def run_recipe(
     if result.status != "completed":
         return RecipeResult(result.status, result.step, result.loss, None, resumed_from)
 
-    write_output(model, output_dir, dataset.norm_stats.to_json())
-    return RecipeResult("completed", result.step, result.loss, output_dir, resumed_from)
+    whole = gathered_policy(model, parallel)
+    if whole is not None:
+        write_output(whole, output_dir, dataset.norm_stats.to_json())
+    if parallel is not None:
+        parallel.barrier()  # the output is whole before any process reports completion
+    return RecipeResult(
+        "completed",
+        result.step,
+        result.loss,
+        output_dir,
+        resumed_from,
+        extra={"processes": processes, "strategy": strategy if parallel is not None else None},
+    )
 
 
 def _training_indices(dataset: Any, episodes: Iterable[int] | None) -> np.ndarray:

@@ -1,11 +1,15 @@
-"""`relay keys` and `relay fine-tunes` against the served API and a real worker."""
+"""`relay keys`, `relay fine-tunes` and `relay sessions` against the served API and a real worker."""
 
 from __future__ import annotations
 
 import json
 import os
+import pty
+import re
+import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -13,6 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from relay.cli import app
+from relay.cli.watch import BLOCKS
+from relay.training import ServiceClient
 from tests.service.stack import Stack, WorkerProcess
 
 pytestmark = pytest.mark.slow
@@ -26,6 +32,42 @@ def relay(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
+
+
+def on_terminal(*args: str, env: dict[str, str], timeout: float = 60) -> str:
+    """Run `relay ARGS` with a pseudo-terminal as its stdin, stdout and stderr; the text it wrote there."""
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "relay.cli", *args],
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        env={**os.environ, **env, "COLUMNS": "120", "TERM": "xterm-256color"},
+    )
+    os.close(follower)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([leader], [], [], 0.5)
+            if not ready:
+                if process.poll() is not None:
+                    break
+                continue
+            try:
+                data = os.read(leader, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(leader)
+        if process.poll() is None:
+            process.kill()
+    written = b"".join(chunks).decode(errors="replace")
+    assert process.wait(timeout=10) == 0, written
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", written)  # without colours and cursor moves
 
 
 def test_keys_create_list_and_revoke(stack: Stack) -> None:
@@ -111,6 +153,12 @@ def test_fine_tunes_commands(
         json.loads(line) for line in run("fine-tunes", "events", job_id, "--follow", "--json").splitlines()
     ]
     assert followed == events
+    # Piped (CliRunner is not a terminal): the same plain lines as without --follow, no live panel.
+    assert run("fine-tunes", "events", job_id, "--follow") == text
+    # On a terminal: a progress bar and the loss's sparkline under the lines.
+    shown = on_terminal("fine-tunes", "events", job_id, "--follow", env=env)
+    assert "step     10  loss" in shown and f"{job_id} completed" in shown and "step 10/10" in shown
+    assert any(block in shown for block in BLOCKS), shown
     later = run("fine-tunes", "events", job_id, "--after", str(events[0]["id"]), "--json").splitlines()
     assert [json.loads(line) for line in later] == events[1:]
 
@@ -126,3 +174,52 @@ def test_fine_tunes_commands(
     assert finished.exit_code == 1 and "409" in finished.output and "already completed" in finished.output
     missing = runner.invoke(app, ["fine-tunes", "retrieve", "ft-000000000000"], env=env)
     assert missing.exit_code == 1 and "404 no fine-tune ft-000000000000" in missing.output
+
+
+def test_sessions_commands(
+    stack: Stack, worker: WorkerProcess, user: tuple[str, str], tmp_path: Path
+) -> None:
+    """`relay sessions list | show | close | states` on a live session that saved a state."""
+    runner = CliRunner()
+    env = {"RELAY_BASE_URL": stack.api_url, "RELAY_API_KEY": user[1], "RELAY_HOME": str(tmp_path / "home")}
+
+    def run(*args: str) -> str:
+        result = runner.invoke(app, list(args), env=env)
+        assert result.exit_code == 0, (args, result.output)
+        return result.output
+
+    service = ServiceClient(stack.api_url, user[1], progress=False)
+    with service.create_lora_training_client("pi05-tiny", rank=4) as training_client:
+        session_id = training_client.id
+        training_client.save_state("cli-state").result(timeout=120)
+
+        listed = [json.loads(line) for line in run("sessions", "list", "--json").splitlines()]
+        assert [(s["id"], s["status"], s["rank"]) for s in listed] == [(session_id, "ready", 4)]
+        table = run("sessions", "list")
+        assert session_id in table and "ready" in table and "lora r4" in table
+        assert "pi05-tiny" in run("sessions", "show", session_id)
+        assert json.loads(run("sessions", "show", session_id, "--json"))["status"] == "ready"
+
+        saved = [json.loads(line) for line in run("sessions", "states", "--json").splitlines()]
+        assert [(s["name"], s["base_model"], s["lora_rank"]) for s in saved] == [
+            ("cli-state", "pi05-tiny", 4)
+        ]
+        assert saved[0]["bytes"] > 0 and saved[0]["targets"] == listed[0]["targets"]
+        assert "cli-state" in run("sessions", "states")
+
+        closing = json.loads(run("sessions", "close", session_id, "--json"))
+        assert closing["id"] == session_id and closing["status"] in ("ready", "closed")
+        deadline = time.monotonic() + 60
+        while (shown := service.retrieve_session(session_id))["status"] != "closed":
+            assert time.monotonic() < deadline, shown
+            time.sleep(0.2)
+        assert "closed" in run("sessions", "show", session_id)
+
+    stranger = stack.new_user()[1]
+    other = {**env, "RELAY_API_KEY": stranger}
+    hidden = runner.invoke(app, ["sessions", "show", session_id], env=other)
+    assert hidden.exit_code == 1 and f"404 no training session {session_id}" in hidden.output
+    assert runner.invoke(app, ["sessions", "states", "--json"], env=other).output == ""
+    refused = runner.invoke(app, ["sessions", "close", session_id], env=other)
+    assert refused.exit_code == 1 and "404" in refused.output and "Traceback" not in refused.output
+    service.close()

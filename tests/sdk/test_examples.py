@@ -1,4 +1,4 @@
-"""The examples of spec/fine-tuning.md, as written, against the served API and a real worker.
+"""The recipe-job examples of docs/recipe-jobs.md, as written, against the served API and a real worker.
 
 Only what this machine needs is changed: model="pi05-tiny", a local synthetic dataset, and a few
 steps instead of 6,000. The SDK finds the API and the key in RELAY_BASE_URL / RELAY_API_KEY.

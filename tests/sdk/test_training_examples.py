@@ -1,4 +1,4 @@
-"""The examples of spec/training-loops.md, as written, against the served API and a real worker.
+"""The session examples of docs/sessions.md, as written, against the served API and a real worker.
 
 Only what this machine needs is changed: base_model="pi05-tiny", small frames, a few steps. The SDK
 finds the API and the key in RELAY_BASE_URL / RELAY_API_KEY.

@@ -1,4 +1,4 @@
-"""Faults (reference/reliability-and-style.md, B4/B5): a worker killed mid-job, a job the broker never
+"""Faults (what docs/reliability.md promises): a worker killed mid-job, a job the broker never
 got, a job out of attempts, and writes from an attempt that no longer owns its job."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from relay._http import Client
 from relay.sft.config import SFTConfig
 from relay.sft.job import FineTuneJob
 from relay.sft.train import train
-from relay_api import fine_tunes, lifecycle
+from relay_api import fine_tunes
 from relay_api.db import utcnow
 from relay_api.models import FineTune, FineTuneEvent
+from relay_worker import lifecycle
 from tests.service.stack import Stack, wait_for
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
 """Training-loop sessions through the real service: the API, Redis, PostgreSQL and a Celery worker
-running pi05-tiny (spec/training-loops.md). The spec's own examples are in tests/sdk."""
+running pi05-tiny (docs/sessions.md). The documented examples themselves are in tests/sdk."""
 
 from __future__ import annotations
 

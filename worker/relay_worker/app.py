@@ -3,7 +3,7 @@
 One process per GPU (``-c N`` with ``RELAY_WORKER_GPUS``), one task (a job or a session) at a time each: late
 acknowledgement, no prefetch beyond the task at hand, and a message that comes back if its
 process dies. The job row, claimed with a lease, decides whether a delivery trains; see
-relay_api.lifecycle. Each worker also runs the reconciler in a thread of its main process.
+relay_worker.lifecycle. Each worker also runs the reconciler in a thread of its main process.
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ from typing import Any
 
 from celery import signals
 
-from relay_api import session_lifecycle
 from relay_api.db import session_factory, utcnow
-from relay_api.lifecycle import reconcile
 from relay_api.queue import RUN_FINE_TUNE, make_celery
 from relay_api.settings import get_settings
-from relay_worker import heartbeat, shutdown
+from relay_worker import heartbeat, session_lifecycle, shutdown
 from relay_worker.fine_tune import worker_name
+from relay_worker.lifecycle import reconcile
 
 log = logging.getLogger("relay_worker")
 

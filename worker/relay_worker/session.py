@@ -30,16 +30,16 @@ from relay.errors import ConfigError
 from relay.training import status as st
 from relay.training import types, wire
 from relay.training.config import check_name
-from relay_api import session_lifecycle as lifecycle
 from relay_api.channel import ChannelUnavailable, QueuedCall, WorkerChannel, worker_channel
 from relay_api.db import session_factory, utcnow
-from relay_api.lifecycle import FencedOut
-from relay_api.session_lifecycle import SessionClaim
 from relay_api.settings import Settings, get_settings
 from relay_engine.errors import EngineError
 from relay_engine.training.session import SessionSpec, TrainingSession
+from relay_worker import session_lifecycle as lifecycle
 from relay_worker import shutdown
 from relay_worker.fine_tune import worker_name
+from relay_worker.lifecycle import FencedOut
+from relay_worker.session_lifecycle import SessionClaim
 
 log = logging.getLogger("relay_worker")
 T = TypeVar("T")

@@ -11,6 +11,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 from transformers import GemmaConfig
 from transformers.models.gemma.modeling_gemma import GemmaMLP, GemmaRMSNorm, rotate_half
@@ -100,6 +101,71 @@ class GemmaDecoderLayer(nn.Module):
         else:
             self.input_layernorm = AdaptiveRMSNorm(size.width, cond_dim)
             self.post_attention_layernorm = AdaptiveRMSNorm(size.width, cond_dim)
+        # Recompute this layer's activations in backward instead of keeping them (full fine-tuning
+        # on many GPUs turns it on: see relay_engine.distributed.parallel).
+        self.checkpoint_activations = False
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        key_mask: torch.Tensor,
+        cond: torch.Tensor | None = None,
+        prefix_keys: torch.Tensor | None = None,
+        prefix_values: torch.Tensor | None = None,
+        keys_only: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One block: (hidden after it, its keys, its values).
+
+        A language-model layer (no `cond`) attends over its own tokens; with `keys_only` it only
+        makes its keys and values and leaves `hidden` as it was. An action-expert layer (`cond`
+        given) attends over [prefix keys/values ; its own]. Going through `forward` (rather than
+        the parts) is what lets FSDP gather a layer's weights and checkpointing recompute it.
+        """
+        if self.checkpoint_activations and torch.is_grad_enabled():
+            outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = torch.utils.checkpoint.checkpoint(
+                self._block,
+                hidden,
+                rope,
+                key_mask,
+                cond,
+                prefix_keys,
+                prefix_values,
+                keys_only,
+                use_reentrant=False,
+            )
+            return outputs
+        return self._block(hidden, rope, key_mask, cond, prefix_keys, prefix_values, keys_only)
+
+    def _block(
+        self,
+        hidden: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        key_mask: torch.Tensor,
+        cond: torch.Tensor | None,
+        prefix_keys: torch.Tensor | None,
+        prefix_values: torch.Tensor | None,
+        keys_only: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if cond is None:
+            normed = self.input_layernorm(hidden)
+            keys, values = self.self_attn.keys_values(normed, rope)
+            if keys_only:
+                return hidden, keys, values
+            attended = attend(self.self_attn.queries(normed, rope), keys, values, key_mask)
+            hidden = hidden + self.self_attn.output(attended)
+            hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))
+            return hidden, keys, values
+        assert prefix_keys is not None and prefix_values is not None
+        normed, gate = self.input_layernorm(hidden, cond)
+        keys, values = self.self_attn.keys_values(normed, rope)
+        all_keys = torch.cat([prefix_keys.to(keys.dtype), keys], dim=2)
+        all_values = torch.cat([prefix_values.to(values.dtype), values], dim=2)
+        attended = attend(self.self_attn.queries(normed, rope), all_keys, all_values, key_mask)
+        hidden = hidden + self.self_attn.output(attended) * gate
+        normed, gate = self.post_attention_layernorm(hidden, cond)
+        hidden = hidden + self.mlp(normed) * gate
+        return hidden, keys, values
 
 
 def gemma_mlp_config(size: GemmaSize) -> GemmaConfig:

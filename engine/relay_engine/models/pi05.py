@@ -41,7 +41,6 @@ from relay_engine.models.layers import (
     RMS_EPS,
     AdaptiveRMSNorm,
     GemmaDecoderLayer,
-    attend,
     posemb_sincos,
     rope_tables,
 )
@@ -236,15 +235,10 @@ class Pi05Model(nn.Module):
             keys, values = [], []
             layers = self.language_model.layers
             for index, layer in enumerate(layers):
-                normed = layer.input_layernorm(hidden)
-                k, v = layer.self_attn.keys_values(normed, rope)
+                # The last layer's output feeds nothing: it only makes its keys and values.
+                hidden, k, v = layer(hidden, rope, mask, keys_only=index == len(layers) - 1)
                 keys.append(k)
                 values.append(v)
-                if index == len(layers) - 1:
-                    break  # the last layer's output feeds nothing
-                attended = attend(layer.self_attn.queries(normed, rope), k, v, mask)
-                hidden = hidden + layer.self_attn.output(attended)
-                hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return PrefixCache(keys=keys, values=values, mask=mask, lengths=mask.sum(dim=1))
 
     # -- the suffix -------------------------------------------------------------------------------
@@ -266,14 +260,7 @@ class Pi05Model(nn.Module):
         for layer, prefix_keys, prefix_values in zip(
             self.expert.layers, prefix.keys, prefix.values, strict=True
         ):
-            normed, gate = layer.input_layernorm(hidden, cond)
-            k, v = layer.self_attn.keys_values(normed, rope)
-            k = torch.cat([prefix_keys.to(k.dtype), k], dim=2)
-            v = torch.cat([prefix_values.to(v.dtype), v], dim=2)
-            attended = attend(layer.self_attn.queries(normed, rope), k, v, key_mask)
-            hidden = hidden + layer.self_attn.output(attended) * gate
-            normed, gate = layer.post_attention_layernorm(hidden, cond)
-            hidden = hidden + layer.mlp(normed) * gate
+            hidden, _, _ = layer(hidden, rope, key_mask, cond, prefix_keys, prefix_values)
         normed, _ = self.expert.norm(hidden, cond)
         # The action head reads the expert's output in fp32, whatever the autocast.
         with torch.autocast(device_type=normed.device.type, enabled=False):

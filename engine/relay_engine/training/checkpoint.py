@@ -55,16 +55,33 @@ class CheckpointStore:
 
     def save(self, step: int, write_files: Callable[[Path], None], meta: dict[str, object]) -> Path:
         """Write a checkpoint: `write_files(dir)` fills a fresh directory; `meta` goes in its manifest."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        final = self.root / self.name_of(step)
-        tmp = self.root / f".tmp-{self.name_of(step)}-{uuid.uuid4().hex}"
-        tmp.mkdir()
+        tmp = self.begin(step)
         try:
             write_files(tmp)
-            files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return self.commit(step, tmp, meta)
+
+    def begin(self, step: int) -> Path:
+        """A fresh temporary directory for the checkpoint of `step` (to fill, then `commit`)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".tmp-{self.name_of(step)}-{uuid.uuid4().hex}"
+        tmp.mkdir()
+        return tmp
+
+    def commit(self, step: int, tmp: Path, meta: dict[str, object]) -> Path:
+        """Seal a filled temporary directory: manifest, fsync, rename into place, then the pointer.
+
+        Files may sit one level down (a sharded checkpoint's per-rank files); the manifest lists
+        them by their path relative to the checkpoint.
+        """
+        final = self.root / self.name_of(step)
+        try:
+            files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
             manifest = {"step": step, "files": files, **meta}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-            for path in tmp.iterdir():
+            for path in sorted(tmp.rglob("*"), reverse=True):  # files before their directories
                 _fsync_path(path)
             _fsync_path(tmp)
             if final.exists():  # a re-run of the same step (after a resume) replaces it whole

@@ -76,15 +76,25 @@ class BatchOrder:
             yield indices
 
 
+# Which [start, stop) of a batch of n samples this process reads (all of it when alone).
+BatchPart = Callable[[int], tuple[int, int]]
+
+
 class _BatchSampler(torch.utils.data.Sampler[list[int]]):
     """Feeds a BatchOrder to a DataLoader (which reads ahead, so positions are tracked by the caller)."""
 
-    def __init__(self, order: BatchOrder, start: DataPosition) -> None:
+    def __init__(self, order: BatchOrder, start: DataPosition, part: BatchPart | None) -> None:
         self.order = order
         self.start = start
+        self.part = part
 
     def __iter__(self) -> Iterator[list[int]]:
-        return self.order.batches(self.start)
+        for indices in self.order.batches(self.start):
+            if self.part is None:
+                yield indices
+            else:
+                first, stop = self.part(len(indices))
+                yield indices[first:stop]
 
 
 def batch_loader(
@@ -93,11 +103,15 @@ def batch_loader(
     start: DataPosition,
     collate: Callable[[Sequence[Any]], Any],
     num_workers: int,
+    part: BatchPart | None = None,
 ) -> Iterator[Any]:
-    """Collated batches from `start` on, decoded in `num_workers` processes (0: in this one)."""
+    """Collated batches from `start` on, decoded in `num_workers` processes (0: in this one).
+
+    With `part`, only this process's part of each batch (one process of a distributed run).
+    """
     loader = torch.utils.data.DataLoader(
         dataset,
-        batch_sampler=_BatchSampler(order, start),
+        batch_sampler=_BatchSampler(order, start, part),
         collate_fn=collate,
         num_workers=num_workers,
         # Two batches in flight per worker keep the step fed without holding many images.

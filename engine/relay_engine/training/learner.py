@@ -12,6 +12,11 @@ batch gives the same update as the whole batch:
   the k-th datum of a step gets the same noise whichever call it comes in.
 Two half batches then one step therefore equal one full batch then one step. The noise is also a
 pure function of (seed, step, place), which makes a resumed run draw what an uninterrupted one did.
+
+Across the processes of a group (`parallel`, see relay_engine.distributed), the place is the
+datum's place in the GLOBAL batch: rank r's data come after those of ranks 0..r-1. Each call's
+loss and weight are summed over the group, and the gradients DDP or FSDP average over it are
+divided by the global weight, so N processes make the update, and report the loss, of one.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,6 +38,9 @@ from relay.optimizer import AdamParams
 from relay_engine.errors import EngineError
 from relay_engine.models import FlowOutputs, Pi05Batch, flow_matching_loss, sample_flow_time
 from relay_engine.tuning import load_trainable_state_dict, trainable_state_dict
+
+if TYPE_CHECKING:
+    from relay_engine.distributed.parallel import Parallel
 
 
 @dataclass(frozen=True)
@@ -51,9 +59,18 @@ class OptimStepResult:
 class Learner:
     """A tuned policy, its AdamW optimizer and the noise generator of its flow-matching loss."""
 
-    def __init__(self, model: torch.nn.Module, *, seed: int = 0, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        parallel: Parallel | None = None,
+    ) -> None:
         self.model = model
         self.device = torch.device(device)
+        # Set up (DDP or FSDP) before the optimizer sees the parameters: FSDP replaces them by shards.
+        self.parallel = parallel
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise EngineError("nothing to train: the targets select no parameters")
@@ -72,17 +89,25 @@ class Learner:
 
     def flow_noise(self, batch: Pi05Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Noise (B, H, 32) and flow time (B,) for the next data of this step (see the module's note)."""
+        count = batch.actions.shape[0]
+        first, in_all = self._data_since_step, count
+        if self.parallel is not None:
+            counts = self.parallel.gather_counts(count)
+            first += sum(counts[: self.parallel.world.rank])
+            in_all = sum(counts)
         noises, times = [], []
-        for _ in range(batch.actions.shape[0]):
-            generator = self._datum_generator(self._data_since_step)
-            self._data_since_step += 1
+        for place in range(first, first + count):
+            generator = self._datum_generator(place)
             noises.append(torch.randn(batch.actions.shape[1:], generator=generator))
             times.append(sample_flow_time(1, generator))
+        self._data_since_step += in_all
         return torch.stack(noises), torch.cat(times)
 
-    def _flow_outputs(self, batch: Pi05Batch) -> FlowOutputs:
+    def _flow_outputs(self, batch: Pi05Batch, *, train: bool = False) -> FlowOutputs:
         noise, time = self.flow_noise(batch)
         with self._autocast():
+            if train and self.parallel is not None:
+                return self.parallel.flow_outputs(batch.to(self.device), noise, time)
             return self.model.flow_outputs(batch.to(self.device), noise=noise, time=time)
 
     # -- autocast --------------------------------------------------------------------------------
@@ -104,10 +129,15 @@ class Learner:
         """Add the gradients of the flow-matching loss on `batch` to those accumulated so far."""
         self._mode(training=True)
         batch = batch.to(self.device)
-        outputs = self._flow_outputs(batch)
+        outputs = self._flow_outputs(batch, train=True)
         loss, per_sample = flow_matching_loss(outputs, batch)
         weight = batch.weights.sum()
         (loss * weight).backward()
+        if self.parallel is not None:
+            # The group's loss and weight: what one process with the whole batch would report.
+            weighted_loss, total = self.parallel.sum([float(loss.detach()) * float(weight), float(weight)])
+            loss = torch.tensor(weighted_loss / total if total > 0 else 0.0)
+            weight = torch.tensor(total)
         return self._accumulate(loss, per_sample, weight)
 
     def forward(self, batch: Pi05Batch) -> FlowOutputs:
@@ -167,15 +197,18 @@ class Learner:
                 "optim_step: no gradients accumulated since the last step; call forward_backward first"
             )
         grads = [p.grad for p in self.params if p.grad is not None]
+        # DDP and FSDP leave the mean of the ranks' gradients, each a sum over its own data.
+        divisor = self._accumulated_weight / (self.parallel.size if self.parallel is not None else 1)
         for grad in grads:
-            grad.div_(self._accumulated_weight)
-        grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+            grad.div_(divisor)
+        total_norm = torch.nn.utils.get_total_norm(grads) if grads else torch.tensor(0.0)
+        if self.parallel is not None:
+            total_norm = self.parallel.full_norm(total_norm)
+        grad_norm = float(total_norm)
         skipped = not math.isfinite(grad_norm)
         if not skipped:
             if params.grad_clip_norm > 0:
-                torch.nn.utils.clip_grads_with_norm_(
-                    self.params, params.grad_clip_norm, torch.tensor(grad_norm)
-                )
+                torch.nn.utils.clip_grads_with_norm_(self.params, params.grad_clip_norm, total_norm)
             for group in self.optimizer.param_groups:
                 group.update(
                     lr=params.learning_rate,
@@ -208,17 +241,35 @@ class Learner:
         }
         save_file(weights, str(directory / "trainable.safetensors"))
         torch.save(
-            {
-                "optimizer": self.optimizer.state_dict(),
-                "steps_taken": self.steps_taken,
-                "generator": self.generator.get_state(),
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-                "numpy": np.random.get_state(),
-                "python": random.getstate(),
-            },
+            {"optimizer": self.optimizer.state_dict(), **self.rng_state()},
             directory / "optimizer_and_rng.pt",
         )
+
+    def rng_state(self) -> dict[str, Any]:
+        """The step count and every random generator this process draws from."""
+        return {
+            "steps_taken": self.steps_taken,
+            "generator": self.generator.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+        }
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        self.steps_taken = int(state["steps_taken"])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch"])
+        if state["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+        np.random.set_state(state["numpy"])
+        random.setstate(state["python"])
+        self.clear_accumulated()
+
+    def clear_accumulated(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self._accumulated_weight = 0.0
+        self._data_since_step = 0
 
     def load_state(self, directory: Path) -> None:
         load_trainable_state_dict(
@@ -228,16 +279,7 @@ class Learner:
         # parameters' device in load_state_dict; the generator state must stay on the CPU.
         state = torch.load(directory / "optimizer_and_rng.pt", map_location="cpu", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
-        self.steps_taken = int(state["steps_taken"])
-        self.generator.set_state(state["generator"])
-        torch.set_rng_state(state["torch"])
-        if state["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
-        np.random.set_state(state["numpy"])
-        random.setstate(state["python"])
-        self.optimizer.zero_grad(set_to_none=True)
-        self._accumulated_weight = 0.0
-        self._data_since_step = 0
+        self.set_rng_state(state)
 
     def trainable_parameters(self) -> Iterator[torch.nn.Parameter]:
         return iter(self.params)

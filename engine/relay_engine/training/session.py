@@ -19,6 +19,7 @@ import torch
 
 from relay.catalog import ACTION_DIM, MODEL_CAMERAS, STATE_DIM, default_targets
 from relay.optimizer import AdamParams
+from relay.training.config import STATE_META_FILE as STATE_META
 from relay_engine.errors import EngineError
 from relay_engine.models import FlowOutputs, Pi05Batch, Pi05Policy, load_policy
 from relay_engine.samples import Sample
@@ -27,7 +28,6 @@ from relay_engine.training.learner import Learner
 from relay_engine.tuning import apply_tuning
 
 OUTPUT_KEYS = ("velocity", "target", "x_t", "noise", "time")
-STATE_META = "session.json"
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def datum_to_sample(index: int, datum: Mapping[str, Any], *, with_actions: bool 
 
 
 def check_frame_sizes(samples: Sequence[Mapping[str, Any]]) -> None:
-    """Within a batch each camera's frames are one size (spec/training-loops.md)."""
+    """Within a batch each camera's frames are one size (docs/sessions.md)."""
     first: dict[str, tuple[int, ...]] = {}
     for index, sample in enumerate(samples):
         for camera, frame in sample["image"].items():
@@ -107,7 +107,7 @@ def check_frame_sizes(samples: Sequence[Mapping[str, Any]]) -> None:
 
 
 class TrainingSession:
-    """A tuned pi05, its optimizer and the calls of spec/training-loops.md, on plain data."""
+    """A tuned pi05, its optimizer and a session's calls (docs/sessions.md), on plain data."""
 
     def __init__(self, spec: SessionSpec, *, device: torch.device | str = "cpu", seed: int = 0) -> None:
         self.spec = spec

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from relay.cli import datasets, fine_tunes, keys, local, models, server
+from relay.cli import datasets, fine_tunes, keys, local, models, server, sessions
 
 app = typer.Typer(
     name="relay",
@@ -22,6 +22,7 @@ app.add_typer(datasets.app, name="datasets")
 app.add_typer(models.app, name="models")
 app.add_typer(local.app, name="local")
 app.add_typer(fine_tunes.app, name="fine-tunes")
+app.add_typer(sessions.app, name="sessions")
 app.add_typer(keys.app, name="keys")
 app.command("server")(server.serve)
 

@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 err = Console(stderr=True)
+out = Console()
+
+_STATUS_STYLE = {
+    "completed": "green",
+    "ready": "green",
+    "error": "red",
+    "cancelled": "yellow",
+    "cancel_requested": "yellow",
+    "closed": "yellow",
+    "running": "cyan",
+    "starting": "cyan",
+    "queued": "blue",
+}
 
 
 def fail(message: str) -> NoReturn:
@@ -35,3 +50,27 @@ def parse_pairs(values: list[str], option: str) -> dict[str, str]:
             raise typer.BadParameter(f"expected KEY=VALUE, got {value!r}", param_hint=f"--{option}")
         pairs[key] = item
     return pairs
+
+
+def status_text(status: str) -> str:
+    """A job's or session's status, coloured the same way in every table."""
+    style = _STATUS_STYLE.get(status)
+    return f"[{style}]{status}[/{style}]" if style else status
+
+
+def show_record(record: dict[str, Any], as_json: bool) -> None:
+    """One job or session: a JSON line, or a two-column table of its set fields."""
+    if as_json:
+        print(json.dumps(record))
+        return
+    table = Table(show_header=False, box=None)
+    for key, value in record.items():
+        if key == "object" or value is None:
+            continue
+        shown = (
+            status_text(value)
+            if key == "status"
+            else (json.dumps(value) if isinstance(value, list | dict) else escape(str(value)))
+        )
+        table.add_row(f"[bold]{key}[/bold]", shown)
+    out.print(table)

@@ -15,7 +15,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from relay import sft
-from relay.cli._common import dataset_name, err, fail, parse_pairs
+from relay.cli._common import dataset_name, err, fail, parse_pairs, show_record, status_text
+from relay.cli.watch import watch_events
 from relay.errors import APIError, ConfigError
 from relay.sft.config import SFTConfig
 from relay.sft.job import Event, FineTuneJob
@@ -117,7 +118,7 @@ def list_(
     for job in jobs:
         table.add_row(
             job.id,
-            _status(job.status),
+            status_text(job.status),
             f"{job.step}/{job.steps}",
             _loss(job.loss),
             job.model,
@@ -151,9 +152,13 @@ def events(
     follow: bool = typer.Option(False, "--follow", "-f", help="Stream events until the job ends."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines (with event ids)."),
 ) -> None:
-    """A fine-tune's events: metrics every 10 steps, checkpoints, the end."""
+    """A fine-tune's events: metrics every 10 steps, checkpoints, the end. With --follow on a terminal,
+    a live progress bar and loss sparkline under them."""
     with _clear_errors():
         job = sft.retrieve(job_id)
+        if follow and not as_json and out.is_terminal:  # piped: the plain lines below
+            watch_events(job, job.follow(after), lambda event: _print_event(event, False), out)
+            return
         stream = job.follow(after) if follow else iter(job.events(after))
         for event in stream:
             _print_event(event, as_json)
@@ -174,20 +179,7 @@ def download(
 
 
 def _show_job(job: FineTuneJob, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(job.to_dict()))
-        return
-    table = Table(show_header=False, box=None)
-    for key, value in job.to_dict().items():
-        if key == "object" or value is None:
-            continue
-        shown = (
-            _status(value)
-            if key == "status"
-            else (json.dumps(value) if isinstance(value, list | dict) else str(value))
-        )
-        table.add_row(f"[bold]{key}[/bold]", shown)
-    out.print(table)
+    show_record(job.to_dict(), as_json)
 
 
 def _print_event(event: Event, as_json: bool) -> None:
@@ -205,21 +197,6 @@ def _print_event(event: Event, as_json: bool) -> None:
         line = f"step {event['step']:>6}  {event['event']}" + (f"  {details}" if details else "")
     out.print(line, highlight=False, soft_wrap=True)
     sys.stdout.flush()
-
-
-_STATUS_STYLE = {
-    "completed": "green",
-    "error": "red",
-    "cancelled": "yellow",
-    "cancel_requested": "yellow",
-    "running": "cyan",
-    "queued": "blue",
-}
-
-
-def _status(status: str) -> str:
-    style = _STATUS_STYLE.get(status)
-    return f"[{style}]{status}[/{style}]" if style else status
 
 
 def _loss(value: float | None) -> str:

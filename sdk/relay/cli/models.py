@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from relay.catalog import DEFAULT_LORA_TARGETS, FINETUNE_METHODS, MODELS, TARGETS
+from relay.catalog import DEFAULT_LORA_TARGETS, FINETUNE_METHODS, MODELS, RELATIONAL_MODELS, TARGETS
 from relay.cli._extras import require
 
 app = typer.Typer(help="Base models, and what a recipe trains on them.", no_args_is_help=True)
@@ -26,6 +26,7 @@ _err = Console(stderr=True)
 def list_models() -> None:
     """The base models and the training targets."""
     _out.print("models: " + ", ".join(MODELS))
+    _out.print("relational models: " + ", ".join(RELATIONAL_MODELS))
     table = Table("target", "where", box=None)
     for target, description in TARGETS.items():
         table.add_row(target, description)
@@ -35,7 +36,9 @@ def list_models() -> None:
 
 @app.command()
 def info(
-    name: Annotated[str, typer.Argument(help=f"{' or '.join(MODELS)}, or an output directory.")],
+    name: Annotated[
+        str, typer.Argument(help=f"{', '.join((*MODELS, *RELATIONAL_MODELS))}, or an output directory.")
+    ],
     finetune: Annotated[str, typer.Option(help="lora or full.")] = "lora",
     lora_rank: Annotated[int, typer.Option(help="LoRA rank, 1 to 256.")] = 32,
     lora_alpha: Annotated[float | None, typer.Option(help="LoRA alpha [default: the rank].")] = None,
@@ -47,6 +50,9 @@ def info(
     keys: Annotated[bool, typer.Option("--keys", help="List every tensor with its shape.")] = False,
 ) -> None:
     """Parameter counts per module and what these settings train, without loading weights."""
+    if name in RELATIONAL_MODELS:
+        _relational_info(name, json_output)
+        return
     if finetune not in FINETUNE_METHODS:
         _fail(f"--finetune must be one of {', '.join(FINETUNE_METHODS)}, got {finetune!r}")
     chosen = [t.strip() for item in targets for t in item.split(",") if t.strip()] if targets else None
@@ -93,6 +99,30 @@ def _print_report(report: dict[str, Any], defaulted: bool) -> None:
     _out.print(
         f"trainable: [bold]{report['trainable_params']:,}[/bold] of {report['total_params']:,} weights "
         f"({share:.2%})"
+    )
+
+
+def _relational_info(name: str, json_output: bool) -> None:
+    """RT-J is tuned in full: every weight trains, so the report is the counts per part."""
+    report = require("relay_engine.relational.describe").describe_named(name)
+    if json_output:
+        _out.print_json(json.dumps(report))
+        return
+    sizes = report["sizes"]
+    _out.print(
+        f"[bold]{name}[/bold]: {sizes['num_blocks']} blocks, width {sizes['d_model']}, "
+        f"{sizes['num_heads']} heads, FFN {sizes['d_ff']}, text width {sizes['d_text']}; "
+        "full fine-tuning (every weight trains)"
+    )
+    table = Table("part", "params", box=None)
+    for part, count in report["parts"].items():
+        table.add_row(part, f"{count:,}")
+    _out.print(table)
+    boolean = ", ".join(f"{key} {count:,}" for key, count in report["boolean_channel"].items())
+    _out.print(f"Stanford layout (stanford-star/rt-j): [bold]{report['stanford_params']:,}[/bold] weights")
+    _out.print(
+        f"RelativeDB layout (RelativeDB/rt-j-fp16): {report['relativedb_params']:,} weights: "
+        f"{report['boolean_channel_params']:,} more for its boolean value channel ({boolean})"
     )
 
 

@@ -49,7 +49,7 @@ RULES: dict[str, str] = {
 
 
 class SFTConfig(CheckedConfig):
-    """A recipe: the base model, the dataset and a few settings (spec/fine-tuning.md)."""
+    """A recipe: the base model, the dataset and a few settings (docs/recipe-jobs.md)."""
 
     RULES: ClassVar[dict[str, str]] = RULES
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -84,6 +84,8 @@ class SFTConfig(CheckedConfig):
         if value is not None:
             if not value:
                 raise ValueError("must map at least one model camera, or be left out for the dataset's")
+            if any(has_control_characters(name) for name in (*value, *value.values())):
+                raise ValueError(RULES["cameras"] + ", with no control characters")
             catalog.check_cameras(value)
         return value
 

@@ -18,7 +18,7 @@ EVENTS_PAGE = 1000
 
 
 class Event(dict[str, Any]):
-    """One event as the spec shows it (``{"step": 10, "loss": 0.21, ...}``), with the API's ``id``
+    """One event as the engine reports it (``{"step": 10, "loss": 0.21, ...}``), with the API's ``id``
     (the cursor for ``events(after=...)``) and ``created_at`` as attributes."""
 
     id: int

@@ -1,4 +1,4 @@
-"""A recipe job's statuses and the only moves between them (spec/fine-tuning.md, "The job")."""
+"""A recipe job's statuses and the only moves between them (docs/recipe-jobs.md, "Statuses")."""
 
 from __future__ import annotations
 

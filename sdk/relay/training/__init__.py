@@ -1,4 +1,4 @@
-"""Training loops on Relay's GPUs (spec/training-loops.md): your program is the loop, each call a step.
+"""Training loops on Relay's GPUs (docs/sessions.md): your program is the loop, each call a step.
 
 from relay.training import ServiceClient, types
 

@@ -26,6 +26,8 @@ from relay.training.status import READY, STARTING
 DEFAULT_START_TIMEOUT = 600.0
 NUM_STEPS_MAX = 1000
 LOSS_FNS = ("flow_matching",)
+STATES = "/v1/states"
+SESSIONS_PAGE = 100
 
 
 class ServiceClient:
@@ -100,6 +102,37 @@ class ServiceClient:
             raise
         return TrainingClient(self._http, session, Codec(config.codec))
 
+    # -- finding sessions and states again ------------------------------------------------------------
+
+    def list_sessions(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Your sessions as the API shows them, newest first: all of them, or the newest `limit`."""
+        sessions: list[dict[str, Any]] = []
+        after: str | None = None
+        while limit is None or len(sessions) < limit:
+            page_size = SESSIONS_PAGE if limit is None else min(SESSIONS_PAGE, limit - len(sessions))
+            page = self._http.request("GET", SESSIONS, params={"after": after, "limit": page_size})
+            sessions.extend(page["data"])
+            if not page.get("has_more") or not page["data"]:
+                break
+            after = sessions[-1]["id"]
+        return sessions
+
+    def retrieve_session(self, session_id: str) -> dict[str, Any]:
+        """One session (``"ses-..."``), as the API reports it now."""
+        session: dict[str, Any] = self._http.request("GET", f"{SESSIONS}/{session_id}")
+        return session
+
+    def close_session(self, session_id: str) -> dict[str, Any]:
+        """Close a session from outside its program (its worker is freed once the calls already sent
+        have run); closing an ended session again is harmless."""
+        session: dict[str, Any] = self._http.request("POST", f"{SESSIONS}/{session_id}/close", retry=True)
+        return session
+
+    def list_states(self) -> list[dict[str, Any]]:
+        """The states your sessions saved (``save_state``), newest first, with what each belongs to."""
+        states: list[dict[str, Any]] = self._http.request("GET", STATES)["data"]
+        return states
+
     def close(self) -> None:
         self._http.close()
 
@@ -163,7 +196,7 @@ class _Spinner:
 
 
 class TrainingClient:
-    """A session: a GPU with the model loaded, driven one call at a time (spec/training-loops.md).
+    """A session: a GPU with the model loaded, driven one call at a time (docs/sessions.md).
 
     Every call returns an APIFuture at once; the GPU runs calls in the order they were made.
     ``close()`` (or leaving a ``with`` block) ends the session; what was not saved is lost.

@@ -26,6 +26,9 @@ from relay.sft.config import LORA_RANK_MAX
 
 ACTION_HORIZON_MAX = 100
 SAVED_NAME_MAX = 128
+# The file in a saved state's directory that says what it belongs to (model, finetune, targets,
+# rank): the worker writes it, the API lists states by it.
+STATE_META_FILE = "session.json"
 
 RULES: dict[str, str] = {
     "base_model": MODEL_RULE,
@@ -39,7 +42,7 @@ RULES: dict[str, str] = {
 
 
 class SessionConfig(CheckedConfig):
-    """What a training session trains (spec/training-loops.md, "Sessions"): fixed for its life."""
+    """What a training session trains (docs/sessions.md): fixed for its life."""
 
     RULES: ClassVar[dict[str, str]] = RULES
     WHAT: ClassVar[str] = "a session"

@@ -1,4 +1,4 @@
-"""A training session's statuses (spec/training-loops.md, "Sessions").
+"""A training session's statuses (docs/sessions.md, "Statuses").
 
 starting: accepted; waiting for a free worker, then loading the model on it (``worker`` names it)
 ready:    the model is loaded; calls run

@@ -1,4 +1,4 @@
-"""What a training loop sends and gets back (spec/training-loops.md): ``Datum``, ``AdamParams`` and
+"""What a training loop sends and gets back (docs/sessions.md): ``Datum``, ``AdamParams`` and
 the results of the steps."""
 
 from __future__ import annotations

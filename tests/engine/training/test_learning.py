@@ -1,8 +1,8 @@
 """Proof that training learns: on the synthetic look-to-act task, pi05-tiny trained on CPU at
 least halves the held-out episodes' action error against the untrained model.
 
-The README's longer run (300 steps, batch 32) takes the error from 1.38 to 0.15; this one is
-sized for CI. Everything is seeded, so it is repeatable.
+The longer run in docs/local-trainer.md (300 steps, batch 32) takes the error from 1.38 to 0.15;
+this one is sized for CI. Everything is seeded, so it is repeatable.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A training-loop session's model (the worker side of spec/training-loops.md), on pi05-tiny."""
+"""A training-loop session's model (the worker side of docs/sessions.md), on pi05-tiny."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The local trainer's API (spec/trainer-api.md's shape) on pi05-tiny."""
+"""The local trainer's API (docs/local-trainer.md) on pi05-tiny."""
 
 from __future__ import annotations
 

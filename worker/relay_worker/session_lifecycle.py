@@ -18,10 +18,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from relay.training import status as st
 from relay_api.db import utcnow, with_retries
-from relay_api.lifecycle import FencedOut
 from relay_api.models import training_sessions as table
 from relay_api.sessions import WORKER_LOST
 from relay_api.settings import Settings
+from relay_worker.lifecycle import FencedOut
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,174 @@
+"""How one model trains across the processes of a group: DDP or FSDP2.
+
+- DDP (DistributedDataParallel) keeps a whole copy of the model in every process and averages
+  the trainable weights' gradients after each backward. It suits LoRA and other small trainable
+  parts: the gradients to average are small, and the frozen weights are only read.
+- FSDP2 (`fully_shard`) keeps 1/N of every weight, gradient and optimizer moment in each process
+  and gathers one block's weights just before it runs. It suits full fine-tuning, where the
+  weights, gradients and AdamW moments of pi05 do not fit one GPU. Each decoder and vision layer
+  is its own unit (gathered, then freed, in turn); activation checkpointing of the decoder
+  layers is on for full fine-tuning. On CUDA the weights compute in bf16 while the sharded
+  master weights, the reductions and the optimizer stay fp32.
+
+Both reduce a gradient as the mean over processes; the Learner divides by the global weight, so
+the update is the one a single process would make on the whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Literal, cast
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from relay_engine.distributed.group import World
+from relay_engine.errors import ConfigError
+from relay_engine.models import FlowOutputs, Pi05Batch, Pi05Policy
+from relay_engine.models.layers import GemmaDecoderLayer
+
+Strategy = Literal["ddp", "fsdp"]
+STRATEGIES: tuple[str, ...] = ("auto", "ddp", "fsdp")
+
+
+def choose_strategy(requested: str, finetune: str) -> Strategy:
+    """`auto`: FSDP when the full model trains, DDP when only adapters (or a small part) do."""
+    if requested not in STRATEGIES:
+        raise ConfigError(f"bad strategy: {requested!r} (must be one of {', '.join(STRATEGIES)})")
+    if requested == "auto":
+        return "fsdp" if finetune == "full" else "ddp"
+    return cast(Strategy, requested)
+
+
+class _FlowForward(nn.Module):
+    """The policy's training forward as a module `forward`, which is what DDP hooks."""
+
+    def __init__(self, policy: Pi05Policy) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, batch: Pi05Batch, noise: torch.Tensor, time: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.policy.flow_outputs(batch, noise=noise, time=time)
+        return out.velocity, out.target, out.x_t, out.noise, out.time
+
+
+class Parallel:
+    """A policy made ready for a group, and the few collectives the Learner needs."""
+
+    def __init__(self, policy: Pi05Policy, world: World, strategy: Strategy) -> None:
+        self.policy = policy
+        self.world = world
+        self.strategy = strategy
+        self._ddp: DistributedDataParallel | None = None
+        if strategy == "ddp":
+            if world.device.type == "cuda":
+                _store_frozen_in_bf16(policy)
+            # Every process builds the same weights from the same seed and files, so the initial
+            # broadcast of all 3B weights is skipped. Parameters a pass does not reach (the
+            # language model's last norm, say) still get a (zero) gradient in every process.
+            self._ddp = DistributedDataParallel(
+                _FlowForward(policy),
+                device_ids=None,
+                broadcast_buffers=False,
+                find_unused_parameters=True,
+                init_sync=False,
+            )
+        else:
+            _shard(policy, world, checkpoint_activations=_trains_everything(policy))
+
+    @property
+    def size(self) -> int:
+        return self.world.size
+
+    def flow_outputs(self, batch: Pi05Batch, noise: torch.Tensor, time: torch.Tensor) -> FlowOutputs:
+        if self._ddp is not None:
+            velocity, target, x_t, noise_out, time_out = self._ddp(batch, noise, time)
+            return FlowOutputs(velocity=velocity, target=target, x_t=x_t, noise=noise_out, time=time_out)
+        return self.policy.flow_outputs(batch, noise=noise, time=time)
+
+    @contextmanager
+    def no_gradient_sync(self) -> Iterator[None]:
+        """Backward passes inside keep their gradients local (all but a step's last micro-batch)."""
+        if self._ddp is not None:
+            with self._ddp.no_sync():
+                yield
+            return
+        module = cast(FSDPModule, self.policy)
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+
+    # -- small collectives ---------------------------------------------------------------------
+
+    def _vector(self, values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float64, device=self._comm_device())
+
+    def _comm_device(self) -> torch.device:
+        return self.world.device if self.world.device.type == "cuda" else torch.device("cpu")
+
+    def sum(self, values: list[float]) -> list[float]:
+        tensor = self._vector(values)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return [float(x) for x in tensor.cpu()]
+
+    def gather_counts(self, count: int) -> list[int]:
+        """Every rank's `count`, in rank order."""
+        tensor = torch.tensor([count], dtype=torch.int64, device=self._comm_device())
+        parts = [torch.zeros_like(tensor) for _ in range(self.size)]
+        dist.all_gather(parts, tensor)
+        return [int(p.item()) for p in parts]
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when it is true on one (a stop asked for anywhere stops all)."""
+        return self.sum([1.0 if flag else 0.0])[0] > 0
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def broadcast_object(self, value: Any) -> Any:
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    @staticmethod
+    def full_norm(norm: torch.Tensor) -> torch.Tensor:
+        """A total gradient norm as a plain tensor (FSDP's is a DTensor over the shards)."""
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def _trains_everything(policy: nn.Module) -> bool:
+    return bool((policy.config.tuning or {}).get("finetune") == "full")  # type: ignore[union-attr, operator]
+
+
+def _store_frozen_in_bf16(policy: nn.Module) -> None:
+    """Frozen weights are only read, in bf16 under autocast anyway: keep them in bf16 (half the memory)."""
+    for parameter in policy.parameters():
+        if not parameter.requires_grad and parameter.dtype == torch.float32:
+            parameter.data = parameter.data.to(torch.bfloat16)
+
+
+def _shard(policy: Pi05Policy, world: World, *, checkpoint_activations: bool) -> None:
+    mixed = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if world.device.type == "cuda"
+        else MixedPrecisionPolicy()
+    )
+    model = policy.model
+    units: list[nn.Module] = list(model.vision_tower.vision_model.encoder.layers)
+    for layer in [*model.language_model.layers, *model.expert.layers]:
+        assert isinstance(layer, GemmaDecoderLayer)
+        layer.checkpoint_activations = checkpoint_activations
+        units.append(layer)
+    for unit in units:
+        fully_shard(unit, mp_policy=mixed)
+    fully_shard(policy, mp_policy=mixed)
+    # The policy trains and samples through these methods, not `forward`.
+    register_fsdp_forward_method(policy, "flow_outputs")
+    register_fsdp_forward_method(policy, "sample_actions")

@@ -1,0 +1,56 @@
+"""RT-J, the relational transformer: the model, its checkpoints, the trainer, and the way from a
+relational database to labelled contexts.
+
+    from relay_engine.relational import RelationalTrainer, RelationalTrainingArguments, RelationalTransformer
+"""
+
+from relay_engine.relational.batch import (
+    BATCH_FIELDS,
+    MAX_PARENTS,
+    SEM_BOOLEAN,
+    SEM_DATETIME,
+    SEM_NUMBER,
+    SEM_TEXT,
+    RelationalBatch,
+    collate,
+)
+from relay_engine.relational.losses import (
+    BinaryClassificationLoss,
+    MulticlassClassificationLoss,
+    MultilabelClassificationLoss,
+    RegressionLoss,
+    loss_for,
+)
+from relay_engine.relational.network import NAMED_CONFIGS, RTJConfig, RTJNetwork, parameter_count
+from relay_engine.relational.training import (
+    RelationalExample,
+    RelationalTrainer,
+    RelationalTrainingArguments,
+)
+from relay_engine.relational.transformer import DEFAULT_MODEL, RelationalTransformer, TaskHead
+
+__all__ = [
+    "BATCH_FIELDS",
+    "DEFAULT_MODEL",
+    "MAX_PARENTS",
+    "NAMED_CONFIGS",
+    "SEM_BOOLEAN",
+    "SEM_DATETIME",
+    "SEM_NUMBER",
+    "SEM_TEXT",
+    "BinaryClassificationLoss",
+    "MulticlassClassificationLoss",
+    "MultilabelClassificationLoss",
+    "RTJConfig",
+    "RTJNetwork",
+    "RegressionLoss",
+    "RelationalBatch",
+    "RelationalExample",
+    "RelationalTrainer",
+    "RelationalTrainingArguments",
+    "RelationalTransformer",
+    "TaskHead",
+    "collate",
+    "loss_for",
+    "parameter_count",
+]

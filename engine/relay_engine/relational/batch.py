@@ -1,0 +1,165 @@
+"""RelationalBatch: a padded batch of cells, the tensors RT-J reads.
+
+One token per cell of a sampled row. Integer fields describe the structure (which row a cell
+belongs to, the rows its row points to, its column and table); value fields hold the encoded
+value in the channel of the cell's semantic type. The twelve field names are the ones RelativeDB's
+`relational-transformers` package uses, so a batch moves between the two unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+# Semantic types: which value channel, encoder and mask embedding a cell uses.
+SEM_NUMBER, SEM_TEXT, SEM_DATETIME, SEM_BOOLEAN = 0, 1, 2, 3
+SEMANTIC_TYPES: tuple[str, ...] = ("number", "text", "datetime", "boolean")
+# A row points to at most this many parent rows (its foreign keys).
+MAX_PARENTS = 5
+
+INDEX_FIELDS = ("node_idxs", "f2p_nbr_idxs", "col_name_idxs", "table_name_idxs", "sem_types")
+SCALAR_FIELDS = ("number_values", "datetime_values", "boolean_values")
+EMBEDDING_FIELDS = ("text_values", "col_name_values")
+BATCH_FIELDS: tuple[str, ...] = (
+    "node_idxs",
+    "f2p_nbr_idxs",
+    "col_name_idxs",
+    "table_name_idxs",
+    "is_padding",
+    "sem_types",
+    "is_targets",
+    "number_values",
+    "datetime_values",
+    "boolean_values",
+    "text_values",
+    "col_name_values",
+)
+
+
+@dataclass
+class RelationalBatch:
+    """B contexts of S cells. Shapes: [B, S] for indices and masks, [B, S, MAX_PARENTS] for
+    `f2p_nbr_idxs` (-1 where a row has fewer parents), [B, S, 1] for the scalar channels and
+    [B, S, d_text] for the two embedding channels. Masks are True for padding and for targets."""
+
+    node_idxs: Tensor
+    f2p_nbr_idxs: Tensor
+    col_name_idxs: Tensor
+    table_name_idxs: Tensor
+    is_padding: Tensor
+    sem_types: Tensor
+    is_targets: Tensor
+    number_values: Tensor
+    datetime_values: Tensor
+    boolean_values: Tensor
+    text_values: Tensor
+    col_name_values: Tensor
+
+    def __post_init__(self) -> None:
+        for name in BATCH_FIELDS:
+            value = torch.as_tensor(getattr(self, name))
+            if name in INDEX_FIELDS:
+                value = value.to(torch.int64)
+            elif name in ("is_padding", "is_targets"):
+                value = value.to(torch.bool)
+            else:
+                if name in SCALAR_FIELDS and value.ndim == 2:
+                    value = value.unsqueeze(-1)
+                if not value.is_floating_point():
+                    value = value.float()
+            setattr(self, name, value)
+        self._check()
+
+    def _check(self) -> None:
+        if self.node_idxs.ndim != 2:
+            raise ValueError("node_idxs must have shape [batch, cells]")
+        b, s = self.node_idxs.shape
+        for name in ("col_name_idxs", "table_name_idxs", "is_padding", "sem_types", "is_targets"):
+            if tuple(getattr(self, name).shape) != (b, s):
+                raise ValueError(f"{name} must have shape {(b, s)}")
+        if tuple(self.f2p_nbr_idxs.shape) != (b, s, MAX_PARENTS):
+            raise ValueError(f"f2p_nbr_idxs must have shape {(b, s, MAX_PARENTS)}")
+        for name in SCALAR_FIELDS:
+            if tuple(getattr(self, name).shape) != (b, s, 1):
+                raise ValueError(f"{name} must have shape {(b, s, 1)}")
+        if self.text_values.ndim != 3 or tuple(self.text_values.shape[:2]) != (b, s):
+            raise ValueError("text_values must have shape [batch, cells, d_text]")
+        if self.col_name_values.shape != self.text_values.shape:
+            raise ValueError("col_name_values must have the shape of text_values")
+        if bool(((self.sem_types < 0) | (self.sem_types > SEM_BOOLEAN)).any()):
+            raise ValueError(f"sem_types must be from 0 to {SEM_BOOLEAN}")
+        if bool((self.is_targets & self.is_padding).any()):
+            raise ValueError("is_targets: a padding cell cannot be a target")
+        for name in (*SCALAR_FIELDS, *EMBEDDING_FIELDS):
+            if not bool(torch.isfinite(getattr(self, name)).all()):
+                raise ValueError(f"{name} must be finite")
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.node_idxs.shape[0])
+
+    @property
+    def sequence_length(self) -> int:
+        return int(self.node_idxs.shape[1])
+
+    @property
+    def d_text(self) -> int:
+        return int(self.text_values.shape[-1])
+
+    def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> RelationalBatch:
+        """A copy on `device`; `dtype` casts the floating-point channels."""
+        moved: dict[str, Tensor] = {}
+        for name in BATCH_FIELDS:
+            value = getattr(self, name).to(device)
+            if dtype is not None and value.is_floating_point():
+                value = value.to(dtype)
+            moved[name] = value
+        return RelationalBatch(**moved)
+
+    def as_dict(self) -> dict[str, Tensor]:
+        return {name: getattr(self, name) for name in BATCH_FIELDS}
+
+    def numpy(self) -> dict[str, np.ndarray]:
+        return {
+            name: getattr(self, name).detach().cpu().float().numpy()
+            if getattr(self, name).is_floating_point()
+            else getattr(self, name).detach().cpu().numpy()
+            for name in BATCH_FIELDS
+        }
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> RelationalBatch:
+        """From a mapping of the twelve fields (arrays, tensors or nested lists)."""
+        missing = [name for name in BATCH_FIELDS if name not in values]
+        if missing:
+            raise ValueError("a relational batch needs the fields: " + ", ".join(missing))
+        return cls(**{name: values[name] for name in BATCH_FIELDS})
+
+
+def collate(batches: Sequence[RelationalBatch]) -> RelationalBatch:
+    """Stack contexts into one batch, padding each to the longest (padding cells have no parents)."""
+    if not batches:
+        raise ValueError("collate needs at least one context")
+    widths = {batch.d_text for batch in batches}
+    if len(widths) != 1:
+        raise ValueError(f"every context must have the same d_text, got {sorted(widths)}")
+    longest = max(batch.sequence_length for batch in batches)
+    stacked: dict[str, Tensor] = {}
+    for name in BATCH_FIELDS:
+        rows = []
+        for batch in batches:
+            tensor = getattr(batch, name)
+            missing = longest - batch.sequence_length
+            if missing:
+                shape = list(tensor.shape)
+                shape[1] = missing
+                fill = -1 if name == "f2p_nbr_idxs" else (1 if name == "is_padding" else 0)
+                tensor = torch.cat([tensor, torch.full(shape, fill, dtype=tensor.dtype)], dim=1)
+            rows.append(tensor)
+        stacked[name] = torch.cat(rows, dim=0)
+    return RelationalBatch(**stacked)

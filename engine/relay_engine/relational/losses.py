@@ -1,0 +1,49 @@
+"""The task losses, by problem type: BCE on one logit for binary, Huber for regression, and for
+heads, cross-entropy (multiclass) or BCE per label (multilabel)."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+PROBLEM_TYPES: tuple[str, ...] = ("binary", "regression", "multiclass", "multilabel")
+# Problem types the scalar target_scores output serves; the others need a head.
+SCALAR_PROBLEM_TYPES: tuple[str, ...] = ("binary", "regression")
+
+
+class BinaryClassificationLoss(nn.Module):
+    def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
+        return F.binary_cross_entropy_with_logits(logits.reshape(-1), labels.float().reshape(-1))
+
+
+class RegressionLoss(nn.Module):
+    def __init__(self, delta: float = 1.0) -> None:
+        super().__init__()
+        self.delta = delta
+
+    def forward(self, predictions: Tensor, labels: Tensor) -> Tensor:
+        return F.huber_loss(predictions.reshape(-1), labels.float().reshape(-1), delta=self.delta)
+
+
+class MulticlassClassificationLoss(nn.Module):
+    def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
+        return F.cross_entropy(logits, labels.long().reshape(-1))
+
+
+class MultilabelClassificationLoss(nn.Module):
+    def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
+        return F.binary_cross_entropy_with_logits(logits, labels.float())
+
+
+_LOSSES: dict[str, type[nn.Module]] = {
+    "binary": BinaryClassificationLoss,
+    "regression": RegressionLoss,
+    "multiclass": MulticlassClassificationLoss,
+    "multilabel": MultilabelClassificationLoss,
+}
+
+
+def loss_for(problem_type: str) -> nn.Module:
+    if problem_type not in _LOSSES:
+        raise ValueError(f"problem_type must be one of {', '.join(PROBLEM_TYPES)}, got {problem_type!r}")
+    return _LOSSES[problem_type]()

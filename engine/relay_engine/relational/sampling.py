@@ -1,0 +1,401 @@
+"""From a database and a task to labelled contexts, as RT samples them.
+
+For each row of a task split (an entity, a timestamp, a label) the context is built from the seed:
+  1. the seed's own row: its timestamp and its label, the label hidden as the target cell;
+  2. every parent through foreign keys, depth first (the entity row, then what it points to);
+  3. children breadth first (rows that point to a visited row), at most `max_children` per row,
+     sampled without replacement;
+  4. labelled task rows of the same task as in-context examples: from the train split only, and
+     only those strictly earlier than the seed;
+  5. cells of the visited rows in visiting order until `context_length`.
+No row later than the seed's timestamp is visited, so nothing from the future reaches a context,
+and the seed's own label appears only as the hidden target.
+
+Values are encoded per type: numbers z-scored per column, datetimes as seconds z-scored over the
+whole database, booleans as 0/1, text through the text embedder; each cell also carries the
+embedding of "<column> of <table>". Nulls make no cell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from relay_engine.errors import DatasetError
+from relay_engine.relational.batch import (
+    MAX_PARENTS,
+    SEM_BOOLEAN,
+    SEM_DATETIME,
+    SEM_NUMBER,
+    SEM_TEXT,
+    RelationalBatch,
+)
+from relay_engine.relational.database import SPLITS, Database, Table, TaskSpec, column_type, seconds
+from relay_engine.relational.encoding import TextEmbedder
+from relay_engine.relational.training import RelationalExample
+
+SEM_CODES = {"number": SEM_NUMBER, "text": SEM_TEXT, "datetime": SEM_DATETIME, "boolean": SEM_BOOLEAN}
+DEFAULT_CONTEXT_LENGTH = 1024
+DEFAULT_MAX_CHILDREN = 256
+
+
+@dataclass
+class _EncodedTable:
+    """A table as arrays: per row and value column, whether there is a cell and its encoded value."""
+
+    name: str
+    index: int
+    num_rows: int
+    column_ids: np.ndarray  # [C] global column ids
+    sem: np.ndarray  # [C] semantic codes
+    present: np.ndarray  # [R, C] bool
+    scalars: np.ndarray  # [R, C] float32 (number, datetime, boolean channels)
+    text_ids: np.ndarray  # [R, C] int32 into the text vectors, -1 if not text
+    time: np.ndarray | None  # [R] seconds, NaN where unknown
+    # (parent table index, parent row per row, -1 where null or dangling), one per foreign key
+    parents: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    # (child table index, CSR offsets [R+1], child rows), one per foreign key pointing here
+    children: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LabelScale:
+    """Regression labels are trained z-scored with the train split's mean and std."""
+
+    mean: float
+    std: float
+
+
+class ContextSampler:
+    """Encodes a database once for one task, then builds the contexts of any split.
+
+    `examples(split)` returns RelationalExamples whose labels are 0/1 (binary) or z-scored
+    (regression; `label_scale` turns predictions back). Contexts are deterministic in
+    (`seed`, split, row): the same call gives the same contexts.
+    """
+
+    def __init__(
+        self,
+        database: Database,
+        task: str,
+        embedder: TextEmbedder,
+        *,
+        context_length: int = DEFAULT_CONTEXT_LENGTH,
+        max_children: int = DEFAULT_MAX_CHILDREN,
+        seed: int = 0,
+    ) -> None:
+        if context_length < 2:
+            raise ValueError(f"context_length must be at least 2, got {context_length}")
+        self.database = database
+        self.spec: TaskSpec = database.task(task)
+        self.embedder = embedder
+        self.context_length = context_length
+        self.max_children = max_children
+        self.seed = seed
+        self.splits = {
+            split: database.task_split(task, split) for split in SPLITS if _has_split(database, task, split)
+        }
+        if "train" not in self.splits:
+            raise DatasetError(str(database.root), f"task {task} needs a train split")
+        train_labels = _labels(self.splits["train"], self.spec)
+        self.label_scale = LabelScale(float(np.mean(train_labels)), float(np.std(train_labels)) or 1.0)
+        self._build()
+
+    # --- encoding, once ---------------------------------------------------------------------
+
+    def _build(self) -> None:
+        db, spec = self.database, self.spec
+        names = [*db.tables, spec.name]
+        self.table_index = {name: i for i, name in enumerate(names)}
+        all_times = [seconds(t.data.column(c)) for t in db.tables.values() for c in _datetime_columns(t)]
+        all_times += [seconds(s.column(spec.time_column)) for s in self.splits.values()]
+        stacked = np.concatenate([t[np.isfinite(t)] for t in all_times]) if all_times else np.zeros(1)
+        self.time_mean = float(stacked.mean()) if stacked.size else 0.0
+        self.time_std = float(stacked.std()) if stacked.size and stacked.std() > 0 else 1.0
+
+        self.column_names: list[str] = []
+        self.texts: dict[str, int] = {}
+        self.tables: list[_EncodedTable] = [self._encode_table(db.tables[name]) for name in db.tables]
+        self.tables.append(self._encode_task_rows(self.splits["train"]))
+        self.pk_rows = {
+            name: _key_index(table.data.column(table.primary_key))
+            for name, table in db.tables.items()
+            if table.primary_key
+        }
+        for name, table in db.tables.items():
+            encoded = self.tables[self.table_index[name]]
+            for column, parent in table.foreign_keys.items():
+                rows = _lookup(self.pk_rows[parent], table.data.column(column))
+                encoded.parents.append((self.table_index[parent], rows))
+        task_rows = self.tables[-1]
+        entity_rows = _lookup(
+            self.pk_rows[spec.entity_table], self.splits["train"].column(spec.entity_column)
+        )
+        task_rows.parents.append((self.table_index[spec.entity_table], entity_rows))
+        for child in self.tables:
+            for parent_index, rows in child.parents:
+                self.tables[parent_index].children.append(
+                    (child.index, *_csr(rows, self.tables[parent_index].num_rows))
+                )
+        text_list = list(self.texts)
+        self.text_vectors = (
+            self.embedder.embed(text_list) if text_list else np.zeros((0, self.embedder.dim), np.float32)
+        )
+        self.column_vectors = self.embedder.embed(self.column_names)
+
+    def _text_id(self, text: str) -> int:
+        return self.texts.setdefault(text, len(self.texts))
+
+    def _column_id(self, table: str, column: str) -> int:
+        self.column_names.append(f"{column} of {table}")
+        return len(self.column_names) - 1
+
+    def _encode_columns(self, name: str, data: pa.Table, kinds: dict[str, str]) -> tuple[np.ndarray, ...]:
+        rows, cols = data.num_rows, len(kinds)
+        present = np.zeros((rows, cols), dtype=bool)
+        scalars = np.zeros((rows, cols), dtype=np.float32)
+        text_ids = np.full((rows, cols), -1, dtype=np.int32)
+        column_ids, sem = np.zeros(cols, np.int64), np.zeros(cols, np.int64)
+        for j, (column, kind) in enumerate(kinds.items()):
+            values = data.column(column)
+            column_ids[j], sem[j] = self._column_id(name, column), SEM_CODES[kind]
+            valid = np.asarray(pc.is_valid(values).to_numpy(zero_copy_only=False), dtype=bool)
+            if kind == "text":
+                strings = [None if v is None else str(v) for v in values.to_pylist()]
+                ids = [self._text_id(s) if s is not None else -1 for s in strings]
+                text_ids[:, j] = ids
+            elif kind == "datetime":
+                scalars[:, j] = np.nan_to_num((seconds(values) - self.time_mean) / self.time_std)
+            elif kind == "boolean":
+                scalars[:, j] = np.asarray(
+                    pc.fill_null(pc.cast(values, pa.float64()), 0.0).to_numpy(), np.float32
+                )
+            else:
+                numbers = np.asarray(pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False), np.float64)
+                valid &= np.isfinite(numbers)
+                mean = float(numbers[valid].mean()) if valid.any() else 0.0
+                std = float(numbers[valid].std()) if valid.any() else 1.0
+                scalars[:, j] = np.where(valid, (numbers - mean) / (std or 1.0), 0.0)
+            present[:, j] = valid
+        return column_ids, sem, present, scalars, text_ids
+
+    def _encode_table(self, table: Table) -> _EncodedTable:
+        columns = {column: column_type(table, column) for column in table.value_columns()}
+        column_ids, sem, present, scalars, text_ids = self._encode_columns(table.name, table.data, columns)
+        time = seconds(table.data.column(table.time_column)) if table.time_column else None
+        return _EncodedTable(
+            table.name,
+            self.table_index[table.name],
+            table.num_rows,
+            column_ids,
+            sem,
+            present,
+            scalars,
+            text_ids,
+            time,
+        )
+
+    def _task_label_kind(self) -> str:
+        return "boolean" if self.spec.problem_type == "binary" else "number"
+
+    def _encode_task_rows(self, rows: pa.Table) -> _EncodedTable:
+        """Task rows as a table: the timestamp and the label, visible (train rows, as in-context examples)."""
+        spec = self.spec
+        kinds = {spec.time_column: "datetime", spec.target_column: self._task_label_kind()}
+        data = rows.select([spec.time_column, spec.target_column])
+        column_ids, sem, present, scalars, text_ids = self._encode_columns(spec.name, data, kinds)
+        if spec.problem_type == "regression":  # the train stats, as for the targets
+            labels = _labels(rows, spec)
+            scalars[:, 1] = (labels - self.label_scale.mean) / self.label_scale.std
+        self.task_columns = column_ids
+        return _EncodedTable(
+            spec.name,
+            self.table_index[spec.name],
+            rows.num_rows,
+            column_ids,
+            sem,
+            present,
+            scalars,
+            text_ids,
+            seconds(rows.column(spec.time_column)),
+        )
+
+    # --- sampling ---------------------------------------------------------------------------
+
+    def examples(self, split: str, limit: int | None = None) -> list[RelationalExample]:
+        if split not in self.splits:
+            raise DatasetError(str(self.database.root), f"task {self.spec.name} has no {split} split")
+        rows = self.splits[split]
+        count = rows.num_rows if limit is None else min(limit, rows.num_rows)
+        labels = _labels(rows, self.spec)
+        if self.spec.problem_type == "regression":
+            labels = (labels - self.label_scale.mean) / self.label_scale.std
+        entities = _lookup(self.pk_rows[self.spec.entity_table], rows.column(self.spec.entity_column))
+        times = seconds(rows.column(self.spec.time_column))
+        split_code = SPLITS.index(split)
+        return [
+            RelationalExample(
+                self.context(int(entities[i]), float(times[i]), (self.seed, split_code, i)), float(labels[i])
+            )
+            for i in range(count)
+        ]
+
+    def context(self, entity_row: int, seed_time: float, rng_key: tuple[int, ...]) -> RelationalBatch:
+        """The context of one seed: an entity row (-1 if unknown) at a time (seconds)."""
+        rng = np.random.default_rng(list(rng_key))
+        task_index = len(self.tables) - 1
+        order: list[tuple[int, int]] = [(task_index, -1)]  # the seed row itself
+        node_of: dict[tuple[int, int], int] = {(task_index, -1): 0}
+        budget = self.context_length - 2  # the seed's timestamp and label cells
+        row_parents: list[list[tuple[int, int]]] = [[]]
+
+        def visible(table: _EncodedTable, row: int) -> bool:
+            if table.index == task_index:  # train rows strictly before the seed
+                return bool(table.time is not None and table.time[row] < seed_time)
+            return table.time is None or not table.time[row] > seed_time
+
+        def visit(table_index: int, row: int) -> None:
+            nonlocal budget
+            stack = [(table_index, row)]
+            while stack and budget > 0:
+                t, r = stack.pop()
+                if (t, r) in node_of or not visible(self.tables[t], r):
+                    continue
+                node_of[(t, r)] = len(order)
+                order.append((t, r))
+                budget -= int(self.tables[t].present[r].sum())
+                links = [(p, int(rows[r])) for p, rows in self.tables[t].parents if rows[r] >= 0]
+                row_parents.append(links)
+                stack.extend(reversed(links))
+
+        if entity_row >= 0:
+            row_parents[0] = [(self.table_index[self.spec.entity_table], entity_row)]
+            visit(*row_parents[0][0])
+        frontier = list(order)
+        while frontier and budget > 0:
+            reached: list[tuple[int, int]] = []
+            for t, r in frontier:
+                if r < 0:
+                    continue
+                candidates = [
+                    (child, int(c))
+                    for child, offsets, rows in self.tables[t].children
+                    for c in rows[offsets[r] : offsets[r + 1]]
+                    if (child, int(c)) not in node_of and visible(self.tables[child], int(c))
+                ]
+                if len(candidates) > self.max_children:
+                    picked = rng.choice(len(candidates), self.max_children, replace=False)
+                    candidates = [candidates[i] for i in sorted(picked)]
+                for child, c in candidates:
+                    before = len(order)
+                    visit(child, c)
+                    reached.extend(order[before:])
+                    if budget <= 0:
+                        break
+                if budget <= 0:
+                    break
+            frontier = reached
+        return self._emit(order, node_of, row_parents, seed_time)
+
+    def _emit(
+        self,
+        order: list[tuple[int, int]],
+        node_of: dict[tuple[int, int], int],
+        row_parents: list[list[tuple[int, int]]],
+        seed_time: float,
+    ) -> RelationalBatch:
+        nodes, cols, tables, sems, scalars, text_ids, parents = [], [], [], [], [], [], []
+        task = self.tables[-1]
+        for node, (t, r) in enumerate(order):
+            parent_nodes = [node_of[p] for p in row_parents[node] if p in node_of][:MAX_PARENTS]
+            parent_row = parent_nodes + [-1] * (MAX_PARENTS - len(parent_nodes))
+            if r < 0:  # the seed: its timestamp, and its label as the hidden target
+                seed_time_value = (seed_time - self.time_mean) / self.time_std
+                cells = [
+                    (int(task.column_ids[0]), SEM_DATETIME, seed_time_value, -1),
+                    (int(task.column_ids[1]), int(task.sem[1]), 0.0, -1),
+                ]
+            else:
+                table = self.tables[t]
+                where = np.flatnonzero(table.present[r])
+                cells = [
+                    (
+                        int(table.column_ids[j]),
+                        int(table.sem[j]),
+                        float(table.scalars[r, j]),
+                        int(table.text_ids[r, j]),
+                    )
+                    for j in where
+                ]
+            for col, sem, value, text in cells:
+                nodes.append(node)
+                cols.append(col)
+                tables.append(t)
+                sems.append(sem)
+                scalars.append(value)
+                text_ids.append(text)
+                parents.append(parent_row)
+        length = min(len(nodes), self.context_length)
+        sem_array = np.asarray(sems[:length], np.int64)
+        value_array = np.asarray(scalars[:length], np.float32)
+        text_array = np.asarray(text_ids[:length], np.int64)
+        d_text = self.embedder.dim
+        text_values = np.zeros((length, d_text), np.float32)
+        has_text = text_array >= 0
+        text_values[has_text] = self.text_vectors[text_array[has_text]]
+        targets = np.zeros(length, bool)
+        targets[1] = True
+        channel = {
+            code: np.where(sem_array == code, value_array, 0.0)[None, :, None] for code in SEM_CODES.values()
+        }
+        return RelationalBatch(
+            node_idxs=torch.as_tensor(np.asarray(nodes[:length])[None]),
+            f2p_nbr_idxs=torch.as_tensor(np.asarray(parents[:length], np.int64)[None]),
+            col_name_idxs=torch.as_tensor(np.asarray(cols[:length])[None]),
+            table_name_idxs=torch.as_tensor(np.asarray(tables[:length])[None]),
+            is_padding=torch.zeros((1, length), dtype=torch.bool),
+            sem_types=torch.as_tensor(sem_array[None]),
+            is_targets=torch.as_tensor(targets[None]),
+            number_values=torch.as_tensor(channel[SEM_NUMBER]),
+            datetime_values=torch.as_tensor(channel[SEM_DATETIME]),
+            boolean_values=torch.as_tensor(channel[SEM_BOOLEAN]),
+            text_values=torch.as_tensor(text_values[None]),
+            col_name_values=torch.as_tensor(self.column_vectors[np.asarray(cols[:length])][None]),
+        )
+
+
+def _has_split(database: Database, task: str, split: str) -> bool:
+    directory = database.root / "tasks" / task
+    return any((directory / (split + suffix)).is_file() for suffix in (".parquet", ".csv"))
+
+
+def _labels(rows: pa.Table, spec: TaskSpec) -> np.ndarray:
+    values = rows.column(spec.target_column)
+    if values.null_count:
+        raise DatasetError(spec.name, f"the task's {spec.target_column} column has empty labels")
+    return np.asarray(pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False), np.float64)
+
+
+def _datetime_columns(table: Table) -> list[str]:
+    return [c for c in table.data.column_names if column_type(table, c) == "datetime"]
+
+
+def _key_index(keys: pa.ChunkedArray) -> dict[object, int]:
+    return {key: row for row, key in enumerate(keys.to_pylist())}
+
+
+def _lookup(index: dict[object, int], values: pa.ChunkedArray) -> np.ndarray:
+    return np.asarray([index.get(v, -1) if v is not None else -1 for v in values.to_pylist()], np.int64)
+
+
+def _csr(parent_of_child: np.ndarray, num_parents: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each parent row, its child rows: offsets [P+1] and the child rows sorted by parent."""
+    linked = np.flatnonzero(parent_of_child >= 0)
+    by_parent = linked[np.argsort(parent_of_child[linked], kind="stable")]
+    counts = np.bincount(parent_of_child[linked], minlength=num_parents)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    return offsets, by_parent

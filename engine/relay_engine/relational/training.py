@@ -1,0 +1,203 @@
+"""RelationalTrainer: full fine-tuning of RT-J on labelled contexts, and head tuning.
+
+Binary and regression tasks train every weight on the model's target_scores. Multiclass and
+multilabel tasks train a linear head on the (frozen) target cell features; the head is saved under
+`heads/<name>/` beside the model and reloads with it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relay_engine.relational.batch import RelationalBatch, collate
+from relay_engine.relational.losses import PROBLEM_TYPES, SCALAR_PROBLEM_TYPES, loss_for
+from relay_engine.relational.transformer import RelationalTransformer, TaskHead
+
+TRAINING_BACKENDS: tuple[str, ...] = ("torch", "triton")
+SAVE_STRATEGIES: tuple[str, ...] = ("epoch", "no")
+
+
+@dataclass
+class RelationalExample:
+    """One labelled context: `input` holds one context (batch size 1) with its target cells marked.
+    `label`: 0/1 (binary), a number (regression), a class index (multiclass) or a list of 0/1."""
+
+    input: RelationalBatch
+    label: Any
+
+
+@dataclass
+class RelationalTrainingArguments:
+    output_dir: str = "relational_model"
+    num_train_epochs: int = 1
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 1e-5
+    weight_decay: float = 1e-2
+    max_grad_norm: float = 1.0
+    seed: int = 42
+    save_strategy: str = "epoch"
+    training_backend: str = "torch"
+    # None: the loaded checkpoint's (regression, else binary).
+    problem_type: str | None = None
+    # The name a head-tuned task's head is saved under.
+    head_name: str = "task"
+
+    def __post_init__(self) -> None:
+        positive = {
+            "num_train_epochs": self.num_train_epochs,
+            "per_device_train_batch_size": self.per_device_train_batch_size,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+        }
+        for name, value in positive.items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer of at least 1, got {value!r}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be greater than 0, got {self.learning_rate!r}")
+        if self.weight_decay < 0 or not self.max_grad_norm > 0:
+            raise ValueError("weight_decay must be at least 0 and max_grad_norm greater than 0")
+        if self.save_strategy not in SAVE_STRATEGIES:
+            raise ValueError(
+                f"save_strategy must be one of {', '.join(SAVE_STRATEGIES)}, got {self.save_strategy!r}"
+            )
+        if self.training_backend not in TRAINING_BACKENDS:
+            raise ValueError(
+                f"training_backend must be one of {', '.join(TRAINING_BACKENDS)}, "
+                f"got {self.training_backend!r}"
+            )
+        if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
+            raise ValueError(
+                f"problem_type must be one of {', '.join(PROBLEM_TYPES)}, got {self.problem_type!r}"
+            )
+
+
+class RelationalTrainer:
+    def __init__(
+        self,
+        *,
+        model: RelationalTransformer,
+        args: RelationalTrainingArguments,
+        train_dataset: Sequence[RelationalExample],
+        problem_type: str | None = None,
+    ) -> None:
+        if model.backend_name != "torch":
+            raise RuntimeError(f"fine-tuning requires the torch backend, not {model.backend_name!r}")
+        if args.training_backend == "triton" and model.device.type != "cuda":
+            raise RuntimeError("training_backend='triton' (torch.compile with Triton kernels) requires CUDA")
+        self.transformer = model
+        self.args = args
+        self.train_dataset = list(train_dataset)
+        if not self.train_dataset:
+            raise ValueError("train_dataset must hold at least one example")
+        self.problem_type = problem_type or args.problem_type or model.problem_type
+        if self.problem_type not in PROBLEM_TYPES:
+            raise ValueError(
+                f"problem_type must be one of {', '.join(PROBLEM_TYPES)}, got {self.problem_type!r}"
+            )
+        self.losses: list[float] = []
+
+    def train(self) -> dict[str, float | int]:
+        if self.problem_type in SCALAR_PROBLEM_TYPES:
+            self._train_full()
+        else:
+            self._train_head()
+        return {"train_loss": self.losses[-1], "steps": len(self.losses)}
+
+    def _batches(self, rng: random.Random) -> list[list[RelationalExample]]:
+        order = list(self.train_dataset)
+        rng.shuffle(order)
+        size = self.args.per_device_train_batch_size
+        return [order[start : start + size] for start in range(0, len(order), size)]
+
+    def _labels(self, examples: Sequence[RelationalExample]) -> torch.Tensor:
+        return torch.as_tensor([example.label for example in examples], device=self.transformer.device)
+
+    def _train_full(self) -> None:
+        args, network = self.args, self.transformer.model
+        torch.manual_seed(args.seed)
+        rng = random.Random(args.seed)
+        forward = (
+            torch.compile(network, backend="inductor", dynamic=True)
+            if args.training_backend == "triton"
+            else network
+        )
+        loss_fn = loss_for(self.problem_type)
+        optimizer = torch.optim.AdamW(
+            network.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay
+        )
+        network.train()
+        for epoch in range(args.num_train_epochs):
+            batches = self._batches(rng)
+            optimizer.zero_grad(set_to_none=True)
+            for index, examples in enumerate(batches):
+                batch = collate([example.input for example in examples]).to(self.transformer.device)
+                loss = loss_fn(forward(batch), self._labels(examples))
+                (loss / args.gradient_accumulation_steps).backward()
+                self.losses.append(float(loss.detach()))
+                if (index + 1) % args.gradient_accumulation_steps == 0 or index + 1 == len(batches):
+                    torch.nn.utils.clip_grad_norm_(network.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+            self._save_epoch(epoch)
+        network.eval()
+
+    def _train_head(self) -> None:
+        """The backbone stays frozen: each context's target features are computed once."""
+        args, transformer = self.args, self.transformer
+        torch.manual_seed(args.seed)
+        rng = random.Random(args.seed)
+        features = {
+            id(example): transformer.encode(example.input).squeeze(0).float()
+            for example in self.train_dataset
+        }
+        labels = [example.label for example in self.train_dataset]
+        num_labels = (
+            int(max(int(label) for label in labels)) + 1
+            if self.problem_type == "multiclass"
+            else len(labels[0])
+        )
+        head = TaskHead(transformer.model.config.d_model, num_labels, self.problem_type).to(
+            transformer.device
+        )
+        loss_fn = loss_for(self.problem_type)
+        optimizer = torch.optim.AdamW(
+            head.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay
+        )
+        head.train()
+        for epoch in range(args.num_train_epochs):
+            batches = self._batches(rng)
+            optimizer.zero_grad(set_to_none=True)
+            for index, examples in enumerate(batches):
+                inputs = torch.stack([features[id(example)] for example in examples])
+                loss = loss_fn(head(inputs), self._labels(examples))
+                (loss / args.gradient_accumulation_steps).backward()
+                self.losses.append(float(loss.detach()))
+                if (index + 1) % args.gradient_accumulation_steps == 0 or index + 1 == len(batches):
+                    torch.nn.utils.clip_grad_norm_(head.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+            head.eval()
+            transformer.heads[args.head_name] = head
+            self._save_epoch(epoch)
+            head.train()
+        head.eval()
+
+    def _save_epoch(self, epoch: int) -> None:
+        if self.args.save_strategy == "epoch":
+            self.transformer.config = {**self.transformer.config, "problem_type": self._saved_problem_type()}
+            self.save_model()
+
+    def _saved_problem_type(self) -> str:
+        # A head-tuned model's own score output is unchanged, so its checkpoint default is too.
+        if self.problem_type in SCALAR_PROBLEM_TYPES:
+            return self.problem_type
+        return self.transformer.problem_type
+
+    def save_model(self, directory: str | Path | None = None) -> None:
+        self.transformer.save_pretrained(directory or self.args.output_dir)

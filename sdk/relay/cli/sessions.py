@@ -1,0 +1,128 @@
+"""`relay sessions`: list, show and close training-loop sessions, and list the states they saved."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from relay.cli._common import fail, show_record, status_text
+from relay.errors import APIError
+from relay.training import ServiceClient
+
+app = typer.Typer(
+    help="Training-loop sessions (relay.training): list, show, close; and the states they saved.",
+    no_args_is_help=True,
+)
+out = Console()
+
+
+@contextmanager
+def _service() -> Iterator[ServiceClient]:
+    """The service, with a refused request or an unreachable server as a message and exit 1."""
+    service = ServiceClient(progress=False)
+    try:
+        yield service
+    except APIError as error:
+        fail(str(error))
+    finally:
+        service.close()
+
+
+@app.command("list")
+def list_(
+    limit: int = typer.Option(20, min=1, help="How many, newest first."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON lines."),
+) -> None:
+    """Your sessions, newest first."""
+    with _service() as service:
+        sessions = service.list_sessions(limit=limit)
+    if as_json:
+        for session in sessions:
+            print(json.dumps(session))
+        return
+    table = Table()
+    for column in ("id", "status", "model", "finetune", "targets", "worker", "created"):
+        table.add_column(
+            column,
+            no_wrap=column not in ("targets", "worker"),
+            overflow="fold",
+            min_width=16 if column == "id" else None,
+        )
+    for session in sessions:
+        table.add_row(
+            session["id"],
+            status_text(session["status"]),
+            session["base_model"],
+            _method(session),
+            ", ".join(session.get("targets") or []),
+            session.get("worker") or "",
+            (session.get("created_at") or "")[:19],
+        )
+    out.print(table)
+
+
+@app.command()
+def show(
+    session_id: str, as_json: bool = typer.Option(False, "--json", help="Print the session as JSON.")
+) -> None:
+    """One session, as the API reports it now (an ended one says why in `error`)."""
+    with _service() as service:
+        show_record(service.retrieve_session(session_id), as_json)
+
+
+@app.command()
+def close(
+    session_id: str, as_json: bool = typer.Option(False, "--json", help="Print the session as JSON.")
+) -> None:
+    """Close a session (its program's calls already sent run first) and free its worker."""
+    with _service() as service:
+        show_record(service.close_session(session_id), as_json)
+
+
+@app.command()
+def states(as_json: bool = typer.Option(False, "--json", help="Print JSON lines.")) -> None:
+    """The states your sessions saved (save_state), newest first: load_state takes the name."""
+    with _service() as service:
+        saved = service.list_states()
+    if as_json:
+        for state in saved:
+            print(json.dumps(state))
+        return
+    table = Table()
+    for column in ("name", "model", "finetune", "targets", "size", "saved"):
+        table.add_column(column, no_wrap=column not in ("name", "targets"), overflow="fold")
+    for state in saved:
+        table.add_row(
+            state["name"],
+            state.get("base_model") or "?",
+            _method(state),
+            ", ".join(state.get("targets") or []),
+            _size(state["bytes"]),
+            (state.get("saved_at") or "")[:19],
+        )
+    out.print(table)
+
+
+def _method(record: dict[str, Any]) -> str:
+    """`lora r32` or `full`: how it trains, in one cell (sessions say `rank`, states `lora_rank`)."""
+    rank = record.get("rank") if "rank" in record else record.get("lora_rank")
+    if record.get("finetune") == "lora" and rank is not None:
+        return f"lora r{rank}"
+    return str(record.get("finetune") or "?")
+
+
+def _size(count: int) -> str:
+    if count < 1000:
+        return f"{count} B"
+    value = float(count)
+    for unit in ("KB", "MB", "GB"):
+        value /= 1000
+        if value < 1000 or unit == "GB":
+            break
+    return f"{value:,.1f} {unit}"

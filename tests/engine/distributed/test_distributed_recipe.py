@@ -1,0 +1,198 @@
+"""One recipe on 2 processes (torch.distributed.run, gloo on the CPU) trains as it does on 1.
+
+One launch of 2 processes runs every 2-process recipe here (starting processes is the slow part);
+the 1-process runs happen in the test process. Compared: every step's loss (within 1e-5), the
+merged weights (within 1e-5), resuming on the same number of processes, and resharding a
+checkpoint from 2 processes to 1 and from 1 to 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from safetensors.torch import load_file
+
+from relay_engine.recipe import Recipe, run_recipe
+from relay_engine.training.checkpoint import POINTER, CheckpointStore, write_atomic
+
+STEPS = 6
+CHECKPOINT_EVERY = 3
+TOLERANCE = 1e-5
+LEARNING_RATE = 1e-3
+# Full fine-tuning's share of weights where AdamW turns rounding noise into steps (see assert_same_weights).
+FULL_NOISE_SHARE = 1e-3
+RUN_RECIPES = Path(__file__).with_name("run_recipes.py")
+
+
+def recipe_for(dataset: Path, finetune: str) -> Recipe:
+    return Recipe(
+        model="pi05-tiny",
+        dataset_name=str(dataset),
+        # 5 does not split evenly: one process reads 3 samples a step, the other 2.
+        batch_size=5 if finetune == "lora" else 4,
+        learning_rate=LEARNING_RATE,
+        steps=STEPS,
+        finetune=finetune,
+        checkpoint_every=CHECKPOINT_EVERY,
+        log_every=1,
+        num_workers=0,
+    )
+
+
+def rewind(source: Path, target: Path, step: int) -> Path:
+    """A copy of a run's directory whose last checkpoint is `step` (as if it had stopped there)."""
+    shutil.copytree(source / "checkpoints", target / "checkpoints")
+    store = CheckpointStore(target / "checkpoints")
+    for path in store.complete():
+        if int(path.name.removeprefix("step-")) > step:
+            shutil.rmtree(path)
+    write_atomic(target / "checkpoints" / POINTER, store.name_of(step).encode())
+    return target
+
+
+def noise(kind: str) -> float:
+    return FULL_NOISE_SHARE if kind == "full" else 0.0
+
+
+def run_here(recipe: Recipe, work_dir: Path, cache: Path) -> tuple[Any, list[dict[str, Any]]]:
+    events: list[dict[str, Any]] = []
+    result = run_recipe(
+        recipe, work_dir, on_event=events.append, should_stop=lambda: False, dataset_cache_dir=cache
+    )
+    return result, events
+
+
+def assert_same_weights(expected_dir: Path, actual_dir: Path, *, noise_share: float = 0.0) -> None:
+    """Every merged weight within 1e-5, but for at most `noise_share` of the elements.
+
+    Those are elements whose gradient is rounding noise (SigLIP's key biases have a gradient of
+    exactly zero in exact arithmetic: softmax ignores a shift shared by all keys). AdamW divides
+    a gradient by its own running size, so noise there moves a weight by up to the learning rate
+    a step, in whichever direction the rounding of each run's sums happens to point.
+    """
+    expected = load_file(str(expected_dir / "model.safetensors"))
+    actual = load_file(str(actual_dir / "model.safetensors"))
+    assert expected.keys() == actual.keys()
+    off = total = 0
+    for name, tensor in expected.items():
+        difference = (actual[name] - tensor).abs()
+        assert float(difference.max()) <= 2 * LEARNING_RATE * STEPS, name
+        off += int((difference > TOLERANCE).sum())
+        total += tensor.numel()
+    assert off <= noise_share * total, f"{off} of {total} weights differ by more than {TOLERANCE}"
+
+
+def assert_same_losses(expected: list[dict[str, Any]], actual: list[dict[str, Any]], steps: range) -> None:
+    """The same loss and gradient norm at every step."""
+    by_step = {e["step"]: e for e in expected if "loss" in e}
+    got = {e["step"]: e for e in actual if "loss" in e}
+    assert sorted(got) == list(steps)
+    for step in steps:
+        assert got[step]["loss"] == pytest.approx(by_step[step]["loss"], abs=TOLERANCE), f"step {step}"
+        assert got[step]["grad_norm"] == pytest.approx(by_step[step]["grad_norm"], rel=TOLERANCE), (
+            f"step {step}"
+        )
+
+
+@pytest.fixture(scope="module")
+def runs(
+    synthetic_dataset_path: Path, dataset_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("distributed")
+    lora, full = recipe_for(synthetic_dataset_path, "lora"), recipe_for(synthetic_dataset_path, "full")
+    alone: dict[str, Any] = {
+        "lora": run_here(lora, root / "lora-1", dataset_cache),
+        "full": run_here(full, root / "full-1", dataset_cache),
+    }
+    rewind(root / "full-1", root / "full-1to2", CHECKPOINT_EVERY)
+
+    plan_runs = [
+        ("lora", lora, root / "lora-2", None),
+        ("lora-stopped", lora, root / "lora-2-stopped", 4),
+        ("lora-resumed", lora, root / "lora-2-stopped", None),
+        ("full", full, root / "full-2", None),
+        ("full-1to2", full, root / "full-1to2", None),
+    ]
+    plan = {
+        "cache": str(dataset_cache),
+        "runs": [
+            {
+                "recipe": asdict(recipe),
+                "work_dir": str(work),
+                "stop_after": stop,
+                "events": str(root / f"{name}.json"),
+            }
+            for name, recipe, work, stop in plan_runs
+        ],
+    }
+    (root / "plan.json").write_text(json.dumps(plan))
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RELAY_COLLECTIVE_TIMEOUT_S": "120"}
+    done = subprocess.run(
+        [*launch, str(RUN_RECIPES), str(root / "plan.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    two = {name: json.loads((root / f"{name}.json").read_text()) for name, *_ in plan_runs}
+
+    # Resharded the other way: the 2-process runs' step-3 checkpoints resumed by one process.
+    resharded = {
+        kind: run_here(
+            recipe, rewind(root / f"{kind}-2", root / f"{kind}-2to1", CHECKPOINT_EVERY), dataset_cache
+        )
+        for kind, recipe in (("lora", lora), ("full", full))
+    }
+    return {"root": root, "alone": alone, "two": two, "resharded": resharded}
+
+
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_two_processes_train_as_one(runs: dict[str, Any], kind: str) -> None:
+    """DDP (LoRA) and FSDP (full): the same per-step losses and merged weights as one process."""
+    alone_result, alone_events = runs["alone"][kind]
+    two = runs["two"][kind]
+    assert two["result"]["status"] == "completed"
+    assert_same_losses(alone_events, two["events"], range(1, STEPS + 1))
+    assert_same_weights(
+        alone_result.output_dir, runs["root"] / f"{kind}-2" / "output", noise_share=noise(kind)
+    )
+
+
+def test_two_processes_resume_loss_exactly(runs: dict[str, Any]) -> None:
+    stopped, resumed = runs["two"]["lora-stopped"], runs["two"]["lora-resumed"]
+    assert stopped["result"]["status"] == "stopped" and stopped["result"]["step"] == 4
+    assert resumed["result"]["resumed_from"] == CHECKPOINT_EVERY
+    expected = runs["alone"]["lora"][1]
+    assert_same_losses(expected, resumed["events"], range(CHECKPOINT_EVERY + 1, STEPS + 1))
+    assert_same_weights(runs["alone"]["lora"][0].output_dir, runs["root"] / "lora-2-stopped" / "output")
+
+
+def test_a_checkpoint_of_one_process_resumes_on_two(runs: dict[str, Any]) -> None:
+    resumed = runs["two"]["full-1to2"]
+    assert resumed["result"]["resumed_from"] == CHECKPOINT_EVERY
+    alone_result, alone_events = runs["alone"]["full"]
+    assert_same_losses(alone_events, resumed["events"], range(CHECKPOINT_EVERY + 1, STEPS + 1))
+    assert_same_weights(
+        alone_result.output_dir, runs["root"] / "full-1to2" / "output", noise_share=FULL_NOISE_SHARE
+    )
+
+
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_a_checkpoint_of_two_processes_resumes_on_one(runs: dict[str, Any], kind: str) -> None:
+    result, events = runs["resharded"][kind]
+    assert result.resumed_from == CHECKPOINT_EVERY
+    manifest = CheckpointStore.manifest(runs["root"] / f"{kind}-2" / "checkpoints" / "step-00000003")
+    assert manifest["world_size"] == 2
+    alone_result, alone_events = runs["alone"][kind]
+    assert_same_losses(alone_events, events, range(CHECKPOINT_EVERY + 1, STEPS + 1))
+    assert_same_weights(alone_result.output_dir, result.output_dir, noise_share=noise(kind))
