@@ -210,6 +210,8 @@ def test_sessions_table_and_page_with_close(browser: Browser, stack: Stack, user
     expect(row.locator(".status")).to_have_text("starting")
     row.locator("a").click()
     expect(page.locator("[data-testid=session]")).to_contain_text("pi05-tiny")
+    expect(page.locator("[data-testid=session]")).to_contain_text("Optimizer steps")
+    expect(page.locator("table[data-testid=states]")).to_contain_text("None saved yet")
     page.click("h1 button:has-text('Close')")
     expect(page.locator("h1 .status")).to_have_text("closed")
     assert fence.refused == []
