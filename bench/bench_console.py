@@ -11,7 +11,7 @@ PostgreSQL, Redis, the API in uvicorn, a Celery worker when screenshots are aske
 
     python bench/bench_console.py [--loads 7] [--events 20] [--screenshots]
 
---screenshots also runs a real pi05-tiny job (60 steps on a synthetic dataset) and saves the job
+--screenshots also runs a real pi05-tiny job (80 steps on a synthetic dataset) and saves the job
 page and the jobs table into docs/images/. The machine is shared: expect noise.
 """
 
@@ -33,6 +33,8 @@ from relay_api.db import utcnow  # noqa: E402
 from relay_api.models import fine_tune_events, fine_tunes  # noqa: E402
 from tests.service.browser import chromium, fenced_page, sign_in  # noqa: E402
 from tests.service.stack import Stack, wait_for  # noqa: E402
+
+SCREENSHOT_STEPS = 80
 
 
 def median_and_spread(values: list[float]) -> str:
@@ -97,12 +99,12 @@ def chart_latency(browser: Any, stack: Stack, key: str, count: int) -> None:
             )
             session.commit()
         committed = time.time() * 1000
-        wait_for(
-            lambda n=index + 1: page.evaluate("window.relayConsole.charts.loss.points") >= n,
-            10,
-            "the chart to draw the point",
-            every=0.005,
-        )
+        drawn = index + 1
+
+        def shown(count: int = drawn) -> bool:
+            return bool(page.evaluate("window.relayConsole.charts.loss.points") >= count)
+
+        wait_for(shown, 10, "the chart to draw the point", every=0.005)
         probe = page.evaluate("[performance.timeOrigin, window.relayConsole.charts.loss]")
         origin_ms, chart = probe
         totals.append(origin_ms + chart["drawn"] - committed)
@@ -117,15 +119,21 @@ def chart_latency(browser: Any, stack: Stack, key: str, count: int) -> None:
     )
 
 
-def screenshots(browser: Any, stack: Stack, key: str) -> None:
+def screenshots(browser: Any, stack: Stack) -> None:
     from relay._http import Client
     from relay.sft.config import SFTConfig
     from relay.sft.train import train
 
     stack.worker()
+    _, key = stack.new_user()  # a user of its own: only this job in its table
     client = Client(stack.api_url, key, max_retries=0)
     config = SFTConfig(
-        model="pi05-tiny", dataset_name=str(stack.dataset()), batch_size=2, steps=60, name="pusht-tiny-demo"
+        model="pi05-tiny",
+        dataset_name=str(stack.dataset()),
+        batch_size=2,
+        learning_rate=1e-3,
+        steps=SCREENSHOT_STEPS,
+        name="pusht-tiny-demo",
     )
     job = train(config, client=client)
     page, _fence = fenced_page(browser, stack.api_url)
@@ -159,7 +167,7 @@ def main() -> None:
             first_paint(browser, stack.api_url, key, args.loads)
             chart_latency(browser, stack, key, args.events)
             if args.screenshots:
-                screenshots(browser, stack, key)
+                screenshots(browser, stack)
     finally:
         stack.stop()
 
