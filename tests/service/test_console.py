@@ -105,6 +105,7 @@ def test_sign_in_start_a_job_watch_its_loss_and_download_the_model(
 
     page.click("#sign-out")
     expect(page.locator("#api-key")).to_be_visible()
+    expect(page.locator("#nav")).to_be_hidden()
     assert page.evaluate("sessionStorage.length") == 0
     assert fence.refused == []
 
