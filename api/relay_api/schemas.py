@@ -99,7 +99,8 @@ ERRORS: dict[int | str, dict[str, object]] = {
 
 class SessionOut(BaseModel):
     """A training session: ``starting`` (waiting for a worker, then loading on ``worker``), ``ready``,
-    ``closed`` or ``error`` (``error`` says why it ended)."""
+    ``closed`` or ``error`` (``error`` says why it ended). ``calls``, ``steps`` (optimizer steps) and
+    ``saved_states`` are counted by its worker and reported every few seconds and at the end."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -116,6 +117,9 @@ class SessionOut(BaseModel):
     info: dict[str, object] | None
     error: str | None
     worker: str | None
+    calls: int
+    steps: int
+    saved_states: int
     idle_timeout_seconds: float
     created_at: str
     ready_at: str | None

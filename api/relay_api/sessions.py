@@ -50,6 +50,9 @@ def session_object(row: Mapping[str, Any], settings: Settings) -> dict[str, Any]
         "info": row["info"],
         "error": row["error"],
         "worker": row["worker"],
+        "calls": row["calls"],
+        "steps": row["steps"],
+        "saved_states": row["saved_states"],
         "idle_timeout_seconds": settings.session_idle_seconds,
         "created_at": iso(row["created_at"]),
         "ready_at": iso(row["ready_at"]),
@@ -89,6 +92,9 @@ def create(
             "updated_at": now,
             "ready_at": None,
             "ended_at": None,
+            "calls": 0,
+            "steps": 0,
+            "saved_states": 0,
         }
 
     return insert_once(session, table, user_id, idempotency_key, digest, new_row, "session")

@@ -65,12 +65,13 @@ class SessionKeeper(threading.Thread):
         self.close_requested = False
         self.lost = False
         self.last_contact: dt.datetime = utcnow()
+        self.counts = lifecycle.SessionCounts()  # the host counts, the keeper reports
         self._stopping = threading.Event()
 
     def run(self) -> None:
         while not self._stopping.wait(self.settings.heartbeat_seconds):
             try:
-                state = lifecycle.renew(self.sessions, self.settings, self.claim)
+                state = lifecycle.renew(self.sessions, self.settings, self.claim, self.counts)
             except FencedOut:
                 self.lost = True
                 return
@@ -110,7 +111,7 @@ def run_session(session_id: str, settings: Settings | None = None) -> str:
         with contextlib.suppress(Exception):
             channel.clear(session_id)
         # A session its client closed ended as it should: its `error` stays empty.
-        lifecycle.end(sessions, claim, status, None if reason == CLOSED_BY_CLIENT else reason)
+        lifecycle.end(sessions, claim, status, None if reason == CLOSED_BY_CLIENT else reason, keeper.counts)
         channel.close()
         log.info("session %s ended %s: %s", session_id, status, reason)
 
@@ -136,7 +137,7 @@ def _host(
         return st.CLOSED, "closed before it was ready"
     keeper.last_contact = utcnow()  # the idle clock starts now; loading was not the client's silence
     log.info("session %s: ready (%s)", claim.session_id, training.info)
-    host = SessionHost(training, settings, claim)
+    host = SessionHost(training, settings, claim, keeper.counts)
     opened = time.perf_counter()
     try:
         return host.serve(keeper, channel)
@@ -153,8 +154,15 @@ def _host(
 class SessionHost:
     """Runs a session's calls on its TrainingSession."""
 
-    def __init__(self, training: TrainingSession, settings: Settings, claim: SessionClaim) -> None:
+    def __init__(
+        self,
+        training: TrainingSession,
+        settings: Settings,
+        claim: SessionClaim,
+        counts: lifecycle.SessionCounts | None = None,
+    ) -> None:
         self.training = training
+        self.counts = counts or lifecycle.SessionCounts()
         self.settings = settings
         self.claim = claim
         self.user_dir = settings.user_dir(claim.user_id)
@@ -206,6 +214,7 @@ class SessionHost:
             return self._run_call(call)
         finally:
             self.calls_run += 1
+            self.counts.calls += 1
             self.seconds_running += time.perf_counter() - started
 
     def _run_call(self, call: QueuedCall) -> tuple[bytes, bool]:
@@ -289,7 +298,9 @@ class SessionHost:
             params = types.AdamParams(**adam)
         except TypeError as error:
             raise ConfigError(f"bad adam: {error}") from None
-        return self.training.optim_step(params)
+        result = self.training.optim_step(params)
+        self.counts.steps += 1
+        return result
 
     def _sample(self, request: dict[str, Any]) -> Any:
         observations = request.get("observations")
@@ -315,6 +326,7 @@ class SessionHost:
         directory = self._state_dir(name)
         directory.parent.mkdir(parents=True, exist_ok=True)
         self.training.save_state(directory)
+        self.counts.saved_states += 1
         return {"name": name, "path": str(directory)}
 
     def _load_state(self, request: dict[str, Any]) -> Any:
