@@ -77,16 +77,17 @@ def run_relational_recipe(
     on_event: Callable[[Event], None],
     should_stop: Callable[[], bool],
     output_dir: Path,
+    checkpoint_on_stop: bool = False,
 ) -> RecipeResult:
     from relay_engine.recipe import pick_device
 
     threads = torch.get_num_threads()
     # rt-j-tiny's matrices are too small for threads to pay: on a busy 2-core machine, 10 steps took
     # 92 s with torch's 2 threads waiting on each other, and 3.3 s with one.
-    if recipe.model in TINY_MODELS and pick_device(recipe.device).type == "cpu":
+    if recipe.config.model in TINY_MODELS and pick_device(recipe.device).type == "cpu":
         torch.set_num_threads(1)
     try:
-        return _run(recipe, work_dir, on_event, should_stop, output_dir)
+        return _run(recipe, work_dir, on_event, should_stop, output_dir, checkpoint_on_stop)
     finally:
         torch.set_num_threads(threads)
 
@@ -97,16 +98,18 @@ def _run(
     on_event: Callable[[Event], None],
     should_stop: Callable[[], bool],
     output_dir: Path,
+    checkpoint_on_stop: bool,
 ) -> RecipeResult:
     from relay_engine.recipe import RecipeResult, pick_device
 
-    if not recipe.task:
-        raise ConfigError(f"{recipe.model} trains on a task: name the task table of the database")
+    config = recipe.config
+    if not config.task:
+        raise ConfigError(f"{config.model} trains on a task: name the task table of the database")
     device = pick_device(recipe.device)
-    model = RelationalTransformer(recipe.model, device=device, seed=recipe.seed)
+    model = RelationalTransformer(config.model, device=device, seed=recipe.seed)
     settings = context_settings(model.config)
     sampler = build_sampler(
-        recipe.dataset_name, recipe.task, settings, model.model.config.d_text, recipe.seed
+        config.dataset_name, config.task, settings, model.model.config.d_text, recipe.seed
     )
     examples = sampler.examples("train")
     problem_type = sampler.spec.problem_type
@@ -128,7 +131,7 @@ def _run(
         position = DataPosition.from_dict(cast(dict[str, int], manifest["data_position"]))
         resumed_from = state.step
 
-    order = BatchOrder(len(examples), min(recipe.batch_size, len(examples)), recipe.seed, span_epochs=True)
+    order = BatchOrder(len(examples), min(config.batch_size, len(examples)), recipe.seed, span_epochs=True)
 
     def next_step_batches() -> list[LabelledBatch]:
         nonlocal position
@@ -147,12 +150,15 @@ def _run(
             },
         )
 
+    if resumed_from is not None:
+        on_event({"step": resumed_from, "event": "resumed"})
+
     result = run_loop(
         cast(Any, learner),  # the loop needs forward_backward, optim_step and device: a Learner's interface
         cast(Any, next_step_batches),
         state=state,
-        total_steps=recipe.steps,
-        learning_rate_at=lambda step: learning_rate(step, recipe.steps, recipe.learning_rate),
+        total_steps=config.steps,
+        learning_rate_at=lambda step: learning_rate(step, config.steps, config.learning_rate),
         adam=RELATIONAL_ADAM,
         on_event=on_event,
         should_stop=should_stop,
@@ -161,16 +167,21 @@ def _run(
         log_every=recipe.log_every,
     )
     if result.status != "completed":
+        latest = store.latest()
+        saved = None if latest is None else int(cast(int, store.manifest(latest)["step"]))
+        if checkpoint_on_stop and state.step > 0 and saved != state.step:
+            save_checkpoint(state)
+            on_event({"step": state.step, "event": "checkpoint"})
         return RecipeResult(result.status, result.step, result.loss, None, resumed_from)
 
     model.model.eval()
     model.config = {
         **model.config,
         "model_type": "rt-j",
-        "base_model": recipe.model,
+        "base_model": config.model,
         "problem_type": problem_type,
         "relay": {
-            "task": recipe.task,
+            "task": config.task,
             "context_length": settings["context_length"],
             "max_children": settings["max_children"],
             "text_encoder": sampler.embedder.name,

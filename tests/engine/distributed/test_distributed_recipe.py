@@ -13,13 +13,13 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 from safetensors.torch import load_file
 
+from relay.sft.config import SFTConfig
 from relay_engine.recipe import Recipe, run_recipe
 from relay_engine.training.checkpoint import POINTER, CheckpointStore, write_atomic
 
@@ -33,7 +33,7 @@ RUN_RECIPES = Path(__file__).with_name("run_recipes.py")
 
 
 def recipe_for(dataset: Path, finetune: str) -> Recipe:
-    return Recipe(
+    config = SFTConfig(
         model="pi05-tiny",
         dataset_name=str(dataset),
         # 5 does not split evenly: one process reads 3 samples a step, the other 2.
@@ -41,6 +41,9 @@ def recipe_for(dataset: Path, finetune: str) -> Recipe:
         learning_rate=LEARNING_RATE,
         steps=STEPS,
         finetune=finetune,
+    )
+    return Recipe.from_config(
+        config,
         checkpoint_every=CHECKPOINT_EVERY,
         log_every=1,
         num_workers=0,
@@ -125,7 +128,7 @@ def runs(
         "cache": str(dataset_cache),
         "runs": [
             {
-                "recipe": asdict(recipe),
+                "recipe": recipe.to_dict(),
                 "work_dir": str(work),
                 "stop_after": stop,
                 "events": str(root / f"{name}.json"),

@@ -26,7 +26,7 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def recipe(shop: Path, **fields: Any) -> Recipe:
     settings = {"batch_size": 8, "steps": 6, "learning_rate": 1e-3, **fields}
     config = SFTConfig(model="rt-j-tiny", dataset_name=str(shop), task="user-churn", **settings)
-    return Recipe.from_config(config.model_dump(), checkpoint_every=2, log_every=2, device="cpu")
+    return Recipe.from_config(config, checkpoint_every=2, log_every=2, device="cpu")
 
 
 def test_a_stopped_job_resumes_exactly(shop: Path, tmp_path: Path) -> None:
