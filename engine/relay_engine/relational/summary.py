@@ -22,10 +22,9 @@ def check_database(database: Database) -> tuple[dict[str, Any], list[str]]:
         for column, parent in table.foreign_keys.items():
             parent_keys = database.tables[parent].data.column(str(database.tables[parent].primary_key))
             values = table.data.column(column)
-            found = pc.is_in(values, value_set=pc.unique(parent_keys))
             links[column] = {
                 "table": parent,
-                "dangling": int(table.num_rows - pc.sum(found).as_py() - values.null_count),
+                "dangling": table.num_rows - _count_found(values, parent_keys) - values.null_count,
             }
         tables[name] = {
             "rows": table.num_rows,
@@ -48,27 +47,30 @@ def check_database(database: Database) -> tuple[dict[str, Any], list[str]]:
             if labels.null_count:
                 problems.append(f"task {name} {split}: {labels.null_count} rows have no {spec.target_column}")
                 continue
-            values = np.asarray(pc.cast(labels, pa.float64()).to_numpy(zero_copy_only=False))
-            if spec.problem_type == "binary" and not np.isin(values, (0.0, 1.0)).all():
+            label_values = np.asarray(pc.cast(labels, pa.float64()).to_numpy(zero_copy_only=False))
+            if spec.problem_type == "binary" and not np.isin(label_values, (0.0, 1.0)).all():
                 problems.append(f"task {name} {split}: {spec.target_column} must be 0 or 1 for a binary task")
             entity_keys = database.tables[spec.entity_table].data.column(
                 str(database.tables[spec.entity_table].primary_key)
             )
-            unknown = int(
-                rows.num_rows
-                - pc.sum(pc.is_in(rows.column(spec.entity_column), value_set=pc.unique(entity_keys))).as_py()
-            )
+            unknown = rows.num_rows - _count_found(rows.column(spec.entity_column), entity_keys)
             splits[split] = {
                 "rows": rows.num_rows,
                 "unknown_entities": unknown,
-                ("positive_rate" if spec.problem_type == "binary" else "label_mean"): float(values.mean())
-                if values.size
-                else None,
+                ("positive_rate" if spec.problem_type == "binary" else "label_mean"): (
+                    float(label_values.mean()) if label_values.size else None
+                ),
             }
             if spec.problem_type == "regression":
-                splits[split]["label_std"] = float(values.std()) if values.size else None
+                splits[split]["label_std"] = float(label_values.std()) if label_values.size else None
         tasks[name] = {"problem_type": spec.problem_type, "entity_table": spec.entity_table, "splits": splits}
     return {"tables": tables, "tasks": tasks}, problems
+
+
+def _count_found(values: pa.ChunkedArray, keys: pa.ChunkedArray) -> int:
+    """How many of `values` are among `keys` (nulls are not)."""
+    found = pc.cast(pc.is_in(values, value_set=pc.unique(keys)), pa.int64())
+    return int(pc.sum(found).as_py() or 0)
 
 
 def column_stats(database: Database) -> dict[str, dict[str, dict[str, Any]]]:

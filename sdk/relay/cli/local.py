@@ -95,7 +95,7 @@ def train(
     """Run the recipe's loop here, showing progress (a bar on a terminal, else a line every few
     seconds). Ctrl-C saves a checkpoint; the same command again resumes from it."""
     try:
-        given = {
+        given: dict[str, Any] = {
             "finetune": finetune,
             "lora_rank": lora_rank,
             "lora_alpha": lora_alpha,
