@@ -27,13 +27,13 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from relay.catalog import STRATEGIES
 from relay_engine.distributed.group import World
 from relay_engine.errors import ConfigError
 from relay_engine.models import FlowOutputs, Pi05Batch, Pi05Policy
 from relay_engine.models.layers import GemmaDecoderLayer
 
 Strategy = Literal["ddp", "fsdp"]
-STRATEGIES: tuple[str, ...] = ("auto", "ddp", "fsdp")
 
 
 def choose_strategy(requested: str, finetune: str) -> Strategy:
@@ -154,19 +154,28 @@ def _store_frozen_in_bf16(policy: nn.Module) -> None:
             parameter.data = parameter.data.to(torch.bfloat16)
 
 
+def shard_units(policy: Pi05Policy) -> list[nn.Module]:
+    """FSDP's units below the root: each vision layer and each decoder layer of both stacks.
+
+    Everything else (embeddings, projector, action and time heads, final norms) is the root unit.
+    """
+    model = policy.model
+    return [
+        *model.vision_tower.vision_model.encoder.layers,
+        *model.language_model.layers,
+        *model.expert.layers,
+    ]
+
+
 def _shard(policy: Pi05Policy, world: World, *, checkpoint_activations: bool) -> None:
     mixed = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if world.device.type == "cuda"
         else MixedPrecisionPolicy()
     )
-    model = policy.model
-    units: list[nn.Module] = list(model.vision_tower.vision_model.encoder.layers)
-    for layer in [*model.language_model.layers, *model.expert.layers]:
-        assert isinstance(layer, GemmaDecoderLayer)
-        layer.checkpoint_activations = checkpoint_activations
-        units.append(layer)
-    for unit in units:
+    for unit in shard_units(policy):
+        if isinstance(unit, GemmaDecoderLayer):
+            unit.checkpoint_activations = checkpoint_activations
         fully_shard(unit, mp_policy=mixed)
     fully_shard(policy, mp_policy=mixed)
     # The policy trains and samples through these methods, not `forward`.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -12,8 +13,10 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from relay.catalog import STRATEGIES
 from relay.cli._common import dataset_name, fail, parse_pairs
 from relay.cli._extras import require
+from relay.cli._launch import Launch, rank, run_launched
 
 app = typer.Typer(
     help="Train and evaluate on this machine, with the same engine the service runs.", no_args_is_help=True
@@ -70,9 +73,33 @@ def train(
     json_lines: bool = typer.Option(
         False, "--json", help="Print one JSON object per event instead of a progress bar."
     ),
+    nproc_per_node: int = typer.Option(
+        1, "--nproc-per-node", help="Processes on this host, one per GPU (gloo on the CPU without CUDA)."
+    ),
+    nnodes: int = typer.Option(1, "--nnodes", help="Hosts in the job; run the command on each."),
+    node_rank: int = typer.Option(0, "--node-rank", help="This host's place, 0 to --nnodes - 1."),
+    rdzv_endpoint: str | None = typer.Option(
+        None,
+        "--rdzv-endpoint",
+        help="HOST:PORT where the hosts meet (c10d rendezvous); needed with --nnodes.",
+    ),
+    strategy: str = typer.Option(
+        "auto", help="How processes share the model: auto (fsdp for full, ddp for lora), ddp or fsdp."
+    ),
 ) -> None:
-    """Run the recipe's loop here, with a progress bar; run it again to resume from the last checkpoint."""
+    """Run the recipe's loop here, with a progress bar; run it again to resume from the last checkpoint.
+
+    With --nproc-per-node (and --nnodes) the loop runs as a group of processes started by
+    torch.distributed.run; `--batch-size` stays the global batch, split across them.
+    """
     from relay.sft.config import SFTConfig
+
+    launch = Launch(nproc_per_node, nnodes, node_rank, rdzv_endpoint)
+    problem = launch.problem()
+    if problem is not None:
+        fail(problem)
+    if strategy not in STRATEGIES:
+        fail(f"bad --strategy: {strategy!r} (must be one of {', '.join(STRATEGIES)})")
 
     try:
         config = SFTConfig(
@@ -90,6 +117,15 @@ def train(
     except ValueError as error:
         fail(str(error))
 
+    processes = nproc_per_node * nnodes
+    if config.batch_size < processes:
+        fail(
+            f"bad --batch-size: {config.batch_size} (must be at least the {processes} processes: "
+            "each trains on its part of every batch)"
+        )
+    if launch.needed:
+        raise typer.Exit(run_launched(launch, sys.argv[1:]))
+
     recipe_module = require("relay_engine.recipe")
     errors = require("relay_engine.errors")
     recipe = recipe_module.Recipe.from_config(
@@ -98,7 +134,10 @@ def train(
         checkpoint_every=checkpoint_every,
         episodes=parse_episodes(episodes),
         device=device,
+        strategy=strategy,
     )
+    # In a group, rank 0 alone speaks (the engine reports events on rank 0 only).
+    speaks = rank() == 0
     stop = StopOnInterrupt()
     previous_handler = signal.signal(signal.SIGINT, stop)
     progress = Progress(
@@ -108,7 +147,7 @@ def train(
         TextColumn("{task.fields[status]}"),
         TimeRemainingColumn(),
         console=console,
-        disable=json_lines,
+        disable=json_lines or not speaks,
     )
 
     def on_event(event: dict[str, Any]) -> None:
@@ -142,6 +181,8 @@ def train(
     finally:
         signal.signal(signal.SIGINT, previous_handler)
 
+    if not speaks:
+        raise typer.Exit(130 if result.status == "stopped" else 0)
     if result.status == "stopped":
         console.print(
             f"stopped at step {result.step}; run the same command again to resume from the last checkpoint"

@@ -24,6 +24,7 @@ from relay._rules import (
 )
 
 BATCH_SIZE_MAX = 512
+GPUS_MAX = 64
 STEPS_MAX = 100_000
 LORA_RANK_MAX = 256
 NAME_MAX = 128
@@ -45,6 +46,10 @@ RULES: dict[str, str] = {
     "targets": TARGETS_RULE,
     "cameras": ("must map model cameras (" + ", ".join(catalog.MODEL_CAMERAS) + ") to dataset feature names"),
     "name": f"must be text of at most {NAME_MAX} characters, no control characters",
+    "gpus": (
+        f"must be an integer from 1 to {GPUS_MAX}, at most batch_size; by default 1 for lora and all "
+        "the GPUs of one worker host for full"
+    ),
 }
 
 
@@ -70,6 +75,8 @@ class SFTConfig(CheckedConfig):
     targets: TargetNames = None
     cameras: dict[str, str] | None = None
     name: str | None = Field(None, max_length=NAME_MAX)
+    # One process per GPU; the global batch stays batch_size, split across them.
+    gpus: int | None = Field(None, strict=True, ge=1, le=GPUS_MAX)
 
     @field_validator("dataset_name")
     @classmethod
@@ -101,4 +108,8 @@ class SFTConfig(CheckedConfig):
             self.lora_alpha = float(self.lora_rank)
         if self.targets is None:
             self.targets = list(catalog.default_targets(self.finetune))
+        if self.gpus is None and self.finetune == "lora":
+            self.gpus = 1  # full's default depends on the workers' hosts: the service fills it in
+        if self.gpus is not None and self.gpus > self.batch_size:
+            raise ValueError(f"bad gpus: {self.gpus} ({RULES['gpus']}, {self.batch_size})")
         return self
