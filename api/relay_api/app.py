@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -25,10 +26,11 @@ from relay import __version__
 from relay.sft.config import SFTConfig
 from relay_api import console, routes, session_routes, states
 from relay_api.channel import api_channel
-from relay_api.db import read_session_factory, session_factory
+from relay_api.db import is_outage, read_session_factory, session_factory
 from relay_api.enqueued import EnqueuedNotes
-from relay_api.errors import APIProblem, error_body
+from relay_api.errors import APIProblem, database_unavailable, error_body
 from relay_api.files import ChecksumCache
+from relay_api.guard import Guard
 from relay_api.keys import KeyCache
 from relay_api.metrics import Metrics, RequestMetrics
 from relay_api.queue import Publisher
@@ -78,9 +80,12 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
     app.add_exception_handler(APIProblem, _problem_answer)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_answer)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_answer)  # type: ignore[arg-type]
+    app.add_exception_handler(SQLAlchemyError, _database_answer)  # type: ignore[arg-type]
     if settings.metrics:
         app.state.metrics = Metrics(app.state.readers, settings)
         app.add_middleware(RequestMetrics, metrics=app.state.metrics)
+    # The last added runs first: every answer, the guard's too, carries the request id.
+    app.add_middleware(Guard)
     app.add_middleware(RequestId)
     console.install(app)
 
@@ -118,6 +123,14 @@ async def _http_answer(_request: Request, error: HTTPException) -> JSONResponse:
     if error.status_code == 404 and message == "Not Found":
         message = "no such endpoint; see /docs"
     return _answer(error.status_code, message, headers=getattr(error, "headers", None))
+
+
+async def _database_answer(_request: Request, error: SQLAlchemyError) -> JSONResponse:
+    """503 with Retry-After while the database is away (a restart, a network cut); other database
+    errors are bugs, and stay 500s."""
+    if is_outage(error):
+        return await _problem_answer(_request, database_unavailable(error))
+    raise error
 
 
 async def _validation_answer(_request: Request, error: RequestValidationError) -> JSONResponse:

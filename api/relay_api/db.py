@@ -9,8 +9,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import orjson
 from sqlalchemy import DateTime, Engine, create_engine, event
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
@@ -46,12 +48,63 @@ class Base(DeclarativeBase):
 
 def make_engine(url: str, pool_size: int = 10) -> Engine:
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, json_deserializer=orjson.loads
+        )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     # No overflow: a request waits for a pooled connection rather than open one (a new PostgreSQL
     # connection costs a server process), so a process holds at most `pool_size` connections.
-    return create_engine(url, pool_size=pool_size, max_overflow=0, pool_timeout=30, pool_pre_ping=True)
+    # A connect timeout, so that a database behind a dead network answers "unavailable" in seconds
+    # rather than hold a request (or a worker's write) for the kernel's minutes.
+    engine = create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=0,
+        pool_timeout=30,
+        json_deserializer=orjson.loads,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS},
+    )
+    _ping_when_idle(engine)
+    return engine
+
+
+CONNECT_TIMEOUT_SECONDS = 5
+
+
+def is_outage(error: BaseException) -> bool:
+    """Whether a database error means the database is away (down, restarting, unreachable, every
+    connection busy) rather than that a statement is wrong: the same statement may work later."""
+    if isinstance(error, OperationalError | InterfaceError | PoolTimeout):
+        return True
+    return isinstance(error, DBAPIError) and bool(error.connection_invalidated)
+
+
+# A connection back from use within this long is trusted without a ping. SQLAlchemy's pre-ping
+# costs every request a round trip (a quarter of a short read's time); a connection that just
+# worked is almost surely alive, and if the database restarted meanwhile, the statement that fails
+# invalidates the whole pool, so later checkouts open fresh connections.
+PING_AFTER_IDLE_SECONDS = 1.0
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """Ping a pooled connection on checkout only when it sat idle: pre-ping for quiet moments."""
+
+    @event.listens_for(engine, "checkin")
+    def _note_checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info["checked_in_at"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _ping_if_idle(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        checked_in = record.info.get("checked_in_at")
+        if checked_in is not None and time.monotonic() - checked_in < PING_AFTER_IDLE_SECONDS:
+            return
+        try:
+            alive = engine.dialect.do_ping(dbapi_connection)
+        except Exception as error:
+            raise DisconnectionError(f"a pooled connection is gone: {error}") from error
+        if not alive:
+            raise DisconnectionError("a pooled connection is gone")
 
 
 def _sqlite_pragmas(connection: Any, _record: Any) -> None:

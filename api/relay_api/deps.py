@@ -10,8 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from relay_api.enqueued import EnqueuedNotes
-from relay_api.errors import APIProblem
-from relay_api.keys import KeyCache
+from relay_api.guard import authenticate
 from relay_api.queue import Publisher
 from relay_api.settings import Settings
 
@@ -63,37 +62,16 @@ ReadSessionDep = Annotated[Session, Depends(get_read_session)]
 PublisherDep = Annotated[Publisher, Depends(get_publisher)]
 EnqueuedNotesDep = Annotated[EnqueuedNotes, Depends(get_enqueued_notes)]
 
-_UNAUTHORIZED = {"www-authenticate": "Bearer"}
-
 
 async def current_user(
     request: Request,
-    session: ReadSessionDep,
     authorization: Annotated[str | None, Header(description="Bearer <your API key>")] = None,
 ) -> int:
-    """The id of the user whose key the request carries; 401 without a valid one."""
-    if not authorization:
-        raise APIProblem(
-            401,
-            "missing API key: send the header Authorization: Bearer <key>",
-            code="missing_api_key",
-            headers=_UNAUTHORIZED,
-        )
-    scheme, _, key = authorization.partition(" ")
-    key = key.strip()
-    if scheme.lower() != "bearer" or not key:
-        raise APIProblem(
-            401,
-            "the Authorization header must read: Bearer <key>",
-            code="invalid_api_key",
-            headers=_UNAUTHORIZED,
-        )
-    cache: KeyCache = request.app.state.keys
-    user_id = cache.known(key)
+    """The id of the user whose key the request carries; 401 without a valid one. The guard
+    (relay_api.guard) has checked it before the body was read; this only reads its answer."""
+    user_id: int | None = getattr(request.state, "user_id", None)
     if user_id is None:
-        user_id = await run_in_threadpool(cache.look_up, session, key)
-    if user_id is None:
-        raise APIProblem(401, "invalid API key", code="invalid_api_key", headers=_UNAUTHORIZED)
+        user_id = await authenticate(request.app.state, authorization)
     return user_id
 
 

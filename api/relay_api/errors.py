@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 TYPE_OF_STATUS = {
     400: "invalid_request_error",
@@ -10,9 +13,14 @@ TYPE_OF_STATUS = {
     404: "not_found_error",
     405: "invalid_request_error",
     409: "conflict_error",
+    413: "invalid_request_error",
     422: "invalid_request_error",
     500: "server_error",
+    503: "service_unavailable_error",
 }
+
+# How long a caller should wait before trying again while the database is away.
+DATABASE_RETRY_AFTER_SECONDS = 5
 
 
 class APIProblem(Exception):
@@ -40,6 +48,17 @@ def error_body(
 ) -> dict[str, Any]:
     kind = TYPE_OF_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def database_unavailable(error: Exception) -> APIProblem:
+    """503 while the database cannot be reached: the request may be sent again as it was."""
+    log.warning("the database is unavailable: %s", str(error).splitlines()[0] if str(error) else error)
+    return APIProblem(
+        503,
+        "the service's database is unavailable for the moment; try again shortly",
+        code="database_unavailable",
+        headers={"retry-after": str(DATABASE_RETRY_AFTER_SECONDS)},
+    )
 
 
 def not_found(job_id: str) -> APIProblem:

@@ -12,11 +12,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from relay._http import sha256_of
+from relay._rules import has_control_characters
 from relay_api.errors import APIProblem
 
 OUTPUT = "output"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_MANIFEST = "manifest.json"
+PATH_MAX = 1024
 
 
 def output_manifest(work_dir: Path, output_dir: Path) -> dict[str, dict[str, Any]]:
@@ -71,6 +73,8 @@ def listing(job: dict[str, Any], work_dir: Path) -> list[dict[str, Any]]:
 
 def resolve(job: dict[str, Any], work_dir: Path, path: str) -> tuple[Path, str | None]:
     """The file `path` names in the job's work directory and its sha256 if recorded; 404 otherwise."""
+    if len(path) > PATH_MAX or has_control_characters(path):  # NUL and friends: no file has them
+        raise APIProblem(404, f"no such file in fine-tune {job['id']}", param="path", code="not_found")
     relative = PurePosixPath(path)
     parts = relative.parts
     if (

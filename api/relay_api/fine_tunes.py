@@ -57,16 +57,16 @@ def job_object(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
     """An event as the engine reported it (``{"step": 10, "loss": ...}``), with its id and time."""
-    body: dict[str, Any] = {"step": row["step"], **row["data"]}
+    event: dict[str, Any] = {
+        "id": row["id"],
+        "object": "fine_tune.event",
+        "created_at": iso(row["created_at"]),
+        "step": row["step"],
+        **row["data"],
+    }
     if row["kind"] != "metrics":
-        body["event"] = row["kind"]
-    return {"id": row["id"], "object": "fine_tune.event", "created_at": iso(row["created_at"]), **body}
-
-
-def names_local_directory(dataset_name: str) -> bool:
-    """Whether the engine would read `dataset_name` from the worker's disk rather than the Hub (the
-    engine's rule: an absolute path, ~/..., ./..., ../... or a file:// URL)."""
-    return dataset_name.startswith(("/", "~", "./", "../", "file:"))
+        event["event"] = row["kind"]
+    return event
 
 
 def largest_worker_gpus(session: Session, reconcile_seconds: float) -> int | None:
@@ -179,15 +179,21 @@ def list_page(
 
 
 def events_page(
-    session: Session, job_id: str, after: int | None, limit: int
+    session: Session, user_id: int, job_id: str, after: int | None, limit: int
 ) -> tuple[list[dict[str, Any]], bool]:
-    """The job's events after event id `after`, oldest first; and whether more follow."""
-    query = select(fine_tune_events).where(fine_tune_events.c.job_id == job_id)
+    """The caller's job's events after event id `after`, oldest first; and whether more follow.
+
+    One round trip when there are events: the ownership check rides in the same statement. Only an
+    empty page looks the job up on its own, to tell "none yet" from "no such job" (a 404)."""
+    owned = select(fine_tunes.c.id).where(fine_tunes.c.id == job_id, fine_tunes.c.user_id == user_id)
+    query = select(fine_tune_events).where(fine_tune_events.c.job_id == job_id, owned.exists())
     if after is not None:
         query = query.where(fine_tune_events.c.id > after)
-    rows = session.execute(query.order_by(fine_tune_events.c.id).limit(limit + 1)).mappings().all()
+    rows = session.execute(query.order_by(fine_tune_events.c.id).limit(limit + 1)).all()
     _end_read(session)
-    return [dict(r) for r in rows[:limit]], len(rows) > limit
+    if not rows:
+        get(session, user_id, job_id)
+    return [row._asdict() for row in rows[:limit]], len(rows) > limit
 
 
 def cancel(session: Session, user_id: int, job_id: str) -> dict[str, Any]:

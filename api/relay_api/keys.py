@@ -76,17 +76,34 @@ def list_keys(session: Session) -> list[tuple[str, str, str, str | None]]:
     ]
 
 
-def revoke_keys(session: Session, key_or_prefix: str) -> int:
-    """Revoke a key, given whole or by the prefix `relay keys list` shows; returns how many were revoked."""
+class AmbiguousKey(ValueError):
+    """A prefix that names keys of more than one user, or several keys: revoking all would be a guess."""
+
+
+def revoke_keys(session: Session, key_or_prefix: str, user_name: str | None = None) -> int:
+    """Revoke a key, given whole or by the prefix `relay keys list` shows (of `user_name`'s keys, if
+    given); returns how many were revoked (0 or 1). A prefix that matches several active keys is
+    refused (AmbiguousKey): a prefix is shown for reading, and two keys may share one."""
     if len(key_or_prefix) > len(KEY_PREFIX) + 6:
         match = ApiKey.key_hash == hash_key(key_or_prefix)
     else:
         match = ApiKey.prefix == key_or_prefix
-    result = session.execute(
-        update(ApiKey).where(match, ApiKey.revoked_at.is_(None)).values(revoked_at=utcnow())
-    )
+    active = select(ApiKey.id, User.name).join(User, User.id == ApiKey.user_id)
+    active = active.where(match, ApiKey.revoked_at.is_(None))
+    if user_name is not None:
+        active = active.where(User.name == user_name)
+    found = session.execute(active).all()
+    if len(found) > 1:
+        owners = ", ".join(sorted({name for _, name in found}))
+        raise AmbiguousKey(
+            f"{key_or_prefix} matches {len(found)} active keys (of {owners}); give the whole key, "
+            "or the user with --user"
+        )
+    if not found:
+        return 0
+    session.execute(update(ApiKey).where(ApiKey.id == found[0][0]).values(revoked_at=utcnow()))
     session.commit()
-    return result.rowcount
+    return 1
 
 
 class KeyCache:

@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, Response
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
+from relay.dataset_names import names_local_directory
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
 from relay_api import fine_tunes, schemas
@@ -29,15 +30,12 @@ from relay_api.errors import APIProblem
 from relay_api.files import listing, resolve
 from relay_api.models import fine_tune_events
 from relay_api.models import fine_tunes as fine_tunes_table
+from relay_api.params import EventAfter, IdempotencyKey, JobId, PageAfter, PageLimit, event_id_from_header
+from relay_api.responses import JSONResponse
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/fine-tunes", tags=["fine-tunes"], responses=schemas.ERRORS)
-
-IdempotencyKey = Annotated[
-    str | None,
-    Header(max_length=255, description="Send the same key again to get the same job, not a second one."),
-]
 
 
 @router.post("", summary="Start a fine-tune", responses={200: {"model": schemas.FineTuneOut}})
@@ -51,7 +49,7 @@ def create_fine_tune(
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Accept a recipe and answer at once with the job (`queued`); a worker picks it up."""
-    if not settings.local_datasets and fine_tunes.names_local_directory(config.dataset_name):
+    if not settings.local_datasets and names_local_directory(config.dataset_name):
         raise APIProblem(
             400,
             f"bad dataset_name: {json.dumps(config.dataset_name)} (this server does not read local "
@@ -78,8 +76,8 @@ def create_fine_tune(
 def list_fine_tunes(
     user: CurrentUser,
     session: ReadSessionDep,
-    after: Annotated[str | None, Query(description="The last job id of the previous page.")] = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: PageAfter = None,
+    limit: PageLimit = 20,
 ) -> Response:
     rows, has_more = fine_tunes.list_page(session, user, after, limit)
     data = [fine_tunes.job_object(r) for r in rows]
@@ -87,7 +85,7 @@ def list_fine_tunes(
 
 
 @router.get("/{job_id}", summary="Retrieve a fine-tune", responses={200: {"model": schemas.FineTuneOut}})
-def retrieve_fine_tune(job_id: str, user: CurrentUser, session: ReadSessionDep) -> Response:
+def retrieve_fine_tune(job_id: JobId, user: CurrentUser, session: ReadSessionDep) -> Response:
     return JSONResponse(fine_tunes.job_object(fine_tunes.get(session, user, job_id)))
 
 
@@ -99,7 +97,7 @@ def retrieve_fine_tune(job_id: str, user: CurrentUser, session: ReadSessionDep) 
         409: {"model": schemas.ErrorOut, "description": "The job already completed or failed."},
     },
 )
-def cancel_fine_tune(job_id: str, user: CurrentUser, session: SessionDep) -> Response:
+def cancel_fine_tune(job_id: JobId, user: CurrentUser, session: SessionDep) -> Response:
     """A queued job is cancelled at once; a running one becomes `cancel_requested` and stops within a step."""
     return JSONResponse(fine_tunes.job_object(fine_tunes.cancel(session, user, job_id)))
 
@@ -117,26 +115,27 @@ def cancel_fine_tune(job_id: str, user: CurrentUser, session: SessionDep) -> Res
     },
 )
 def fine_tune_events_route(
-    job_id: str,
+    job_id: JobId,
     request: Request,
     user: CurrentUser,
     session: ReadSessionDep,
     settings: SettingsDep,
-    after: Annotated[int | None, Query(ge=0, description="Only events after this event id.")] = None,
+    after: EventAfter = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 20,
     stream: Annotated[bool, Query(description="Stream events as they happen (server-sent events).")] = False,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> Response:
-    fine_tunes.get(session, user, job_id)  # 404 unless it is the caller's
     if stream or "text/event-stream" in request.headers.get("accept", ""):
+        fine_tunes.get(session, user, job_id)  # 404 unless it is the caller's
         start = after
-        if last_event_id and last_event_id.isdigit():
-            start = max(start or 0, int(last_event_id))
+        resume_after = event_id_from_header(last_event_id)
+        if resume_after is not None:
+            start = max(start or 0, resume_after)
         sessions = request.app.state.readers
         return EventSourceResponse(
             _follow(sessions, job_id, start, settings.events_poll_seconds, request), ping=15
         )
-    rows, has_more = fine_tunes.events_page(session, job_id, after, limit)
+    rows, has_more = fine_tunes.events_page(session, user, job_id, after, limit)  # 404 unless the caller's
     data = [fine_tunes.event_object(r) for r in rows]
     return JSONResponse({"object": "list", "data": data, "has_more": has_more})
 
@@ -177,7 +176,7 @@ def _status_and_events(sessions: Any, job_id: str, after: int | None) -> tuple[s
 
 
 @router.get("/{job_id}/files", summary="A fine-tune's files", responses={200: {"model": schemas.FileList}})
-def list_files(job_id: str, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep) -> Response:
+def list_files(job_id: JobId, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep) -> Response:
     """The output (once completed: model.safetensors, config.json, norm_stats.json) and the checkpoints.
     `sha256` is recorded for the output; a checkpoint file's comes with its download."""
     job = fine_tunes.get(session, user, job_id)
@@ -196,7 +195,7 @@ def list_files(job_id: str, user: CurrentUser, session: ReadSessionDep, settings
     },
 )
 def download_file(
-    job_id: str,
+    job_id: JobId,
     path: str,
     request: Request,
     user: CurrentUser,

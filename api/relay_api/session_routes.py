@@ -13,8 +13,8 @@ import logging
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Path, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import APIRouter, Body, Query, Request
+from fastapi.responses import Response
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -26,13 +26,13 @@ from relay_api import schemas, sessions
 from relay_api.channel import ApiChannel, ChannelUnavailable, ResultGone, TooManyPending
 from relay_api.deps import CurrentUser, PublisherDep, ReadSessionDep, SessionDep, SettingsDep
 from relay_api.errors import APIProblem
+from relay_api.params import CallNumber, CallNumberHeader, IdempotencyKey, PageAfter, PageLimit, SessionId
+from relay_api.responses import JSONResponse
 from relay_api.settings import Settings
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/sessions", tags=["training sessions"], responses=schemas.ERRORS)
-
-SessionId = Annotated[str, Path(max_length=64)]
 
 
 @router.post("", summary="Start a training session", responses={200: {"model": schemas.SessionOut}})
@@ -48,7 +48,7 @@ def create_session(
             "targets, action_horizon, codec."
         ),
     ] = None,
-    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Answer at once with the session (`starting`); poll it until a worker has it `ready`."""
     try:
@@ -80,8 +80,8 @@ def list_sessions(
     user: CurrentUser,
     session: ReadSessionDep,
     settings: SettingsDep,
-    after: Annotated[str | None, Query(description="The last session id of the previous page.")] = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: PageAfter = None,
+    limit: PageLimit = 20,
 ) -> Response:
     rows, has_more = sessions.list_page(session, user, after, limit)
     data = [sessions.session_object(r, settings) for r in rows]
@@ -133,7 +133,7 @@ async def submit_call(
     session_id: SessionId,
     request: Request,
     user: CurrentUser,
-    seq: Annotated[int, Header(alias="x-relay-seq", ge=1, description="The call's number: 1, 2, 3, ...")],
+    seq: CallNumberHeader,
 ) -> Response:
     """The body is a call in Relay's binary frames (relay.training.wire). A number sent again (a
     retry) is acknowledged with `replayed` and not run twice."""
@@ -141,12 +141,7 @@ async def submit_call(
     row = await _cached_row(request, user, session_id)
     if row["status"] != st.READY or row["close_requested_at"] is not None:
         raise _not_taking_calls(row)
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > settings.session_max_call_bytes:
-        raise _too_large(settings)
-    body = await request.body()
-    if len(body) > settings.session_max_call_bytes:
-        raise _too_large(settings)
+    body = await request.body()  # held to RELAY_SESSION_MAX_CALL_BYTES by relay_api.guard
     try:
         wire.check(body)
     except wire.WireError as error:
@@ -190,7 +185,7 @@ async def submit_call(
 )
 async def call_result(
     session_id: SessionId,
-    seq: Annotated[int, Path(ge=1)],
+    seq: CallNumber,
     request: Request,
     user: CurrentUser,
     wait: Annotated[float, Query(ge=0, le=60, description="Seconds to wait for the result.")] = 30.0,
@@ -287,13 +282,4 @@ def _unavailable(error: ChannelUnavailable) -> APIProblem:
         "the service's channel to its workers is unavailable; try again shortly",
         code="channel_unavailable",
         headers={"retry-after": "1"},
-    )
-
-
-def _too_large(settings: Settings) -> APIProblem:
-    return APIProblem(
-        413,
-        f"the call is larger than {settings.session_max_call_bytes} bytes; "
-        "send smaller batches (forward_backward accumulates gradients across calls)",
-        code="call_too_large",
     )

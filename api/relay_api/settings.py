@@ -63,7 +63,10 @@ class Settings(BaseSettings):
     session_result_seconds: float = Field(3600.0, gt=0)
     # Calls sent and not yet run, per session, before the API answers 429 (the SDK keeps 8 ahead).
     session_max_pending_calls: int = Field(64, ge=1)
-    # The largest call body (a batch with its frames).
+    # The largest body of a JSON request (a recipe, a session's settings); bigger ones get a 413
+    # before they are read. A session's calls have their own limit, below.
+    max_json_body_bytes: int = Field(1 << 20, ge=1 << 10)
+    # The largest call body (a batch with its frames): the largest honest request.
     session_max_call_bytes: int = Field(1 << 30, ge=1 << 20)
     # How calls and results travel between the API and the worker holding a session: through Redis
     # (streams and keys), or through the SQL database (polled; the embedded server, which has no Redis).

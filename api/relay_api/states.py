@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from relay.training.config import STATE_META_FILE
 from relay_api import schemas
 from relay_api.deps import CurrentUser, SettingsDep
 from relay_api.fine_tunes import iso
+from relay_api.responses import JSONResponse
 
 router = APIRouter(prefix="/v1/states", tags=["training sessions"], responses=schemas.ERRORS)
 

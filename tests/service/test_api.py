@@ -171,6 +171,21 @@ def test_another_users_job_is_not_found(
     assert parked.get(f"/v1/fine-tunes/{job['id']}", headers=alice).json()["status"] == "queued"
 
 
+def test_another_users_events_are_not_found_even_when_there_are_some(
+    parked: TestClient, alice: dict[str, str], bob: dict[str, str]
+) -> None:
+    """The events page checks ownership in the same statement that reads the events."""
+    job = create(parked, alice)
+    assert parked.post(f"/v1/fine-tunes/{job['id']}/cancel", headers=alice).status_code == 200
+    path = f"/v1/fine-tunes/{job['id']}/events"
+    assert [e.get("event") for e in parked.get(path, headers=alice).json()["data"]] == ["cancelled"]
+    hidden = parked.get(path, headers=bob)
+    assert hidden.status_code == 404 and hidden.json()["error"]["message"] == f"no fine-tune {job['id']}"
+    later = parked.get(path, params={"after": 2**40}, headers=alice).json()
+    assert later == {"object": "list", "data": [], "has_more": False}
+    assert parked.get(path, params={"after": 2**40}, headers=bob).status_code == 404
+
+
 def test_the_same_idempotency_key_returns_the_same_job(
     stack: Stack, parked: TestClient, alice: dict[str, str], bob: dict[str, str]
 ) -> None:
@@ -292,7 +307,7 @@ def test_the_docs_describe_the_api(stack: Stack) -> None:
 def test_a_shared_server_can_refuse_local_dataset_directories(stack: Stack, alice: dict[str, str]) -> None:
     settings = stack.settings.model_copy(update={"fine_tune_queue": PARKED_QUEUE, "local_datasets": False})
     with TestClient(create_app(settings)) as shared:
-        for local in ("/data/secret", "~/x", "./x", "../x", "file:///x"):
+        for local in ("/data/secret", "~/x", "./x", "../x", "file:///x", ".", "..", "file:x"):
             response = shared.post("/v1/fine-tunes", json={**GOOD, "dataset_name": local}, headers=alice)
             assert response.status_code == 400 and response.json()["error"]["param"] == "dataset_name"
             assert "does not read local directories" in response.json()["error"]["message"]

@@ -8,15 +8,20 @@ other failure gives the job back for another attempt, which resumes from the las
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
 import socket
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from relay_api.db import session_factory
+from sqlalchemy.exc import SQLAlchemyError
+
+from relay_api.db import is_outage, session_factory
 from relay_api.files import output_manifest
 from relay_api.settings import Settings, get_settings
 from relay_engine.errors import EngineError
@@ -27,6 +32,7 @@ from relay_worker.launched import run_on_processes
 from relay_worker.lifecycle import Claim, FencedOut
 
 log = logging.getLogger("relay_worker")
+T = TypeVar("T")
 
 
 def worker_name() -> str:
@@ -34,63 +40,182 @@ def worker_name() -> str:
 
 
 class LeaseKeeper(threading.Thread):
-    """Renews the claim's lease every `heartbeat_seconds` and notes a cancel or a lost claim."""
+    """Keeps the claim alive and writes the engine's events, riding out a database outage.
+
+    The engine's events go into a buffer that this thread writes in order (each write renews the
+    lease); with none to write, it renews the lease every `heartbeat_seconds`. When the database is
+    away, training goes on and the events wait, until the lease would lapse: past that point another
+    attempt may own the job, so training stops (`outage` says why). A cancel or a lost claim is noted
+    for `should_stop`.
+    """
 
     def __init__(self, settings: Settings, claim: Claim) -> None:
         super().__init__(name=f"lease-{claim.job_id}", daemon=True)
         self.settings = settings
         self.claim = claim
-        self.sessions = session_factory(settings)
+        self.db_sessions = session_factory(settings)
         self.cancel_requested = False
         self.lost = False
+        # Set when the database was away for as long as the lease: the message for the job.
+        self.outage: str | None = None
+        self._pending: collections.deque[dict[str, Any]] = collections.deque()
+        self._write_lock = threading.Lock()
+        self._wake = threading.Event()
         self._stopping = threading.Event()
+        # When the last write that renewed the lease was sent (the claim itself renewed it).
+        self._renewed_at = time.monotonic()
+        self._away_since: float | None = None
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        """Queue one of the engine's events; it is written at once, or when the database is back."""
+        self._pending.append(event)
+        self._wake.set()
 
     def run(self) -> None:
-        while not self._stopping.wait(self.settings.heartbeat_seconds):
+        while not self._stopping.is_set():
+            self._wake.wait(self.settings.heartbeat_seconds)
+            self._wake.clear()
+            if self._stopping.is_set() or self.lost or self.outage:
+                return
+            self.sync(renew=True)
+
+    def sync(self, renew: bool) -> bool:
+        """Write the buffered events (and renew the lease if none were due and `renew`); True when
+        nothing is left to write. A database outage leaves them buffered."""
+        with self._write_lock:
+            wrote = False
             try:
-                self.note(lifecycle.renew(self.sessions, self.settings, self.claim))
+                while self._pending and not self.lost:
+                    sent = time.monotonic()
+                    self.note(
+                        lifecycle.record_event(self.db_sessions, self.settings, self.claim, self._pending[0])
+                    )
+                    self._pending.popleft()
+                    self._contact(sent)
+                    wrote = True
+                if renew and not wrote and not self.lost:
+                    sent = time.monotonic()
+                    self.note(lifecycle.renew(self.db_sessions, self.settings, self.claim))
+                    self._contact(sent)
             except FencedOut:
                 self.lost = True
-                return
-            except Exception:  # the database is away; the lease may lapse, and fencing keeps us honest
-                log.warning("could not renew the lease of %s", self.claim.job_id, exc_info=True)
+            except SQLAlchemyError as error:
+                if not is_outage(error):
+                    raise
+                self._database_away(error)
+            return not self._pending
+
+    def until_lease_lapses(self, operation: Callable[[], T]) -> T:
+        """Run a write of the job's end, again and again while the database is away, as long as the
+        lease holds; then raise FencedOut (another attempt may own the job by now)."""
+        while True:
+            try:
+                return operation()
+            except SQLAlchemyError as error:
+                if not is_outage(error):
+                    raise
+                self._database_away(error)
+                if self.outage:
+                    raise FencedOut(self.claim.job_id) from None
+                time.sleep(min(1.0, self.settings.heartbeat_seconds))
+
+    def flush(self) -> None:
+        """Write every buffered event before the job's end is written (the end comes last); raise
+        FencedOut when the claim is lost, or the lease lapses while the database is away."""
+        while not self.sync(renew=False):
+            if self.lost or self.outage:
+                raise FencedOut(self.claim.job_id)
+            time.sleep(min(1.0, self.settings.heartbeat_seconds))
+        if self.lost:
+            raise FencedOut(self.claim.job_id)
+
+    def _contact(self, sent: float) -> None:
+        if self._away_since is not None:
+            log.warning(
+                "%s: the database is back after %.1f s",
+                self.claim.job_id,
+                time.monotonic() - self._away_since,
+            )
+        self._renewed_at = sent
+        self._away_since = None
+
+    def _database_away(self, error: SQLAlchemyError) -> None:
+        now = time.monotonic()
+        if self._away_since is None:
+            self._away_since = now
+            log.warning(
+                "%s: the database is unreachable; training goes on and %d event(s) wait (%s)",
+                self.claim.job_id,
+                len(self._pending),
+                str(error).splitlines()[0] if str(error) else type(error).__name__,
+            )
+        # Stop a little before the lease lapses, so no write of ours lands after another attempt's claim.
+        if now - self._renewed_at >= self.settings.lease_seconds * 0.9:
+            self.outage = (
+                f"the service's database was unreachable for {now - self._away_since:.0f} s, as long as "
+                f"the job's lease ({self.settings.lease_seconds:.0f} s); this attempt stopped so that "
+                "another could resume the job from its last checkpoint (not a fault of the job)"
+            )
 
     def note(self, state: lifecycle.JobState) -> None:
         if state.cancel_requested:
             self.cancel_requested = True
 
     def should_stop(self) -> bool:
-        return self.cancel_requested or self.lost or shutdown.under_way()
+        return self.cancel_requested or self.lost or self.outage is not None or shutdown.under_way()
 
     def stop(self) -> None:
         self._stopping.set()
+        self._wake.set()
 
 
 def run_fine_tune(job_id: str, settings: Settings | None = None) -> str:
     """Run the job if this delivery can claim it; returns what happened, for the task's log."""
     settings = settings or get_settings()
-    sessions = session_factory(settings)
-    claim = lifecycle.claim(sessions, settings, job_id, worker_name())
+    db_sessions = session_factory(settings)
+    claim = lifecycle.claim(db_sessions, settings, job_id, worker_name())
     if claim is None:
         return "not claimed: the job is taken, ended, or out of attempts"
     log.info("%s: attempt %d starts at step %d", job_id, claim.attempt, claim.step)
     keeper = LeaseKeeper(settings, claim)
     keeper.start()
     try:
-        return _train(settings, sessions, claim, keeper)
+        return _train(settings, db_sessions, claim, keeper)
     except FencedOut:
+        if keeper.outage:
+            return _give_back_after_outage(db_sessions, settings, claim, keeper.outage)
         log.warning("%s: attempt %d no longer owns the job; stopping", job_id, claim.attempt)
         return "fenced out"
     finally:
         keeper.stop()
 
 
-def _train(settings: Settings, sessions: Any, claim: Claim, keeper: LeaseKeeper) -> str:
+def _give_back_after_outage(db_sessions: Any, settings: Settings, claim: Claim, reason: str) -> str:
+    """The database was away as long as the lease: say why this attempt ended, once it is back
+    (unless the reconciler has handed the job on already), without counting it against the job."""
+    log.warning("%s: attempt %d stopped: %s", claim.job_id, claim.attempt, reason)
+    deadline = time.monotonic() + settings.lease_seconds
+    while time.monotonic() < deadline:
+        try:
+            lifecycle.hand_back(db_sessions, claim, reason)
+            return "given back after a database outage"
+        except SQLAlchemyError as error:
+            if not is_outage(error):
+                raise
+            time.sleep(min(1.0, settings.heartbeat_seconds))
+    return "stopped by a database outage"
+
+
+def _train(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper) -> str:
     work_dir = settings.job_dir(claim.job_id)
     work_dir.mkdir(parents=True, exist_ok=True)
 
     def on_event(event: dict[str, Any]) -> None:
-        keeper.note(lifecycle.record_event(sessions, settings, claim, _plain(event)))
+        keeper.add_event(_plain(event))
+
+    def end(operation: Callable[[], str]) -> str:
+        keeper.flush()
+        return keeper.until_lease_lapses(operation)
 
     if claim.attempt > 1:
         resumed_from = _last_checkpoint_step(work_dir)
@@ -122,22 +247,27 @@ def _train(settings: Settings, sessions: Any, claim: Claim, keeper: LeaseKeeper)
         raise
     except EngineError as error:
         log.info("%s: ends in error: %s", claim.job_id, error)
-        return lifecycle.fail(sessions, claim, str(error))
+        message = str(error)
+        return end(lambda: lifecycle.fail(db_sessions, claim, message))
     except Exception as error:
         log.exception("%s: attempt %d failed; giving the job back", claim.job_id, claim.attempt)
-        lifecycle.release(sessions, claim, f"{type(error).__name__}: {error}")
+        reason = f"{type(error).__name__}: {error}"
+        end(lambda: lifecycle.release(db_sessions, claim, reason) or "")
         return "given back"
 
     if keeper.lost:
+        raise FencedOut(claim.job_id)
+    if keeper.outage:
         raise FencedOut(claim.job_id)
     if result.status == "completed":
         assert result.output_dir is not None
         files = output_manifest(work_dir, Path(result.output_dir))
         loss = _finite(result.loss)
-        return lifecycle.complete(sessions, claim, result.step, loss, str(result.output_dir), files)
+        output_dir = str(result.output_dir)
+        return end(lambda: lifecycle.complete(db_sessions, claim, result.step, loss, output_dir, files))
     if keeper.cancel_requested:
-        return lifecycle.cancelled(sessions, claim, result.step)
-    lifecycle.hand_back(sessions, claim)
+        return end(lambda: lifecycle.cancelled(db_sessions, claim, result.step))
+    end(lambda: lifecycle.hand_back(db_sessions, claim) or "")
     log.info("%s: stopped at step %d for the worker's shutdown; given back", claim.job_id, result.step)
     return "given back"
 

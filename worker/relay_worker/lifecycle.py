@@ -268,12 +268,10 @@ def release(sessions: sessionmaker[Session], claim: Claim, reason: str) -> None:
     _give_back(sessions, claim, {"last_failure": reason[:2000]})
 
 
-def hand_back(sessions: sessionmaker[Session], claim: Claim) -> None:
-    """Give the job back because this worker is shutting down; another resumes it, and the claim
-    does not count against max_attempts."""
-    _give_back(
-        sessions, claim, {"last_failure": "its worker shut down", "handovers": fine_tunes.c.handovers + 1}
-    )
+def hand_back(sessions: sessionmaker[Session], claim: Claim, reason: str = "its worker shut down") -> None:
+    """Give the job back for a reason that is not the job's fault (its worker is shutting down, the
+    database was away); another attempt resumes it, and this claim does not count against max_attempts."""
+    _give_back(sessions, claim, {"last_failure": reason[:2000], "handovers": fine_tunes.c.handovers + 1})
 
 
 def _give_back(sessions: sessionmaker[Session], claim: Claim, values: dict[str, Any]) -> None:

@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from filelock import FileLock
 
+from relay.dataset_names import local_dataset_path
 from relay_engine.errors import DatasetError
 from relay_engine.paths import cache_dir_or_default
 
@@ -53,14 +53,7 @@ def resolve_dataset(
 
 def local_path(name_or_path: str) -> Path | None:
     """The directory a name means, if it names a local one (it may not exist), else None."""
-    if name_or_path.startswith("file://"):
-        url = urlparse(name_or_path)
-        if url.netloc not in ("", "localhost"):
-            return None
-        return Path(unquote(url.path))
-    if os.path.isabs(name_or_path) or name_or_path.startswith(("~", "./", "../")) or name_or_path == ".":
-        return Path(name_or_path).expanduser().absolute()
-    return None
+    return local_dataset_path(name_or_path)
 
 
 def _fetch(repo_id: str, cache: Path, token: str | None) -> Path:
@@ -98,17 +91,27 @@ def _fetch(repo_id: str, cache: Path, token: str | None) -> Path:
         raise DatasetError(
             repo_id,
             f"no such dataset repo on {endpoint} (a private one needs HF_TOKEN; "
-            "a local directory needs an absolute path or a file:// URL)",
+            "a local directory needs an absolute path or a file:// URL)" + _local_hint(repo_id),
         ) from None
     except LocalEntryNotFoundError:
         raise DatasetError(
-            repo_id, f"cannot reach {endpoint}, and it is not in the cache at {cache}"
+            repo_id, f"cannot reach {endpoint}, and it is not in the cache at {cache}" + _local_hint(repo_id)
         ) from None
     except HfHubHTTPError as error:
         raise DatasetError(repo_id, f"{endpoint} answered: {error}") from None
     except OSError as error:
         raise DatasetError(repo_id, f"cannot be fetched into {cache}: {error}") from None
     return Path(path)
+
+
+def _local_hint(repo_id: str) -> str:
+    """A name read as a Hub repo id may have meant a directory here: say so, and how to name it."""
+    if not Path(repo_id).is_dir():
+        return ""
+    return (
+        f"; a local directory {repo_id} exists, but a relative name is read as a Hub repo id: "
+        f"give its absolute path ({Path(repo_id).absolute()}) or ./{repo_id}"
+    )
 
 
 def _no_v21_revision(repo_id: str, endpoint: str, token: str | None) -> str:

@@ -56,14 +56,19 @@ def list_() -> None:
 @app.command()
 def revoke(
     key: str = typer.Argument(..., help="The key, or its first characters as `relay keys list` shows."),
+    user: str | None = typer.Option(None, "--user", help="Only this user's keys (for a shared prefix)."),
 ) -> None:
-    """Revoke a key. The API may accept it for up to RELAY_AUTH_CACHE_SECONDS more."""
+    """Revoke one key. The API may accept it for up to RELAY_AUTH_CACHE_SECONDS more. A prefix that
+    matches several active keys revokes none: give the whole key, or --user."""
     keys = require("relay_api.keys")
     with _database() as session:
-        count = keys.revoke_keys(session, key.removesuffix("..."))
+        try:
+            count = keys.revoke_keys(session, key.removesuffix("..."), user)
+        except ValueError as error:
+            fail(str(error))
     if not count:
-        fail(f"no active key matches {key}")
-    err.print(f"revoked {count} key(s)")
+        fail(f"no active key matches {key}" + (f" among {user}'s" if user else ""))
+    err.print("revoked 1 key")
 
 
 @contextmanager

@@ -91,6 +91,8 @@ class SFTConfig(CheckedConfig):
         if value is not None:
             if not value:
                 raise ValueError("must map at least one model camera, or be left out for the dataset's")
+            if any(has_control_characters(name) for name in (*value, *value.values())):
+                raise ValueError(RULES["cameras"] + ", with no control characters")
             catalog.check_cameras(value)
         return value
 

@@ -1,0 +1,35 @@
+"""Which dataset names mean a directory on disk: one rule for the SDK, the API and the engine.
+
+The API refuses local directories when the service does not read them (RELAY_LOCAL_DATASETS=false),
+and the engine reads a local directory instead of asking the Hub; both ask this one predicate, so
+nothing the API lets through as a Hub name is read from a worker's disk (`"."` once was).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+
+def local_dataset_path(name_or_path: str) -> Path | None:
+    """The directory a dataset name means, if it names one on this machine (it may not exist): an
+    absolute path, ``~/...``, ``.``, ``..``, ``./...``, ``../...`` or a ``file://`` URL. Anything else
+    (``lerobot/pusht_image``) is a Hub repo id, and None."""
+    if name_or_path.startswith("file:"):
+        url = urlparse(name_or_path)
+        if url.netloc not in ("", "localhost"):
+            return None
+        return Path(unquote(url.path))
+    if (
+        os.path.isabs(name_or_path)
+        or name_or_path in (".", "..")
+        or name_or_path.startswith(("~", "./", "../"))
+    ):
+        return Path(name_or_path).expanduser().absolute()
+    return None
+
+
+def names_local_directory(name_or_path: str) -> bool:
+    """Whether a dataset name would be read from the disk of the machine that trains on it."""
+    return name_or_path.startswith("file:") or local_dataset_path(name_or_path) is not None

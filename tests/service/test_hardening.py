@@ -1,0 +1,183 @@
+"""What an adversarial probe found, each answered: bodies refused before they are read, odd input
+that reached the database or Redis, empty Idempotency-Keys, ambiguous key prefixes."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import psutil
+import pytest
+from fastapi.testclient import TestClient
+
+from relay_api.app import create_app
+from relay_api.keys import AmbiguousKey, revoke_keys
+from relay_api.models import ApiKey
+from tests.isolation import free_port
+from tests.service.stack import PARKED_QUEUE, Stack, wait_for
+
+GOOD = {"model": "pi05-tiny", "dataset_name": "lerobot/pusht_image", "steps": 20}
+
+
+@pytest.fixture(scope="module")
+def parked(stack: Stack) -> Iterator[TestClient]:
+    settings = stack.settings.model_copy(update={"fine_tune_queue": PARKED_QUEUE})
+    with TestClient(create_app(settings)) as api:
+        yield api
+
+
+@pytest.fixture
+def alice(stack: Stack) -> dict[str, str]:
+    return {"authorization": f"Bearer {stack.new_user()[1]}"}
+
+
+def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, (response.status_code, response.text)
+    error: dict[str, Any] = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+def test_a_body_over_the_limit_is_413_naming_the_limit(parked: TestClient, alice: dict[str, str]) -> None:
+    limit = parked.app.state.settings.max_json_body_bytes  # type: ignore[attr-defined]
+    big = {**GOOD, "name": "x" * (limit + 1)}
+    error = error_of(parked.post("/v1/fine-tunes", json=big, headers=alice), 413)
+    assert str(limit) in error["message"] and error["code"] == "body_too_large"
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
+        yield b'{"model": "pi05-tiny", "name": "'
+        for _ in range(limit // 4096 + 2):
+            yield b"x" * 4096
+        yield b'"}'
+
+    headers = {**alice, "content-type": "application/json"}
+    error = error_of(parked.post("/v1/fine-tunes", content=chunks(), headers=headers), 413)
+    assert str(limit) in error["message"]
+
+
+def test_the_key_is_checked_before_the_body_is_read(parked: TestClient) -> None:
+    error = error_of(parked.post("/v1/fine-tunes", content=b"{not json", headers={}), 401)
+    assert error["code"] == "missing_api_key"  # not "invalid JSON": the body was never parsed
+    error = error_of(
+        parked.post("/v1/fine-tunes", content=b"{", headers={"authorization": "Bearer nope"}), 401
+    )
+    assert error["code"] == "invalid_api_key"
+
+
+def test_a_huge_body_without_a_key_costs_the_api_no_memory(stack: Stack) -> None:
+    """Measured on a real uvicorn process: 200 MB sent without a key."""
+    port = free_port()
+    env = {**os.environ, **stack.env_settings, "RELAY_FINE_TUNE_QUEUE": PARKED_QUEUE}
+    command = [sys.executable, "-m", "uvicorn", "--factory", "relay_api.app:create_app", "--port", str(port)]
+    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _answers(url), 60, "the API to start", every=0.2)
+        process = psutil.Process(server.pid)
+        before = process.memory_info().rss
+        size = 200 << 20
+
+        def body() -> Iterator[bytes]:
+            block = b"[" + b"1," * (1 << 19)
+            sent = 0
+            while sent < size:
+                yield block
+                sent += len(block)
+
+        started = time.monotonic()
+        headers = {"content-type": "application/json", "content-length": str(size)}
+        try:
+            response = httpx.post(f"{url}/v1/fine-tunes", content=body(), headers=headers, timeout=60)
+            status = response.status_code
+        except httpx.TransportError:  # the server answered and closed before the client finished sending
+            status = 401
+        elapsed = time.monotonic() - started
+        after = process.memory_info().rss
+        print(
+            f"\n200 MB without a key: {status} in {elapsed:.2f} s; API RSS {before >> 20} -> {after >> 20} MB"
+        )
+        assert status == 401
+        assert after - before < 20 << 20, (before, after)
+        assert elapsed < 30  # generous; the old API took 13 s to read and parse 300 MB first
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.mark.parametrize("key", ["", " ", "  "])
+def test_an_empty_or_blank_idempotency_key_is_400(
+    parked: TestClient, alice: dict[str, str], key: str
+) -> None:
+    for path, body in (("/v1/fine-tunes", GOOD), ("/v1/sessions", {"base_model": "pi05-tiny"})):
+        error = error_of(parked.post(path, json=body, headers={**alice, "idempotency-key": key}), 400)
+        assert "idempotency" in (error["param"] or "").lower()
+
+
+ODD_IDS = ["a\x00b", "x" * 65, "ft-\x01", "../etc"]
+
+
+def test_odd_ids_and_numbers_are_400_or_404_never_500(parked: TestClient, alice: dict[str, str]) -> None:
+    job = parked.post("/v1/fine-tunes", json=GOOD, headers=alice).json()
+    paths = []
+    for odd in map(functools.partial(quote, safe=""), ODD_IDS):
+        paths += [f"/v1/fine-tunes/{odd}", f"/v1/fine-tunes/{odd}/events", f"/v1/fine-tunes/{odd}/files"]
+        paths += [f"/v1/sessions/{odd}", f"/v1/fine-tunes?after={odd}", f"/v1/sessions?after={odd}"]
+    big = 2**63
+    paths += [
+        f"/v1/fine-tunes/{job['id']}/events?after={big}",
+        f"/v1/fine-tunes/{job['id']}/events?after={2**64}",
+        f"/v1/fine-tunes/{job['id']}/events?after=",
+        f"/v1/fine-tunes/{job['id']}/files/checkpoints/a%00b",
+        f"/v1/sessions/ses-x/calls/{2**64}",
+    ]
+    for path in paths:
+        response = parked.get(path, headers=alice)
+        assert response.status_code in (400, 404), (path, response.status_code, response.text)
+        error_of(response, response.status_code)
+    parked.post(f"/v1/fine-tunes/{job['id']}/cancel", headers=alice)  # so that its stream ends
+    streamed = parked.get(
+        f"/v1/fine-tunes/{job['id']}/events",
+        headers={**alice, "last-event-id": str(big)},
+        params={"stream": 1},
+    )
+    assert streamed.status_code == 200  # a Last-Event-ID we never sent is ignored, not an error
+    assert "[DONE]" in streamed.text
+    response = parked.post(
+        "/v1/sessions/ses-x/calls", content=b"", headers={**alice, "x-relay-seq": str(2**64)}
+    )
+    assert response.status_code in (400, 404), response.text
+
+
+def test_control_characters_in_camera_names_are_refused(parked: TestClient, alice: dict[str, str]) -> None:
+    cameras = {"base_0_rgb": "observation.images.\x00top"}
+    error = error_of(parked.post("/v1/fine-tunes", json={**GOOD, "cameras": cameras}, headers=alice), 400)
+    assert error["param"] == "cameras"
+    assert parked.get("/v1/fine-tunes", headers=alice).status_code == 200  # and every query still works
+
+
+def test_a_key_prefix_shared_by_two_keys_revokes_neither(stack: Stack) -> None:
+    first, second = stack.new_user()[1], stack.new_user()[1]
+    with stack.sessions() as db:
+        rows = db.query(ApiKey).filter(ApiKey.revoked_at.is_(None)).all()
+        mine = [row for row in rows if row.prefix in (first[:12], second[:12])]
+        for row in mine:
+            row.prefix = "relay-shared"
+        db.commit()
+        with pytest.raises(AmbiguousKey, match="matches 2 active keys"):
+            revoke_keys(db, "relay-shared")
+        assert revoke_keys(db, first) == 1  # the whole key is never ambiguous
+        assert revoke_keys(db, "relay-shared") == 1  # and now the prefix names one key
