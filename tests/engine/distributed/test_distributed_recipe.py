@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,7 @@ def runs(
         ("lora-stopped", lora, root / "lora-2-stopped", 3),
         ("lora-resumed", lora, root / "lora-2-stopped", None),
         ("full", full, root / "full-2", None),
+        ("lora-fsdp", replace(lora, strategy="fsdp"), root / "lora-fsdp-2", None),
         ("full-1to2", full, root / "full-1to2", None),
     ]
     trainer_args = {"max_steps": 2, "learning_rate": LEARNING_RATE, "seed": 5, "logging_steps": 1}
@@ -228,3 +229,10 @@ def test_the_trainer_under_torchrun_trains_as_one_process(runs: dict[str, Any]) 
     assert two["result"]["steps"] == 2
     assert two["losses"] == pytest.approx(alone_losses, abs=TOLERANCE)
     assert_same_weights(runs["root"] / "trainer-1", runs["root"] / "trainer-2")
+
+
+def test_the_strategy_can_be_chosen(runs: dict[str, Any]) -> None:
+    """LoRA under FSDP (--strategy fsdp) trains as LoRA under DDP, and as one process."""
+    alone_result, alone_events = runs["alone"]["lora"]
+    assert_same_losses(alone_events, runs["two"]["lora-fsdp"]["events"], range(1, STEPS + 1))
+    assert_same_weights(alone_result.output_dir, runs["root"] / "lora-fsdp-2" / "output")
