@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
-from sqlalchemy import DateTime, Engine, create_engine, event
+from sqlalchemy import DateTime, Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
@@ -142,6 +142,32 @@ def read_session_factory(settings: Settings) -> sessionmaker[Session]:
         with _factories_lock:
             factory = _factories.setdefault(key, sessionmaker(engine, expire_on_commit=False))
     return factory
+
+
+_CLOCK_REFRESH_SECONDS = 60.0
+_clock_offsets: dict[int, tuple[dt.timedelta, float]] = {}
+
+
+def database_now(factory: sessionmaker[Session]) -> dt.datetime:
+    """The database server's time, for leases: a lease is stamped by one host and judged lapsed by
+    another, so both read one clock. This process's clock plus its offset from the database's,
+    measured once a minute (the last offset stands while the database is away); SQLite is on this
+    host, so its clock is ours."""
+    if factory.kw["bind"].dialect.name != "postgresql":
+        return utcnow()
+    known = _clock_offsets.get(id(factory))
+    if known is None or time.monotonic() - known[1] > _CLOCK_REFRESH_SECONDS:
+        try:
+            with factory() as db:
+                before = utcnow()
+                server = db.execute(text("SELECT statement_timestamp()")).scalar_one()
+                after = utcnow()
+            offset = server.astimezone(dt.UTC) - (before + (after - before) / 2)
+            known = _clock_offsets[id(factory)] = (offset, time.monotonic())
+        except (OperationalError, DBAPIError):
+            if known is None:
+                raise
+    return utcnow() + known[0]
 
 
 def with_retries(operation: Callable[[], T], attempts: int = 5, first_wait: float = 0.2) -> T:

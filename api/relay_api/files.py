@@ -2,12 +2,17 @@
 
 Paths are relative to the job's work directory and always start with ``output/`` or
 ``checkpoints/``; nothing else in the data directory can be named. The output's sha256 is recorded
-when the job completes; a checkpoint file's is computed when first asked for and remembered.
+when the job completes; a checkpoint file's is computed when first listed or downloaded and
+remembered (checkpoint files never change once complete).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
+import time
+import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -31,15 +36,16 @@ def output_manifest(work_dir: Path, output_dir: Path) -> dict[str, dict[str, Any
 
 
 class ChecksumCache:
-    """sha256 of files that do not change once written (complete checkpoints), by path, size and mtime."""
+    """sha256 of files that do not change once written (complete checkpoints), by inode, size and mtime."""
 
     def __init__(self) -> None:
-        self._known: dict[tuple[str, int, int], str] = {}
+        self._known: dict[tuple[int, int, int, int], str] = {}
         self._lock = threading.Lock()
 
     def sha256(self, path: Path) -> str:
         stat = path.stat()
-        key = (str(path), stat.st_size, stat.st_mtime_ns)
+        # By inode, not name: a download reads a pinned second name of the same file (see `pin`).
+        key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
         with self._lock:
             known = self._known.get(key)
         if known is None:
@@ -51,8 +57,8 @@ class ChecksumCache:
         return known
 
 
-def checkpoint_files(work_dir: Path) -> list[dict[str, Any]]:
-    """Files of the job's complete checkpoints (those with a manifest), oldest first."""
+def checkpoint_files(work_dir: Path, checksums: ChecksumCache) -> list[dict[str, Any]]:
+    """Files of the job's complete checkpoints (those with a manifest), oldest first, with sha256."""
     root = work_dir / CHECKPOINTS
     if not root.is_dir():
         return []
@@ -62,13 +68,18 @@ def checkpoint_files(work_dir: Path) -> list[dict[str, Any]]:
             continue
         for path in sorted(p for p in checkpoint.rglob("*") if p.is_file() and not p.name.startswith(".")):
             relative = PurePosixPath(CHECKPOINTS, *path.relative_to(root).parts)
-            found.append({"path": str(relative), "bytes": path.stat().st_size, "sha256": None})
+            try:
+                size = path.stat().st_size
+                sha256 = checksums.sha256(path)
+            except FileNotFoundError:  # pruned while listed: it is gone, so it is not listed
+                continue
+            found.append({"path": str(relative), "bytes": size, "sha256": sha256})
     return found
 
 
-def listing(job: dict[str, Any], work_dir: Path) -> list[dict[str, Any]]:
+def listing(job: dict[str, Any], work_dir: Path, checksums: ChecksumCache) -> list[dict[str, Any]]:
     outputs = [{"path": path, **meta} for path, meta in sorted((job.get("files") or {}).items())]
-    return outputs + checkpoint_files(work_dir)
+    return outputs + checkpoint_files(work_dir, checksums)
 
 
 def resolve(job: dict[str, Any], work_dir: Path, path: str) -> tuple[Path, str | None]:
@@ -94,3 +105,39 @@ def resolve(job: dict[str, Any], work_dir: Path, path: str) -> tuple[Path, str |
     if not full.is_file() or not full.resolve().is_relative_to(work_dir.resolve()):
         raise APIProblem(404, f"no file {path} in fine-tune {job['id']}", param="path", code="not_found")
     return full, recorded["sha256"] if recorded else None
+
+
+PINS = ".pins"
+
+
+def pin(work_dir: Path, full: Path, job_id: str, path: str) -> Path:
+    """A second name (a hard link) for a checkpoint file, under the job's work directory, that its
+    pruning cannot take away while a download reads it; the caller unlinks it when done. Without it a
+    checkpoint pruned mid-download gave a 500 or a truncated body."""
+    pins = work_dir / PINS
+    pins.mkdir(exist_ok=True)
+    _drop_stale_pins(pins)
+    pinned = pins / f"{uuid.uuid4().hex}-{full.name}"
+    try:
+        os.link(full, pinned)
+    except FileNotFoundError:  # pruned since it was listed
+        raise APIProblem(
+            404, f"no file {path} in fine-tune {job_id}", param="path", code="not_found"
+        ) from None
+    return pinned
+
+
+def unpin(pinned: Path) -> None:
+    pinned.unlink(missing_ok=True)
+
+
+# A pin this old was left by a download that never finished (a dropped connection, an API restart).
+STALE_PIN_SECONDS = 24 * 3600
+
+
+def _drop_stale_pins(pins: Path) -> None:
+    now = time.time()
+    for pinned in pins.iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            if now - pinned.stat().st_ctime > STALE_PIN_SECONDS:  # a link sets ctime, not mtime
+                pinned.unlink()

@@ -23,6 +23,7 @@ from relay_api.idempotency import insert_once, request_hash
 from relay_api.metrics import WORKER_MISSED_BEATS
 from relay_api.models import fine_tune_events, fine_tunes, worker_heartbeats
 from relay_api.pagination import newest_first
+from relay_api.schemas import FineTuneOut
 
 CONFIG_FIELDS: tuple[str, ...] = tuple(SFTConfig.model_fields)
 JOB_ID_PREFIX = "ft-"
@@ -37,9 +38,10 @@ def iso(moment: dt.datetime | None) -> str | None:
 
 
 def job_object(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A job as the API shows it: its own attributes, then the config's fields."""
+    """A job as the API shows it (schemas.FineTuneOut, the one definition of its shape): its own
+    attributes, then the config's fields."""
     config = row["config"]
-    return {
+    job = {
         "id": row["id"],
         "object": "fine_tune",
         "status": row["status"],
@@ -51,8 +53,21 @@ def job_object(row: Mapping[str, Any]) -> dict[str, Any]:
         "started_at": iso(row["started_at"]),
         "finished_at": iso(row["finished_at"]),
         "attempts": row["attempt"],
+        "lease_lapsed_seconds": lease_lapsed_seconds(row),
         **{name: config.get(name) for name in CONFIG_FIELDS},
     }
+    return FineTuneOut.model_validate(job).model_dump(mode="json")
+
+
+def lease_lapsed_seconds(row: Mapping[str, Any]) -> float | None:
+    """For a running job whose worker stopped renewing its lease: how long ago the lease lapsed. A
+    worker resumes such a job within a reconciler pass, so a number that keeps growing means no
+    worker is alive to do it."""
+    lease_until = row.get("lease_until")
+    if row["status"] not in (st.RUNNING, st.CANCEL_REQUESTED) or lease_until is None:
+        return None
+    lapsed = (utcnow() - lease_until).total_seconds()
+    return round(lapsed, 1) if lapsed > 0 else None
 
 
 def event_object(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -142,6 +142,10 @@ class TrainingSessionRow(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     ready_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     ended_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    # What the session did, as its worker last reported (with each lease renewal, and at the end).
+    calls: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    steps: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    saved_states: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class SessionMessage(Base):

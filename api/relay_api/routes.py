@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Header, Query, Request
 from fastapi.responses import FileResponse, Response
 from sse_starlette import EventSourceResponse
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from relay.dataset_names import names_local_directory
@@ -21,13 +22,14 @@ from relay_api import fine_tunes, schemas
 from relay_api.deps import (
     CurrentUser,
     EnqueuedNotesDep,
+    OneStatementSessionDep,
     PublisherDep,
     ReadSessionDep,
     SessionDep,
     SettingsDep,
 )
 from relay_api.errors import APIProblem
-from relay_api.files import listing, resolve
+from relay_api.files import listing, pin, resolve, unpin
 from relay_api.models import fine_tune_events
 from relay_api.models import fine_tunes as fine_tunes_table
 from relay_api.params import EventAfter, IdempotencyKey, JobId, PageAfter, PageLimit, event_id_from_header
@@ -42,7 +44,7 @@ router = APIRouter(prefix="/v1/fine-tunes", tags=["fine-tunes"], responses=schem
 def create_fine_tune(
     config: Annotated[SFTConfig, Body()],
     user: CurrentUser,
-    session: SessionDep,
+    session: OneStatementSessionDep,
     publisher: PublisherDep,
     notes: EnqueuedNotesDep,
     settings: SettingsDep,
@@ -176,11 +178,14 @@ def _status_and_events(sessions: Any, job_id: str, after: int | None) -> tuple[s
 
 
 @router.get("/{job_id}/files", summary="A fine-tune's files", responses={200: {"model": schemas.FileList}})
-def list_files(job_id: JobId, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep) -> Response:
-    """The output (once completed: model.safetensors, config.json, norm_stats.json) and the checkpoints.
-    `sha256` is recorded for the output; a checkpoint file's comes with its download."""
+def list_files(
+    job_id: JobId, request: Request, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep
+) -> Response:
+    """The output (once completed: model.safetensors, config.json, norm_stats.json) and the checkpoints,
+    each with its size and sha256."""
     job = fine_tunes.get(session, user, job_id)
-    return JSONResponse({"object": "list", "data": listing(job, settings.job_dir(job_id))})
+    checksums = request.app.state.checksums
+    return JSONResponse({"object": "list", "data": listing(job, settings.job_dir(job_id), checksums)})
 
 
 @router.get(
@@ -203,13 +208,22 @@ def download_file(
     settings: SettingsDep,
 ) -> Response:
     job = fine_tunes.get(session, user, job_id)
-    full, sha256 = resolve(job, settings.job_dir(job_id), path)
-    if sha256 is None:
-        sha256 = request.app.state.checksums.sha256(full)
+    work_dir = settings.job_dir(job_id)
+    full, sha256 = resolve(job, work_dir, path)
+    served, done = full, None
+    if sha256 is None:  # a checkpoint's file: pinned, so that pruning cannot cut the download short
+        served = pin(work_dir, full, job_id, path)
+        done = BackgroundTask(unpin, served)
+        try:
+            sha256 = request.app.state.checksums.sha256(served)
+        except BaseException:
+            unpin(served)
+            raise
     digest = base64.b64encode(bytes.fromhex(sha256)).decode()
     return FileResponse(
-        full,
+        served,
         filename=full.name,
         content_disposition_type="attachment",
         headers={"x-checksum-sha256": sha256, "repr-digest": f"sha-256=:{digest}:"},
+        background=done,
     )

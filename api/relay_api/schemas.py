@@ -1,25 +1,35 @@
-"""The shapes of the API's answers, for /docs. Routes build these dicts directly (fine_tunes.job_object
-and event_object) and skip re-validating them on the way out."""
+"""The shapes of the API's answers: one model per resource, which the routes build their answers
+with (fine_tunes.job_object, sessions.session_object) and /openapi.json shows. Events are built as
+plain dicts on their hot path (fine_tunes.event_object) and match EventOut (tests/service)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class FineTuneOut(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a field the routes add must be declared here first
+
     id: str
     object: Literal["fine_tune"] = "fine_tune"
     status: Literal["queued", "running", "cancel_requested", "completed", "cancelled", "error"]
     step: int
-    loss: float | None
+    loss: float | None = Field(
+        description="The mean training loss over the latest metrics window (the last 10 steps): "
+        "the latest metrics event's `loss`. Null before the first event."
+    )
     error: str | None
     output_dir: str | None
     created_at: str
     started_at: str | None
     finished_at: str | None
     attempts: int
+    lease_lapsed_seconds: float | None = Field(
+        description="For a running job whose worker stopped renewing its lease: seconds since the lease "
+        "lapsed (another worker resumes it within seconds; a growing number means no worker is alive)."
+    )
     model: str
     dataset_name: str
     batch_size: int
@@ -62,7 +72,7 @@ class EventList(BaseModel):
 class FileOut(BaseModel):
     path: str
     bytes: int
-    sha256: str | None
+    sha256: str
 
 
 class FileList(BaseModel):
@@ -90,21 +100,27 @@ ERRORS: dict[int | str, dict[str, object]] = {
 
 class SessionOut(BaseModel):
     """A training session: ``starting`` (waiting for a worker, then loading on ``worker``), ``ready``,
-    ``closed`` or ``error`` (``error`` says why it ended)."""
+    ``closed`` or ``error`` (``error`` says why it ended). ``calls``, ``steps`` (optimizer steps) and
+    ``saved_states`` are counted by its worker and reported every few seconds and at the end."""
+
+    model_config = ConfigDict(extra="forbid")
 
     id: str
     object: Literal["training_session"] = "training_session"
     status: Literal["starting", "ready", "closed", "error"]
     base_model: str
     finetune: str
-    rank: int
-    alpha: float | None
+    lora_rank: int
+    lora_alpha: float | None
     targets: list[str]
     action_horizon: int
     codec: str
     info: dict[str, object] | None
     error: str | None
     worker: str | None
+    calls: int
+    steps: int
+    saved_states: int
     idle_timeout_seconds: float
     created_at: str
     ready_at: str | None

@@ -44,7 +44,7 @@ def create_session(
     body: Annotated[
         Any,
         Body(
-            description="The session's settings: base_model, finetune, rank, alpha, "
+            description="The session's settings: base_model, finetune, lora_rank, lora_alpha, "
             "targets, action_horizon, codec."
         ),
     ] = None,

@@ -19,13 +19,14 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from relay.training import status as st
-from relay.training.config import SessionConfig
+from relay.training.config import SessionConfig, with_current_names
 from relay_api.db import utcnow
 from relay_api.errors import APIProblem
 from relay_api.fine_tunes import iso
 from relay_api.idempotency import insert_once, request_hash
 from relay_api.models import training_sessions as table
 from relay_api.pagination import newest_first
+from relay_api.schemas import SessionOut
 from relay_api.settings import Settings
 
 SESSION_ID_PREFIX = "ses-"
@@ -40,20 +41,24 @@ def new_session_id() -> str:
 
 
 def session_object(row: Mapping[str, Any], settings: Settings) -> dict[str, Any]:
-    """A session as the API shows it."""
-    return {
+    """A session as the API shows it (schemas.SessionOut, the one definition of its shape)."""
+    session = {
         "id": row["id"],
         "object": "training_session",
         "status": row["status"],
-        **row["config"],
+        **with_current_names(row["config"]),
         "info": row["info"],
         "error": row["error"],
         "worker": row["worker"],
+        "calls": row["calls"],
+        "steps": row["steps"],
+        "saved_states": row["saved_states"],
         "idle_timeout_seconds": settings.session_idle_seconds,
         "created_at": iso(row["created_at"]),
         "ready_at": iso(row["ready_at"]),
         "ended_at": iso(row["ended_at"]),
     }
+    return SessionOut.model_validate(session).model_dump(mode="json")
 
 
 def not_found(session_id: str) -> APIProblem:
@@ -87,6 +92,9 @@ def create(
             "updated_at": now,
             "ready_at": None,
             "ended_at": None,
+            "calls": 0,
+            "steps": 0,
+            "saved_states": 0,
         }
 
     return insert_once(session, table, user_id, idempotency_key, digest, new_row, "session")

@@ -1,8 +1,8 @@
 """The service's settings, from ``RELAY_*`` environment variables (or a .env file), checked at start.
 
 The API, the workers, the migrations and the embedded server read the same class; with nothing
-set, everything lives in the data directory (``./.relay``): SQLite for the database and for the
-Celery broker, so a laptop needs no servers.
+set, everything lives in the data directory (``RELAY_HOME``, else ``~/.relay``; an empty value
+counts as unset): SQLite for the database and for the Celery broker, so a laptop needs no servers.
 """
 
 from __future__ import annotations
@@ -11,15 +11,17 @@ import functools
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from relay import _config
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RELAY_", env_file=".env", extra="ignore")
 
     # The data directory: job work dirs (checkpoints, output) and, by default, the SQLite files.
-    home: Path = Path(".relay")
+    home: Path = Field(default_factory=_config.data_dir)
     # SQLAlchemy URL; postgresql:// is read as postgresql+psycopg://. Default: SQLite in `home`.
     database_url: str = ""
     # Celery broker URL, such as redis://redis:6379/0. Default: SQLite in `home` (no server needed).
@@ -84,6 +86,12 @@ class Settings(BaseSettings):
     # Serve /metrics (Prometheus): off by default on a shared server, since it tells anyone who can
     # reach it how busy the service is; the embedded server turns it on.
     metrics: bool = False
+
+    @field_validator("home", mode="before")
+    @classmethod
+    def _empty_home_is_unset(cls, value: object) -> object:
+        # RELAY_HOME="" would otherwise be the working directory, and scatter relay.db there.
+        return _config.data_dir() if value in ("", None) else value
 
     @model_validator(mode="after")
     def _defaults_in_home(self) -> Settings:

@@ -182,6 +182,8 @@ class Stack:
             "RELAY_CACHE_DIR": str(self.root / "cache"),
             # Training sessions close after 4 s without contact (the SDK's heartbeats come every second).
             "RELAY_SESSION_IDLE_SECONDS": "4",
+            # /metrics, scraped by tests/service/test_metrics.py.
+            "RELAY_METRICS": "true",
         }
         self.settings = Settings(
             **{

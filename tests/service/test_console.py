@@ -105,6 +105,7 @@ def test_sign_in_start_a_job_watch_its_loss_and_download_the_model(
 
     page.click("#sign-out")
     expect(page.locator("#api-key")).to_be_visible()
+    expect(page.locator("#nav")).to_be_hidden()
     assert page.evaluate("sessionStorage.length") == 0
     assert fence.refused == []
 
@@ -210,6 +211,8 @@ def test_sessions_table_and_page_with_close(browser: Browser, stack: Stack, user
     expect(row.locator(".status")).to_have_text("starting")
     row.locator("a").click()
     expect(page.locator("[data-testid=session]")).to_contain_text("pi05-tiny")
+    expect(page.locator("[data-testid=session]")).to_contain_text("Optimizer steps")
+    expect(page.locator("table[data-testid=states]")).to_contain_text("None saved yet")
     page.click("h1 button:has-text('Close')")
     expect(page.locator("h1 .status")).to_have_text("closed")
     assert fence.refused == []

@@ -4,11 +4,15 @@ that reached the database or Redis, empty Idempotency-Keys, ambiguous key prefix
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import subprocess
 import sys
+import threading
 import time
+import typing
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -16,10 +20,11 @@ import httpx
 import psutil
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from relay_api.app import create_app
 from relay_api.keys import AmbiguousKey, revoke_keys
-from relay_api.models import ApiKey
+from relay_api.models import ApiKey, FineTune
 from tests.isolation import free_port
 from tests.service.stack import PARKED_QUEUE, Stack, wait_for
 
@@ -181,3 +186,90 @@ def test_a_key_prefix_shared_by_two_keys_revokes_neither(stack: Stack) -> None:
             revoke_keys(db, "relay-shared")
         assert revoke_keys(db, first) == 1  # the whole key is never ambiguous
         assert revoke_keys(db, "relay-shared") == 1  # and now the prefix names one key
+
+
+def test_a_checkpoint_download_never_races_its_pruning(stack: Stack, alice: dict[str, str]) -> None:
+    """Checkpoints saved and pruned as fast as the disk allows while they are downloaded: every
+    download is whole (its bytes match its sha256) or a 404, never a 500 or a short body."""
+    from relay_engine.training.checkpoint import CheckpointStore
+
+    url = stack.parked_api_url
+    job = httpx.post(f"{url}/v1/fine-tunes", json=GOOD, headers=alice).json()
+    store = CheckpointStore(stack.settings.job_dir(job["id"]) / "checkpoints", keep_last=2)
+    payload = os.urandom(1 << 20)
+
+    def write(directory: Path) -> None:
+        (directory / "weights.bin").write_bytes(payload)
+
+    stop = threading.Event()
+    saved = [0]
+
+    def keep_saving() -> None:
+        while not stop.is_set():
+            saved[0] += 1
+            store.save(saved[0], write, {})
+
+    store.save(0, write, {})
+    saver = threading.Thread(target=keep_saving, daemon=True)
+    saver.start()
+    outcomes: dict[int, int] = {}
+    try:
+        with httpx.Client(base_url=url, headers=alice, timeout=30) as http:
+            for _ in range(150):
+                listing = http.get(f"/v1/fine-tunes/{job['id']}/files")
+                assert listing.status_code == 200, listing.text
+                files = listing.json()["data"]
+                listed = [f["path"] for f in files if f["path"].endswith("weights.bin")]
+                if not listed:  # between a prune and the next save
+                    continue
+                path = listed[0]
+                response = http.get(f"/v1/fine-tunes/{job['id']}/files/{path}")
+                outcomes[response.status_code] = outcomes.get(response.status_code, 0) + 1
+                if response.status_code == 200:
+                    assert response.content == payload
+                    assert response.headers["x-checksum-sha256"] == hashlib.sha256(payload).hexdigest()
+                else:
+                    error_of(response, 404)
+    finally:
+        stop.set()
+        saver.join(timeout=10)
+    assert outcomes.get(200, 0) > 0 and saved[0] > 10, (outcomes, saved)
+    assert not list((store.root.parent / ".pins").iterdir())  # every pin let go after its download
+
+
+def test_the_sdk_reads_every_field_of_the_job_the_api_documents(
+    parked: TestClient, alice: dict[str, str]
+) -> None:
+    from relay.sft.job import FineTuneJob
+    from relay_api.schemas import FineTuneOut
+
+    documented = set(FineTuneOut.model_fields) - {"object"}
+    assert documented <= set(typing.get_type_hints(FineTuneJob)), documented - set(
+        typing.get_type_hints(FineTuneJob)
+    )
+    answer = parked.post("/v1/fine-tunes", json=GOOD, headers=alice).json()
+    assert set(answer) == documented | {"object"}  # the route answers with exactly the documented shape
+    job = FineTuneJob(answer, client=object())  # type: ignore[arg-type]
+    assert all(getattr(job, name) == answer[name] for name in documented)
+    assert job.lease_lapsed_seconds is None  # queued: no lease to lapse
+
+
+def test_a_running_job_without_a_live_worker_shows_how_long_ago_its_lease_lapsed(
+    stack: Stack, parked: TestClient, alice: dict[str, str]
+) -> None:
+    import datetime as dt
+
+    from relay_api import fine_tunes
+
+    job = parked.post("/v1/fine-tunes", json=GOOD, headers=alice).json()
+    with stack.sessions() as db:
+        row = dict(
+            db.execute(select(FineTune).where(FineTune.id == job["id"])).mappings().one()["FineTune"].__dict__
+        )
+    # As the row reads once its worker died 90 s ago and no reconciler is left to resume it (set in
+    # memory: a live reconciler in the shared stack would resume a row changed in the database).
+    row.update(status="running", lease_until=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=90))
+    shown = fine_tunes.job_object(row)
+    assert shown["status"] == "running" and 89 <= shown["lease_lapsed_seconds"] < 120
+    row.update(lease_until=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=30))
+    assert fine_tunes.job_object(row)["lease_lapsed_seconds"] is None  # a live lease

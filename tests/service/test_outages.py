@@ -1,5 +1,6 @@
-"""Outages of what the service stands on, while a job trains: PostgreSQL cut off (through a TCP
-proxy) for longer than the worker's old retries lasted (about 3 s)."""
+"""Outages of what the service stands on: PostgreSQL cut off (through a TCP proxy) while a job
+trains, for longer than the worker's old retries lasted (about 3 s); Redis restarted without
+persistence while a job waits in it."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from sqlalchemy import select, update
 
 from relay._http import Client
 from relay.sft.config import SFTConfig
 from relay.sft.train import train
+from relay_api.models import FineTune
 from tests.service.proxy import CuttableProxy
 from tests.service.stack import ApiServer, Stack, WorkerProcess, wait_for
 
@@ -84,3 +87,37 @@ def test_a_database_outage_costs_a_training_job_nothing(stack: Stack, dataset: P
         worker.stop()
         api.stop()
         proxy.close()
+
+
+def test_a_redis_restart_without_persistence_republishes_queued_jobs_at_once(
+    stack: Stack, worker: WorkerProcess, dataset: Path
+) -> None:
+    """A job handed to a queue that no worker reads sits in Redis; Redis restarts and forgets it.
+    The stack republishes after a day (RELAY_REPUBLISH_SECONDS), so only noticing the restart runs it."""
+    with stack.sessions() as db:  # jobs other tests left queued on purpose would be republished too
+        db.execute(update(FineTune).where(FineTune.status == "queued").values(status="cancelled"))
+        db.commit()
+    api = ApiServer(stack.settings.model_copy(update={"fine_tune_queue": "relay.nobody"}))
+    _, key = stack.new_user()
+    client = Client(api.url, key, max_retries=0)
+    try:
+        job = train(
+            SFTConfig(model="pi05-tiny", dataset_name=str(dataset), batch_size=2, steps=2), client=client
+        )
+        wait_for(lambda: _enqueued(stack, job.id), 30, "the API to note the job reached the broker")
+        stack.redis.restart()
+        restarted = time.monotonic()
+        # Within a minute, not RELAY_REPUBLISH_SECONDS (a day here, 600 s by default).
+        wait_for(lambda: job.refresh().status != "queued", 60, "a worker to take the job", every=0.5)
+        taken_after = time.monotonic() - restarted
+        wait_for(lambda: job.refresh().status in ("completed", "error"), 120, "the job to end", every=0.5)
+        assert job.status == "completed", job.error
+        print(f"\na job lost with a Redis restart ran {taken_after:.1f} s after the restart")
+    finally:
+        client.close()
+        api.stop()
+
+
+def _enqueued(stack: Stack, job_id: str) -> bool:
+    with stack.sessions() as db:
+        return db.scalar(select(FineTune.enqueued_at).where(FineTune.id == job_id)) is not None

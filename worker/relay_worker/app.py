@@ -8,11 +8,13 @@ relay_worker.lifecycle. Each worker also runs the reconciler in a thread of its 
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import threading
 from typing import Any
 
+import redis
 from celery import signals
 
 from relay_api.db import session_factory, utcnow
@@ -49,6 +51,7 @@ class Reconciler(threading.Thread):
     def __init__(self) -> None:
         super().__init__(name="relay-reconciler", daemon=True)
         self.stopping = threading.Event()
+        self.broker = BrokerWatch(settings.broker_url)
 
     def run(self) -> None:
         sessions = session_factory(settings)
@@ -57,7 +60,7 @@ class Reconciler(threading.Thread):
         while not self.stopping.wait(settings.reconcile_seconds):
             self._beat(sessions, name, started_at)
             try:
-                report = reconcile(sessions, settings, publish)
+                report = reconcile(sessions, settings, publish, self.broker.started_at())
             except Exception:
                 log.exception("reconciler pass failed; trying again in %ss", settings.reconcile_seconds)
                 continue
@@ -76,6 +79,33 @@ class Reconciler(threading.Thread):
             heartbeat.beat(sessions, name, started_at, settings.job_slots)
         except Exception:  # only /metrics' count of live workers depends on it
             log.warning("could not write this worker's heartbeat", exc_info=True)
+
+
+class BrokerWatch:
+    """When the broker last started, from Redis's INFO; a restart (a new run id) is logged. Redis
+    without persistence forgets its queues when it restarts, and the reconciler publishes what it
+    forgot at once. None for other brokers, or when Redis cannot be asked."""
+
+    def __init__(self, broker_url: str) -> None:
+        self.client = (
+            redis.Redis.from_url(broker_url) if broker_url.startswith(("redis://", "rediss://")) else None
+        )
+        self.run_id: str | None = None
+
+    def started_at(self) -> dt.datetime | None:
+        if self.client is None:
+            return None
+        try:
+            info = self.client.info("server")
+        except redis.RedisError:
+            log.warning("cannot ask the broker when it started", exc_info=True)
+            return None
+        if self.run_id is not None and info["run_id"] != self.run_id:
+            log.warning(
+                "the broker restarted (run id %s); publishing the jobs it may have lost", info["run_id"]
+            )
+        self.run_id = info["run_id"]
+        return dt.datetime.now(dt.UTC) - dt.timedelta(seconds=int(info["uptime_in_seconds"]))
 
 
 def publish(job_id: str) -> None:

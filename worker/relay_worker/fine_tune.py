@@ -25,6 +25,7 @@ from relay_api.db import is_outage, session_factory
 from relay_api.files import output_manifest
 from relay_api.settings import Settings, get_settings
 from relay_engine.errors import EngineError
+from relay_engine.paths import cache_dir_or_default
 from relay_engine.recipe import Recipe, RecipeResult, run_recipe
 from relay_engine.training.checkpoint import CheckpointStore
 from relay_worker import lifecycle, shutdown
@@ -209,8 +210,25 @@ def _give_back_after_outage(db_sessions: Any, settings: Settings, claim: Claim, 
 def _train(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper) -> str:
     work_dir = settings.job_dir(claim.job_id)
     work_dir.mkdir(parents=True, exist_ok=True)
+    # The claim's fencing token says no older attempt owns the job: what it left half-written is litter.
+    checkpoints = CheckpointStore(work_dir / "checkpoints")
+    for leftover in checkpoints.remove_temporaries():
+        log.info("%s: removed %s, left by an interrupted checkpoint write", claim.job_id, leftover.name)
+    try:
+        return _run(settings, db_sessions, claim, keeper, work_dir)
+    finally:
+        checkpoints.remove_temporaries()
+
+
+def _run(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper, work_dir: Path) -> str:
+
+    # The job's `loss` is the latest metrics event's: the mean over its window of steps, never
+    # one step's loss, so the job and its events show one quantity.
+    window_loss: dict[str, Any] = {}
 
     def on_event(event: dict[str, Any]) -> None:
+        if "loss" in event:
+            window_loss["loss"] = event["loss"]
         keeper.add_event(_plain(event))
 
     def end(operation: Callable[[], str]) -> str:
@@ -247,11 +265,11 @@ def _train(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeep
         raise
     except EngineError as error:
         log.info("%s: ends in error: %s", claim.job_id, error)
-        message = str(error)
+        message = public_message(str(error), settings)
         return end(lambda: lifecycle.fail(db_sessions, claim, message))
     except Exception as error:
         log.exception("%s: attempt %d failed; giving the job back", claim.job_id, claim.attempt)
-        reason = f"{type(error).__name__}: {error}"
+        reason = public_message(f"{type(error).__name__}: {error}", settings)
         end(lambda: lifecycle.release(db_sessions, claim, reason) or "")
         return "given back"
 
@@ -262,7 +280,7 @@ def _train(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeep
     if result.status == "completed":
         assert result.output_dir is not None
         files = output_manifest(work_dir, Path(result.output_dir))
-        loss = _finite(result.loss)
+        loss = _finite(window_loss.get("loss", result.loss))
         output_dir = str(result.output_dir)
         return end(lambda: lifecycle.complete(db_sessions, claim, result.step, loss, output_dir, files))
     if keeper.cancel_requested:
@@ -270,6 +288,18 @@ def _train(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeep
     end(lambda: lifecycle.hand_back(db_sessions, claim) or "")
     log.info("%s: stopped at step %d for the worker's shutdown; given back", claim.job_id, result.step)
     return "given back"
+
+
+def public_message(message: str, settings: Settings) -> str:
+    """An error message for the job's owner: the service's own paths (its data directory, the dataset
+    cache) are named, not spelled out; the worker's log keeps them whole."""
+    places = [(settings.jobs_dir, "<jobs>"), (settings.home, "<data dir>")]
+    if settings.dataset_cache_dir is not None:
+        places.insert(0, (settings.dataset_cache_dir, "<dataset cache>"))
+    places.append((cache_dir_or_default(None), "<dataset cache>"))
+    for path, name in places:
+        message = message.replace(str(path.expanduser().absolute()), name)
+    return message
 
 
 def _last_checkpoint_step(work_dir: Path) -> int | None:

@@ -22,7 +22,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from relay.sft import status as st
-from relay_api.db import utcnow, with_retries
+from relay_api.db import database_now, with_retries
 from relay_api.models import fine_tune_events, fine_tunes
 from relay_api.settings import Settings
 
@@ -71,7 +71,7 @@ def claim(sessions: sessionmaker[Session], settings: Settings, job_id: str, owne
     """Take the job if it is queued, or running with a lapsed lease, and has attempts left."""
 
     def run() -> Claim | None:
-        now = utcnow()
+        now = database_now(sessions)
         with sessions() as session:
             row = session.execute(
                 update(fine_tunes)
@@ -109,7 +109,7 @@ def renew(sessions: sessionmaker[Session], settings: Settings, claim: Claim) -> 
     """Extend the lease (the heartbeat) and read whether a cancel was asked for."""
 
     def run() -> JobState:
-        now = utcnow()
+        now = database_now(sessions)
         with sessions() as session:
             status = session.execute(
                 update(fine_tunes)
@@ -134,7 +134,7 @@ def record_event(
     data = {k: v for k, v in event.items() if k not in ("step", "event")}
 
     def run() -> JobState:
-        now = utcnow()
+        now = database_now(sessions)
         progress: dict[str, Any] = {"step": step, "updated_at": now, "lease_until": _lease(settings, now)}
         if kind == "metrics" and data.get("loss") is not None:
             progress["loss"] = float(data["loss"])
@@ -183,7 +183,7 @@ def complete(
     """The engine finished and wrote the output: `completed` (or `cancelled`, if a cancel came first)."""
 
     def run() -> str:
-        now = utcnow()
+        now = database_now(sessions)
         with sessions() as session:
             moved = session.execute(
                 update(fine_tunes)
@@ -211,7 +211,7 @@ def fail(sessions: sessionmaker[Session], claim: Claim, message: str) -> str:
     """End the job in `error` with a message for the user (or `cancelled`, if a cancel came first)."""
 
     def run() -> str:
-        now = utcnow()
+        now = database_now(sessions)
         with sessions() as session:
             step = session.execute(
                 update(fine_tunes)
@@ -236,7 +236,7 @@ def cancelled(sessions: sessionmaker[Session], claim: Claim, step: int | None) -
 
 def _end_cancelled_or_fenced(sessions: sessionmaker[Session], claim: Claim, step: int | None) -> str:
     def run() -> bool:
-        now = utcnow()
+        now = database_now(sessions)
         values: dict[str, Any] = {
             "status": st.CANCELLED,
             "finished_at": now,
@@ -276,7 +276,7 @@ def hand_back(sessions: sessionmaker[Session], claim: Claim, reason: str = "its 
 
 def _give_back(sessions: sessionmaker[Session], claim: Claim, values: dict[str, Any]) -> None:
     def run() -> None:
-        now = utcnow()
+        now = database_now(sessions)
         with sessions() as session:
             session.execute(
                 update(fine_tunes).where(_owned(claim)).values(lease_until=now, updated_at=now, **values)
@@ -295,17 +295,24 @@ class ReconcileReport:
 
 
 def reconcile(
-    sessions: sessionmaker[Session], settings: Settings, publish: Callable[[str], None]
+    sessions: sessionmaker[Session],
+    settings: Settings,
+    publish: Callable[[str], None],
+    broker_started_at: dt.datetime | None = None,
 ) -> ReconcileReport:
-    """One pass of the reconciler; safe to run from many workers at once (each change is conditional)."""
+    """One pass of the reconciler; safe to run from many workers at once (each change is conditional).
+
+    `broker_started_at`: when the broker (Redis) last started. A job handed to the broker before
+    then may have been lost with a restart that kept nothing, so it is published again at once
+    rather than after `republish_seconds`."""
     report = ReconcileReport([], [], [], [])
-    now = utcnow()
+    now = database_now(sessions)
     lapsed = or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now)
     with sessions() as session:
         # Accepted, but never handed to the broker (the API died in between, or the broker was down);
         # or handed over long ago, and the message may be gone (a Redis restart).
         grace = now - dt.timedelta(seconds=min(settings.reconcile_seconds, 5.0))
-        stale = now - dt.timedelta(seconds=settings.republish_seconds)
+        stale = _republish_before(settings, now, broker_started_at)
         waiting = (
             session.execute(
                 select(fine_tunes.c.id).where(
@@ -355,11 +362,20 @@ def reconcile(
         ).all()
 
     for job_id in waiting:
-        publish(job_id)
+        # Take the job's turn to be published first, so that of many reconcilers one publishes it.
         with sessions() as session:
-            session.execute(update(fine_tunes).where(fine_tunes.c.id == job_id).values(enqueued_at=utcnow()))
+            taken = session.execute(
+                update(fine_tunes)
+                .where(
+                    fine_tunes.c.id == job_id,
+                    or_(fine_tunes.c.enqueued_at.is_(None), fine_tunes.c.enqueued_at < stale),
+                )
+                .values(enqueued_at=database_now(sessions))
+            ).rowcount
             session.commit()
-        report.published.append(job_id)
+        if taken:
+            publish(job_id)
+            report.published.append(job_id)
 
     for job_id, attempt, failed, step, last_failure in [*expired, *exhausted]:
         reason = last_failure or f"the worker of attempt {attempt} stopped responding (killed or lost)"
@@ -368,7 +384,6 @@ def reconcile(
             if _end_exhausted(sessions, job_id, attempt, step, message):
                 report.failed.append(job_id)
             continue
-        publish(job_id)
         with sessions() as session:
             moved = session.execute(
                 update(fine_tunes)
@@ -376,9 +391,9 @@ def reconcile(
                     fine_tunes.c.id == job_id,
                     fine_tunes.c.attempt == attempt,
                     fine_tunes.c.status == st.RUNNING,
-                    fine_tunes.c.lease_until < utcnow(),
+                    fine_tunes.c.lease_until < database_now(sessions),
                 )
-                .values(lease_until=None, enqueued_at=utcnow(), last_failure=reason)
+                .values(lease_until=None, enqueued_at=database_now(sessions), last_failure=reason)
             ).rowcount
             if moved:
                 _insert_event(
@@ -388,15 +403,16 @@ def reconcile(
                     "retry",
                     attempt,
                     {"attempt": attempt + 1, "reason": reason},
-                    utcnow(),
+                    database_now(sessions),
                 )
             session.commit()
-        if moved:
+        if moved:  # published by the one reconciler whose update moved it
+            publish(job_id)
             report.resumed.append(job_id)
 
     for job_id, attempt in orphaned_cancels:
         with sessions() as session:
-            when = utcnow()
+            when = database_now(sessions)
             final_step = session.execute(
                 update(fine_tunes)
                 .where(
@@ -416,11 +432,23 @@ def reconcile(
     return report
 
 
+def _republish_before(
+    settings: Settings, now: dt.datetime, broker_started_at: dt.datetime | None
+) -> dt.datetime:
+    """Jobs handed to the broker before this moment are published again."""
+    stale = now - dt.timedelta(seconds=settings.republish_seconds)
+    if broker_started_at is None:
+        return stale
+    # A second of slack for clocks: a job published just after the restart may go out twice, which
+    # is harmless (its second delivery finds it taken); one published just before must not be lost.
+    return max(stale, broker_started_at + dt.timedelta(seconds=1))
+
+
 def _end_exhausted(
     sessions: sessionmaker[Session], job_id: str, attempt: int, step: int, message: str
 ) -> bool:
     with sessions() as session:
-        now = utcnow()
+        now = database_now(sessions)
         moved = session.execute(
             update(fine_tunes)
             .where(

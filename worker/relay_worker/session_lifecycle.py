@@ -17,7 +17,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from relay.training import status as st
-from relay_api.db import utcnow, with_retries
+from relay_api.db import database_now, with_retries
 from relay_api.models import training_sessions as table
 from relay_api.sessions import WORKER_LOST
 from relay_api.settings import Settings
@@ -30,6 +30,18 @@ class SessionClaim:
     worker: str
     user_id: int
     config: dict[str, Any]
+
+
+@dataclass
+class SessionCounts:
+    """What a session has done so far, counted by its worker and written with each lease renewal."""
+
+    calls: int = 0
+    steps: int = 0
+    saved_states: int = 0
+
+    def values(self) -> dict[str, int]:
+        return {"calls": self.calls, "steps": self.steps, "saved_states": self.saved_states}
 
 
 @dataclass(frozen=True)
@@ -55,7 +67,7 @@ def claim(
     """Take the session if it is starting and nobody holds it."""
 
     def run() -> SessionClaim | None:
-        now = utcnow()
+        now = database_now(sessions)
         with sessions() as session:
             row = session.execute(
                 update(table)
@@ -69,16 +81,22 @@ def claim(
     return with_retries(run)
 
 
-def renew(sessions: sessionmaker[Session], settings: Settings, claim: SessionClaim) -> SessionState:
-    """Extend the lease, and read whether the client is still in touch or asked to close."""
+def renew(
+    sessions: sessionmaker[Session],
+    settings: Settings,
+    claim: SessionClaim,
+    counts: SessionCounts | None = None,
+) -> SessionState:
+    """Extend the lease (writing the session's counts, if given), and read whether the client is
+    still in touch or asked to close."""
 
     def run() -> SessionState:
-        now = utcnow()
+        now = database_now(sessions)
         with sessions() as session:
             row = session.execute(
                 update(table)
                 .where(_owned(claim))
-                .values(lease_until=_lease(settings, now))
+                .values(lease_until=_lease(settings, now), **(counts.values() if counts else {}))
                 .returning(table.c.status, table.c.last_contact_at, table.c.close_requested_at)
             ).first()
             session.commit()
@@ -96,7 +114,7 @@ def mark_ready(
     starts now: loading is not the client's silence."""
 
     def run() -> bool:
-        now = utcnow()
+        now = database_now(sessions)
         with sessions() as session:
             moved = session.execute(
                 update(table)
@@ -116,17 +134,31 @@ def mark_ready(
     return with_retries(run)
 
 
-def end(sessions: sessionmaker[Session], claim: SessionClaim, status: str, message: str | None) -> bool:
-    """Let go of the session: `closed` or `error`, with why. False if it had ended already."""
+def end(
+    sessions: sessionmaker[Session],
+    claim: SessionClaim,
+    status: str,
+    message: str | None,
+    counts: SessionCounts | None = None,
+) -> bool:
+    """Let go of the session: `closed` or `error`, with why (and its final counts, if given).
+    False if it had ended already."""
     assert status in st.ENDED
 
     def run() -> bool:
-        now = utcnow()
+        now = database_now(sessions)
         with sessions() as session:
             moved = session.execute(
                 update(table)
                 .where(_owned(claim))
-                .values(status=status, error=message, ended_at=now, updated_at=now, lease_until=None)
+                .values(
+                    status=status,
+                    error=message,
+                    ended_at=now,
+                    updated_at=now,
+                    lease_until=None,
+                    **(counts.values() if counts else {}),
+                )
             ).rowcount
             session.commit()
         return bool(moved)
@@ -136,7 +168,7 @@ def end(sessions: sessionmaker[Session], claim: SessionClaim, status: str, messa
 
 def reconcile(sessions: sessionmaker[Session], settings: Settings) -> list[str]:
     """End sessions whose worker is gone, and sessions that did not start in time; returns their ids."""
-    now = utcnow()
+    now = database_now(sessions)
     too_old = now - dt.timedelta(seconds=settings.session_start_seconds)
     ended: list[str] = []
     with sessions() as session:
@@ -157,21 +189,21 @@ def reconcile(sessions: sessionmaker[Session], settings: Settings) -> list[str]:
             .all()
         )
     for session_id in lost:
-        if _end_unless_moved(sessions, session_id, WORKER_LOST, table.c.lease_until < utcnow()):
+        if _end_unless_moved(sessions, session_id, WORKER_LOST, table.c.lease_until < database_now(sessions)):
             ended.append(session_id)
     reason = (
         f"no worker started it within {settings.session_start_seconds:.0f} s (every worker was busy, "
         "or none was running)"
     )
     for session_id in stale:
-        alive = or_(table.c.worker.is_(None), table.c.lease_until < utcnow())
+        alive = or_(table.c.worker.is_(None), table.c.lease_until < database_now(sessions))
         if _end_unless_moved(sessions, session_id, reason, and_(table.c.status == st.STARTING, alive)):
             ended.append(session_id)
     return ended
 
 
 def _end_unless_moved(sessions: sessionmaker[Session], session_id: str, message: str, condition: Any) -> bool:
-    now = utcnow()
+    now = database_now(sessions)
     with sessions() as session:
         moved = session.execute(
             update(table)

@@ -149,7 +149,7 @@ def gathered_policy(policy: Pi05Policy, parallel: Parallel | None) -> Pi05Policy
     return copy
 
 
-def _load_assigned(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+def _load_assigned(module: nn.Module, state: Mapping[str, Any]) -> None:
     missing, unexpected = module.load_state_dict(state, strict=False, assign=True)
     if unexpected or any(not name.endswith("position_ids") for name in missing):
         raise RuntimeError(f"gathered weights do not fit the policy: {missing[:3]} {unexpected[:3]}")

@@ -46,6 +46,7 @@ from relay_engine.models.layers import (
 )
 from relay_engine.models.processor import Pi05Batch, Pi05Collator
 from relay_engine.models.tokenizer import Tokenizer
+from relay_engine.modules import ModuleSequence
 
 # -- modules, with lerobot's names ----------------------------------------------------------------
 
@@ -92,7 +93,7 @@ class GemmaStack(nn.Module):
         super().__init__()
         if vocab_size is not None:
             self.embed_tokens = nn.Embedding(vocab_size, size.width)
-        self.layers = nn.ModuleList(GemmaDecoderLayer(size, cond_dim) for _ in range(size.depth))
+        self.layers = ModuleSequence(GemmaDecoderLayer(size, cond_dim) for _ in range(size.depth))
         self.norm = (
             GemmaRMSNorm(size.width, eps=RMS_EPS)
             if cond_dim is None

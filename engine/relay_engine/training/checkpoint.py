@@ -8,6 +8,7 @@ trusts only what the pointer names and whose manifest lists every file at its re
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -15,12 +16,42 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from relay_engine.errors import DiskFullError
 
 MANIFEST = "manifest.json"
 POINTER = "latest"
 # A temporary directory this old was left by a writer that died; younger ones may belong to a
 # writer still at work (a second attempt of the same job), so they are left alone.
 STALE_TMP_SECONDS = 3600
+# A checkpoint is not started unless the disk has this much more than the last one took.
+FREE_SPACE_MARGIN = 1.1
+# With this little left after a failed write, the disk is taken to be full (torch reports a full
+# disk as "unexpected pos ...", not as ENOSPC).
+NEARLY_FULL_BYTES = 16 << 20
+
+
+def _bytes_under(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _is_disk_full(error: BaseException, free: int) -> bool:
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return free < NEARLY_FULL_BYTES
+
+
+def _disk_full_message(root: Path, needed: int, free: int, before: bool) -> str:
+    gib = 1 << 30
+    when = "cannot write a checkpoint" if before else "the disk filled up while writing a checkpoint"
+    return (
+        f"no space left on device at {root}: {when} (a checkpoint needs about {needed / gib:.2f} GB, "
+        f"{free / gib:.2f} GB free); the last complete checkpoint is kept"
+    )
 
 
 def _fsync_path(path: Path) -> None:
@@ -54,21 +85,41 @@ class CheckpointStore:
         return f"step-{step:08d}"
 
     def save(self, step: int, write_files: Callable[[Path], None], meta: dict[str, object]) -> Path:
-        """Write a checkpoint: `write_files(dir)` fills a fresh directory; `meta` goes in its manifest."""
+        """Write a checkpoint: `write_files(dir)` fills a fresh directory; `meta` goes in its manifest.
+        Raises DiskFullError, before writing when the last checkpoint's size is not free, or when
+        the disk fills up meanwhile; the last complete checkpoint stays as it was."""
         tmp = self.begin(step)
         try:
             write_files(tmp)
-        except BaseException:
+        except BaseException as error:
+            self._raise_if_disk_full(tmp, error)
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return self.commit(step, tmp, meta)
 
     def begin(self, step: int) -> Path:
-        """A fresh temporary directory for the checkpoint of `step` (to fill, then `commit`)."""
+        """A fresh temporary directory for the checkpoint of `step` (to fill, then `commit`); DiskFullError
+        when the disk has less room than the last checkpoint took."""
         self.root.mkdir(parents=True, exist_ok=True)
+        needed = self._expected_bytes()
+        free = shutil.disk_usage(self.root).free
+        if needed is not None and free < needed * FREE_SPACE_MARGIN:
+            raise DiskFullError(_disk_full_message(self.root, needed, free, before=True))
         tmp = self.root / f".tmp-{self.name_of(step)}-{uuid.uuid4().hex}"
         tmp.mkdir()
         return tmp
+
+    def _raise_if_disk_full(self, tmp: Path, error: BaseException) -> None:
+        """A write that failed because the disk is full, said in those words (torch says "unexpected
+        pos ..."); the partial directory is removed either way."""
+        if not isinstance(error, Exception):
+            return
+        written = _bytes_under(tmp) if tmp.exists() else 0
+        free = shutil.disk_usage(self.root).free
+        if _is_disk_full(error, free):
+            shutil.rmtree(tmp, ignore_errors=True)
+            needed = max(self._expected_bytes() or 0, written)
+            raise DiskFullError(_disk_full_message(self.root, needed, free, before=False)) from error
 
     def commit(self, step: int, tmp: Path, meta: dict[str, object]) -> Path:
         """Seal a filled temporary directory: manifest, fsync, rename into place, then the pointer.
@@ -80,7 +131,11 @@ class CheckpointStore:
         try:
             files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
             manifest = {"step": step, "files": files, **meta}
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+            try:
+                (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+            except OSError as error:
+                self._raise_if_disk_full(tmp, error)
+                raise
             for path in sorted(tmp.rglob("*"), reverse=True):  # files before their directories
                 _fsync_path(path)
             _fsync_path(tmp)
@@ -117,7 +172,7 @@ class CheckpointStore:
         )
 
     @staticmethod
-    def manifest(path: Path) -> dict[str, object]:
+    def manifest(path: Path) -> dict[str, Any]:
         return dict(json.loads((path / MANIFEST).read_text()))
 
     def complete(self) -> list[Path]:
@@ -129,6 +184,25 @@ class CheckpointStore:
             for p in self.root.iterdir()
             if p.is_dir() and p.name.startswith("step-") and self.is_complete(p)
         )
+
+    def _expected_bytes(self) -> int | None:
+        """About how much the next checkpoint takes: as much as the last one."""
+        try:
+            latest = self.latest()
+        except (OSError, RuntimeError, ValueError):
+            return None
+        return None if latest is None else _bytes_under(latest)
+
+    def remove_temporaries(self) -> list[Path]:
+        """Remove every leftover of an interrupted write, however young. Only for a caller that knows
+        no other writer is at work on this store (a worker that has just claimed the job, whose
+        fencing token says no older attempt still owns it; or the end of a run)."""
+        if not self.root.is_dir():
+            return []
+        removed = [path for path in self.root.iterdir() if path.name.startswith(".tmp-")]
+        for path in removed:
+            shutil.rmtree(path, ignore_errors=True)
+        return removed
 
     def _prune(self, keep: str) -> None:
         """Drop stale leftovers of interrupted writes and all but the newest `keep_last` checkpoints."""

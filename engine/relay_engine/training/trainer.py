@@ -27,14 +27,20 @@ from typing import Any, Literal
 import torch
 
 from relay.optimizer import AdamParams
+from relay.sft.config import SFTConfig
 from relay_engine.distributed import Parallel, batch_slice, choose_strategy, gathered_policy, join, launched
 from relay_engine.errors import ConfigError
-from relay_engine.training.data import BatchOrder, DataPosition, batch_loader
+from relay_engine.models import Pi05Batch, Pi05Policy
+from relay_engine.training.data import BatchOrder, DataPosition, MapDataset, batch_loader
 from relay_engine.training.export import write_output
 from relay_engine.training.learner import Learner
 from relay_engine.training.loop import Event, LoopState, run_loop
 from relay_engine.training.schedule import learning_rate
 from relay_engine.tuning import apply_tuning
+
+# Where the trainer and a recipe job mean the same thing, the trainer takes the recipe's default
+# (SFTConfig's) or AdamParams'; batch size, seed and epochs follow Hugging Face's Trainer instead.
+_ADAM = AdamParams(learning_rate=0.0)
 
 
 @dataclass
@@ -44,16 +50,16 @@ class TrainingArguments:
     max_steps: int | None = None
     per_device_train_batch_size: int = 8
     gradient_accumulation_steps: int = 1
-    learning_rate: float = 2.5e-5
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
+    learning_rate: float = SFTConfig.default("learning_rate")
+    weight_decay: float = _ADAM.weight_decay
+    max_grad_norm: float = _ADAM.grad_clip_norm
     seed: int = 42
     save_strategy: Literal["no", "epoch"] = "no"
     # "torch" runs eagerly; "triton" compiles forward and backward with torch.compile
     # (TorchInductor's Triton kernels), which needs CUDA.
     training_backend: Literal["torch", "triton"] = "torch"
-    finetune: Literal["lora", "full"] = "lora"
-    lora_rank: int = 32
+    finetune: Literal["lora", "full"] = SFTConfig.default("finetune")
+    lora_rank: int = SFTConfig.default("lora_rank")
     lora_alpha: float | None = None
     targets: list[str] | None = None
     logging_steps: int = 10
@@ -84,7 +90,7 @@ class TrainingArguments:
 
 
 class Trainer:
-    def __init__(self, model: torch.nn.Module, args: TrainingArguments, train_dataset: Any) -> None:
+    def __init__(self, model: Pi05Policy, args: TrainingArguments, train_dataset: MapDataset) -> None:
         if args.training_backend == "triton" and not torch.cuda.is_available():
             raise RuntimeError("training_backend='triton' compiles Triton CUDA kernels and needs a CUDA GPU")
         self.args = args
@@ -140,7 +146,7 @@ class Trainer:
         def next_step_batches() -> list[Any]:
             # An optimizer step never spans epochs: the epoch's last step takes what is left.
             nonlocal position
-            micro = []
+            micro: list[Pi05Batch] = []
             epoch = position.epoch
             while len(micro) < args.gradient_accumulation_steps and position.epoch == epoch:
                 _, position = order.next_batch(position)

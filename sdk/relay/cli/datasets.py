@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from relay.cli._common import dataset_name, fail, parse_pairs
@@ -44,8 +45,15 @@ def check(
         typer.Option(help="MODEL_CAMERA=FEATURE, repeatable; by default the image features in order."),
     ] = None,
     cache_dir: CacheDirOption = None,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick", help="Read images' headers only, not every pixel (faster; misses broken frames)."
+        ),
+    ] = False,
 ) -> None:
-    """Print what the dataset holds and every problem; exit 0 only if it can be trained on."""
+    """Print what the dataset holds and every problem; exit 0 only if it can be trained on. Every
+    image is decoded, as training will (in parallel, with a progress bar), unless --quick."""
     datasets = require("relay_engine.datasets")
     errors = require("relay_engine.errors")
     name = dataset_name(dataset)
@@ -55,6 +63,8 @@ def check(
         fail(str(error))
     inspection = datasets.inspect_dataset(root, name)
     problems: list[str] = inspection.problems.messages()
+    if not quick and inspection.meta is not None:
+        problems += _decode_every_image(inspection.meta)
     camera_map: dict[str, str] = {}
     summary = inspection.summary
     if summary is not None:
@@ -77,6 +87,23 @@ def check(
             _err.print(f"  - {problem}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     _out.print(f"[green]{escape(name)} can be trained on.[/green]", soft_wrap=True)
+
+
+def _decode_every_image(meta: Any) -> list[str]:
+    image_check = require("relay_engine.datasets.image_check")
+    with Progress(
+        TextColumn("decoding every image"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("episodes"),
+        TimeRemainingColumn(),
+        console=_err,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("decode", total=len(meta.episodes))
+        bad = image_check.decode_every_image(meta, lambda done: progress.advance(task, done))
+    described: list[str] = image_check.describe(bad)
+    return described
 
 
 @app.command()
@@ -164,7 +191,10 @@ def synth(
             overwrite=overwrite,
         )
     except errors.EngineError as error:
-        fail(str(error))
+        message = str(error)
+        if not overwrite and "already exists and is not empty" in message:
+            message += "; add --overwrite to replace it"
+        fail(message)
     _out.print(f"wrote {path}", soft_wrap=True, markup=False)
 
 

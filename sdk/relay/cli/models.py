@@ -16,6 +16,8 @@ from rich.table import Table
 from relay.catalog import (
     DEFAULT_LORA_TARGETS,
     FINETUNE_METHODS,
+    LORA_RANK_DEFAULT,
+    LORA_RANK_MAX,
     MODELS,
     RELATIONAL_MODELS,
     STRATEGIES,
@@ -48,7 +50,7 @@ def info(
         str, typer.Argument(help=f"{', '.join((*MODELS, *RELATIONAL_MODELS))}, or an output directory.")
     ],
     finetune: Annotated[str, typer.Option(help="lora or full.")] = "lora",
-    lora_rank: Annotated[int, typer.Option(help="LoRA rank, 1 to 256.")] = 32,
+    lora_rank: Annotated[int, typer.Option(help=f"LoRA rank, 1 to {LORA_RANK_MAX}.")] = LORA_RANK_DEFAULT,
     lora_alpha: Annotated[float | None, typer.Option(help="LoRA alpha [default: the rank].")] = None,
     targets: Annotated[
         list[str] | None,

@@ -14,19 +14,23 @@ from pydantic import Field, field_validator, model_validator
 from relay import catalog
 from relay._rules import (
     FINETUNE_RULE,
+    LORA_ALPHA_RULE,
+    LORA_RANK_RULE,
     MODEL_RULE,
     TARGETS_RULE,
     CheckedConfig,
     FinetuneMethod,
+    LoraAlpha,
+    LoraRank,
     ModelName,
     TargetNames,
     has_control_characters,
 )
+from relay.catalog import LORA_RANK_DEFAULT
 
 BATCH_SIZE_MAX = 512
 GPUS_MAX = 64
 STEPS_MAX = 100_000
-LORA_RANK_MAX = 256
 NAME_MAX = 128
 DATASET_NAME_MAX = 1024
 
@@ -41,8 +45,8 @@ RULES: dict[str, str] = {
     "learning_rate": "must be a number greater than 0",
     "steps": f"must be an integer from 1 to {STEPS_MAX:,}",
     "finetune": FINETUNE_RULE,
-    "lora_rank": f"must be an integer from 1 to {LORA_RANK_MAX}",
-    "lora_alpha": "must be a number greater than 0; by default, the rank",
+    "lora_rank": LORA_RANK_RULE,
+    "lora_alpha": LORA_ALPHA_RULE,
     "targets": TARGETS_RULE,
     "cameras": ("must map model cameras (" + ", ".join(catalog.MODEL_CAMERAS) + ") to dataset feature names"),
     "name": f"must be text of at most {NAME_MAX} characters, no control characters",
@@ -54,7 +58,11 @@ RULES: dict[str, str] = {
 
 
 class SFTConfig(CheckedConfig):
-    """A recipe: the base model, the dataset and a few settings (docs/recipe-jobs.md)."""
+    """A recipe: the base model, the dataset and a few settings (docs/recipe-jobs.md).
+
+    The one declaration of a recipe's defaults: the engine's Recipe is built from a validated
+    SFTConfig, and `relay local train`'s options take their defaults from here (``SFTConfig.default``).
+    """
 
     RULES: ClassVar[dict[str, str]] = RULES
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -70,8 +78,8 @@ class SFTConfig(CheckedConfig):
     learning_rate: float = Field(2.5e-5, strict=True, gt=0, allow_inf_nan=False)
     steps: int = Field(6000, strict=True, ge=1, le=STEPS_MAX)
     finetune: FinetuneMethod = "lora"
-    lora_rank: int = Field(32, strict=True, ge=1, le=LORA_RANK_MAX)
-    lora_alpha: float | None = Field(None, strict=True, gt=0, allow_inf_nan=False)
+    lora_rank: LoraRank = LORA_RANK_DEFAULT
+    lora_alpha: LoraAlpha = None
     targets: TargetNames = None
     cameras: dict[str, str] | None = None
     name: str | None = Field(None, max_length=NAME_MAX)

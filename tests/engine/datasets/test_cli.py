@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
 from relay.cli import app
 from relay_engine.datasets import NormStats, open_dataset
-from tests.engine.datasets.conftest import edit_info
+from tests.engine.datasets.conftest import edit_info, rewrite_episode
 
 runner = CliRunner()
 
@@ -112,3 +115,35 @@ def test_the_installed_command_runs(synthetic: Path, cache_dir: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "can be trained on" in result.stdout
+
+
+def test_check_decodes_every_image_and_names_a_truncated_one(broken: Path, cache_dir: Path) -> None:
+    camera = next(
+        name
+        for name, feature in json.loads((broken / "meta/info.json").read_text())["features"].items()
+        if feature.get("dtype") == "image"
+    )
+
+    def truncate_frame_3(table: pa.Table) -> pa.Table:
+        images = table.column(camera).to_pylist()
+        images[3] = {**images[3], "bytes": images[3]["bytes"][: len(images[3]["bytes"]) // 2]}
+        column = pa.array(images, type=table.schema.field(camera).type)
+        return table.set_column(table.schema.get_field_index(camera), camera, column)
+
+    rewrite_episode(broken, 1, truncate_frame_3)
+    code, output = relay("check", broken, "--quick", "--cache-dir", cache_dir)
+    assert code == 0, output  # headers only: the broken frame goes unseen, as it did before
+    code, output = relay("check", broken, "--cache-dir", cache_dir)
+    assert code == 1, output
+    assert f"episode 1, frame 3, camera {camera}: not a readable image" in output
+    assert "can be trained on" not in output
+
+
+def test_synth_makes_a_directory_with_the_umasks_mode(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        code, output = relay("synth", tmp_path / "shared", "--episodes", "1", "--length", "3-3")
+    finally:
+        os.umask(old)
+    assert code == 0, output
+    assert stat.S_IMODE((tmp_path / "shared").stat().st_mode) == 0o755  # not mkdtemp's 0700

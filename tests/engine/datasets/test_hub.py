@@ -123,3 +123,14 @@ def test_two_workers_fetching_at_once_share_one_download(hub: FakeHub, cache_dir
     assert hub.downloads and all(count == 1 for count in hub.downloads.values())
     dataset = open_dataset(REPO, cache_dir=cache_dir)
     assert len(dataset) > 0
+
+
+def test_a_relative_name_that_exists_here_says_to_give_its_absolute_path(
+    hub: FakeHub, synthetic: Path, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "mine" / "robot").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DatasetError, match=r"a local directory mine/robot exists.*absolute path") as caught:
+        open_dataset("mine/robot", cache_dir=cache_dir)
+    assert str(tmp_path / "mine" / "robot") in str(caught.value)
+    assert resolve_dataset(".") == tmp_path  # "." is a local directory, never a Hub name

@@ -34,7 +34,7 @@ def main(plan_path: str) -> None:
         for run in plan["runs"]:
             events: list[dict[str, Any]] = []
             result = run_recipe(
-                Recipe(**run["recipe"]),
+                Recipe.from_dict(run["recipe"]),
                 Path(run["work_dir"]),
                 on_event=events.append,
                 should_stop=partial(stop_after, events, run.get("stop_after")),

@@ -13,13 +13,14 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from safetensors.torch import load_file
 
+from relay.sft.config import SFTConfig
 from relay_engine import Trainer, TrainingArguments
 from relay_engine.datasets import open_dataset
 from relay_engine.models import load_policy
@@ -36,7 +37,7 @@ RUN_RECIPES = Path(__file__).with_name("run_recipes.py")
 
 
 def recipe_for(dataset: Path, finetune: str) -> Recipe:
-    return Recipe(
+    config = SFTConfig(
         model="pi05-tiny",
         dataset_name=str(dataset),
         # 5 does not split evenly: one process reads 3 samples a step, the other 2.
@@ -44,6 +45,9 @@ def recipe_for(dataset: Path, finetune: str) -> Recipe:
         learning_rate=LEARNING_RATE,
         steps=STEPS,
         finetune=finetune,
+    )
+    return Recipe.from_config(
+        config,
         checkpoint_every=CHECKPOINT_EVERY,
         log_every=1,
         num_workers=0,
@@ -135,7 +139,7 @@ def runs(
         },
         "runs": [
             {
-                "recipe": asdict(recipe),
+                "recipe": recipe.to_dict(),
                 "work_dir": str(work),
                 "stop_after": stop,
                 "events": str(root / f"{name}.json"),

@@ -1,8 +1,14 @@
+import gc
 import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from relay_engine.errors import DiskFullError
 from relay_engine.training.checkpoint import CheckpointStore
 
 
@@ -37,7 +43,7 @@ def test_a_writer_that_fails_leaves_the_previous_checkpoint_and_pointer(tmp_path
         (directory / "weights.bin").write_bytes(b"partial")
         raise OSError(28, "No space left on device")
 
-    with pytest.raises(OSError):
+    with pytest.raises(DiskFullError):  # ENOSPC, in the words of a full disk
         store.save(2, crash_halfway, {})
     latest = store.latest()
     assert latest is not None and latest.name == "step-00000001"
@@ -55,3 +61,61 @@ def test_a_checkpoint_with_a_missing_or_short_file_is_not_complete(tmp_path: Pat
         store.latest()
     os.remove(path / "weights.bin")
     assert not store.is_complete(path)
+
+
+@pytest.fixture
+def small_disk() -> Iterator[Path]:
+    """A 6 MB tmpfs, so that a checkpoint can fill it; skipped where this machine cannot mount one."""
+    if sys.platform != "linux" or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root on Linux; the disk-full checks need a small disk")
+    mount_point = Path(tempfile.mkdtemp(prefix="relay-small-disk-"))
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        mount_point.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+        mount_point.rmdir()
+
+
+def torch_saves(megabytes: int) -> Callable[[Path], None]:
+    import torch
+
+    def write(directory: Path) -> None:
+        torch.save({"weights": torch.zeros(megabytes << 18)}, directory / "state.pt")  # 4-byte floats
+
+    return write
+
+
+def test_a_full_disk_says_so_and_keeps_the_last_checkpoint(small_disk: Path) -> None:
+    store = CheckpointStore(small_disk / "checkpoints")
+    store.save(10, torch_saves(2), {})
+    with pytest.raises(DiskFullError, match=r"no space left on device at .*checkpoints.*GB free") as caught:
+        store.save(20, torch_saves(5), {})  # torch's own error would be "unexpected pos ..."
+    assert "the disk filled up while writing" in str(caught.value)
+    del caught  # its traceback holds torch's writer, and the writer the space of the partial file
+    gc.collect()
+    latest = store.latest()
+    assert latest is not None and latest.name == "step-00000010" and store.is_complete(latest)
+    assert not [p for p in store.root.iterdir() if p.name.startswith(".tmp-")]
+
+    (small_disk / "filler").write_bytes(b"\0" * (5 << 19))  # less free than the last checkpoint took
+    with pytest.raises(DiskFullError, match=r"cannot write a checkpoint \(a checkpoint needs about 0.00 GB"):
+        store.save(30, torch_saves(2), {})
+    assert store.latest() == latest
+
+
+def test_leftovers_of_interrupted_writes_are_removed_when_asked(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    store.save(10, write_two_files, {})
+    young = tmp_path / ".tmp-step-00000020-abc"
+    young.mkdir()
+    (young / "weights.bin").write_bytes(b"partial")
+    store.save(20, write_two_files, {})
+    assert young.exists()  # a save leaves a young one alone: its writer may be at work
+    assert store.remove_temporaries() == [young]
+    assert not young.exists() and store.latest() == tmp_path / "step-00000020"
