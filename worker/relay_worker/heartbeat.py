@@ -15,14 +15,16 @@ from relay_api.models import worker_heartbeats
 FORGET_AFTER = dt.timedelta(days=1)
 
 
-def beat(sessions: sessionmaker[Session], name: str, started_at: dt.datetime) -> None:
-    """Note that worker `name` is alive now."""
+def beat(sessions: sessionmaker[Session], name: str, started_at: dt.datetime, gpus: int = 1) -> None:
+    """Note that worker `name` is alive now, and gives a job `gpus` GPUs (processes)."""
     now = utcnow()
     with sessions() as session:
         seen = session.execute(
-            update(worker_heartbeats).where(worker_heartbeats.c.name == name).values(seen_at=now)
+            update(worker_heartbeats).where(worker_heartbeats.c.name == name).values(seen_at=now, gpus=gpus)
         ).rowcount
         if not seen:
-            session.execute(insert(worker_heartbeats).values(name=name, started_at=started_at, seen_at=now))
+            session.execute(
+                insert(worker_heartbeats).values(name=name, started_at=started_at, seen_at=now, gpus=gpus)
+            )
             session.execute(delete(worker_heartbeats).where(worker_heartbeats.c.seen_at < now - FORGET_AFTER))
         session.commit()
