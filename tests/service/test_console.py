@@ -95,6 +95,13 @@ def test_sign_in_start_a_job_watch_its_loss_and_download_the_model(
     saved = tmp_path / "model.safetensors"
     started.value.save_as(saved)
     assert hashlib.sha256(saved.read_bytes()).hexdigest() == shown_sha
+    # A checkpoint's file too; its sha256 is the one shown.
+    manifest = page.locator("tr[data-file$='manifest.json']").first
+    with page.expect_download() as started:
+        manifest.locator("button").click()
+    started.value.save_as(tmp_path / "manifest.json")
+    digest = hashlib.sha256((tmp_path / "manifest.json").read_bytes()).hexdigest()
+    expect(manifest.locator("[data-sha256]")).to_have_text(digest)
 
     # The table lists it, newest first, with its progress and last loss.
     page.click("nav >> text=Fine-tunes")
