@@ -223,3 +223,23 @@ def test_sessions_table_and_page_with_close(browser: Browser, stack: Stack, user
     page.click("h1 button:has-text('Close')")
     expect(page.locator("h1 .status")).to_have_text("closed")
     assert fence.refused == []
+
+
+def test_the_jobs_table_pages_with_the_cursor_and_refreshes_itself(
+    browser: Browser, stack: Stack, user: tuple[str, str]
+) -> None:
+    origin = stack.parked_api_url
+    created = [api_create(origin, user[1], name=f"job-{n}")["id"] for n in range(21)]
+    page, fence = fenced_page(browser, origin)
+    sign_in(page, origin, user[1])
+    rows = page.locator("table[data-testid=jobs] tbody tr[data-job]")
+    expect(rows).to_have_count(20)
+    assert rows.first.get_attribute("data-job") == created[-1]  # newest first
+    page.click("button:has-text('Older')")
+    expect(rows).to_have_count(1)
+    assert rows.first.get_attribute("data-job") == created[0]
+    page.click("button:has-text('Newer')")
+    expect(rows).to_have_count(20)
+    newest = api_create(origin, user[1], name="while-watching")["id"]
+    expect(rows.first).to_have_attribute("data-job", newest)  # no reload: the table refreshed itself
+    assert fence.refused == []
