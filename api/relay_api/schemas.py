@@ -41,6 +41,7 @@ class FineTuneOut(BaseModel):
     targets: list[str] | None
     cameras: dict[str, str] | None
     name: str | None
+    gpus: int | None = None  # the processes (GPUs) the job runs on; None only for jobs older than the field
     task: str | None = None
 
 
@@ -101,7 +102,7 @@ ERRORS: dict[int | str, dict[str, object]] = {
 class SessionOut(BaseModel):
     """A training session: ``starting`` (waiting for a worker, then loading on ``worker``), ``ready``,
     ``closed`` or ``error`` (``error`` says why it ended). ``calls``, ``steps`` (optimizer steps) and
-    ``saved_states`` are counted by its worker and reported every few seconds and at the end."""
+    ``saved_states`` are counted by its worker and reported with each lease renewal and at the end."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -24,6 +24,7 @@ def test_an_rt_j_recipe_is_tuned_in_full() -> None:
         ({"model": "rt-j-tiny", "task": "t", "finetune": "lora"}, "finetune", 'must be "full"'),
         ({"model": "rt-j", "task": "t", "targets": ["vision"]}, "targets", "every weight trains"),
         ({"model": "pi05", "task": "t"}, "task", "pi05 takes no task"),
+        ({"model": "rt-j", "task": "t", "gpus": 2}, "gpus", "one process"),
         ({"model": "rt-j", "task": "bad\ntask"}, "task", "no control characters"),
         ({"model": "rt-x", "task": "t"}, "model", "pi05, pi05-tiny, rt-j, rt-j-tiny"),
     ],

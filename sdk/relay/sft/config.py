@@ -28,6 +28,7 @@ from relay.catalog import LORA_RANK_DEFAULT
 from relay.errors import ConfigError
 
 BATCH_SIZE_MAX = 512
+GPUS_MAX = 64
 STEPS_MAX = 100_000
 NAME_MAX = 128
 DATASET_NAME_MAX = 1024
@@ -55,6 +56,10 @@ RULES: dict[str, str] = {
     "targets": TARGETS_RULE,
     "cameras": ("must map model cameras (" + ", ".join(catalog.MODEL_CAMERAS) + ") to dataset feature names"),
     "name": f"must be text of at most {NAME_MAX} characters, no control characters",
+    "gpus": (
+        f"must be an integer from 1 to {GPUS_MAX}, at most batch_size; by default 1 for lora and all "
+        "the GPUs of one worker host for full"
+    ),
 }
 
 
@@ -92,6 +97,8 @@ class SFTConfig(CheckedConfig):
     targets: TargetNames = None
     cameras: dict[str, str] | None = None
     name: str | None = Field(None, max_length=NAME_MAX)
+    # One process per GPU; the global batch stays batch_size, split across them.
+    gpus: int | None = Field(None, strict=True, ge=1, le=GPUS_MAX)
     task: str | None = Field(None, min_length=1, max_length=TASK_MAX)
 
     @field_validator("model")
@@ -153,7 +160,14 @@ class SFTConfig(CheckedConfig):
                     "finetune",
                     "invalid_value",
                 )
+            if self.gpus is not None and self.gpus > 1:
+                raise ConfigError(
+                    f"bad gpus: {self.gpus} ({self.model} jobs run in one process: gpus must be 1)",
+                    "gpus",
+                    "invalid_value",
+                )
             self.finetune = "full"
+            self.gpus = 1
         elif self.task is not None:
             raise ConfigError(
                 f"bad task: {self.model} takes no task (task names a relational database's task table, "
@@ -170,4 +184,8 @@ class SFTConfig(CheckedConfig):
             self.lora_alpha = float(self.lora_rank)
         if self.targets is None:
             self.targets = list(catalog.default_targets(self.finetune))
+        if self.gpus is None and self.finetune == "lora":
+            self.gpus = 1  # full's default depends on the workers' hosts: the service fills it in
+        if self.gpus is not None and self.gpus > self.batch_size:
+            raise ValueError(f"bad gpus: {self.gpus} ({RULES['gpus']}, {self.batch_size})")
         return self
