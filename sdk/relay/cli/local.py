@@ -140,6 +140,8 @@ def train(
         fail(str(error))
 
     processes = nproc_per_node * nnodes
+    if model in RELATIONAL_MODELS and processes > 1:
+        fail(f"bad --nproc-per-node/--nnodes: {model} trains in one process")
     if config.batch_size < processes:
         fail(
             f"bad --batch-size: {config.batch_size} (must be at least the {processes} processes: "
