@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, WithJsonSchema
 
 from relay import catalog
 from relay.errors import ConfigError
@@ -44,9 +44,45 @@ def _known_targets(value: list[str] | None) -> list[str] | None:
     return value
 
 
-ModelName = Annotated[str, AfterValidator(_known_model)]
-FinetuneMethod = Annotated[str, AfterValidator(_known_method)]
-TargetNames = Annotated[list[str] | None, AfterValidator(_known_targets)]
+def _whole_float_to_int(value: Any) -> Any:
+    # JSON has one kind of number, and JSON Schema calls 51.0 an integer; so do we.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# The JSON Schema of each type says what its validators enforce, so that the API's OpenAPI document
+# accepts exactly what the API does.
+ModelName = Annotated[
+    str, AfterValidator(_known_model), WithJsonSchema({"type": "string", "enum": list(catalog.MODELS)})
+]
+FinetuneMethod = Annotated[
+    str,
+    AfterValidator(_known_method),
+    WithJsonSchema({"type": "string", "enum": list(catalog.FINETUNE_METHODS)}),
+]
+TargetNames = Annotated[
+    list[str] | None,
+    AfterValidator(_known_targets),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {
+                    "type": "array",
+                    "items": {"type": "string", "enum": list(catalog.TARGETS)},
+                    "minItems": 1,
+                    "uniqueItems": True,
+                },
+                {"type": "null"},
+            ]
+        }
+    ),
+]
+WholeNumber = Annotated[int, BeforeValidator(_whole_float_to_int)]
+# Text with no control characters (what has_control_characters refuses), as a JSON Schema pattern.
+PLAIN_TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*$"
+# The same, with at least one character that is not blank.
+NOT_BLANK_TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"
 
 
 def _rules_in_schema(schema: dict[str, Any], cls: type[BaseModel]) -> None:

@@ -273,3 +273,31 @@ def test_a_running_job_without_a_live_worker_shows_how_long_ago_its_lease_lapsed
     assert shown["status"] == "running" and 89 <= shown["lease_lapsed_seconds"] < 120
     row.update(lease_until=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=30))
     assert fine_tunes.job_object(row)["lease_lapsed_seconds"] is None  # a live lease
+
+
+def test_a_405_lists_every_method_the_path_takes(parked: TestClient, alice: dict[str, str]) -> None:
+    for method, path, allowed in [
+        ("DELETE", "/v1/fine-tunes", "GET, POST"),
+        ("GET", "/v1/fine-tunes/ft-1/cancel", "POST"),
+        ("POST", "/v1/fine-tunes/ft-1/files/checkpoints/a/b", "GET"),
+    ]:
+        response = parked.request(method, path, headers=alice)
+        assert response.status_code == 405 and response.headers.get_list("allow") == [allowed], (
+            response.headers
+        )
+        assert allowed in error_of(response, 405)["message"]
+
+
+def test_the_document_refuses_what_the_api_refuses(parked: TestClient) -> None:
+    """Bodies the API refuses were valid by the old document (see also tests/service/test_schema_fuzz.py)."""
+    document = parked.get("/openapi.json").json()
+    recipe = document["components"]["schemas"]["SFTConfig"]["properties"]
+    assert recipe["model"]["enum"] and recipe["dataset_name"]["minLength"] == 1
+    assert recipe["targets"]["anyOf"][0]["minItems"] == 1 and recipe["cameras"]["minProperties"] == 1
+    session_body = document["paths"]["/v1/sessions"]["post"]["requestBody"]
+    assert (
+        session_body["required"]
+        and "base_model" in session_body["content"]["application/json"]["schema"]["required"]
+    )
+    after = next(p for p in document["paths"]["/v1/fine-tunes"]["get"]["parameters"] if p["name"] == "after")
+    assert after["schema"]["anyOf"][0]["pattern"]  # so after="" is invalid by the document too

@@ -15,11 +15,14 @@ from relay import catalog
 from relay._rules import (
     FINETUNE_RULE,
     MODEL_RULE,
+    NOT_BLANK_TEXT_PATTERN,
+    PLAIN_TEXT_PATTERN,
     TARGETS_RULE,
     CheckedConfig,
     FinetuneMethod,
     ModelName,
     TargetNames,
+    WholeNumber,
     has_control_characters,
 )
 
@@ -60,16 +63,23 @@ class SFTConfig(CheckedConfig):
     BODY_MESSAGE: ClassVar[str] = "the config must be an object with the recipe's fields"
 
     model: ModelName
-    dataset_name: str
-    batch_size: int = Field(128, strict=True, ge=1, le=BATCH_SIZE_MAX)
+    dataset_name: str = Field(min_length=1, max_length=DATASET_NAME_MAX, pattern=NOT_BLANK_TEXT_PATTERN)
+    batch_size: WholeNumber = Field(128, strict=True, ge=1, le=BATCH_SIZE_MAX)
     learning_rate: float = Field(2.5e-5, strict=True, gt=0, allow_inf_nan=False)
-    steps: int = Field(6000, strict=True, ge=1, le=STEPS_MAX)
+    steps: WholeNumber = Field(6000, strict=True, ge=1, le=STEPS_MAX)
     finetune: FinetuneMethod = "lora"
-    lora_rank: int = Field(32, strict=True, ge=1, le=LORA_RANK_MAX)
+    lora_rank: WholeNumber = Field(32, strict=True, ge=1, le=LORA_RANK_MAX)
     lora_alpha: float | None = Field(None, strict=True, gt=0, allow_inf_nan=False)
     targets: TargetNames = None
-    cameras: dict[str, str] | None = None
-    name: str | None = Field(None, max_length=NAME_MAX)
+    cameras: dict[str, str] | None = Field(
+        None,
+        json_schema_extra={
+            "minProperties": 1,
+            "propertyNames": {"enum": list(catalog.MODEL_CAMERAS)},
+            "additionalProperties": {"type": "string", "minLength": 1, "pattern": PLAIN_TEXT_PATTERN},
+        },
+    )
+    name: str | None = Field(None, max_length=NAME_MAX, pattern=PLAIN_TEXT_PATTERN)
 
     @field_validator("dataset_name")
     @classmethod

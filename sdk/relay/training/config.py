@@ -19,6 +19,7 @@ from relay._rules import (
     FinetuneMethod,
     ModelName,
     TargetNames,
+    WholeNumber,
 )
 from relay.codec import Codec
 from relay.errors import ConfigError
@@ -50,10 +51,10 @@ class SessionConfig(CheckedConfig):
 
     base_model: ModelName
     finetune: FinetuneMethod = "lora"
-    rank: int = Field(32, strict=True, ge=1, le=LORA_RANK_MAX)
+    rank: WholeNumber = Field(32, strict=True, ge=1, le=LORA_RANK_MAX)
     alpha: float | None = Field(None, gt=0, allow_inf_nan=False)
     targets: TargetNames = None
-    action_horizon: int = Field(10, strict=True, ge=1, le=ACTION_HORIZON_MAX)
+    action_horizon: WholeNumber = Field(10, strict=True, ge=1, le=ACTION_HORIZON_MAX)
     codec: Codec = Codec.LOSSLESS
 
     @model_validator(mode="after")
