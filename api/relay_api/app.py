@@ -128,7 +128,7 @@ async def _http_answer(request: Request, error: HTTPException) -> JSONResponse:
         message = f"{request.method} is not allowed here; allowed: {', '.join(allowed)}"
         headers = {name: value for name, value in (headers or {}).items() if name.lower() != "allow"}
         headers["allow"] = ", ".join(allowed)
-    return _answer(error.status_code, message, headers=headers)
+    return _answer(error.status_code, message, code=getattr(error, "code", None), headers=headers)
 
 
 def _allowed_methods(request: Request) -> list[str]:

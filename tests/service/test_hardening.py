@@ -64,7 +64,7 @@ def test_a_body_over_the_limit_is_413_naming_the_limit(parked: TestClient, alice
 
     headers = {**alice, "content-type": "application/json"}
     error = error_of(parked.post("/v1/fine-tunes", content=chunks(), headers=headers), 413)
-    assert str(limit) in error["message"]
+    assert str(limit) in error["message"] and error["code"] == "body_too_large"
 
 
 def test_the_key_is_checked_before_the_body_is_read(parked: TestClient) -> None:
