@@ -67,6 +67,15 @@ def test_a_body_over_the_limit_is_413_naming_the_limit(parked: TestClient, alice
     assert str(limit) in error["message"] and error["code"] == "body_too_large"
 
 
+def test_a_session_call_has_its_own_larger_limit(parked: TestClient, alice: dict[str, str]) -> None:
+    limit = parked.app.state.settings.session_max_call_bytes  # type: ignore[attr-defined]
+    headers = {**alice, "x-relay-seq": "1", "content-type": "application/octet-stream"}
+    headers["content-length"] = str(limit + 1)  # refused on the header alone: nothing is sent
+    response = parked.post("/v1/sessions/ses-none/calls", content=b"", headers=headers)
+    error = error_of(response, 413)
+    assert error["code"] == "call_too_large" and str(limit) in error["message"]
+
+
 def test_the_key_is_checked_before_the_body_is_read(parked: TestClient) -> None:
     error = error_of(parked.post("/v1/fine-tunes", content=b"{not json", headers={}), 401)
     assert error["code"] == "missing_api_key"  # not "invalid JSON": the body was never parsed
