@@ -85,8 +85,9 @@ def test_a_database_outage_costs_a_training_job_nothing(stack: Stack, dataset: P
         assert "the database is unreachable" in worker.log_since_start()
         refusals = sum(answer.status_code == 503 for answer in answers)
         print(
-            f"\nPostgreSQL cut for {OUTAGE_SECONDS:.0f} s at step {step_at_cut}: {refusals} of {len(answers)} "
-            f"API answers meanwhile were 503; the job completed on attempt 1 with all {len(events)} events"
+            f"\nPostgreSQL cut for {OUTAGE_SECONDS:.0f} s at step {step_at_cut}: {refusals} of "
+            f"{len(answers)} API answers meanwhile were 503; the job completed on attempt 1 with all "
+            f"{len(events)} events"
         )
     finally:
         client.close()
