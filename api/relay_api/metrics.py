@@ -142,8 +142,8 @@ class ServiceCollector(Collector):
             yield from self._running_jobs(session)
 
     def _jobs(self, session: Session, now: dt.datetime) -> Iterator[Metric]:
-        counts = dict(
-            session.execute(select(fine_tunes.c.status, func.count()).group_by(fine_tunes.c.status)).all()
+        counts: dict[str, int] = dict(
+            session.execute(select(fine_tunes.c.status, func.count()).group_by(fine_tunes.c.status)).tuples()
         )
         jobs = GaugeMetricFamily("relay_fine_tunes", "Fine-tune jobs by status.", labels=["status"])
         for status in job_status.STATUSES:
@@ -165,10 +165,10 @@ class ServiceCollector(Collector):
         )
 
     def _sessions(self, session: Session) -> Iterator[Metric]:
-        counts = dict(
+        counts: dict[str, int] = dict(
             session.execute(
                 select(training_sessions.c.status, func.count()).group_by(training_sessions.c.status)
-            ).all()
+            ).tuples()
         )
         family = GaugeMetricFamily(
             "relay_training_sessions", "Training sessions by status.", labels=["status"]

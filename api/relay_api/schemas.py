@@ -4,7 +4,7 @@ plain dicts on their hot path (fine_tunes.event_object) and match EventOut (test
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -120,7 +120,7 @@ class SessionOut(BaseModel):
     targets: list[str]
     action_horizon: int
     codec: str
-    info: dict[str, object] | None
+    info: dict[str, Any] | None
     error: str | None
     worker: str | None
     idle_timeout_seconds: float
