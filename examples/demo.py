@@ -4,7 +4,8 @@ through the SDK, the merged weights downloaded and a few actions sampled from th
     python examples/demo.py            # about two minutes on 2 CPU cores
 
 It starts `relay server` (SQLite, a broker that needs no server, one worker) with its data in
-./.relay-demo, and stops it at the end.
+./.relay-demo, prints the web console's address and key so you can watch the job's loss fall in a
+browser, and stops the server at the end (on a terminal, once you press Enter).
 """
 
 from __future__ import annotations
@@ -76,6 +77,12 @@ def main() -> None:
         )
         job = train(config)
         print(f"job {job.id}: {job.status}")
+        from relay import _config
+
+        local = _config.resolve()
+        print(f"\nwatch it in a browser: open {local.base_url}/ and sign in with the API key")
+        print(f"    {local.api_key}")
+        print(f"(the loss curve grows as the job trains; the key is also in {HOME / 'client.json'})\n")
         job.wait(poll=1)
         print(job.status, job.step, f"{job.loss:.4f}")
         print("last events:", job.events()[-3:])
@@ -83,6 +90,8 @@ def main() -> None:
         # 3. The merged weights, and a few actions sampled from them.
         output = job.download(HOME / "model")
         print("downloaded:", sorted(p.name for p in output.iterdir()))
+        if sys.stdin.isatty():
+            input(f"\nthe console stays up at {local.base_url}/ until you press Enter ")
     finally:
         server.terminate()
         server.wait(timeout=30)

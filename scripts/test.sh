@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Install Relay with its development extras in .venv and run the linters and the whole test
-# suite against real PostgreSQL, Redis and Celery worker processes. Exits non-zero on any failure.
+# Install Relay with its development extras in .venv and run the linters, the type checker and the
+# whole test suite against real PostgreSQL, Redis and Celery worker processes. Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/services.sh
+# The console's browser tests drive Debian's Chromium (Playwright's own browsers are not used).
+if [ ! -x /usr/bin/chromium ]; then
+    echo "installing chromium for the browser tests"
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
@@ -15,4 +20,6 @@ python -m pip install -q -e ".[dev]"
 ruff check .
 ruff format --check .
 lint-imports
+# The packages that type-check clean; api/relay_api and worker/relay_worker join when they do.
+mypy sdk/relay engine/relay_engine api/relay_api worker/relay_worker
 pytest --durations=15 "$@"

@@ -81,11 +81,12 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
     app.add_exception_handler(RequestValidationError, _validation_answer)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_answer)  # type: ignore[arg-type]
     app.add_exception_handler(SQLAlchemyError, _database_answer)  # type: ignore[arg-type]
+    # The last added runs first: every answer, the guard's too, carries the request id (and is
+    # counted, when metrics are on).
+    app.add_middleware(Guard)
     if settings.metrics:
         app.state.metrics = Metrics(app.state.readers, settings)
         app.add_middleware(RequestMetrics, metrics=app.state.metrics)
-    # The last added runs first: every answer, the guard's too, carries the request id.
-    app.add_middleware(Guard)
     app.add_middleware(RequestId)
     console.install(app)
 

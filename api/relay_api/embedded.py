@@ -1,6 +1,6 @@
 """The embedded service for a laptop: `relay server`.
 
-Everything under one data directory (``RELAY_HOME``, else ``./.relay``): a SQLite database, a
+Everything under one data directory (``RELAY_HOME``, else ``~/.relay``): a SQLite database, a
 SQLite-backed Celery broker (kombu's SQLAlchemy transport, so no server is needed), training
 sessions' calls and results in the SQLite database too (relay_api.channel_sql), job work
 directories, the worker's log, and ``client.json`` with the URL and a local API key, where the SDK

@@ -2,7 +2,8 @@
 
 Paths are relative to the job's work directory and always start with ``output/`` or
 ``checkpoints/``; nothing else in the data directory can be named. The output's sha256 is recorded
-when the job completes; a checkpoint file's is computed when first asked for and remembered.
+when the job completes; a checkpoint file's is computed when first listed or downloaded and
+remembered (checkpoint files never change once complete).
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ class ChecksumCache:
         return known
 
 
-def checkpoint_files(work_dir: Path) -> list[dict[str, Any]]:
-    """Files of the job's complete checkpoints (those with a manifest), oldest first."""
+def checkpoint_files(work_dir: Path, checksums: ChecksumCache) -> list[dict[str, Any]]:
+    """Files of the job's complete checkpoints (those with a manifest), oldest first, with sha256."""
     root = work_dir / CHECKPOINTS
     if not root.is_dir():
         return []
@@ -69,15 +70,16 @@ def checkpoint_files(work_dir: Path) -> list[dict[str, Any]]:
             relative = PurePosixPath(CHECKPOINTS, *path.relative_to(root).parts)
             try:
                 size = path.stat().st_size
+                sha256 = checksums.sha256(path)
             except FileNotFoundError:  # pruned while listed: it is gone, so it is not listed
                 continue
-            found.append({"path": str(relative), "bytes": size, "sha256": None})
+            found.append({"path": str(relative), "bytes": size, "sha256": sha256})
     return found
 
 
-def listing(job: dict[str, Any], work_dir: Path) -> list[dict[str, Any]]:
+def listing(job: dict[str, Any], work_dir: Path, checksums: ChecksumCache) -> list[dict[str, Any]]:
     outputs = [{"path": path, **meta} for path, meta in sorted((job.get("files") or {}).items())]
-    return outputs + checkpoint_files(work_dir)
+    return outputs + checkpoint_files(work_dir, checksums)
 
 
 def resolve(job: dict[str, Any], work_dir: Path, path: str) -> tuple[Path, str | None]:

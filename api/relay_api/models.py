@@ -143,6 +143,10 @@ class TrainingSessionRow(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     ready_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     ended_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    # What the session did, as its worker last reported (with each lease renewal, and at the end).
+    calls: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    steps: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    saved_states: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class SessionMessage(Base):
@@ -167,6 +171,8 @@ class WorkerHeartbeat(Base):
     name: Mapped[str] = mapped_column(String(255), primary_key=True)  # host:pid of the main process
     started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     seen_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # The GPUs (or, on a CPU host, process slots) this worker gives one recipe job.
+    gpus: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
 
 users = cast(Table, User.__table__)

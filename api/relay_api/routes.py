@@ -22,6 +22,7 @@ from relay_api import fine_tunes, schemas
 from relay_api.deps import (
     CurrentUser,
     EnqueuedNotesDep,
+    OneStatementSessionDep,
     PublisherDep,
     ReadSessionDep,
     SessionDep,
@@ -47,7 +48,7 @@ router = APIRouter(prefix="/v1/fine-tunes", tags=["fine-tunes"], responses=schem
 def create_fine_tune(
     config: Annotated[SFTConfig, Body()],
     user: CurrentUser,
-    session: SessionDep,
+    session: OneStatementSessionDep,
     publisher: PublisherDep,
     notes: EnqueuedNotesDep,
     settings: SettingsDep,
@@ -62,6 +63,7 @@ def create_fine_tune(
             param="dataset_name",
             code="invalid_value",
         )
+    config = fine_tunes.place_on_workers(session, config, settings.reconcile_seconds)
     row, replayed = fine_tunes.create(session, user, config, idempotency_key)
     if not replayed:
         try:
@@ -180,11 +182,14 @@ def _status_and_events(sessions: Any, job_id: str, after: int | None) -> tuple[s
 
 
 @router.get("/{job_id}/files", summary="A fine-tune's files", responses={200: {"model": schemas.FileList}})
-def list_files(job_id: JobId, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep) -> Response:
-    """The output (once completed: model.safetensors, config.json, norm_stats.json) and the checkpoints.
-    `sha256` is recorded for the output; a checkpoint file's comes with its download."""
+def list_files(
+    job_id: JobId, request: Request, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep
+) -> Response:
+    """The output (once completed: model.safetensors, config.json, norm_stats.json) and the checkpoints,
+    each with its size and sha256."""
     job = fine_tunes.get(session, user, job_id)
-    return JSONResponse({"object": "list", "data": listing(job, settings.job_dir(job_id))})
+    checksums = request.app.state.checksums
+    return JSONResponse({"object": "list", "data": listing(job, settings.job_dir(job_id), checksums)})
 
 
 @router.get(

@@ -16,7 +16,10 @@ class FineTuneOut(BaseModel):
     object: Literal["fine_tune"] = "fine_tune"
     status: Literal["queued", "running", "cancel_requested", "completed", "cancelled", "error"]
     step: int
-    loss: float | None
+    loss: float | None = Field(
+        description="The mean training loss over the latest metrics window (the last 10 steps): "
+        "the latest metrics event's `loss`. Null before the first event."
+    )
     error: str | None
     output_dir: str | None
     created_at: str
@@ -38,6 +41,7 @@ class FineTuneOut(BaseModel):
     targets: list[str] | None
     cameras: dict[str, str] | None
     name: str | None
+    gpus: int | None = None  # the processes (GPUs) the job runs on; None only for jobs older than the field
 
 
 class FineTuneList(BaseModel):
@@ -68,7 +72,7 @@ class EventList(BaseModel):
 class FileOut(BaseModel):
     path: str
     bytes: int
-    sha256: str | None
+    sha256: str
 
 
 class FileList(BaseModel):
@@ -106,7 +110,8 @@ IDEMPOTENCY_CONFLICT: dict[int | str, dict[str, object]] = {
 
 class SessionOut(BaseModel):
     """A training session: ``starting`` (waiting for a worker, then loading on ``worker``), ``ready``,
-    ``closed`` or ``error`` (``error`` says why it ended)."""
+    ``closed`` or ``error`` (``error`` says why it ended). ``calls``, ``steps`` (optimizer steps) and
+    ``saved_states`` are counted by its worker and reported with each lease renewal and at the end."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -115,14 +120,17 @@ class SessionOut(BaseModel):
     status: Literal["starting", "ready", "closed", "error"]
     base_model: str
     finetune: str
-    rank: int
-    alpha: float | None
+    lora_rank: int
+    lora_alpha: float | None
     targets: list[str]
     action_horizon: int
     codec: str
     info: dict[str, Any] | None
     error: str | None
     worker: str | None
+    calls: int
+    steps: int
+    saved_states: int
     idle_timeout_seconds: float
     created_at: str
     ready_at: str | None

@@ -19,7 +19,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from relay.training import status as st
-from relay.training.config import SessionConfig
+from relay.training.config import SessionConfig, with_current_names
 from relay_api.db import rows_changed, utcnow
 from relay_api.errors import APIProblem
 from relay_api.fine_tunes import iso
@@ -46,10 +46,13 @@ def session_object(row: Mapping[str, Any], settings: Settings) -> dict[str, Any]
         "id": row["id"],
         "object": "training_session",
         "status": row["status"],
-        **row["config"],
+        **with_current_names(row["config"]),
         "info": row["info"],
         "error": row["error"],
         "worker": row["worker"],
+        "calls": row["calls"],
+        "steps": row["steps"],
+        "saved_states": row["saved_states"],
         "idle_timeout_seconds": settings.session_idle_seconds,
         "created_at": iso(row["created_at"]),
         "ready_at": iso(row["ready_at"]),
@@ -89,6 +92,9 @@ def create(
             "updated_at": now,
             "ready_at": None,
             "ended_at": None,
+            "calls": 0,
+            "steps": 0,
+            "saved_states": 0,
         }
 
     return insert_once(session, table, user_id, idempotency_key, digest, new_row, "session")

@@ -1,8 +1,8 @@
 """The service's settings, from ``RELAY_*`` environment variables (or a .env file), checked at start.
 
 The API, the workers, the migrations and the embedded server read the same class; with nothing
-set, everything lives in the data directory (``./.relay``): SQLite for the database and for the
-Celery broker, so a laptop needs no servers.
+set, everything lives in the data directory (``RELAY_HOME``, else ``~/.relay``; an empty value
+counts as unset): SQLite for the database and for the Celery broker, so a laptop needs no servers.
 """
 
 from __future__ import annotations
@@ -11,15 +11,17 @@ import functools
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from relay import _config
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RELAY_", env_file=".env", extra="ignore")
 
     # The data directory: job work dirs (checkpoints, output) and, by default, the SQLite files.
-    home: Path = Path(".relay")
+    home: Path = Field(default_factory=_config.data_dir)
     # SQLAlchemy URL; postgresql:// is read as postgresql+psycopg://. Default: SQLite in `home`.
     database_url: str = ""
     # Celery broker URL, such as redis://redis:6379/0. Default: SQLite in `home` (no server needed).
@@ -46,6 +48,11 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1)
     # GPUs for a worker's processes, one each: "0,1,2,3" with `celery worker -c 4`. Empty: leave as is.
     worker_gpus: str = ""
+    # GPUs this worker lends one recipe job, started as that many processes through
+    # torch.distributed.run; on a host without CUDA, processes on its CPU (gloo). 0: as many as
+    # RELAY_WORKER_GPUS lists, else 1. Workers report it in their heartbeats; the API refuses a
+    # job that asks for more than any worker has.
+    worker_slots: int = Field(0, ge=0)
 
     # Training-loop sessions: their own queue on the same workers, one session per worker process.
     session_queue: str = "relay.sessions"
@@ -80,6 +87,12 @@ class Settings(BaseSettings):
     # reach it how busy the service is; the embedded server turns it on.
     metrics: bool = False
 
+    @field_validator("home", mode="before")
+    @classmethod
+    def _empty_home_is_unset(cls, value: object) -> object:
+        # RELAY_HOME="" would otherwise be the working directory, and scatter relay.db there.
+        return _config.data_dir() if value in ("", None) else value
+
     @model_validator(mode="after")
     def _defaults_in_home(self) -> Settings:
         self.home = self.home.expanduser().absolute()
@@ -102,6 +115,13 @@ class Settings(BaseSettings):
     @property
     def jobs_dir(self) -> Path:
         return self.home / "jobs"
+
+    @property
+    def job_slots(self) -> int:
+        """How many processes (GPUs) this worker gives one recipe job."""
+        if self.worker_slots:
+            return self.worker_slots
+        return max(1, len([g for g in self.worker_gpus.split(",") if g.strip()]))
 
     def job_dir(self, job_id: str) -> Path:
         return self.jobs_dir / job_id

@@ -2,13 +2,21 @@
 
 Anything else that escapes the engine is a bug or an infrastructure fault. The worker ends a
 job in `error` with ``str(error)`` for these, and goes on serving.
+
+There is one ConfigError, the SDK's (``relay.errors.ConfigError``): the engine raises the class
+that SFTConfig and SessionConfig raise, and it is an EngineError, so catching EngineError catches
+a broken setting too.
 """
 
 from __future__ import annotations
 
+from relay.errors import ConfigError, InputError
 
-class EngineError(Exception):
-    """A problem with the user's input (dataset, config, data); the message says what to fix."""
+__all__ = ["ConfigError", "DatasetError", "DiskFullError", "EngineError"]
+
+# A problem with the user's input (dataset, config, data); the message says what to fix. It is the
+# SDK's InputError, the base of ConfigError, under the name the engine's callers know.
+EngineError = InputError
 
 
 class DatasetError(EngineError):
@@ -18,10 +26,6 @@ class DatasetError(EngineError):
         self.dataset = dataset
         self.problem = problem
         super().__init__(f"dataset {dataset}: {problem}")
-
-
-class ConfigError(EngineError, ValueError):
-    """A setting the engine cannot honour (an unknown target, a camera map that does not fit)."""
 
 
 class DiskFullError(EngineError):

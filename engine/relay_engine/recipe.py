@@ -1,5 +1,8 @@
 """A recipe job: the engine's loop driven by an SFTConfig.
 
+A Recipe is a validated SFTConfig (the user's settings, their rules and defaults declared there
+once) plus the engine's own settings that a job's user does not choose.
+
 `run_recipe` opens the dataset, loads and tunes the model, resumes from the work directory's last
 complete checkpoint if there is one, runs the fixed schedule and writes the merged output. It is
 what a worker runs for `POST /v1/fine-tunes` and what `relay local train` runs on a laptop.
@@ -20,14 +23,16 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
+from relay.catalog import ACTION_HORIZON
 from relay.optimizer import AdamParams
+from relay.sft.config import SFTConfig
 from relay_engine.datasets import open_dataset
 from relay_engine.distributed import Parallel, World, choose_strategy, gathered_policy, join, launched, leave
 from relay_engine.distributed.checkpoint import STATE_DIR, load_sharded, save_sharded
@@ -35,36 +40,26 @@ from relay_engine.distributed.group import batch_slice
 from relay_engine.errors import ConfigError
 from relay_engine.models import load_policy
 from relay_engine.training.checkpoint import CheckpointStore
-from relay_engine.training.data import BatchOrder, DataPosition, batch_loader
+from relay_engine.training.data import BatchOrder, DataPosition, batch_loader, select
 from relay_engine.training.export import write_output
 from relay_engine.training.learner import Learner
 from relay_engine.training.loop import Event, LoopState, MetricsWindow, run_loop
 from relay_engine.training.schedule import learning_rate
 from relay_engine.tuning import apply_tuning
 
-# The fixed part of the recipe (docs/recipe-jobs.md, "What is fixed"). Weight decay is not
-# named there; openpi's default (1e-10) is none in effect, so we use none.
-RECIPE_ADAM = AdamParams(
-    learning_rate=0.0, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0, grad_clip_norm=1.0
-)
+# The fixed part of the recipe (docs/recipe-jobs.md, "What is fixed"): AdamW with AdamParams'
+# defaults (betas 0.9 and 0.95, eps 1e-8, no weight decay, gradients clipped to norm 1); the rate is
+# the schedule's at each step. openpi's weight decay (1e-10) is none in effect, so we use none.
+RECIPE_ADAM = AdamParams(learning_rate=0.0)
 LOG_EVERY = 10
 
 
 @dataclass(frozen=True)
 class Recipe:
-    # The user's recipe: SFTConfig's fields (validated by SFTConfig before they get here).
-    model: str
-    dataset_name: str
-    batch_size: int = 128
-    learning_rate: float = 2.5e-5
-    steps: int = 6000
-    finetune: str = "lora"
-    lora_rank: int = 32
-    lora_alpha: float | None = None
-    targets: list[str] | None = None
-    cameras: dict[str, str] | None = None
-    # Engine settings that are not the user's to choose in a job.
-    action_horizon: int = 10
+    """The user's validated recipe and the engine's settings that are not the user's to choose in a job."""
+
+    config: SFTConfig
+    action_horizon: int = ACTION_HORIZON
     checkpoint_every: int = 1000
     log_every: int = LOG_EVERY
     seed: int = 0
@@ -76,16 +71,35 @@ class Recipe:
     strategy: str = "auto"
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], **engine_settings: Any) -> Recipe:
-        """From SFTConfig.model_dump() (fields the engine does not use, like `name`, are ignored)."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in config.items() if k in known}, **engine_settings)
+    def from_config(cls, config: SFTConfig | Mapping[str, Any], **engine_settings: Any) -> Recipe:
+        """From an SFTConfig, or the fields of one (a stored job's config), validated here.
+
+        Raises ConfigError naming the field and the rule if they break one."""
+        checked = config if isinstance(config, SFTConfig) else SFTConfig.parse(config)
+        return cls(checked, **engine_settings)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, for another process: the config's fields under "config", then the engine's."""
+        engine = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "config"}
+        return {"config": self.config.model_dump(mode="json"), **engine}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Recipe:
+        """The inverse of to_dict (the config validated again)."""
+        settings = dict(data)
+        return cls.from_config(settings.pop("config"), **settings)
 
     def fingerprint(self) -> str:
-        """What must not change between a checkpoint and a resume."""
-        # How many processes run it, and how they share the model, may change: checkpoints reshard.
-        free = ("num_workers", "device", "log_every", "strategy")
-        fixed = {k: v for k, v in asdict(self).items() if k not in free}
+        """What must not change between a checkpoint and a resume: the recipe but its name, and the
+        engine settings that shape training. Where it runs, how often it reports, and how many
+        processes run it and share the model may change (checkpoints reshard)."""
+        fixed = {
+            **self.config.model_dump(exclude={"name", "gpus"}),
+            "action_horizon": self.action_horizon,
+            "checkpoint_every": self.checkpoint_every,
+            "seed": self.seed,
+            "episodes": self.episodes,
+        }
         return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -113,15 +127,21 @@ def run_recipe(
     should_stop: Callable[[], bool],
     dataset_cache_dir: Path | None = None,
     output_dir: Path | None = None,
+    checkpoint_on_stop: bool = False,
 ) -> RecipeResult:
-    """Run the recipe here; under torch.distributed.run, as this process's part of the group."""
+    """Run the recipe here; under torch.distributed.run, as this process's part of the group.
+
+    A resumed run first reports `{"step": N, "event": "resumed"}`. With `checkpoint_on_stop`, a
+    run stopped by `should_stop` saves a checkpoint at the step it reached (a local run's
+    Ctrl-C), so that the same command again loses nothing."""
+    stopping = checkpoint_on_stop
     if not launched():
-        return _run(recipe, work_dir, None, on_event, should_stop, dataset_cache_dir, output_dir)
+        return _run(recipe, work_dir, None, on_event, should_stop, dataset_cache_dir, output_dir, stopping)
     # A caller that joined the group itself (to run several recipes in one launch) keeps it.
     joined_here = not torch.distributed.is_initialized()
     world = join(recipe.device)
     try:
-        return _run(recipe, work_dir, world, on_event, should_stop, dataset_cache_dir, output_dir)
+        return _run(recipe, work_dir, world, on_event, should_stop, dataset_cache_dir, output_dir, stopping)
     finally:
         if joined_here:
             leave()
@@ -135,29 +155,31 @@ def _run(
     should_stop: Callable[[], bool],
     dataset_cache_dir: Path | None,
     output_dir: Path | None,
+    checkpoint_on_stop: bool,
 ) -> RecipeResult:
+    config = recipe.config
     work_dir = Path(work_dir)
     output_dir = Path(output_dir) if output_dir is not None else work_dir / "output"
     device = world.device if world is not None else pick_device(recipe.device)
     rank, processes = (world.rank, world.size) if world is not None else (0, 1)
     main = rank == 0
-    if recipe.batch_size < processes:
+    if config.batch_size < processes:
         raise ConfigError(
-            f"bad batch_size: {recipe.batch_size} (must be at least the number of processes, {processes}: "
+            f"bad batch_size: {config.batch_size} (must be at least the number of processes, {processes}: "
             "each process trains on its part of every batch)"
         )
-    strategy = choose_strategy(recipe.strategy, recipe.finetune)
+    strategy = choose_strategy(recipe.strategy, config.finetune)
 
     dataset = open_dataset(
-        recipe.dataset_name,
-        cameras=recipe.cameras,
+        config.dataset_name,
+        cameras=config.cameras,
         action_horizon=recipe.action_horizon,
         cache_dir=dataset_cache_dir,
     )
     indices = _training_indices(dataset, recipe.episodes)
-    policy = load_policy(recipe.model, device=device, action_horizon=recipe.action_horizon, seed=recipe.seed)
+    policy = load_policy(config.model, device=device, action_horizon=recipe.action_horizon, seed=recipe.seed)
     policy.config = policy.config.replace(robot_action_dim=dataset.summary.action_dim)
-    model = apply_tuning(policy, recipe.finetune, recipe.targets, recipe.lora_rank, recipe.lora_alpha)
+    model = apply_tuning(policy, config.finetune, config.targets, config.lora_rank, config.lora_alpha)
     parallel = Parallel(model, world, strategy) if world is not None else None
     learner = Learner(model, seed=recipe.seed, device=device, parallel=parallel)
 
@@ -181,8 +203,8 @@ def _run(
         position = DataPosition.from_dict(manifest["data_position"])
         resumed_from = state.step
 
-    order = BatchOrder(len(indices), recipe.batch_size, recipe.seed, span_epochs=True)
-    subset = torch.utils.data.Subset(dataset, indices.tolist()) if recipe.episodes is not None else dataset
+    order = BatchOrder(len(indices), config.batch_size, recipe.seed, span_epochs=True)
+    subset = select(dataset, indices.tolist()) if recipe.episodes is not None else dataset
     num_workers = recipe.num_workers if recipe.num_workers is not None else (0 if device.type == "cpu" else 8)
     batches = batch_loader(
         subset, order, position, policy.collate, num_workers, part=lambda n: batch_slice(n, rank, processes)
@@ -194,7 +216,7 @@ def _run(
         return [next(batches)]
 
     def save_checkpoint(loop_state: LoopState) -> None:
-        meta = {
+        meta: dict[str, object] = {
             "recipe": recipe.fingerprint(),
             "data_position": position.to_dict(),
             "window": loop_state.window.to_dict(),
@@ -206,6 +228,9 @@ def _run(
         if main:  # one process speaks for the group
             on_event(event)
 
+    if resumed_from is not None:
+        report({"step": resumed_from, "event": "resumed"})
+
     def stop_agreed() -> bool:
         # A stop asked of any process (rank 0 hears the service's cancel) stops all at the same step.
         wanted = should_stop()
@@ -215,8 +240,8 @@ def _run(
         learner,
         next_step_batches,
         state=state,
-        total_steps=recipe.steps,
-        learning_rate_at=lambda step: learning_rate(step, recipe.steps, recipe.learning_rate),
+        total_steps=config.steps,
+        learning_rate_at=lambda step: learning_rate(step, config.steps, config.learning_rate),
         adam=RECIPE_ADAM,
         on_event=report,
         should_stop=stop_agreed,
@@ -225,6 +250,9 @@ def _run(
         log_every=recipe.log_every,
     )
     if result.status != "completed":
+        if checkpoint_on_stop and state.step > 0 and _latest_step(store) != state.step:
+            save_checkpoint(state)
+            report({"step": state.step, "event": "checkpoint"})
         return RecipeResult(result.status, result.step, result.loss, None, resumed_from)
 
     whole = gathered_policy(model, parallel)
@@ -240,6 +268,11 @@ def _run(
         resumed_from,
         extra={"processes": processes, "strategy": strategy if parallel is not None else None},
     )
+
+
+def _latest_step(store: CheckpointStore) -> int | None:
+    latest = store.latest()
+    return None if latest is None else int(store.manifest(latest)["step"])
 
 
 def _training_indices(dataset: Any, episodes: Iterable[int] | None) -> np.ndarray:

@@ -1,7 +1,9 @@
 """Where the SDK finds the API: its base URL and the caller's key.
 
 In order: the arguments a caller passes, then ``RELAY_BASE_URL`` / ``RELAY_API_KEY``, then the
-client file that ``relay server`` writes in its data directory (``RELAY_HOME``, else ``./.relay``).
+client file that ``relay server`` writes in its data directory. That directory is ``RELAY_HOME``,
+else the user's ``~/.relay``, so the SDK and the CLI find a local server from any working
+directory. An empty ``RELAY_HOME`` counts as unset.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ CLIENT_FILE = "client.json"
 
 
 def data_dir() -> Path:
-    """Relay's local data directory: ``RELAY_HOME``, else ``./.relay``. Read at each call."""
-    return Path(os.environ.get("RELAY_HOME") or ".relay").expanduser()
+    """Relay's local data directory: ``RELAY_HOME`` (when not empty), else ``~/.relay``. Read at each call."""
+    return Path(os.environ.get("RELAY_HOME") or Path.home() / ".relay").expanduser().absolute()
 
 
 def client_file() -> Path:
@@ -47,6 +49,20 @@ def write_client_file(directory: Path, base_url: str, api_key: str) -> Path:
         json.dump({"base_url": base_url, "api_key": api_key}, file)
     os.replace(tmp, path)
     return path
+
+
+def where_looked() -> str:
+    """Where the settings came from, for an error that says why no server answered."""
+    if os.environ.get("RELAY_BASE_URL"):
+        return "the URL is RELAY_BASE_URL's"
+    path = client_file()
+    if _read_client_file().get("base_url"):
+        return f"the URL is from {path}, written by the last `relay server` with this data directory"
+    home = "RELAY_HOME" if os.environ.get("RELAY_HOME") else "~/.relay (RELAY_HOME is not set)"
+    return (
+        f"looked for a local server's {CLIENT_FILE} in {home}: no {path}; "
+        "start one with `relay server`, or set RELAY_BASE_URL"
+    )
 
 
 def _read_client_file() -> dict[str, str]:

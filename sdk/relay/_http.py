@@ -87,7 +87,8 @@ class Client:
                 if retry and attempt < self.max_retries:
                     attempt = self._backoff(attempt)
                     continue
-                raise APIError(method, path, None, f"cannot reach {self.base_url}: {error}") from None
+                message = f"cannot reach {self.base_url}: {error} ({_config.where_looked()})"
+                raise APIError(method, path, None, message) from None
             if response.status_code in RETRY_STATUSES and retry and attempt < self.max_retries:
                 attempt = self._backoff(attempt)
                 continue
@@ -187,7 +188,7 @@ class Client:
                 path,
                 None,
                 "no API key: set RELAY_API_KEY, or start a local server with `relay server` "
-                f"(it writes one to {_config.client_file()})",
+                f"(it writes one to {_config.client_file()}, where this client looked)",
             )
 
     @staticmethod

@@ -3,7 +3,8 @@
 SFTConfig (a recipe) and SessionConfig (a training session) are CheckedConfigs: built in the SDK
 or parsed from a request body by the API, a broken rule raises ConfigError whose message names the
 field, the value given and the rule (``bad batch_size: 0 (must be an integer from 1 to 512)``).
-The fields both have (the base model, the tuning method, the targets) use one definition here.
+The fields both have (the base model, the tuning method, the LoRA rank and alpha, the targets) use
+one definition here, defaults included.
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+)
 
 from relay import catalog
 from relay.errors import ConfigError
@@ -22,6 +31,8 @@ from relay.errors import ConfigError
 MODEL_RULE = "must be one of " + ", ".join(catalog.MODELS)
 FINETUNE_RULE = "must be " + " or ".join(f'"{m}"' for m in catalog.FINETUNE_METHODS)
 TARGETS_RULE = "must be a list of targets from: " + ", ".join(catalog.TARGETS)
+LORA_RANK_RULE = f"must be an integer from 1 to {catalog.LORA_RANK_MAX}"
+LORA_ALPHA_RULE = "must be a number greater than 0; by default, the rank"
 
 
 def _known_model(value: str) -> str:
@@ -83,6 +94,11 @@ WholeNumber = Annotated[int, BeforeValidator(_whole_float_to_int)]
 PLAIN_TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*$"
 # The same, with at least one character that is not blank.
 NOT_BLANK_TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"
+LoraRank = Annotated[
+    int, BeforeValidator(_whole_float_to_int), Field(strict=True, ge=1, le=catalog.LORA_RANK_MAX)
+]
+# None until the config fills it in with the rank.
+LoraAlpha = Annotated[float | None, Field(strict=True, gt=0, allow_inf_nan=False)]
 
 
 def _rules_in_schema(schema: dict[str, Any], cls: type[BaseModel]) -> None:
@@ -117,6 +133,12 @@ class CheckedConfig(BaseModel):
             super().__init__(**data)
         except ValidationError as error:
             raise type(self).config_error(error, data) from None
+
+    @classmethod
+    def default(cls, field: str) -> Any:
+        """A field's default: where a CLI option or another settings object offers the same setting,
+        it takes its default from here, so each default is declared once."""
+        return cls.model_fields[field].get_default(call_default_factory=True)
 
     @classmethod
     def parse(cls, data: Any) -> Self:

@@ -20,6 +20,8 @@ MODEL_CAMERAS: tuple[str, ...] = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist
 # States and actions are padded with zeros to this width.
 ACTION_DIM = 32
 STATE_DIM = 32
+# Actions per chunk that pi0.5 predicts and trains on, unless a session or recipe says otherwise.
+ACTION_HORIZON = 10
 
 # Where training goes. With finetune="lora", a target's attention, MLP (and, for `.norm`, the
 # adaptive-norm) linear layers get LoRA adapters, except `heads`, which are trained in full because
@@ -37,13 +39,21 @@ TARGETS: dict[str, str] = {
     "action_expert.attn": "the action expert's attention projections (q, k, v, o)",
     "action_expert.mlp": "the action expert's MLPs (gate, up, down)",
     "action_expert.norm": "the action expert's adaptive RMSNorm layers (the time conditioning)",
-    "heads": "action_in_proj, action_out_proj, time_mlp_in and time_mlp_out, always trained in full",
+    "heads": "action_in_proj, action_out_proj, time_mlp_in and time_mlp_out: trained in full, even "
+    "with LoRA, when targeted (they are in the default targets and in `all`; explicit targets "
+    "without `heads` leave them frozen)",
 }
 
 DEFAULT_LORA_TARGETS: tuple[str, ...] = ("action_expert.attn", "action_expert.mlp", "heads")
 DEFAULT_FULL_TARGETS: tuple[str, ...] = ("all",)
 
 FINETUNE_METHODS: tuple[str, ...] = ("lora", "full")
+# How the processes of one job share the model: auto picks fsdp for full and ddp for lora.
+STRATEGIES: tuple[str, ...] = ("auto", "ddp", "fsdp")
+
+# The LoRA adapters' rank: 1 to LORA_RANK_MAX; LORA_RANK_DEFAULT where a recipe or session names none.
+LORA_RANK_DEFAULT = 32
+LORA_RANK_MAX = 256
 
 
 def default_targets(finetune: str) -> tuple[str, ...]:

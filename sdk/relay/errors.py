@@ -4,13 +4,22 @@ A request the API refused raises ``APIError``, a RuntimeError whose message read
 ``POST /v1/fine-tunes: 400 bad batch_size: 0 (...)``; a config the SDK can check before sending
 raises ``ConfigError``, a ValueError naming the field and the rule; a training session's call that
 failed raises ``RequestFailedError`` from its future's ``.result()``.
+
+``ConfigError`` is the one class for a broken setting everywhere: the SDK, the API and the engine
+raise it. It is an ``InputError``, the engine's ``EngineError``, so whatever shows the user an
+engine problem (the worker, the CLI) shows a broken setting too.
 """
 
 from __future__ import annotations
 
 
-class ConfigError(ValueError):
-    """A recipe setting that breaks a rule. ``param`` names the (first) field at fault; ``code`` says
+class InputError(Exception):
+    """Something the user gave (a setting, a dataset, data) cannot be used; the message says what to
+    fix. The engine raises it as ``relay_engine.errors.EngineError``."""
+
+
+class ConfigError(InputError, ValueError):
+    """A setting that breaks a rule. ``param`` names the (first) field at fault; ``code`` says
     how (``invalid_value``, ``missing_field``, ``unknown_field``, ``invalid_body``)."""
 
     def __init__(self, message: str, param: str | None = None, code: str = "invalid_value") -> None:

@@ -127,7 +127,9 @@ def test_fine_tunes_commands(
             "--steps",
             "10",
             "--target",
-            "action_expert",
+            "action_expert.attn",
+            "--targets",
+            "action_expert.mlp,heads",
             "--camera",
             "base_0_rgb=observation.images.top",
             "--name",
@@ -137,7 +139,8 @@ def test_fine_tunes_commands(
         )
     )
     job_id = created["id"]
-    assert created["status"] == "completed" and created["targets"] == ["action_expert"]
+    assert created["status"] == "completed"
+    assert created["targets"] == ["action_expert.attn", "action_expert.mlp", "heads"]
     assert created["cameras"] == {"base_0_rgb": "observation.images.top"}
 
     assert job_id in run("fine-tunes", "list")
@@ -149,6 +152,9 @@ def test_fine_tunes_commands(
     assert "step     10  loss" in text and "finished" in text
     events = [json.loads(line) for line in run("fine-tunes", "events", job_id, "--json").splitlines()]
     assert events[-1]["event"] == "finished" and all("id" in e for e in events)
+    # The plain lines show the ids that --after takes.
+    assert [line.split()[:2] for line in text.splitlines()] == [["id", str(e["id"])] for e in events]
+    assert "loss (10-step mean)" in run("fine-tunes", "retrieve", job_id)
     followed = [
         json.loads(line) for line in run("fine-tunes", "events", job_id, "--follow", "--json").splitlines()
     ]
@@ -194,7 +200,7 @@ def test_sessions_commands(
         training_client.save_state("cli-state").result(timeout=120)
 
         listed = [json.loads(line) for line in run("sessions", "list", "--json").splitlines()]
-        assert [(s["id"], s["status"], s["rank"]) for s in listed] == [(session_id, "ready", 4)]
+        assert [(s["id"], s["status"], s["lora_rank"]) for s in listed] == [(session_id, "ready", 4)]
         table = run("sessions", "list")
         assert session_id in table and "ready" in table and "lora r4" in table
         assert "pi05-tiny" in run("sessions", "show", session_id)

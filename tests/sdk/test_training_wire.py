@@ -141,7 +141,7 @@ def test_adam_params_defaults_and_rules() -> None:
 
 def test_session_settings_spell_out_their_defaults() -> None:
     lora = SessionConfig(base_model="pi05")
-    assert (lora.rank, lora.alpha, lora.targets, lora.action_horizon, lora.codec) == (
+    assert (lora.lora_rank, lora.lora_alpha, lora.targets, lora.action_horizon, lora.codec) == (
         32,
         32.0,
         ["action_expert.attn", "action_expert.mlp", "heads"],
@@ -151,6 +151,19 @@ def test_session_settings_spell_out_their_defaults() -> None:
     assert SessionConfig(base_model="pi05", finetune="full").targets == ["all"]
     with pytest.raises(ConfigError, match=r"bad action_horizon: 0 \(must be an integer from 1 to 100\)"):
         SessionConfig(base_model="pi05", action_horizon=0)
+
+
+def test_session_settings_read_the_former_names_rank_and_alpha() -> None:
+    # Bodies sent and rows stored before the rename say rank/alpha; they mean lora_rank/lora_alpha.
+    former = SessionConfig.parse({"base_model": "pi05", "rank": 8, "alpha": 4})
+    assert (former.lora_rank, former.lora_alpha) == (8, 4.0)
+    assert "rank" not in former.model_dump() and former.model_dump()["lora_rank"] == 8
+    with pytest.raises(ConfigError, match=r"bad lora_rank: 0 \(must be an integer from 1 to 256\)"):
+        SessionConfig.parse({"base_model": "pi05", "rank": 0})
+    # Both spellings of one setting: refused, rather than one silently chosen.
+    with pytest.raises(ConfigError, match="unknown field rank") as both:
+        SessionConfig.parse({"base_model": "pi05", "rank": 8, "lora_rank": 16})
+    assert both.value.param == "rank"
 
 
 def test_import_relay_stays_light() -> None:

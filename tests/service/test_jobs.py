@@ -40,7 +40,7 @@ def assert_events_unique(job: FineTuneJob) -> None:
 
 
 def test_a_job_runs_to_completion_with_its_events_and_files(
-    worker: WorkerProcess, client: Client, dataset: Path, tmp_path: Path
+    worker: WorkerProcess, client: Client, dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     job = train(tiny(dataset, steps=20, name="lifecycle"), client=client)
     assert job.status == "queued" and job.id.startswith("ft-")
@@ -48,7 +48,12 @@ def test_a_job_runs_to_completion_with_its_events_and_files(
     streamed = list(job.follow())  # live, from the start, until the job ends
     job.wait(poll=1)
     assert job.status == "completed", job.error
+    # stderr is no terminal here, so the wait printed plain progress lines, the last one the end.
+    progress = capsys.readouterr().err.splitlines()
+    assert progress and progress[-1].startswith(f"{job.id} completed  step 20/20  loss ")
     assert job.step == 20 and job.loss is not None and job.error is None
+    # The job's loss is the latest metrics event's (a window mean), not one step's.
+    assert job.loss == pytest.approx([e for e in job.events() if "loss" in e][-1]["loss"], rel=1e-6)
     assert job.output_dir is not None and job.output_dir.endswith(f"{job.id}/output")
     assert job.to_dict()["attempts"] == 1 and job.to_dict()["finished_at"]
 
@@ -88,11 +93,15 @@ def test_a_job_runs_to_completion_with_its_events_and_files(
     assert client.download(path, resumed) == files["output/model.safetensors"]["sha256"]
     assert resumed.read_bytes() == weights
 
-    # A checkpoint's checksum comes with its download.
-    checkpoint = next(p for p in files if p.startswith("checkpoints/") and p.endswith("manifest.json"))
+    # Every listed file has its sha256, checkpoint files too, and the download carries the same one.
+    assert all(isinstance(f["sha256"], str) and len(f["sha256"]) == 64 for f in files.values())
+    checkpoint = next(
+        p for p in files if p.startswith("checkpoints/") and p.endswith("trainable.safetensors")
+    )
     answer = httpx.get(f"{client.base_url}/v1/fine-tunes/{job.id}/files/{checkpoint}", headers=headers)
     assert answer.status_code == 200
     assert answer.headers["x-checksum-sha256"] == hashlib.sha256(answer.content).hexdigest()
+    assert answer.headers["x-checksum-sha256"] == files[checkpoint]["sha256"]
 
     # A finished job stays finished.
     with pytest.raises(RuntimeError, match=r"409 fine-tune ft-[0-9a-f]{12} is already completed"):

@@ -16,7 +16,7 @@ from relay.optimizer import AdamParams
 from relay.training import ServiceClient, TrainingClient, types, wire
 from relay_engine.training.session import SessionSpec, TrainingSession
 from tests.service.sessions_data import HORIZON, batch, datum, flow_matching_loss
-from tests.service.stack import Stack, WorkerProcess
+from tests.service.stack import Stack, WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -184,6 +184,11 @@ def test_state_saved_in_one_session_resumes_in_another_and_stays_with_its_user(
         first.optim_step(types.AdamParams(learning_rate=1e-3))
         expected = first.forward_backward(data, "flow_matching").result().metrics["loss"]
     assert saved.name == "step-1" and saved.path.endswith("/states/step-1")
+    # Its worker counted what it did (the close is a call too) and wrote it when the session ended.
+    ended = wait_for(
+        lambda: (row := service.retrieve_session(first.id))["status"] == "closed" and row, 30, "the close"
+    )
+    assert (ended["calls"], ended["steps"], ended["saved_states"]) == (7, 2, 1)
 
     with service.create_lora_training_client("pi05-tiny", rank=8) as second:
         second.load_state("step-1").result()
@@ -265,7 +270,8 @@ def test_create_refuses_bad_settings_naming_the_field(stack: Stack, user: tuple[
     headers = {"authorization": f"Bearer {user[1]}"}
     cases = [
         ({"base_model": "gpt-4"}, 'bad base_model: "gpt-4" (must be one of pi05, pi05-tiny)'),
-        ({"base_model": "pi05", "rank": 0}, "bad rank: 0 (must be an integer from 1 to 256)"),
+        ({"base_model": "pi05", "lora_rank": 0}, "bad lora_rank: 0 (must be an integer from 1 to 256)"),
+        ({"base_model": "pi05", "rank": 0}, "bad lora_rank: 0 (must be an integer from 1 to 256)"),
         ({"base_model": "pi05", "targets": ["wings"]}, "unknown target 'wings'"),
         ({"base_model": "pi05", "codec": "png"}, 'bad codec: "png" (must be "lossless" or "jpeg_q95")'),
         ({"base_model": "pi05", "seed": 1}, "unknown field seed (a session's fields: base_model"),
@@ -275,3 +281,40 @@ def test_create_refuses_bad_settings_naming_the_field(stack: Stack, user: tuple[
         answer = httpx.post(f"{stack.api_url}/v1/sessions", headers=headers, json=body)
         assert answer.status_code == 400, body
         assert message in answer.json()["error"]["message"], answer.json()
+
+
+def test_sessions_created_or_stored_with_the_former_names_read_as_lora_rank(
+    stack: Stack, user: tuple[str, str]
+) -> None:
+    from sqlalchemy import update
+
+    from relay_api.models import TrainingSessionRow
+
+    headers = {"authorization": f"Bearer {user[1]}"}
+    with httpx.Client(base_url=stack.parked_api_url, headers=headers) as http:
+        created = http.post("/v1/sessions", json={"base_model": "pi05-tiny", "rank": 8, "alpha": 4})
+        assert created.status_code in (200, 201), created.text
+        session = created.json()
+        assert (session["lora_rank"], session["lora_alpha"]) == (8, 4.0) and "rank" not in session
+        try:
+            # A row stored before the rename still says rank/alpha.
+            with stack.sessions() as db:
+                stored = {
+                    "base_model": "pi05-tiny",
+                    "finetune": "lora",
+                    "rank": 8,
+                    "alpha": 4.0,
+                    "targets": session["targets"],
+                    "action_horizon": session["action_horizon"],
+                    "codec": "lossless",
+                }
+                db.execute(
+                    update(TrainingSessionRow)
+                    .where(TrainingSessionRow.id == session["id"])
+                    .values(config=stored)
+                )
+                db.commit()
+            shown = http.get(f"/v1/sessions/{session['id']}").json()
+            assert (shown["lora_rank"], shown["lora_alpha"]) == (8, 4.0) and "rank" not in shown
+        finally:
+            http.post(f"/v1/sessions/{session['id']}/close")

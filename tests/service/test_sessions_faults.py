@@ -65,6 +65,14 @@ def test_a_silent_client_loses_its_session_and_a_heartbeating_one_keeps_it(
     with service.create_lora_training_client("pi05-tiny", rank=8) as training_client:
         time.sleep(idle + 1.5)
         assert training_client.forward(batch(0, 1)).result(timeout=30)["velocity"].shape[0] == 1
+    # Closed by its client, as a session should end: no error to show.
+    closed = wait_for(
+        lambda: (row := session_row(stack, user[1], training_client.id))["status"] == "closed" and row,
+        30,
+        "the session to close",
+        every=0.2,
+    )
+    assert closed["error"] is None
     service.close()
 
 

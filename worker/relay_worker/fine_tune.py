@@ -26,9 +26,10 @@ from relay_api.files import output_manifest
 from relay_api.settings import Settings, get_settings
 from relay_engine.errors import EngineError
 from relay_engine.paths import cache_dir_or_default
-from relay_engine.recipe import Recipe, run_recipe
+from relay_engine.recipe import Recipe, RecipeResult, run_recipe
 from relay_engine.training.checkpoint import CheckpointStore
 from relay_worker import lifecycle, shutdown
+from relay_worker.launched import run_on_processes
 from relay_worker.lifecycle import Claim, FencedOut
 
 log = logging.getLogger("relay_worker")
@@ -221,7 +222,13 @@ def _train(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeep
 
 def _run(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper, work_dir: Path) -> str:
 
+    # The job's `loss` is the latest metrics event's: the mean over its window of steps, never
+    # one step's loss, so the job and its events show one quantity.
+    window_loss: dict[str, Any] = {}
+
     def on_event(event: dict[str, Any]) -> None:
+        if "loss" in event:
+            window_loss["loss"] = event["loss"]
         keeper.add_event(_plain(event))
 
     def end(operation: Callable[[], T]) -> T:
@@ -234,13 +241,26 @@ def _run(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper
             on_event({"step": resumed_from, "event": "resumed", "attempt": claim.attempt})
     try:
         recipe = Recipe.from_config(claim.config, checkpoint_every=settings.checkpoint_every)
-        result = run_recipe(
-            recipe,
-            work_dir,
-            on_event=on_event,
-            should_stop=keeper.should_stop,
-            dataset_cache_dir=settings.dataset_cache_dir,
-        )
+        processes = int(claim.config.get("gpus") or 1)
+        if processes > 1:
+            outcome = run_on_processes(
+                recipe, processes, work_dir, settings.dataset_cache_dir, on_event, keeper.should_stop
+            )
+            result = RecipeResult(
+                outcome["status"],
+                outcome["step"],
+                outcome["loss"],
+                outcome["output_dir"],
+                outcome["resumed_from"],
+            )
+        else:
+            result = run_recipe(
+                recipe,
+                work_dir,
+                on_event=on_event,
+                should_stop=keeper.should_stop,
+                dataset_cache_dir=settings.dataset_cache_dir,
+            )
     except FencedOut:
         raise
     except EngineError as error:
@@ -260,7 +280,7 @@ def _run(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper
     if result.status == "completed":
         assert result.output_dir is not None
         files = output_manifest(work_dir, Path(result.output_dir))
-        loss = _finite(result.loss)
+        loss = _finite(window_loss.get("loss", result.loss))
         output_dir = str(result.output_dir)
         return end(lambda: lifecycle.complete(db_sessions, claim, result.step, loss, output_dir, files))
     if keeper.cancel_requested:

@@ -24,12 +24,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from relay.errors import ConfigError
 from relay.training import status as st
 from relay.training import types, wire
-from relay.training.config import check_name
+from relay.training.config import check_name, with_current_names
 from relay_api.channel import ChannelUnavailable, QueuedCall, WorkerChannel, worker_channel
 from relay_api.db import session_factory, utcnow
 from relay_api.settings import Settings, get_settings
@@ -41,6 +42,7 @@ from relay_worker.fine_tune import worker_name
 from relay_worker.lifecycle import FencedOut
 from relay_worker.session_lifecycle import SessionClaim
 
+CLOSED_BY_CLIENT = "closed by its client"
 log = logging.getLogger("relay_worker")
 T = TypeVar("T")
 
@@ -64,12 +66,13 @@ class SessionKeeper(threading.Thread):
         self.close_requested = False
         self.lost = False
         self.last_contact: dt.datetime = utcnow()
+        self.counts = lifecycle.SessionCounts()  # the host counts, the keeper reports
         self._stopping = threading.Event()
 
     def run(self) -> None:
         while not self._stopping.wait(self.settings.heartbeat_seconds):
             try:
-                state = lifecycle.renew(self.db_sessions, self.settings, self.claim)
+                state = lifecycle.renew(self.db_sessions, self.settings, self.claim, self.counts)
             except FencedOut:
                 self.lost = True
                 return
@@ -108,7 +111,10 @@ def run_session(session_id: str, settings: Settings | None = None) -> str:
         keeper.stop()
         with contextlib.suppress(Exception):
             channel.clear(session_id)
-        lifecycle.end(db_sessions, claim, status, reason)
+        # A session its client closed ended as it should: its `error` stays empty.
+        lifecycle.end(
+            db_sessions, claim, status, None if reason == CLOSED_BY_CLIENT else reason, keeper.counts
+        )
         channel.close()
         log.info("session %s ended %s: %s", session_id, status, reason)
 
@@ -116,13 +122,13 @@ def run_session(session_id: str, settings: Settings | None = None) -> str:
 def _host(
     settings: Settings, db_sessions: Any, claim: SessionClaim, keeper: SessionKeeper, channel: WorkerChannel
 ) -> tuple[str, str]:
-    config = claim.config
+    config = with_current_names(claim.config)
     spec = SessionSpec(
         base_model=config["base_model"],
         finetune=config["finetune"],
         targets=config["targets"],
-        lora_rank=config["rank"],
-        lora_alpha=config["alpha"],
+        lora_rank=config["lora_rank"],
+        lora_alpha=config["lora_alpha"],
         action_horizon=config["action_horizon"],
     )
     log.info("session %s: loading %s (%s)", claim.session_id, spec.base_model, spec.finetune)
@@ -134,7 +140,7 @@ def _host(
         return st.CLOSED, "closed before it was ready"
     keeper.last_contact = utcnow()  # the idle clock starts now; loading was not the client's silence
     log.info("session %s: ready (%s)", claim.session_id, training.info)
-    host = SessionHost(training, settings, claim)
+    host = SessionHost(training, settings, claim, keeper.counts)
     opened = time.perf_counter()
     try:
         return host.serve(keeper, channel)
@@ -151,8 +157,15 @@ def _host(
 class SessionHost:
     """Runs a session's calls on its TrainingSession."""
 
-    def __init__(self, training: TrainingSession, settings: Settings, claim: SessionClaim) -> None:
+    def __init__(
+        self,
+        training: TrainingSession,
+        settings: Settings,
+        claim: SessionClaim,
+        counts: lifecycle.SessionCounts | None = None,
+    ) -> None:
         self.training = training
+        self.counts = counts or lifecycle.SessionCounts()
         self.settings = settings
         self.claim = claim
         self.user_dir = settings.user_dir(claim.user_id)
@@ -189,13 +202,13 @@ class SessionHost:
             call = _patiently(partial(channel.next_call, session_id, after, WAIT_FOR_CALL_SECONDS))
             if call is None:
                 if keeper.close_requested:
-                    return st.CLOSED, "closed by its client"
+                    return st.CLOSED, CLOSED_BY_CLIENT
                 continue
             after = call.seq
             payload, ended = self.run_call(call)
             _patiently(partial(channel.put_result, session_id, call.seq, payload))
             if ended:
-                return st.CLOSED, "closed by its client"
+                return st.CLOSED, CLOSED_BY_CLIENT
 
     def run_call(self, call: QueuedCall) -> tuple[bytes, bool]:
         """The call's result as wire bytes, and whether it closed the session."""
@@ -204,6 +217,7 @@ class SessionHost:
             return self._run_call(call)
         finally:
             self.calls_run += 1
+            self.counts.calls += 1
             self.seconds_running += time.perf_counter() - started
 
     def _run_call(self, call: QueuedCall) -> tuple[bytes, bool]:
@@ -270,7 +284,7 @@ class SessionHost:
 
     def _backward_custom(self, request: dict[str, Any]) -> Any:
         grad = request.get("grad")
-        if not hasattr(grad, "shape"):
+        if not isinstance(grad, np.ndarray):
             raise ConfigError("backward_custom needs grad, the gradient of the loss with respect to velocity")
         metrics = {str(k): float(v) for k, v in dict(request.get("metrics") or {}).items()}
         return self.training.backward_custom(grad, float(request.get("loss", 0.0)), metrics)
@@ -287,7 +301,9 @@ class SessionHost:
             params = types.AdamParams(**adam)
         except TypeError as error:
             raise ConfigError(f"bad adam: {error}") from None
-        return self.training.optim_step(params)
+        result = self.training.optim_step(params)
+        self.counts.steps += 1
+        return result
 
     def _sample(self, request: dict[str, Any]) -> Any:
         observations = request.get("observations")
@@ -313,6 +329,7 @@ class SessionHost:
         directory = self._state_dir(name)
         directory.parent.mkdir(parents=True, exist_ok=True)
         self.training.save_state(directory)
+        self.counts.saved_states += 1
         return {"name": name, "path": str(directory)}
 
     def _load_state(self, request: dict[str, Any]) -> Any:

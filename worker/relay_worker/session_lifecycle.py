@@ -32,6 +32,18 @@ class SessionClaim:
     config: dict[str, Any]
 
 
+@dataclass
+class SessionCounts:
+    """What a session has done so far, counted by its worker and written with each lease renewal."""
+
+    calls: int = 0
+    steps: int = 0
+    saved_states: int = 0
+
+    def values(self) -> dict[str, int]:
+        return {"calls": self.calls, "steps": self.steps, "saved_states": self.saved_states}
+
+
 @dataclass(frozen=True)
 class SessionState:
     """What the worker learns at each lease renewal."""
@@ -69,8 +81,14 @@ def claim(
     return with_retries(run)
 
 
-def renew(db_sessions: sessionmaker[Session], settings: Settings, claim: SessionClaim) -> SessionState:
-    """Extend the lease, and read whether the client is still in touch or asked to close."""
+def renew(
+    db_sessions: sessionmaker[Session],
+    settings: Settings,
+    claim: SessionClaim,
+    counts: SessionCounts | None = None,
+) -> SessionState:
+    """Extend the lease (writing the session's counts, if given), and read whether the client is
+    still in touch or asked to close."""
 
     def run() -> SessionState:
         now = database_now(db_sessions)
@@ -78,7 +96,7 @@ def renew(db_sessions: sessionmaker[Session], settings: Settings, claim: Session
             row = db.execute(
                 update(table)
                 .where(_owned(claim))
-                .values(lease_until=_lease(settings, now))
+                .values(lease_until=_lease(settings, now), **(counts.values() if counts else {}))
                 .returning(table.c.status, table.c.last_contact_at, table.c.close_requested_at)
             ).first()
             db.commit()
@@ -118,8 +136,15 @@ def mark_ready(
     return with_retries(run)
 
 
-def end(db_sessions: sessionmaker[Session], claim: SessionClaim, status: str, message: str | None) -> bool:
-    """Let go of the session: `closed` or `error`, with why. False if it had ended already."""
+def end(
+    db_sessions: sessionmaker[Session],
+    claim: SessionClaim,
+    status: str,
+    message: str | None,
+    counts: SessionCounts | None = None,
+) -> bool:
+    """Let go of the session: `closed` or `error`, with why (and its final counts, if given).
+    False if it had ended already."""
     assert status in st.ENDED
 
     def run() -> bool:
@@ -129,7 +154,14 @@ def end(db_sessions: sessionmaker[Session], claim: SessionClaim, status: str, me
                 db.execute(
                     update(table)
                     .where(_owned(claim))
-                    .values(status=status, error=message, ended_at=now, updated_at=now, lease_until=None)
+                    .values(
+                        status=status,
+                        error=message,
+                        ended_at=now,
+                        updated_at=now,
+                        lease_until=None,
+                        **(counts.values() if counts else {}),
+                    )
                 )
             )
             db.commit()

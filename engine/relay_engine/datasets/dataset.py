@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from relay.catalog import ACTION_DIM, MODEL_CAMERAS, STATE_DIM
+from relay.catalog import ACTION_DIM, ACTION_HORIZON, MODEL_CAMERAS, STATE_DIM
 from relay_engine.datasets.frame_index import FrameIndex, ensure_frame_index
 from relay_engine.datasets.hub import resolve_dataset
 from relay_engine.datasets.meta import require_meta
@@ -140,7 +140,7 @@ def open_dataset(
     name_or_path: str,
     *,
     cameras: Mapping[str, str] | None = None,
-    action_horizon: int = 10,
+    action_horizon: int = ACTION_HORIZON,
     cache_dir: str | os.PathLike[str] | None = None,
     token: str | None = None,
 ) -> LeRobotDataset:

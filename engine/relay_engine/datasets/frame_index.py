@@ -149,8 +149,9 @@ def _copy_images(directory: Path, meta: DatasetMeta, cameras: list[str], name: s
 def _buffer_and_sizes(encoded: pa.Array) -> tuple[memoryview, np.ndarray]:
     """The contiguous bytes of a (large_)binary array's values, and each value's length, without copies."""
     _, offsets_buffer, data_buffer = encoded.buffers()
+    assert offsets_buffer is not None  # a binary array always has its offsets
     offset_type = np.int64 if pa.types.is_large_binary(encoded.type) else np.int32
-    offsets = np.frombuffer(offsets_buffer, dtype=offset_type)[
+    offsets = np.frombuffer(memoryview(offsets_buffer), dtype=offset_type)[
         encoded.offset : encoded.offset + len(encoded) + 1
     ]
     data = memoryview(data_buffer)[int(offsets[0]) : int(offsets[-1])] if data_buffer else memoryview(b"")

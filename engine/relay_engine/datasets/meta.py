@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from relay.catalog import ACTION_DIM, STATE_DIM
 from relay_engine.datasets.problems import Problems
@@ -253,5 +253,5 @@ def _image_size(feature: dict[str, Any]) -> tuple[int, int] | None:
     return shape[0], shape[1]
 
 
-def _is_index(value: object) -> bool:
+def _is_index(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -15,6 +15,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -169,10 +170,11 @@ def _matrix(table: pa.Table, name: str, width: int) -> np.ndarray:
         if pa.types.is_fixed_size_list(kind):
             widths_ok = kind.list_size == width
         else:
-            widths_ok = len(array) == 0 or pc.all(pc.equal(pc.list_value_length(array), width)).as_py()
+            lengths = pc.list_value_length(array)
+            widths_ok = len(array) == 0 or pc.all(pc.equal(lengths, pa.scalar(width, lengths.type))).as_py()
         if not widths_ok:
             raise _ColumnError(f"{name} rows are not {width} wide as meta/info.json says")
-        values = array.flatten()
+        values = cast("pa.lib.BaseListArray[Any]", array).flatten()
         if not (pa.types.is_floating(values.type) or pa.types.is_integer(values.type)):
             raise _ColumnError(f"{name} holds {values.type}, not numbers")
         return values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False).reshape(-1, width)
@@ -188,7 +190,7 @@ def _vector(table: pa.Table, name: str) -> np.ndarray:
     if array.null_count:
         raise _ColumnError(f"{name} has {array.null_count} empty rows")
     if pa.types.is_fixed_size_list(array.type) or pa.types.is_list(array.type):
-        array = array.flatten()
+        array = cast("pa.lib.BaseListArray[Any]", array).flatten()
     if not (pa.types.is_floating(array.type) or pa.types.is_integer(array.type)) or len(array) != len(column):
         raise _ColumnError(f"{name} holds {column.type}, not one number per frame")
     return array.to_numpy(zero_copy_only=False)
@@ -210,7 +212,7 @@ def _image_bytes_type(kind: pa.DataType) -> pa.DataType | None:
 
 def image_bytes(array: pa.Array) -> pa.Array:
     """An image column's chunk -> its array of encoded image bytes."""
-    return array.field("bytes") if pa.types.is_struct(array.type) else array
+    return cast(pa.StructArray, array).field("bytes") if pa.types.is_struct(array.type) else array
 
 
 def _first_frame_sizes(meta: DatasetMeta, problems: Problems) -> dict[str, tuple[int, int]]:
@@ -232,7 +234,8 @@ def _first_frame_sizes(meta: DatasetMeta, problems: Problems) -> dict[str, tuple
         column = table.column(camera)
         if _image_bytes_type(column.type) is None or len(column) == 0:
             continue
-        encoded = image_bytes(column.chunk(0))[0].as_py()
+        # ChunkedArray.chunk gives an Array; pyarrow-stubs say a ChunkedArray.
+        encoded = image_bytes(column.chunk(0))[0].as_py()  # type: ignore[arg-type]
         if encoded is None:
             problems.add(
                 f"{relative}: {camera} holds no image bytes (only a path); Relay needs embedded images"

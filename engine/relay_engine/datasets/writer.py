@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +42,7 @@ class Episode:
     task_index: int
     state: np.ndarray
     actions: np.ndarray
-    images: dict[str, Sequence[bytes]]
+    images: Mapping[str, Sequence[bytes]]
 
 
 def encode_png(image: np.ndarray, compress_level: int = 6) -> bytes:
@@ -100,7 +100,7 @@ class DatasetWriter:
             )
         columns["observation.state"] = _fixed_size_list(episode.state)
         columns["action"] = _fixed_size_list(episode.actions)
-        numeric = {
+        numeric: dict[str, np.ndarray] = {
             "timestamp": (frame_index / self.fps).astype(np.float32),
             "frame_index": frame_index,
             "episode_index": np.full(length, episode_index, dtype=np.int64),
@@ -224,7 +224,8 @@ class DatasetWriter:
 
 def _fixed_size_list(values: np.ndarray) -> pa.Array:
     flat = pa.array(np.ascontiguousarray(values, dtype=np.float32).reshape(-1))
-    return pa.FixedSizeListArray.from_arrays(
+    # pyarrow takes `type` in place of the list size; pyarrow-stubs' overloads leave it out.
+    return pa.FixedSizeListArray.from_arrays(  # type: ignore[call-overload]
         flat, type=pa.list_(pa.field("element", pa.float32()), values.shape[1])
     )
 

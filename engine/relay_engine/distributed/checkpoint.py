@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,7 @@ def save_sharded(
     store: CheckpointStore,
     step: int,
     learner: Learner,
-    meta: dict[str, object],
+    meta: Mapping[str, object],
     parallel: Parallel | None,
 ) -> Path:
     """Every process writes its shards and generators into one temporary directory; rank 0 seals it."""
@@ -143,12 +144,12 @@ def gathered_policy(policy: Pi05Policy, parallel: Parallel | None) -> Pi05Policy
         tuning.get("lora_rank", 32),
         tuning.get("lora_alpha"),
     )
-    _load_assigned(copy, full)
+    _load_assigned(copy, {name: value for name, value in full.items() if isinstance(value, torch.Tensor)})
     materialize_buffers(copy, torch.device("cpu"))
     return copy
 
 
-def _load_assigned(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+def _load_assigned(module: nn.Module, state: Mapping[str, Any]) -> None:
     missing, unexpected = module.load_state_dict(state, strict=False, assign=True)
     if unexpected or any(not name.endswith("position_ids") for name in missing):
         raise RuntimeError(f"gathered weights do not fit the policy: {missing[:3]} {unexpected[:3]}")

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from relay.catalog import ACTION_DIM
+from relay.catalog import ACTION_DIM, ACTION_HORIZON
 from relay_engine.errors import ConfigError
 
 PALIGEMMA_VOCAB_SIZE = 257_152
@@ -69,7 +69,7 @@ class Pi05Config:
     tokenizer: str
     # Prompts (task and discretized state) longer than this many tokens are cut.
     max_token_len: int
-    action_horizon: int = 10
+    action_horizon: int = ACTION_HORIZON
     action_dim: int = ACTION_DIM
     # How many of the action_dim columns are the robot's (the dataset's action width), once known;
     # the rest are padding, which the sampler keeps on its noise path (see Pi05Policy.sample_actions).
@@ -107,7 +107,7 @@ class Pi05Config:
             raise ConfigError(f"config.json does not describe a pi05 model: {error}") from None
 
 
-def named_config(name: str, *, action_horizon: int = 10, seed: int = 0) -> Pi05Config:
+def named_config(name: str, *, action_horizon: int = ACTION_HORIZON, seed: int = 0) -> Pi05Config:
     """The config of a base model by name (relay.catalog.MODELS)."""
     if name == "pi05":
         return Pi05Config(

@@ -46,6 +46,7 @@ from relay_engine.models.layers import (
 )
 from relay_engine.models.processor import Pi05Batch, Pi05Collator
 from relay_engine.models.tokenizer import Tokenizer
+from relay_engine.modules import ModuleSequence
 
 # -- modules, with lerobot's names ----------------------------------------------------------------
 
@@ -92,7 +93,7 @@ class GemmaStack(nn.Module):
         super().__init__()
         if vocab_size is not None:
             self.embed_tokens = nn.Embedding(vocab_size, size.width)
-        self.layers = nn.ModuleList(GemmaDecoderLayer(size, cond_dim) for _ in range(size.depth))
+        self.layers = ModuleSequence(GemmaDecoderLayer(size, cond_dim) for _ in range(size.depth))
         self.norm = (
             GemmaRMSNorm(size.width, eps=RMS_EPS)
             if cond_dim is None
@@ -263,7 +264,9 @@ class Pi05Model(nn.Module):
             hidden, _, _ = layer(hidden, rope, key_mask, cond, prefix_keys, prefix_values)
         normed, _ = self.expert.norm(hidden, cond)
         # The action head reads the expert's output in fp32, whatever the autocast.
-        with torch.autocast(device_type=normed.device.type, enabled=False):
+        # (The meta device, where the memory plan runs the model for shapes, has no autocast.)
+        device_type = "cpu" if normed.device.type == "meta" else normed.device.type
+        with torch.autocast(device_type=device_type, enabled=False):
             return self.action_out_proj(normed.float())
 
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from relay_engine.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +65,9 @@ class PaliGemmaTokenizer:
 
     def __init__(self, source: str | None = None) -> None:
         self.source = source
-        self._tokenizer = None
+        self._tokenizer: PreTrainedTokenizerBase | None = None
 
-    def _load(self):  # a transformers tokenizer
+    def _load(self) -> PreTrainedTokenizerBase:
         from transformers import AutoTokenizer
 
         candidates = []
@@ -80,9 +83,10 @@ class PaliGemmaTokenizer:
         raise ConfigError("cannot load the PaliGemma tokenizer: " + "; ".join(errors))
 
     def encode(self, text: str) -> list[int]:
-        if self._tokenizer is None:
-            self._tokenizer = self._load()
-        return list(self._tokenizer.encode(text, add_special_tokens=True))
+        tokenizer = self._tokenizer
+        if tokenizer is None:
+            tokenizer = self._tokenizer = self._load()
+        return list(tokenizer.encode(text, add_special_tokens=True))
 
     def __getstate__(self) -> dict:
         # DataLoader workers get the source and load their own copy.

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from relay.catalog import MODELS
+from relay.catalog import ACTION_HORIZON, MODELS
 from relay_engine.errors import ConfigError
 from relay_engine.models.config import Pi05Config, named_config
 from relay_engine.models.pi05 import Pi05Policy
@@ -48,7 +48,7 @@ def build_policy(
     name: str | Path | Pi05Config,
     *,
     device: str | torch.device = "cpu",
-    action_horizon: int = 10,
+    action_horizon: int = ACTION_HORIZON,
     seed: int = 0,
 ) -> Pi05Policy:
     """A policy with freshly initialised weights (seeded), or structure only on device="meta".
@@ -137,18 +137,20 @@ def _fetch_from_hub(repo: str) -> Path:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError
 
-    options = {
-        "endpoint": (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/"),
-        "token": os.environ.get("HF_TOKEN") or None,
-        "cache_dir": os.environ.get("HF_HUB_CACHE") or None,
-    }
+    endpoint = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+    token = os.environ.get("HF_TOKEN") or None
+    cache_dir = os.environ.get("HF_HUB_CACHE") or None
+
+    def download(filename: str) -> str:
+        return hf_hub_download(repo, filename, endpoint=endpoint, token=token, cache_dir=cache_dir)
+
     try:
-        weights = Path(hf_hub_download(repo, WEIGHTS_FILE, **options))
+        weights = Path(download(WEIGHTS_FILE))
         with contextlib.suppress(EntryNotFoundError):  # then the weights say pi05 by their shapes
-            hf_hub_download(repo, CONFIG_FILE, **options)
+            download(CONFIG_FILE)
     except Exception as error:  # offline, gated, missing: say which and how to fix it
         raise ConfigError(
-            f"cannot get {WEIGHTS_FILE} of {repo} from {options['endpoint']} "
+            f"cannot get {WEIGHTS_FILE} of {repo} from {endpoint} "
             f"({type(error).__name__}: {error}); "
             "download it once, or pass the path of a local directory holding it"
         ) from None
@@ -220,13 +222,17 @@ def exported_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
 
     Computed beside the live weights (base + delta), so the model being trained is untouched.
     """
+    from peft.tuners.lora import Linear as LoraLinear
     from peft.tuners.lora import LoraLayer
 
     merged: dict[str, torch.Tensor] = {}
     lora_prefixes = []
     for name, layer in module.named_modules():
         if isinstance(layer, LoraLayer):
+            if not isinstance(layer, LoraLinear):  # Relay puts adapters on linear layers only
+                raise TypeError(f"{name}: cannot merge a {type(layer).__name__} adapter")
             base = layer.get_base_layer()
+            assert isinstance(base, nn.Linear)
             weight = base.weight.detach()
             for adapter in layer.active_adapters:
                 if adapter in layer.lora_A and adapter not in layer.merged_adapters:

@@ -94,7 +94,7 @@ def load_network(directory: Path) -> tuple[RTJNetwork, dict[str, Any]]:
 def save_network(network: RTJNetwork, directory: Path, config: dict[str, Any]) -> None:
     """Write model.safetensors and config.json (the sizes, plus whatever else `config` holds)."""
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in network.state_dict().items()}
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in network.state_dict().items()}
     tmp = directory / (WEIGHTS_FILE + ".tmp")
     save_file(tensors, str(tmp))
     tmp.replace(directory / WEIGHTS_FILE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from relay_engine.relational.network import NAMED_CONFIGS, RTJConfig, RTJNetwork
@@ -18,7 +19,7 @@ def describe(config: RTJConfig, model: str) -> dict[str, Any]:
     """Parameter counts per part for the RelativeDB layout (with the boolean channel) and for
     Stanford's (without), built on the meta device."""
     relativedb = RTJNetwork(config, device="meta")
-    stanford = RTJNetwork(RTJConfig(**{**config.to_dict(), "boolean_channel": False}), device="meta")
+    stanford = RTJNetwork(dataclasses.replace(config, boolean_channel=False), device="meta")
     parts: dict[str, int] = {}
     for name, parameter in relativedb.named_parameters():
         parts[_part_of(name)] = parts.get(_part_of(name), 0) + parameter.numel()

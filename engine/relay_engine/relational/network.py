@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from relay_engine.modules import ModuleMapping, ModuleSequence
 from relay_engine.relational.batch import SEMANTIC_TYPES, RelationalBatch
 
 ATTENTION_KINDS: tuple[str, ...] = ("col", "feat", "nbr")
@@ -122,7 +123,7 @@ class RelationalBlock(nn.Module):
         self.norms = nn.ModuleDict(
             {kind: RMSNorm(d_model, device=device) for kind in (*ATTENTION_KINDS, "ffn")}
         )
-        self.attns = nn.ModuleDict(
+        self.attns = ModuleMapping(
             {kind: RelationalAttention(d_model, num_heads, device=device) for kind in ATTENTION_KINDS}
         )
         self.ffn = SwiGLU(d_model, d_ff, device=device)
@@ -179,14 +180,14 @@ class RTJNetwork(nn.Module):
         self.enc_dict = nn.ModuleDict(
             {name: nn.Linear(width, d, device=device) for name, width in encoders.items() if name in kept}
         )
-        self.dec_dict = nn.ModuleDict(
+        self.dec_dict = ModuleMapping(
             {name: nn.Linear(d, width, device=device) for name, width in decoders.items() if name in kept}
         )
         self.norm_dict = nn.ModuleDict({name: RMSNorm(d, device=device) for name in kept})
         self.mask_embs = nn.ParameterDict(
             {name: nn.Parameter(torch.randn(d, device=device)) for name in self.semantic_types}
         )
-        self.blocks = nn.ModuleList(
+        self.blocks = ModuleSequence(
             [
                 RelationalBlock(d, config.num_heads, config.d_ff, device=device)
                 for _ in range(config.num_blocks)

@@ -172,7 +172,9 @@ class ContextSampler:
                 scalars[:, j] = np.nan_to_num((seconds(values) - self.time_mean) / self.time_std)
             elif kind == "boolean":
                 scalars[:, j] = np.asarray(
-                    pc.fill_null(pc.cast(values, pa.float64()), 0.0).to_numpy(), np.float32
+                    # A missing boolean reads as 0 (nulls come out of to_numpy as NaN).
+                    np.nan_to_num(values.cast(pa.float64()).to_numpy(), nan=0.0),
+                    np.float32,
                 )
             else:
                 numbers = np.asarray(pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False), np.float64)
@@ -211,7 +213,6 @@ class ContextSampler:
         if spec.problem_type == "regression":  # the train stats, as for the targets
             labels = _labels(rows, spec)
             scalars[:, 1] = (labels - self.label_scale.mean) / self.label_scale.std
-        self.task_columns = column_ids
         return _EncodedTable(
             spec.name,
             self.table_index[spec.name],

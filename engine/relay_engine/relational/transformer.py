@@ -21,7 +21,9 @@ from torch import Tensor, nn
 from relay_engine.errors import ConfigError
 from relay_engine.relational.batch import RelationalBatch, collate
 from relay_engine.relational.checkpoint import (
+    CONFIG_FILE,
     REGRESSION_TASKS,
+    WEIGHTS_FILE,
     checkpoint_directory,
     load_network,
     read_config,
@@ -101,7 +103,7 @@ class RelationalTransformer:
                 if not meta:
                     network.init_weights()
         else:
-            directory = checkpoint_directory(_local_or_hub(name), task)
+            directory = _local_or_hub(name, task)
             if backend == "meta":
                 self.config = read_config(directory)
                 network = RTJNetwork(sizes_of(self.config), device="meta")
@@ -185,26 +187,35 @@ def _default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _local_or_hub(name: str) -> Path:
+def _local_or_hub(name: str, task: str) -> Path:
+    """The directory holding config.json: a local checkpoint, or a Hub repository's files fetched
+    into the Hub cache (its `classification/` or `regression/` part when it has both)."""
     path = Path(name).expanduser()
     if path.exists() or name.startswith((".", "/", "~")):
         if not path.is_dir():
             raise ConfigError(f"no RT-J checkpoint directory at {path}")
-        return path
-    from huggingface_hub import snapshot_download
+        return checkpoint_directory(path, task)
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
 
-    endpoint = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+    options: dict[str, Any] = {
+        "endpoint": (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/"),
+        "token": os.environ.get("HF_TOKEN") or None,
+        "cache_dir": os.environ.get("HF_HUB_CACHE") or None,
+    }
+    part = "regression" if task in REGRESSION_TASKS else "classification"
     try:
-        return Path(
-            snapshot_download(
-                name,
-                allow_patterns=["*.json", "*.safetensors"],
-                endpoint=endpoint,
-                token=os.environ.get("HF_TOKEN") or None,
-            )
-        )
+        try:
+            config_path = Path(hf_hub_download(name, f"{part}/{CONFIG_FILE}", **options))
+        except EntryNotFoundError:
+            config_path = Path(hf_hub_download(name, CONFIG_FILE, **options))
+        prefix = f"{part}/" if config_path.parent.name == part else ""
+        weights = read_config(config_path.parent).get("checkpoint_file", WEIGHTS_FILE)
+        hf_hub_download(name, f"{prefix}{weights}", **options)
     except Exception as error:  # offline, gated, missing: say which and how to fix it
         raise ConfigError(
-            f"cannot get the RT-J checkpoint {name} from {endpoint} ({type(error).__name__}: {error}); "
-            "download it once, or pass a local checkpoint directory, rt-j or rt-j-tiny"
+            f"cannot get the RT-J checkpoint {name} from {options['endpoint']} "
+            f"({type(error).__name__}: {error}); download it once, or pass a local checkpoint directory, "
+            "rt-j or rt-j-tiny"
         ) from None
+    return config_path.parent

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from relay_engine.errors import DiskFullError
 
@@ -171,7 +172,7 @@ class CheckpointStore:
         )
 
     @staticmethod
-    def manifest(path: Path) -> dict[str, object]:
+    def manifest(path: Path) -> dict[str, Any]:
         return dict(json.loads((path / MANIFEST).read_text()))
 
     def complete(self) -> list[Path]:

@@ -9,10 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch.utils.data
+
+
+class MapDataset(Protocol):
+    """What the loader reads: `len(ds)` samples and `ds[i]`. A LeRobotDataset (which is not a torch
+    Dataset, so that reading datasets needs no torch), a torch Subset of one, a list of Samples."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int, /) -> Any: ...
+
+
+def select(dataset: MapDataset, indices: Sequence[int]) -> MapDataset:
+    """The samples at `indices`, in that order (a torch Subset, which takes any map-style dataset)."""
+    return torch.utils.data.Subset(cast("torch.utils.data.Dataset[Any]", dataset), indices)
 
 
 @dataclass(frozen=True)
@@ -98,7 +112,7 @@ class _BatchSampler(torch.utils.data.Sampler[list[int]]):
 
 
 def batch_loader(
-    dataset: torch.utils.data.Dataset[Any],
+    dataset: MapDataset,
     order: BatchOrder,
     start: DataPosition,
     collate: Callable[[Sequence[Any]], Any],
@@ -110,7 +124,8 @@ def batch_loader(
     With `part`, only this process's part of each batch (one process of a distributed run).
     """
     loader = torch.utils.data.DataLoader(
-        dataset,
+        # DataLoader reads any map-style dataset; its annotation names the torch class.
+        cast("torch.utils.data.Dataset[Any]", dataset),
         batch_sampler=_BatchSampler(order, start, part),
         collate_fn=collate,
         num_workers=num_workers,

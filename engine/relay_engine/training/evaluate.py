@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from relay_engine.models import Pi05Policy
+from relay_engine.training.data import MapDataset
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,7 @@ class EvalResult:
 @torch.no_grad()
 def evaluate_actions(
     policy: Pi05Policy,
-    dataset: torch.utils.data.Dataset,  # type: ignore[type-arg]
+    dataset: MapDataset,
     indices: Sequence[int],
     *,
     batch_size: int = 32,

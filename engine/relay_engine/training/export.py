@@ -7,12 +7,11 @@ import shutil
 import uuid
 from pathlib import Path
 
-import torch
-
+from relay_engine.models import Pi05Policy
 from relay_engine.tuning import merged_policy
 
 
-def write_output(model: torch.nn.Module, output_dir: Path, norm_stats_json: str | None) -> None:
+def write_output(model: Pi05Policy, output_dir: Path, norm_stats_json: str | None) -> None:
     """Merged weights, config and norm stats, written beside the target and renamed into place.
 
     A new output directory appears whole. Into an existing one (a local run's directory, which

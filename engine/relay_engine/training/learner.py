@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 
 from relay.optimizer import AdamParams
 from relay_engine.errors import EngineError
-from relay_engine.models import FlowOutputs, Pi05Batch, flow_matching_loss, sample_flow_time
+from relay_engine.models import FlowOutputs, Pi05Batch, Pi05Policy, flow_matching_loss, sample_flow_time
 from relay_engine.tuning import load_trainable_state_dict, trainable_state_dict
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class Learner:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: Pi05Policy,
         *,
         seed: int = 0,
         device: torch.device | str = "cpu",

@@ -4,6 +4,9 @@ One step: read the step's batches, forward_backward each, optim_step at the sche
 Every `log_every` steps the loop reports the window's averages; every `checkpoint_every` steps
 and at the end it asks for a checkpoint. It checks `should_stop()` before every step. It knows
 nothing of databases or queues: the caller's callbacks do.
+
+examples/local_loop.py is this loop written flat in one file (dataset, tuned model, step, schedule,
+checkpoint), to read first or to start a variant from.
 """
 
 from __future__ import annotations

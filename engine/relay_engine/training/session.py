@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from relay.catalog import ACTION_DIM, MODEL_CAMERAS, STATE_DIM, default_targets
+from relay.catalog import (
+    ACTION_DIM,
+    ACTION_HORIZON,
+    LORA_RANK_DEFAULT,
+    MODEL_CAMERAS,
+    STATE_DIM,
+    default_targets,
+)
 from relay.optimizer import AdamParams
 from relay.training.config import STATE_META_FILE as STATE_META
 from relay_engine.errors import EngineError
@@ -37,9 +44,9 @@ class SessionSpec:
     base_model: str
     finetune: str = "lora"
     targets: list[str] | None = None
-    lora_rank: int = 32
+    lora_rank: int = LORA_RANK_DEFAULT
     lora_alpha: float | None = None
-    action_horizon: int = 10
+    action_horizon: int = ACTION_HORIZON
 
     def identity(self) -> dict[str, Any]:
         """What a saved state must share with the session that loads it."""

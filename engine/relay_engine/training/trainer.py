@@ -10,6 +10,11 @@
 
 Each epoch reads the dataset in a fresh seeded order; `gradient_accumulation_steps` mini-batches
 make one optimizer step, clipped to `max_grad_norm`, at the recipe's warmup + cosine rate.
+
+Under torchrun (`torchrun --nproc-per-node 4 train.py`) the Trainer joins the launcher's group:
+each process takes its GPU, reads `per_device_train_batch_size` samples of every mini-batch
+(so a mini-batch is that times the number of processes, as in transformers' Trainer), the model
+trains under DDP or FSDP (`strategy`), and rank 0 alone writes the output.
 """
 
 from __future__ import annotations
@@ -22,13 +27,20 @@ from typing import Any, Literal
 import torch
 
 from relay.optimizer import AdamParams
+from relay.sft.config import SFTConfig
+from relay_engine.distributed import Parallel, batch_slice, choose_strategy, gathered_policy, join, launched
 from relay_engine.errors import ConfigError
-from relay_engine.training.data import BatchOrder, DataPosition, batch_loader
+from relay_engine.models import Pi05Batch, Pi05Policy
+from relay_engine.training.data import BatchOrder, DataPosition, MapDataset, batch_loader
 from relay_engine.training.export import write_output
 from relay_engine.training.learner import Learner
 from relay_engine.training.loop import Event, LoopState, run_loop
 from relay_engine.training.schedule import learning_rate
 from relay_engine.tuning import apply_tuning
+
+# Where the trainer and a recipe job mean the same thing, the trainer takes the recipe's default
+# (SFTConfig's) or AdamParams'; batch size, seed and epochs follow Hugging Face's Trainer instead.
+_ADAM = AdamParams(learning_rate=0.0)
 
 
 @dataclass
@@ -38,20 +50,22 @@ class TrainingArguments:
     max_steps: int | None = None
     per_device_train_batch_size: int = 8
     gradient_accumulation_steps: int = 1
-    learning_rate: float = 2.5e-5
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
+    learning_rate: float = SFTConfig.default("learning_rate")
+    weight_decay: float = _ADAM.weight_decay
+    max_grad_norm: float = _ADAM.grad_clip_norm
     seed: int = 42
     save_strategy: Literal["no", "epoch"] = "no"
     # "torch" runs eagerly; "triton" compiles forward and backward with torch.compile
     # (TorchInductor's Triton kernels), which needs CUDA.
     training_backend: Literal["torch", "triton"] = "torch"
-    finetune: Literal["lora", "full"] = "lora"
-    lora_rank: int = 32
+    finetune: Literal["lora", "full"] = SFTConfig.default("finetune")
+    lora_rank: int = SFTConfig.default("lora_rank")
     lora_alpha: float | None = None
     targets: list[str] | None = None
     logging_steps: int = 10
     dataloader_num_workers: int = 0
+    # Under torchrun: auto (fsdp for full, ddp for lora), ddp or fsdp.
+    strategy: str = "auto"
 
     def __post_init__(self) -> None:
         if (self.num_train_epochs is None) == (self.max_steps is None):
@@ -76,12 +90,15 @@ class TrainingArguments:
 
 
 class Trainer:
-    def __init__(self, model: torch.nn.Module, args: TrainingArguments, train_dataset: Any) -> None:
+    def __init__(self, model: Pi05Policy, args: TrainingArguments, train_dataset: MapDataset) -> None:
         if args.training_backend == "triton" and not torch.cuda.is_available():
             raise RuntimeError("training_backend='triton' compiles Triton CUDA kernels and needs a CUDA GPU")
         self.args = args
         self.policy = model
         self.train_dataset = train_dataset
+        self.world = join("auto") if launched() else None
+        if self.world is not None and self.world.device != next(model.parameters()).device:
+            model = model.to(self.world.device)
         self.device = next(model.parameters()).device
         summary = getattr(getattr(train_dataset, "dataset", train_dataset), "summary", None)
         if summary is not None:  # a LeRobot dataset (or a Subset of one) knows the robot's action width
@@ -90,7 +107,12 @@ class Trainer:
         if args.training_backend == "triton":
             # Compiling flow_outputs compiles its forward graph and, through AOTAutograd, the backward.
             self.model.flow_outputs = torch.compile(self.model.flow_outputs)  # type: ignore[method-assign]
-        self.learner = Learner(self.model, seed=args.seed, device=self.device)
+        self.parallel = (
+            Parallel(self.model, self.world, choose_strategy(args.strategy, args.finetune))
+            if self.world is not None
+            else None
+        )
+        self.learner = Learner(self.model, seed=args.seed, device=self.device, parallel=self.parallel)
         self.losses: list[float] = []  # every mini-batch's loss
         self.events: list[Event] = []
 
@@ -99,15 +121,24 @@ class Trainer:
 
     def train(self) -> dict[str, float | int]:
         args = self.args
+        rank, processes = (self.world.rank, self.world.size) if self.world is not None else (0, 1)
         order = BatchOrder(
-            len(self.train_dataset), args.per_device_train_batch_size, args.seed, span_epochs=False
+            len(self.train_dataset),
+            args.per_device_train_batch_size * processes,
+            args.seed,
+            span_epochs=False,
         )
         steps_per_epoch = self._steps_per_epoch(order)
         total_steps = (
             args.max_steps if args.max_steps is not None else steps_per_epoch * (args.num_train_epochs or 0)
         )
         batches = batch_loader(
-            self.train_dataset, order, DataPosition(), self.policy.collate, args.dataloader_num_workers
+            self.train_dataset,
+            order,
+            DataPosition(),
+            self.policy.collate,
+            args.dataloader_num_workers,
+            part=lambda n: batch_slice(n, rank, processes),
         )
         position = DataPosition()
         output_dir = Path(args.output_dir)
@@ -115,7 +146,7 @@ class Trainer:
         def next_step_batches() -> list[Any]:
             # An optimizer step never spans epochs: the epoch's last step takes what is left.
             nonlocal position
-            micro = []
+            micro: list[Pi05Batch] = []
             epoch = position.epoch
             while len(micro) < args.gradient_accumulation_steps and position.epoch == epoch:
                 _, position = order.next_batch(position)
@@ -124,9 +155,7 @@ class Trainer:
 
         def after_step(state: LoopState) -> None:
             if args.save_strategy == "epoch" and position.offset == 0 and position.epoch > 0:
-                write_output(
-                    self.model, output_dir / f"checkpoint-epoch-{position.epoch}", self._norm_stats_json()
-                )
+                self._write(output_dir / f"checkpoint-epoch-{position.epoch}")
 
         result = run_loop(
             self.learner,
@@ -145,8 +174,15 @@ class Trainer:
             on_batch_loss=self.losses.append,
             after_step=after_step,
         )
-        write_output(self.model, output_dir, self._norm_stats_json())
+        self._write(output_dir)
         return {"train_loss": sum(self.losses) / len(self.losses), "steps": result.step}
+
+    def _write(self, directory: Path) -> None:
+        whole = gathered_policy(self.model, self.parallel)
+        if whole is not None:
+            write_output(whole, directory, self._norm_stats_json())
+        if self.parallel is not None:
+            self.parallel.barrier()
 
     def _norm_stats_json(self) -> str | None:
         stats = getattr(self.train_dataset, "norm_stats", None)

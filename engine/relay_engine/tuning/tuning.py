@@ -14,12 +14,12 @@ import torch
 from peft import LoraConfig, inject_adapter_in_model
 from peft.tuners.lora import LoraLayer
 
-from relay.catalog import FINETUNE_METHODS, TARGETS, default_targets
+from relay.catalog import FINETUNE_METHODS, LORA_RANK_DEFAULT, LORA_RANK_MAX, TARGETS, default_targets
 from relay_engine.errors import ConfigError
 from relay_engine.models import Pi05Policy, exported_state_dict, materialize_buffers
 from relay_engine.tuning.targets import PLACES, any_of, module_of, under, validate_targets
 
-LORA_RANK_RANGE = (1, 256)
+LORA_RANK_RANGE = (1, LORA_RANK_MAX)
 ADAPTER = "default"
 
 
@@ -27,7 +27,7 @@ def apply_tuning(
     policy: Pi05Policy,
     finetune: str = "lora",
     targets: list[str] | tuple[str, ...] | None = None,
-    lora_rank: int = 32,
+    lora_rank: int = LORA_RANK_DEFAULT,
     lora_alpha: float | None = None,
 ) -> Pi05Policy:
     """Make `targets` trainable by `finetune` ("lora" or "full"); everything else is frozen.
@@ -48,7 +48,12 @@ def apply_tuning(
         linear = any_of([p for place in places for p in place.lora])
         if linear is not None:
             config = LoraConfig(
-                r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none", target_modules=linear.pattern
+                r=rank,
+                # peft annotates lora_alpha as an int; it only divides it by r, so any alpha > 0 works.
+                lora_alpha=alpha,  # type: ignore[arg-type]
+                lora_dropout=0.0,
+                bias="none",
+                target_modules=linear.pattern,
             )
             # peft draws lora_A's initial values from the global RNG; seeding it from the
             # policy's seed makes two runs of one recipe start from the same adapters.

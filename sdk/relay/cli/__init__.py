@@ -7,6 +7,8 @@ which extra to install.
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
+
 import typer
 
 from relay.cli import datasets, fine_tunes, keys, local, models, server, sessions
@@ -25,6 +27,28 @@ app.add_typer(fine_tunes.app, name="fine-tunes")
 app.add_typer(sessions.app, name="sessions")
 app.add_typer(keys.app, name="keys")
 app.command("server")(server.serve)
+
+
+def _version() -> str:
+    try:
+        return version("relay-intelligence")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"relay {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: bool = typer.Option(
+        False, "--version", help="Print Relay's version and exit.", callback=_print_version, is_eager=True
+    ),
+) -> None:
+    """Fine-tune pi0.5 robot policies on LeRobot datasets."""
 
 
 def main() -> None:

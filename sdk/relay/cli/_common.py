@@ -52,6 +52,12 @@ def parse_pairs(values: list[str], option: str) -> dict[str, str]:
     return pairs
 
 
+def split_targets(values: list[str] | None) -> list[str] | None:
+    """`--target a --target b` and `--targets a,b` (or a mix) -> ['a', 'b']; None when none given."""
+    targets = [name.strip() for value in values or [] for name in value.split(",") if name.strip()]
+    return targets or None
+
+
 def status_text(status: str) -> str:
     """A job's or session's status, coloured the same way in every table."""
     style = _STATUS_STYLE.get(status)

@@ -191,7 +191,10 @@ def synth(
             overwrite=overwrite,
         )
     except errors.EngineError as error:
-        fail(str(error))
+        message = str(error)
+        if not overwrite and "already exists and is not empty" in message:
+            message += "; add --overwrite to replace it"
+        fail(message)
     _out.print(f"wrote {path}", soft_wrap=True, markup=False)
 
 

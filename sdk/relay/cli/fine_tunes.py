@@ -15,10 +15,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from relay import sft
-from relay.cli._common import dataset_name, err, fail, parse_pairs, show_record, status_text
+from relay.catalog import LORA_RANK_MAX
+from relay.cli._common import dataset_name, err, fail, parse_pairs, show_record, split_targets, status_text
 from relay.cli.watch import watch_events
 from relay.errors import APIError, ConfigError
-from relay.sft.config import SFTConfig
+from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 from relay.sft.job import Event, FineTuneJob
 from relay.sft.train import train
 
@@ -43,20 +44,36 @@ def _clear_errors() -> Iterator[None]:
 
 @app.command()
 def create(
-    model: str | None = typer.Option(None, help="Base model: pi05, or pi05-tiny (CPU)."),
+    model: str | None = typer.Option(
+        None, help="Required (here or in --config). Base model: pi05, or pi05-tiny (CPU)."
+    ),
     dataset: str | None = typer.Option(
         None,
         "--dataset",
         "--dataset-name",
-        help="LeRobot dataset on the Hub (lerobot/pusht_image) or a local directory.",
+        help="Required (here or in --config). LeRobot dataset on the Hub (lerobot/pusht_image) "
+        "or a local directory.",
     ),
-    batch_size: int | None = typer.Option(None, help="Samples per step, 1 to 512 (default 128)."),
-    learning_rate: float | None = typer.Option(None, help="Peak learning rate (default 2.5e-5)."),
-    steps: int | None = typer.Option(None, help="Optimizer steps, 1 to 100,000 (default 6000)."),
+    batch_size: int | None = typer.Option(
+        None, help=f"Samples per step, 1 to {BATCH_SIZE_MAX} (default {SFTConfig.default('batch_size')})."
+    ),
+    learning_rate: float | None = typer.Option(
+        None, help=f"Peak learning rate (default {SFTConfig.default('learning_rate')})."
+    ),
+    steps: int | None = typer.Option(
+        None, help=f"Optimizer steps, 1 to {STEPS_MAX:,} (default {SFTConfig.default('steps')})."
+    ),
     finetune: str | None = typer.Option(None, help="lora (default) or full."),
-    lora_rank: int | None = typer.Option(None, help="LoRA rank, 1 to 256 (default 32)."),
+    lora_rank: int | None = typer.Option(
+        None, help=f"LoRA rank, 1 to {LORA_RANK_MAX} (default {SFTConfig.default('lora_rank')})."
+    ),
     lora_alpha: float | None = typer.Option(None, help="LoRA alpha (default: the rank)."),
-    target: list[str] | None = typer.Option(None, "--target", help="Where training goes; repeatable."),
+    target: list[str] | None = typer.Option(
+        None,
+        "--target",
+        "--targets",
+        help="Where training goes (see `relay models info`): repeatable, or comma-separated.",
+    ),
     camera: list[str] | None = typer.Option(
         None, "--camera", help="MODEL_CAMERA=DATASET_FEATURE, repeatable."
     ),
@@ -65,7 +82,9 @@ def create(
         None, "--config", help="A JSON file with the config's fields; options given here override it."
     ),
     idempotency_key: str | None = typer.Option(None, help="Send the same key again to get the same job."),
-    wait: bool = typer.Option(False, "--wait", help="Wait for the job, with a progress bar."),
+    wait: bool = typer.Option(
+        False, "--wait", help="Wait for the job, showing progress (a bar, or a line every few seconds)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
 ) -> None:
     """Start a fine-tune; prints the job at once (or, with --wait, when it ends)."""
@@ -85,7 +104,7 @@ def create(
             "finetune": finetune,
             "lora_rank": lora_rank,
             "lora_alpha": lora_alpha,
-            "targets": target or None,
+            "targets": split_targets(target),
             "cameras": parse_pairs(camera, "camera") if camera else None,
             "name": name,
         }
@@ -110,7 +129,7 @@ def list_(
             print(json.dumps(job.to_dict()))
         return
     table = Table()
-    for column in ("id", "status", "step", "loss", "model"):
+    for column in ("id", "status", "step", LOSS_LABEL, "model"):
         table.add_column(column, no_wrap=True, min_width=15 if column == "id" else None)
     table.add_column("dataset", overflow="fold")
     table.add_column("name", overflow="fold")
@@ -152,8 +171,9 @@ def events(
     follow: bool = typer.Option(False, "--follow", "-f", help="Stream events until the job ends."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines (with event ids)."),
 ) -> None:
-    """A fine-tune's events: metrics every 10 steps, checkpoints, the end. With --follow on a terminal,
-    a live progress bar and loss sparkline under them."""
+    """A fine-tune's events: metrics every 10 steps (loss, grad_norm and lr are means over those
+    steps), checkpoints, the end. Each line starts with the event's id, for --after. With --follow
+    on a terminal, a live progress bar and loss sparkline under them."""
     with _clear_errors():
         job = sft.retrieve(job_id)
         if follow and not as_json and out.is_terminal:  # piped: the plain lines below
@@ -179,7 +199,10 @@ def download(
 
 
 def _show_job(job: FineTuneJob, as_json: bool) -> None:
-    show_record(job.to_dict(), as_json)
+    record = job.to_dict()
+    if not as_json:  # say which loss this is (JSON keeps the API's field names)
+        record = {LOSS_LABEL if key == "loss" else key: value for key, value in record.items()}
+    show_record(record, as_json)
 
 
 def _print_event(event: Event, as_json: bool) -> None:
@@ -188,15 +211,21 @@ def _print_event(event: Event, as_json: bool) -> None:
         return
     if "event" not in event:
         line = (
-            f"step {event['step']:>6}  loss {_loss(event.get('loss'))}"
+            f"id {event.id:>6}  step {event['step']:>6}  loss {_loss(event.get('loss'))}"
             f"  grad_norm {_num(event.get('grad_norm'))}  lr {_num(event.get('lr'), '.2e')}"
             f"  skipped {_num(event.get('skipped'), '.0%')}"
         )
     else:
         details = "  ".join(f"{k} {v}" for k, v in event.items() if k not in ("step", "event"))
-        line = f"step {event['step']:>6}  {event['event']}" + (f"  {details}" if details else "")
+        line = f"id {event.id:>6}  step {event['step']:>6}  {event['event']}" + (
+            f"  {details}" if details else ""
+        )
     out.print(line, highlight=False, soft_wrap=True)
     sys.stdout.flush()
+
+
+# The job's loss is a mean over the latest metrics window, like the events' loss: say so wherever it shows.
+LOSS_LABEL = "loss (10-step mean)"
 
 
 def _loss(value: float | None) -> str:

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from relay.cli._common import dataset_name, fail, parse_pairs
+from relay._progress import ProgressReport
+from relay.catalog import LORA_RANK_MAX, STRATEGIES
+from relay.cli._common import dataset_name, fail, parse_pairs, split_targets
 from relay.cli._extras import require
+from relay.cli._launch import Launch, rank, run_launched
+from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 
 app = typer.Typer(
     help="Train and evaluate on this machine, with the same engine the service runs.", no_args_is_help=True
@@ -36,7 +40,8 @@ def parse_episodes(spec: str | None) -> list[int] | None:
 
 
 class StopOnInterrupt:
-    """The first Ctrl-C asks the loop to stop after the current step; a second one aborts."""
+    """The first Ctrl-C asks the loop to stop after the current step and save a checkpoint there;
+    a second one aborts."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -45,21 +50,30 @@ class StopOnInterrupt:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        console.print("stopping after this step (Ctrl-C again to abort)")
+        console.print("stopping after this step and saving a checkpoint (Ctrl-C again to abort)")
 
 
 @app.command()
 def train(
     model: str = typer.Option(..., help="Base model: pi05 or pi05-tiny."),
     dataset: str = typer.Option(..., help="A Hub dataset repo id or a local dataset directory."),
-    steps: int = typer.Option(6000, help="Optimizer steps, 1 to 100,000."),
+    steps: int = typer.Option(SFTConfig.default("steps"), help=f"Optimizer steps, 1 to {STEPS_MAX:,}."),
     output_dir: Path = typer.Option(..., help="Where checkpoints and the merged model go."),
-    batch_size: int = typer.Option(128, help="Samples per step, 1 to 512."),
-    learning_rate: float = typer.Option(2.5e-5, help="The peak learning rate, after warmup."),
-    finetune: str = typer.Option("lora", help="lora or full."),
-    lora_rank: int = typer.Option(32, help="LoRA rank, 1 to 256."),
+    batch_size: int = typer.Option(
+        SFTConfig.default("batch_size"), help=f"Samples per step, 1 to {BATCH_SIZE_MAX}."
+    ),
+    learning_rate: float = typer.Option(
+        SFTConfig.default("learning_rate"), help="The peak learning rate, after warmup."
+    ),
+    finetune: str = typer.Option(SFTConfig.default("finetune"), help="lora or full."),
+    lora_rank: int = typer.Option(SFTConfig.default("lora_rank"), help=f"LoRA rank, 1 to {LORA_RANK_MAX}."),
     lora_alpha: float | None = typer.Option(None, help="LoRA alpha (default: the rank)."),
-    targets: str | None = typer.Option(None, help="Comma-separated targets (see `relay models info`)."),
+    targets: list[str] | None = typer.Option(
+        None,
+        "--target",
+        "--targets",
+        help="Where training goes (see `relay models info`): repeatable, or comma-separated.",
+    ),
     cameras: list[str] | None = typer.Option(
         None, "--camera", help="MODEL_CAMERA=DATASET_FEATURE, repeatable."
     ),
@@ -68,11 +82,34 @@ def train(
     checkpoint_every: int = typer.Option(1000, help="Steps between checkpoints."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     json_lines: bool = typer.Option(
-        False, "--json", help="Print one JSON object per event instead of a progress bar."
+        False, "--json", help="Print one JSON object per event instead of progress."
+    ),
+    nproc_per_node: int = typer.Option(
+        1, "--nproc-per-node", help="Processes on this host, one per GPU (gloo on the CPU without CUDA)."
+    ),
+    nnodes: int = typer.Option(1, "--nnodes", help="Hosts in the job; run the command on each."),
+    node_rank: int = typer.Option(0, "--node-rank", help="This host's place, 0 to --nnodes - 1."),
+    rdzv_endpoint: str | None = typer.Option(
+        None,
+        "--rdzv-endpoint",
+        help="HOST:PORT where the hosts meet (c10d rendezvous); needed with --nnodes.",
+    ),
+    strategy: str = typer.Option(
+        "auto", help="How processes share the model: auto (fsdp for full, ddp for lora), ddp or fsdp."
     ),
 ) -> None:
-    """Run the recipe's loop here, with a progress bar; run it again to resume from the last checkpoint."""
-    from relay.sft.config import SFTConfig
+    """Run the recipe's loop here, showing progress (a bar on a terminal, else a line every few
+    seconds). Ctrl-C saves a checkpoint; the same command again resumes from it.
+
+    With --nproc-per-node (and --nnodes) the loop runs as a group of processes started by
+    torch.distributed.run; `--batch-size` stays the global batch, split across them.
+    """
+    launch = Launch(nproc_per_node, nnodes, node_rank, rdzv_endpoint)
+    problem = launch.problem()
+    if problem is not None:
+        fail(problem)
+    if strategy not in STRATEGIES:
+        fail(f"bad --strategy: {strategy!r} (must be one of {', '.join(STRATEGIES)})")
 
     try:
         config = SFTConfig(
@@ -84,79 +121,103 @@ def train(
             finetune=finetune,
             lora_rank=lora_rank,
             lora_alpha=lora_alpha,
-            targets=targets.split(",") if targets else None,
+            targets=split_targets(targets),
             cameras=parse_pairs(cameras, "camera") if cameras else None,
         )
     except ValueError as error:
         fail(str(error))
 
+    processes = nproc_per_node * nnodes
+    if config.batch_size < processes:
+        fail(
+            f"bad --batch-size: {config.batch_size} (must be at least the {processes} processes: "
+            "each trains on its part of every batch)"
+        )
+    if launch.needed:
+        raise typer.Exit(run_launched(launch, sys.argv[1:]))
+
     recipe_module = require("relay_engine.recipe")
     errors = require("relay_engine.errors")
     recipe = recipe_module.Recipe.from_config(
-        config.model_dump(),
+        config,
         seed=seed,
         checkpoint_every=checkpoint_every,
         episodes=parse_episodes(episodes),
         device=device,
+        strategy=strategy,
     )
+    # In a group, rank 0 alone speaks (the engine reports events on rank 0 only).
+    speaks = rank() == 0
     stop = StopOnInterrupt()
     previous_handler = signal.signal(signal.SIGINT, stop)
-    progress = Progress(
-        TextColumn("[bold]training"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeRemainingColumn(),
-        console=console,
-        disable=json_lines,
-    )
+    show_progress = speaks and not json_lines
+    report = ProgressReport("training", config.steps, stream=sys.stderr) if show_progress else None
+    window_loss: float | None = None
 
     def on_event(event: dict[str, Any]) -> None:
-        if json_lines:
+        nonlocal window_loss
+        if "loss" in event:
+            window_loss = event["loss"]
+        if report is None:
             print(json.dumps(event), flush=True)
             return
         if "loss" in event:
-            status = (
-                f"loss {event['loss']:.4f}  grad_norm {event['grad_norm'] or 0:.3f}  lr {event['lr']:.2e}"
+            detail = (
+                f"loss {_number(event['loss'], '.4f')} (10-step mean)  "
+                f"grad_norm {_number(event['grad_norm'], '.3f')}  lr {event['lr']:.2e}"
             )
-            progress.update(task, completed=event["step"], status=status)
+            report.update(event["step"], detail)
             if event["skipped"]:
-                progress.console.print(
+                report.note(
                     f"step {event['step']}: {event['skipped']:.0%} of steps skipped (non-finite gradient)"
                 )
-        elif event.get("event") == "checkpoint":
-            progress.update(task, completed=event["step"])
+        elif event.get("event") == "resumed":
+            report.note(
+                f"resuming from step {event['step']} (the last checkpoint in {output_dir / 'checkpoints'})"
+            )
+            report.update(event["step"])
 
     try:
-        with progress:
-            task = progress.add_task("train", total=recipe.steps, status="loading")
-            result = recipe_module.run_recipe(
-                recipe,
-                output_dir,
-                output_dir=output_dir,
-                on_event=on_event,
-                should_stop=lambda: stop.requested,
-            )
+        result = recipe_module.run_recipe(
+            recipe,
+            output_dir,
+            output_dir=output_dir,
+            on_event=on_event,
+            should_stop=lambda: stop.requested,
+            checkpoint_on_stop=True,
+        )
     except errors.EngineError as error:
         fail(str(error))
     finally:
         signal.signal(signal.SIGINT, previous_handler)
+        if report is not None:
+            report.close()
 
+    if not speaks:
+        raise typer.Exit(130 if result.status == "stopped" else 0)
     if result.status == "stopped":
         console.print(
-            f"stopped at step {result.step}; run the same command again to resume from the last checkpoint"
+            f"stopped at step {result.step} with a checkpoint there; "
+            "run the same command again to resume from it"
         )
         raise typer.Exit(130)
     summary = {
         "status": result.status,
         "step": result.step,
-        "loss": result.loss,
+        "loss": window_loss,
         "output_dir": str(result.output_dir),
     }
     if json_lines:
         print(json.dumps(summary), flush=True)
     else:
-        console.print(f"completed {result.step} steps, loss {result.loss:.4f}; model in {result.output_dir}")
+        console.print(
+            f"completed {result.step} steps, loss {_number(window_loss, '.4f')} (mean of the last 10 steps); "
+            f"model in {result.output_dir}"
+        )
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 @app.command("eval")

@@ -13,7 +13,7 @@ def serve(
 ) -> None:
     """Run the API and one worker with SQLite and a broker that needs no server.
 
-    Data lives in RELAY_HOME (default ./.relay); the URL and a local API key are written to
+    Data lives in RELAY_HOME (default ~/.relay); the URL and a local API key are written to
     client.json there, where the SDK and `relay fine-tunes` find them.
     """
     embedded = require("relay_api.embedded")

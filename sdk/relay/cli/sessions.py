@@ -110,8 +110,9 @@ def states(as_json: bool = typer.Option(False, "--json", help="Print JSON lines.
 
 
 def _method(record: dict[str, Any]) -> str:
-    """`lora r32` or `full`: how it trains, in one cell (sessions say `rank`, states `lora_rank`)."""
-    rank = record.get("rank") if "rank" in record else record.get("lora_rank")
+    """`lora r32` or `full`: how it trains, in one cell (a server from before sessions said
+    `lora_rank` says `rank`)."""
+    rank = record.get("lora_rank", record.get("rank"))
     if record.get("finetune") == "lora" and rank is not None:
         return f"lora r{rank}"
     return str(record.get("finetune") or "?")

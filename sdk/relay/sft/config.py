@@ -14,21 +14,26 @@ from pydantic import Field, field_validator, model_validator
 from relay import catalog
 from relay._rules import (
     FINETUNE_RULE,
+    LORA_ALPHA_RULE,
+    LORA_RANK_RULE,
     MODEL_RULE,
     NOT_BLANK_TEXT_PATTERN,
     PLAIN_TEXT_PATTERN,
     TARGETS_RULE,
     CheckedConfig,
     FinetuneMethod,
+    LoraAlpha,
+    LoraRank,
     ModelName,
     TargetNames,
     WholeNumber,
     has_control_characters,
 )
+from relay.catalog import LORA_RANK_DEFAULT
 
 BATCH_SIZE_MAX = 512
+GPUS_MAX = 64
 STEPS_MAX = 100_000
-LORA_RANK_MAX = 256
 NAME_MAX = 128
 DATASET_NAME_MAX = 1024
 
@@ -43,16 +48,24 @@ RULES: dict[str, str] = {
     "learning_rate": "must be a number greater than 0",
     "steps": f"must be an integer from 1 to {STEPS_MAX:,}",
     "finetune": FINETUNE_RULE,
-    "lora_rank": f"must be an integer from 1 to {LORA_RANK_MAX}",
-    "lora_alpha": "must be a number greater than 0; by default, the rank",
+    "lora_rank": LORA_RANK_RULE,
+    "lora_alpha": LORA_ALPHA_RULE,
     "targets": TARGETS_RULE,
     "cameras": ("must map model cameras (" + ", ".join(catalog.MODEL_CAMERAS) + ") to dataset feature names"),
     "name": f"must be text of at most {NAME_MAX} characters, no control characters",
+    "gpus": (
+        f"must be an integer from 1 to {GPUS_MAX}, at most batch_size; by default 1 for lora and all "
+        "the GPUs of one worker host for full"
+    ),
 }
 
 
 class SFTConfig(CheckedConfig):
-    """A recipe: the base model, the dataset and a few settings (docs/recipe-jobs.md)."""
+    """A recipe: the base model, the dataset and a few settings (docs/recipe-jobs.md).
+
+    The one declaration of a recipe's defaults: the engine's Recipe is built from a validated
+    SFTConfig, and `relay local train`'s options take their defaults from here (``SFTConfig.default``).
+    """
 
     RULES: ClassVar[dict[str, str]] = RULES
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -68,8 +81,8 @@ class SFTConfig(CheckedConfig):
     learning_rate: float = Field(2.5e-5, strict=True, gt=0, allow_inf_nan=False)
     steps: WholeNumber = Field(6000, strict=True, ge=1, le=STEPS_MAX)
     finetune: FinetuneMethod = "lora"
-    lora_rank: WholeNumber = Field(32, strict=True, ge=1, le=LORA_RANK_MAX)
-    lora_alpha: float | None = Field(None, strict=True, gt=0, allow_inf_nan=False)
+    lora_rank: LoraRank = LORA_RANK_DEFAULT
+    lora_alpha: LoraAlpha = None
     targets: TargetNames = None
     cameras: dict[str, str] | None = Field(
         None,
@@ -80,6 +93,8 @@ class SFTConfig(CheckedConfig):
         },
     )
     name: str | None = Field(None, max_length=NAME_MAX, pattern=PLAIN_TEXT_PATTERN)
+    # One process per GPU; the global batch stays batch_size, split across them.
+    gpus: WholeNumber | None = Field(None, strict=True, ge=1, le=GPUS_MAX)
 
     @field_validator("dataset_name")
     @classmethod
@@ -113,4 +128,8 @@ class SFTConfig(CheckedConfig):
             self.lora_alpha = float(self.lora_rank)
         if self.targets is None:
             self.targets = list(catalog.default_targets(self.finetune))
+        if self.gpus is None and self.finetune == "lora":
+            self.gpus = 1  # full's default depends on the workers' hosts: the service fills it in
+        if self.gpus is not None and self.gpus > self.batch_size:
+            raise ValueError(f"bad gpus: {self.gpus} ({RULES['gpus']}, {self.batch_size})")
         return self

@@ -9,6 +9,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from relay import _http
+from relay._progress import ProgressReport
 from relay.sft import status as job_status
 from relay.sft.config import SFTConfig
 
@@ -36,7 +37,10 @@ class Event(dict[str, Any]):
 class FineTuneJob:
     """A recipe job. Attributes: ``id``, ``status``, ``step``, ``loss``, ``error``, ``output_dir``,
     ``created_at``, ``started_at``, ``finished_at``, ``attempts``, ``lease_lapsed_seconds`` (a running
-    job whose worker stopped renewing its lease: how long ago it lapsed) and the config's fields."""
+    job whose worker stopped renewing its lease: how long ago it lapsed) and the config's fields.
+
+    ``loss`` is the mean training loss over the latest metrics window (the last 10 steps), the
+    same number as the latest metrics event's ``loss``."""
 
     id: str
     status: str
@@ -82,7 +86,7 @@ class FineTuneJob:
 
     @property
     def config(self) -> SFTConfig:
-        return SFTConfig(**{f: self._data.get(f) for f in CONFIG_FIELDS})
+        return SFTConfig.parse({f: self._data.get(f) for f in CONFIG_FIELDS})
 
     @property
     def done(self) -> bool:
@@ -104,18 +108,19 @@ class FineTuneJob:
         """Block until the job is completed or cancelled; raise RuntimeError if it failed.
 
         Polls at most every `poll` seconds, and sooner while the wait is young (a quarter of the time
-        waited so far, at least half a second), so a short job returns promptly. Shows a progress bar
-        on stderr when it is a terminal (or when `progress` is True).
+        waited so far, at least half a second), so a short job returns promptly. Shows progress on
+        stderr: a bar on a terminal, else a plain line every few seconds (RELAY_PROGRESS_SECONDS);
+        `progress=False` shows nothing.
         """
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
-        show = sys.stderr.isatty() if progress is None else progress
-        bar = _ProgressBar(self) if show else None
+        report = ProgressReport(self.id, self.steps) if progress is not False else None
         try:
             while True:
                 self.refresh()
-                if bar is not None:
-                    bar.update(self)
+                if report is not None:
+                    loss = "" if self.loss is None else f"loss {self.loss:.4f} (mean of the last 10 steps)"
+                    report.update(self.step or 0, loss, description=f"{self.id} {self.status}")
                 if self.done:
                     break
                 if deadline is not None and time.monotonic() >= deadline:
@@ -123,8 +128,8 @@ class FineTuneJob:
                 waited = time.monotonic() - started
                 time.sleep(min(poll, max(0.5, waited / 4)))
         finally:
-            if bar is not None:
-                bar.close()
+            if report is not None:
+                report.close()
         if self.status == job_status.ERROR:
             raise RuntimeError(f"fine-tune {self.id} failed: {self.error}")
         return self
@@ -179,32 +184,6 @@ class FineTuneJob:
             if bar is not None:
                 bar.close()
         return target
-
-
-class _ProgressBar:
-    def __init__(self, job: FineTuneJob) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self._progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[detail]}"),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-        )
-        self._progress.start()
-        self._task = self._progress.add_task(job.id, total=job.steps, detail="")
-
-    def update(self, job: FineTuneJob) -> None:
-        loss = "" if job.loss is None else f"loss {job.loss:.4f}"
-        self._progress.update(
-            self._task, completed=job.step or 0, description=f"{job.id} {job.status}", detail=loss
-        )
-
-    def close(self) -> None:
-        self._progress.stop()
 
 
 class _DownloadBar:

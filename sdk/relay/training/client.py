@@ -1,4 +1,8 @@
-"""ServiceClient, TrainingClient and SamplingClient: a training loop that runs each step on a GPU."""
+"""ServiceClient, TrainingClient and SamplingClient: a training loop that runs each step on a GPU.
+
+examples/session_loop.py is a whole training loop over these clients, flat in one file: data,
+schedule, logging, saved states, resuming and a held-out evaluation.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from relay import _http
+from relay.catalog import ACTION_HORIZON, LORA_RANK_DEFAULT
 from relay.codec import Codec
 from relay.errors import RequestFailedError
 from relay.training import types
@@ -54,20 +59,22 @@ class ServiceClient:
     def create_lora_training_client(
         self,
         base_model: str,
-        rank: int = 32,
+        rank: int = LORA_RANK_DEFAULT,
         targets: list[str] | None = None,
         alpha: float | None = None,
-        action_horizon: int = 10,
+        action_horizon: int = ACTION_HORIZON,
         *,
         codec: Codec = Codec.LOSSLESS,
     ) -> TrainingClient:
-        """A session training LoRA adapters (by default on the action expert); returns once ready."""
+        """A session training LoRA adapters (by default on the action expert); returns once ready.
+
+        `rank` and `alpha` are the session's `lora_rank` and `lora_alpha`."""
         config = SessionConfig(
             base_model=base_model,
             finetune="lora",
-            rank=rank,
+            lora_rank=rank,
             targets=targets,
-            alpha=alpha,
+            lora_alpha=alpha,
             action_horizon=action_horizon,
             codec=codec,
         )
@@ -77,7 +84,7 @@ class ServiceClient:
         self,
         base_model: str,
         targets: list[str] | None = None,
-        action_horizon: int = 10,
+        action_horizon: int = ACTION_HORIZON,
         *,
         codec: Codec = Codec.LOSSLESS,
     ) -> TrainingClient:
@@ -314,7 +321,7 @@ class TrainingClient:
         ):
             raise ValueError(f"bad num_steps: {num_steps!r} (must be an integer from 1 to {NUM_STEPS_MAX})")
         single = isinstance(observation, Mapping)
-        observations = [observation] if single else list(observation)  # type: ignore[arg-type]
+        observations = [observation] if single else list(observation)
         try:
             encoded = [
                 types.observation_message(i, o, self.codec, "observation") for i, o in enumerate(observations)

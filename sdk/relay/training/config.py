@@ -6,6 +6,7 @@ request with the same class, and the worker checks names again before they becom
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
@@ -13,17 +14,21 @@ from pydantic import Field, model_validator
 from relay import catalog
 from relay._rules import (
     FINETUNE_RULE,
+    LORA_ALPHA_RULE,
+    LORA_RANK_RULE,
     MODEL_RULE,
     TARGETS_RULE,
     CheckedConfig,
     FinetuneMethod,
+    LoraAlpha,
+    LoraRank,
     ModelName,
     TargetNames,
     WholeNumber,
 )
+from relay.catalog import LORA_RANK_DEFAULT
 from relay.codec import Codec
 from relay.errors import ConfigError
-from relay.sft.config import LORA_RANK_MAX
 
 ACTION_HORIZON_MAX = 100
 SAVED_NAME_MAX = 128
@@ -31,15 +36,32 @@ SAVED_NAME_MAX = 128
 # rank): the worker writes it, the API lists states by it.
 STATE_META_FILE = "session.json"
 
+# Sessions once called these `rank` and `alpha`; bodies sent and configs stored with those names are
+# still read. (`create_lora_training_client(rank=..., alpha=...)` keeps its published argument names.)
+FORMER_NAMES: dict[str, str] = {"rank": "lora_rank", "alpha": "lora_alpha"}
+
 RULES: dict[str, str] = {
     "base_model": MODEL_RULE,
     "finetune": FINETUNE_RULE,
-    "rank": f"must be an integer from 1 to {LORA_RANK_MAX}",
-    "alpha": "must be a number greater than 0; by default, the rank",
+    "lora_rank": LORA_RANK_RULE,
+    "lora_alpha": LORA_ALPHA_RULE,
     "targets": TARGETS_RULE,
     "action_horizon": f"must be an integer from 1 to {ACTION_HORIZON_MAX}",
     "codec": "must be " + " or ".join(f'"{c.value}"' for c in Codec),
 }
+
+
+def with_current_names(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A session config (a request body, a stored row) with `rank`/`alpha` renamed `lora_rank`/`lora_alpha`.
+
+    A config that gives both spellings of one setting keeps both, so validation refuses the former
+    one as an unknown field rather than choosing between them silently.
+    """
+    renamed = dict(config)
+    for former, current in FORMER_NAMES.items():
+        if former in renamed and current not in renamed:
+            renamed[current] = renamed.pop(former)
+    return renamed
 
 
 class SessionConfig(CheckedConfig):
@@ -51,19 +73,24 @@ class SessionConfig(CheckedConfig):
 
     base_model: ModelName
     finetune: FinetuneMethod = "lora"
-    rank: WholeNumber = Field(32, strict=True, ge=1, le=LORA_RANK_MAX)
-    alpha: float | None = Field(None, gt=0, allow_inf_nan=False)
+    lora_rank: LoraRank = LORA_RANK_DEFAULT
+    lora_alpha: LoraAlpha = None
     targets: TargetNames = None
-    action_horizon: WholeNumber = Field(10, strict=True, ge=1, le=ACTION_HORIZON_MAX)
+    action_horizon: WholeNumber = Field(catalog.ACTION_HORIZON, strict=True, ge=1, le=ACTION_HORIZON_MAX)
     codec: Codec = Codec.LOSSLESS
+
+    @model_validator(mode="before")
+    @classmethod
+    def _former_names(cls, data: Any) -> Any:
+        return with_current_names(data) if isinstance(data, Mapping) else data
 
     @model_validator(mode="after")
     def _spell_out_defaults(self) -> SessionConfig:
         # Spelled out so a session shows what it trains, not "default".
         if self.targets is None:
             self.targets = list(catalog.default_targets(self.finetune))
-        if self.finetune == "lora" and self.alpha is None:
-            self.alpha = float(self.rank)
+        if self.finetune == "lora" and self.lora_alpha is None:
+            self.lora_alpha = float(self.lora_rank)
         return self
 
 

@@ -74,6 +74,7 @@ class DatumError(ValueError):
 
 def datum_message(index: int, datum: Datum | Mapping[str, Any], codec: Codec) -> dict[str, Any]:
     """A datum as the wire carries it; frames become JPEG under Codec.JPEG_Q95."""
+    observation: Any  # checked by observation_message
     if isinstance(datum, Datum):
         observation, actions, weight = datum.observation, datum.actions, datum.weight
     elif isinstance(datum, Mapping):

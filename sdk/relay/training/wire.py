@@ -61,7 +61,7 @@ def _strip(value: Any, blobs: list[bytes | memoryview]) -> Any:
         if value.dtype.hasobject or value.dtype.names is not None:
             raise WireError(f"an array of {value.dtype} cannot be sent; send numbers")
         array = np.ascontiguousarray(value)
-        blobs.append(memoryview(array.reshape(-1).view(np.uint8)) if array.size else b"")
+        blobs.append(array.reshape(-1).view(np.uint8).data if array.size else b"")
         return {"$a": [len(blobs) - 1, array.dtype.str, list(array.shape)]}
     if value is None or isinstance(value, bool | int | float | str):
         return value

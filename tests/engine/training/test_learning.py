@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from relay.sft.config import SFTConfig
 from relay_engine.datasets import open_dataset, write_synthetic_dataset
 from relay_engine.models import load_policy
 from relay_engine.recipe import Recipe, run_recipe
@@ -20,15 +21,10 @@ HELD_OUT_EPISODES = list(range(16, 20))
 
 def test_training_halves_the_held_out_action_error(tmp_path: Path) -> None:
     dataset_path = write_synthetic_dataset(tmp_path / "look", episodes=20, episode_length=(30, 40), seed=11)
-    recipe = Recipe(
-        model="pi05-tiny",
-        dataset_name=str(dataset_path),
-        batch_size=16,
-        learning_rate=1e-3,
-        steps=80,
-        episodes=TRAIN_EPISODES,
-        num_workers=0,
+    config = SFTConfig(
+        model="pi05-tiny", dataset_name=str(dataset_path), batch_size=16, learning_rate=1e-3, steps=80
     )
+    recipe = Recipe.from_config(config, episodes=TRAIN_EPISODES, num_workers=0)
     result = run_recipe(
         recipe,
         tmp_path / "run",

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +120,59 @@ def test_local_train_reports_a_dataset_problem(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert "not-a-dataset" in result.stderr and "Traceback" not in result.stderr
+
+
+def _train_until(command: list[str], marker: str) -> tuple[int, str]:
+    """Run `relay local train` with its stderr piped (no terminal), press Ctrl-C once a stderr
+    line contains `marker`, and return the exit status and all of stderr."""
+    env = {**os.environ, "RELAY_PROGRESS_SECONDS": "0"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert process.stderr is not None
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if marker in line:
+            process.send_signal(signal.SIGINT)
+            break
+    _, rest = process.communicate(timeout=300)
+    return process.returncode, "".join(seen) + rest
+
+
+def test_ctrl_c_saves_a_checkpoint_and_the_same_command_resumes_from_it(
+    synthetic_dataset_path: Path, tmp_path: Path
+) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "relay.cli",
+        "local",
+        "train",
+        "--model",
+        "pi05-tiny",
+        "--dataset",
+        str(synthetic_dataset_path),
+        "--output-dir",
+        str(tmp_path),
+        "--batch-size",
+        "2",
+        "--steps",
+        "5000",
+        "--learning-rate",
+        "1e-3",
+        "--target",
+        "action_expert.attn",
+        "--targets",
+        "action_expert.mlp,heads",
+    ]
+    # Off a terminal, progress comes as plain lines.
+    code, stderr = _train_until(command, "training  step 20/5000  loss")
+    assert code == 130, stderr
+    stopped = re.search(r"stopped at step (\d+) with a checkpoint there", stderr)
+    assert stopped is not None, stderr
+    step = int(stopped.group(1))
+    assert step >= 20 and (tmp_path / "checkpoints" / f"step-{step:08d}" / "manifest.json").is_file()
+
+    code, stderr = _train_until(command, f"resuming from step {step}")
+    assert code == 130 and f"resuming from step {step} (the last checkpoint in" in stderr, stderr
+    again = re.search(r"stopped at step (\d+)", stderr)
+    assert again is not None and int(again.group(1)) >= step

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -10,8 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from relay.sft.config import SFTConfig
 from relay_engine.datasets import LeRobotDataset
-from relay_engine.errors import ConfigError, DatasetError
+from relay_engine.errors import ConfigError, DatasetError, EngineError
 from relay_engine.models import load_policy
 from relay_engine.recipe import Recipe, RecipeResult, run_recipe
 
@@ -19,17 +21,18 @@ STEPS = 12
 
 
 def recipe_for(dataset: Path, **changes: Any) -> Recipe:
-    settings: dict[str, Any] = dict(
-        model="pi05-tiny",
-        dataset_name=str(dataset),
-        batch_size=4,
-        learning_rate=1e-3,
-        steps=STEPS,
+    """A recipe of SFTConfig's fields and the engine's settings; `changes` may override either."""
+    config: dict[str, Any] = dict(
+        model="pi05-tiny", dataset_name=str(dataset), batch_size=4, learning_rate=1e-3, steps=STEPS
+    )
+    engine: dict[str, Any] = dict(
         checkpoint_every=4,
         log_every=1,  # an event per step, so every step's loss is compared
         num_workers=0,
     )
-    return Recipe(**{**settings, **changes})
+    for name, value in changes.items():
+        (config if name in SFTConfig.model_fields else engine)[name] = value
+    return Recipe.from_config(SFTConfig(**config), **engine)
 
 
 def run(
@@ -92,7 +95,7 @@ def test_events_and_output_of_a_completed_run(
     assert metrics[0]["steps_per_second"] > 0 and 0 <= metrics[0]["data_wait"] <= 1
     # 10 steps of batch_size samples each, in the same time.
     ratio = metrics[0]["samples_per_second"] / metrics[0]["steps_per_second"]
-    assert ratio == pytest.approx(recipe.batch_size)
+    assert ratio == pytest.approx(recipe.config.batch_size)
     checkpoints = [e for e in events if e.get("event") == "checkpoint"]
     assert all(set(e) == {"step", "event", "seconds"} and e["seconds"] > 0 for e in checkpoints)
     assert metrics[0]["skipped"] == 0.0 and metrics[0]["lr"] > 0
@@ -130,3 +133,37 @@ def test_a_bad_dataset_fails_before_training(tmp_path: Path, dataset_cache: Path
     with pytest.raises(DatasetError):
         run(recipe_for(tmp_path / "empty"), tmp_path / "work", dataset_cache)
     assert not (tmp_path / "work" / "checkpoints").exists()
+
+
+def test_a_recipe_is_a_validated_sftconfig_whose_fingerprint_predates_that() -> None:
+    # A stored job's config (a mapping) is validated as an SFTConfig: same messages, same defaults.
+    with pytest.raises(ConfigError, match=r"bad steps: 0 \(must be an integer from 1 to 100,000\)") as bad:
+        Recipe.from_config({"model": "pi05-tiny", "dataset_name": "lerobot/pusht_image", "steps": 0})
+    assert bad.value.param == "steps" and isinstance(bad.value, EngineError)
+
+    recipe = Recipe.from_config(
+        {"model": "pi05-tiny", "dataset_name": "lerobot/pusht_image", "name": "first"}, seed=3
+    )
+    assert recipe.config == SFTConfig(model="pi05-tiny", dataset_name="lerobot/pusht_image", name="first")
+    # Checkpoints written when Recipe spelled out SFTConfig's fields itself still resume: the
+    # fingerprint hashes the same flat settings as then.
+    flat = {
+        "model": "pi05-tiny",
+        "dataset_name": "lerobot/pusht_image",
+        "batch_size": 128,
+        "learning_rate": 2.5e-5,
+        "steps": 6000,
+        "finetune": "lora",
+        "lora_rank": 32,
+        "lora_alpha": 32.0,
+        "targets": ["action_expert.attn", "action_expert.mlp", "heads"],
+        "cameras": None,
+        "action_horizon": 10,
+        "checkpoint_every": 1000,
+        "seed": 3,
+        "episodes": None,
+    }
+    assert recipe.fingerprint() == hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:16]
+    renamed = Recipe.from_config(recipe.config.model_copy(update={"name": "second"}), seed=3)
+    assert renamed.fingerprint() == recipe.fingerprint()
+    assert Recipe.from_dict(json.loads(json.dumps(recipe.to_dict()))) == recipe

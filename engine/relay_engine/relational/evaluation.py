@@ -1,0 +1,109 @@
+"""One evaluator for before and after tuning: AUROC for binary tasks, MAE and nMAE for regression.
+
+nMAE is the MAE divided by the standard deviation of the train split's labels, as the RelBench
+leaderboard and RT-J report it. Regression predictions are made in z-scored units and turned back
+into the label's units with the train split's mean and std before they are scored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from relay_engine.relational.batch import collate
+from relay_engine.relational.database import seconds
+from relay_engine.relational.sampling import ContextSampler, LabelScale
+from relay_engine.relational.training import RelationalExample
+from relay_engine.relational.transformer import RelationalTransformer
+
+
+def auroc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """The area under the ROC curve (the Mann-Whitney statistic; tied scores count one half).
+    NaN when only one class is present."""
+    labels = np.asarray(labels, dtype=bool).reshape(-1)
+    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
+    positives, negatives = int(labels.sum()), int((~labels).sum())
+    if positives == 0 or negatives == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores), dtype=np.float64)
+    sorted_scores = scores[order]
+    # Average ranks over runs of equal scores.
+    starts = np.flatnonzero(np.r_[True, sorted_scores[1:] != sorted_scores[:-1]])
+    ends = np.r_[starts[1:], len(scores)]
+    for start, end in zip(starts, ends, strict=True):
+        ranks[order[start:end]] = (start + end + 1) / 2.0
+    return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    problem_type: str
+    examples: int
+    metrics: dict[str, float]
+
+
+def predict_scores(
+    model: RelationalTransformer, examples: Sequence[RelationalExample], batch_size: int = 32
+) -> np.ndarray:
+    """Raw target_scores (logits, or z-scored values) for each example, in order."""
+    out = [
+        model.forward(collate([e.input for e in examples[start : start + batch_size]])).float().cpu().numpy()
+        for start in range(0, len(examples), batch_size)
+    ]
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def evaluate(
+    model: RelationalTransformer,
+    examples: Sequence[RelationalExample],
+    problem_type: str,
+    label_scale: LabelScale | None = None,
+    batch_size: int = 32,
+) -> Evaluation:
+    if not examples:
+        raise ValueError("evaluation needs at least one example")
+    scores = predict_scores(model, examples, batch_size)
+    labels = np.asarray([e.label for e in examples], dtype=np.float64)
+    if problem_type == "binary":
+        probabilities = 1.0 / (1.0 + np.exp(-scores))
+        metrics = {
+            "auroc": auroc(labels, scores),
+            "accuracy": float(((probabilities >= 0.5) == (labels >= 0.5)).mean()),
+            "positive_rate": float(labels.mean()),
+        }
+    elif problem_type == "regression":
+        scale = label_scale or LabelScale(0.0, 1.0)
+        predicted = scores * scale.std + scale.mean
+        actual = labels * scale.std + scale.mean
+        mae = float(np.abs(predicted - actual).mean())
+        metrics = {
+            "mae": mae,
+            "nmae": mae / scale.std,
+            "rmse": float(np.sqrt(np.square(predicted - actual).mean())),
+        }
+    else:
+        raise ValueError(f"evaluation covers binary and regression tasks, not {problem_type!r}")
+    return Evaluation(problem_type, len(examples), metrics)
+
+
+def label_frequency_baseline(sampler: ContextSampler, split: str) -> np.ndarray:
+    """A baseline without a model: for each row of the split, the mean label of the same entity's
+    earlier train rows (the train split's mean when it has none)."""
+    spec = sampler.spec
+    train, rows = sampler.splits["train"], sampler.splits[split]
+    train_entities = train.column(spec.entity_column).to_pylist()
+    train_times = seconds(train.column(spec.time_column))
+    train_labels = np.asarray(train.column(spec.target_column).to_pylist(), dtype=np.float64)
+    overall = float(train_labels.mean())
+    history: dict[object, list[tuple[float, float]]] = {}
+    for entity, time, label in zip(train_entities, train_times, train_labels, strict=True):
+        history.setdefault(entity, []).append((float(time), float(label)))
+    times = seconds(rows.column(spec.time_column))
+    out = []
+    for entity, time in zip(rows.column(spec.entity_column).to_pylist(), times, strict=True):
+        earlier = [label for t, label in history.get(entity, []) if t < time]
+        out.append(float(np.mean(earlier)) if earlier else overall)
+    return np.asarray(out)
