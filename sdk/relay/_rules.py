@@ -55,7 +55,7 @@ def _known_targets(value: list[str] | None) -> list[str] | None:
     return value
 
 
-def _whole_float_to_int(value: Any) -> Any:
+def whole_float_to_int(value: Any) -> Any:
     # JSON has one kind of number, and JSON Schema calls 51.0 an integer; so do we.
     if isinstance(value, float) and value.is_integer():
         return int(value)
@@ -89,13 +89,14 @@ TargetNames = Annotated[
         }
     ),
 ]
-WholeNumber = Annotated[int, BeforeValidator(_whole_float_to_int)]
+WholeNumber = Annotated[int, BeforeValidator(whole_float_to_int)]
 # Text with no control characters (what has_control_characters refuses), as a JSON Schema pattern.
 PLAIN_TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*$"
 # The same, with at least one character that is not blank.
 NOT_BLANK_TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"
+# The Field before the validator: so the bounds stay in the JSON Schema as minimum and maximum.
 LoraRank = Annotated[
-    int, BeforeValidator(_whole_float_to_int), Field(strict=True, ge=1, le=catalog.LORA_RANK_MAX)
+    int, Field(strict=True, ge=1, le=catalog.LORA_RANK_MAX), BeforeValidator(whole_float_to_int)
 ]
 # None until the config fills it in with the rank.
 LoraAlpha = Annotated[float | None, Field(strict=True, gt=0, allow_inf_nan=False)]

@@ -7,9 +7,9 @@ answers with the same messages, so a rule is written once. A broken rule reads l
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from relay import catalog
 from relay._rules import (
@@ -28,6 +28,7 @@ from relay._rules import (
     TargetNames,
     WholeNumber,
     has_control_characters,
+    whole_float_to_int,
 )
 from relay.catalog import LORA_RANK_DEFAULT
 
@@ -58,6 +59,9 @@ RULES: dict[str, str] = {
         "the GPUs of one worker host for full"
     ),
 }
+
+
+GpuCount = Annotated[int, Field(strict=True, ge=1, le=GPUS_MAX), BeforeValidator(whole_float_to_int)]
 
 
 class SFTConfig(CheckedConfig):
@@ -94,7 +98,9 @@ class SFTConfig(CheckedConfig):
     )
     name: str | None = Field(None, max_length=NAME_MAX, pattern=PLAIN_TEXT_PATTERN)
     # One process per GPU; the global batch stays batch_size, split across them.
-    gpus: WholeNumber | None = Field(None, strict=True, ge=1, le=GPUS_MAX)
+    gpus: (
+        Annotated[int, Field(strict=True, ge=1, le=GPUS_MAX), BeforeValidator(whole_float_to_int)] | None
+    ) = None
 
     @field_validator("dataset_name")
     @classmethod
