@@ -101,7 +101,7 @@ ERRORS: dict[int | str, dict[str, object]] = {
 class SessionOut(BaseModel):
     """A training session: ``starting`` (waiting for a worker, then loading on ``worker``), ``ready``,
     ``closed`` or ``error`` (``error`` says why it ended). ``calls``, ``steps`` (optimizer steps) and
-    ``saved_states`` are counted by its worker and reported every few seconds and at the end."""
+    ``saved_states`` are counted by its worker and reported with each lease renewal and at the end."""
 
     model_config = ConfigDict(extra="forbid")
 
