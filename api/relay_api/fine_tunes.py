@@ -12,7 +12,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from relay.sft import status as st
@@ -20,7 +20,8 @@ from relay.sft.config import SFTConfig
 from relay_api.db import utcnow
 from relay_api.errors import APIProblem, not_found
 from relay_api.idempotency import insert_once, request_hash
-from relay_api.models import fine_tune_events, fine_tunes
+from relay_api.metrics import WORKER_MISSED_BEATS
+from relay_api.models import fine_tune_events, fine_tunes, worker_heartbeats
 from relay_api.pagination import newest_first
 from relay_api.schemas import FineTuneOut
 
@@ -81,6 +82,36 @@ def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
     if row["kind"] != "metrics":
         event["event"] = row["kind"]
     return event
+
+
+def largest_worker_gpus(session: Session, reconcile_seconds: float) -> int | None:
+    """The most GPUs one live worker gives a job, per the workers' heartbeats; None when none is alive."""
+    horizon = utcnow() - dt.timedelta(seconds=WORKER_MISSED_BEATS * reconcile_seconds)
+    largest = session.execute(
+        select(func.max(worker_heartbeats.c.gpus)).where(worker_heartbeats.c.seen_at >= horizon)
+    ).scalar()
+    return None if largest is None else int(largest)
+
+
+def place_on_workers(session: Session, config: SFTConfig, reconcile_seconds: float) -> SFTConfig:
+    """Fill in `gpus` where the service chooses it, and refuse a job no worker could ever run.
+
+    A full fine-tune without `gpus` gets all the GPUs of the largest live worker (1 when none is
+    alive yet). A job asking for more than any live worker has is refused, naming `gpus`. With no
+    live worker nothing is known, so nothing is refused: the job waits for workers.
+    """
+    largest = largest_worker_gpus(session, reconcile_seconds)
+    if config.gpus is None:
+        return config.model_copy(update={"gpus": min(largest or 1, config.batch_size)})
+    if largest is not None and config.gpus > largest:
+        raise APIProblem(
+            400,
+            f"bad gpus: {config.gpus} (no worker can run it: the largest gives a job {largest}; a job "
+            "runs on the GPUs of one worker host)",
+            param="gpus",
+            code="no_worker_fits",
+        )
+    return config
 
 
 def create(

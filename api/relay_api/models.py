@@ -170,6 +170,8 @@ class WorkerHeartbeat(Base):
     name: Mapped[str] = mapped_column(String(255), primary_key=True)  # host:pid of the main process
     started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     seen_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # The GPUs (or, on a CPU host, process slots) this worker gives one recipe job.
+    gpus: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
 
 users = User.__table__

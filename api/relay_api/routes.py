@@ -59,6 +59,7 @@ def create_fine_tune(
             param="dataset_name",
             code="invalid_value",
         )
+    config = fine_tunes.place_on_workers(session, config, settings.reconcile_seconds)
     row, replayed = fine_tunes.create(session, user, config, idempotency_key)
     if not replayed:
         try:

@@ -41,6 +41,7 @@ class FineTuneOut(BaseModel):
     targets: list[str] | None
     cameras: dict[str, str] | None
     name: str | None
+    gpus: int | None = None  # the processes (GPUs) the job runs on; None only for jobs older than the field
 
 
 class FineTuneList(BaseModel):

@@ -26,9 +26,10 @@ from relay_api.files import output_manifest
 from relay_api.settings import Settings, get_settings
 from relay_engine.errors import EngineError
 from relay_engine.paths import cache_dir_or_default
-from relay_engine.recipe import Recipe, run_recipe
+from relay_engine.recipe import Recipe, RecipeResult, run_recipe
 from relay_engine.training.checkpoint import CheckpointStore
 from relay_worker import lifecycle, shutdown
+from relay_worker.launched import run_on_processes
 from relay_worker.lifecycle import Claim, FencedOut
 
 log = logging.getLogger("relay_worker")
@@ -240,13 +241,26 @@ def _run(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper
             on_event({"step": resumed_from, "event": "resumed", "attempt": claim.attempt})
     try:
         recipe = Recipe.from_config(claim.config, checkpoint_every=settings.checkpoint_every)
-        result = run_recipe(
-            recipe,
-            work_dir,
-            on_event=on_event,
-            should_stop=keeper.should_stop,
-            dataset_cache_dir=settings.dataset_cache_dir,
-        )
+        processes = int(claim.config.get("gpus") or 1)
+        if processes > 1:
+            outcome = run_on_processes(
+                recipe, processes, work_dir, settings.dataset_cache_dir, on_event, keeper.should_stop
+            )
+            result = RecipeResult(
+                outcome["status"],
+                outcome["step"],
+                outcome["loss"],
+                outcome["output_dir"],
+                outcome["resumed_from"],
+            )
+        else:
+            result = run_recipe(
+                recipe,
+                work_dir,
+                on_event=on_event,
+                should_stop=keeper.should_stop,
+                dataset_cache_dir=settings.dataset_cache_dir,
+            )
     except FencedOut:
         raise
     except EngineError as error:

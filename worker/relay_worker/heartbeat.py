@@ -15,14 +15,15 @@ from relay_api.models import WorkerHeartbeat
 FORGET_AFTER = dt.timedelta(days=1)
 
 
-def beat(sessions: sessionmaker[Session], name: str, started_at: dt.datetime) -> None:
-    """Note that worker `name` is alive now."""
+def beat(sessions: sessionmaker[Session], name: str, started_at: dt.datetime, gpus: int = 1) -> None:
+    """Note that worker `name` is alive now, and gives a job `gpus` GPUs (processes)."""
     now = utcnow()
     with sessions() as session:
         row = session.get(WorkerHeartbeat, name)
         if row is None:
-            session.add(WorkerHeartbeat(name=name, started_at=started_at, seen_at=now))
+            session.add(WorkerHeartbeat(name=name, started_at=started_at, seen_at=now, gpus=gpus))
             session.execute(delete(WorkerHeartbeat).where(WorkerHeartbeat.seen_at < now - FORGET_AFTER))
         else:
             row.seen_at = now
+            row.gpus = gpus
         session.commit()

@@ -29,6 +29,7 @@ from relay._rules import (
 from relay.catalog import LORA_RANK_DEFAULT
 
 BATCH_SIZE_MAX = 512
+GPUS_MAX = 64
 STEPS_MAX = 100_000
 NAME_MAX = 128
 DATASET_NAME_MAX = 1024
@@ -49,6 +50,10 @@ RULES: dict[str, str] = {
     "targets": TARGETS_RULE,
     "cameras": ("must map model cameras (" + ", ".join(catalog.MODEL_CAMERAS) + ") to dataset feature names"),
     "name": f"must be text of at most {NAME_MAX} characters, no control characters",
+    "gpus": (
+        f"must be an integer from 1 to {GPUS_MAX}, at most batch_size; by default 1 for lora and all "
+        "the GPUs of one worker host for full"
+    ),
 }
 
 
@@ -78,6 +83,8 @@ class SFTConfig(CheckedConfig):
     targets: TargetNames = None
     cameras: dict[str, str] | None = None
     name: str | None = Field(None, max_length=NAME_MAX)
+    # One process per GPU; the global batch stays batch_size, split across them.
+    gpus: int | None = Field(None, strict=True, ge=1, le=GPUS_MAX)
 
     @field_validator("dataset_name")
     @classmethod
@@ -111,4 +118,8 @@ class SFTConfig(CheckedConfig):
             self.lora_alpha = float(self.lora_rank)
         if self.targets is None:
             self.targets = list(catalog.default_targets(self.finetune))
+        if self.gpus is None and self.finetune == "lora":
+            self.gpus = 1  # full's default depends on the workers' hosts: the service fills it in
+        if self.gpus is not None and self.gpus > self.batch_size:
+            raise ValueError(f"bad gpus: {self.gpus} ({RULES['gpus']}, {self.batch_size})")
         return self
