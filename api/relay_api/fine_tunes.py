@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
-from relay_api.db import utcnow
+from relay_api.db import rows_changed, utcnow
 from relay_api.errors import APIProblem, not_found
 from relay_api.idempotency import insert_once, request_hash
 from relay_api.metrics import WORKER_MISSED_BEATS
@@ -228,11 +228,13 @@ def cancel(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
                 code="job_finished",
             )
         if row["status"] == st.QUEUED:
-            moved = session.execute(
-                update(fine_tunes)
-                .where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.QUEUED)
-                .values(status=st.CANCELLED, cancel_requested_at=now, finished_at=now, updated_at=now)
-            ).rowcount
+            moved = rows_changed(
+                session.execute(
+                    update(fine_tunes)
+                    .where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.QUEUED)
+                    .values(status=st.CANCELLED, cancel_requested_at=now, finished_at=now, updated_at=now)
+                )
+            )
             if moved:
                 session.execute(
                     insert(fine_tune_events).values(
@@ -245,11 +247,13 @@ def cancel(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
                     )
                 )
         else:  # running
-            moved = session.execute(
-                update(fine_tunes)
-                .where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.RUNNING)
-                .values(status=st.CANCEL_REQUESTED, cancel_requested_at=now, updated_at=now)
-            ).rowcount
+            moved = rows_changed(
+                session.execute(
+                    update(fine_tunes)
+                    .where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.RUNNING)
+                    .values(status=st.CANCEL_REQUESTED, cancel_requested_at=now, updated_at=now)
+                )
+            )
         session.commit()
         if moved:
             return get(session, user_id, job_id)
