@@ -76,7 +76,7 @@ class Reconciler(threading.Thread):
     @staticmethod
     def _beat(sessions: Any, name: str, started_at: Any) -> None:
         try:
-            heartbeat.beat(sessions, name, started_at, settings.job_slots)
+            heartbeat.beat(sessions, name, started_at, settings.worker_slots)
         except Exception:  # only /metrics' count of live workers depends on it
             log.warning("could not write this worker's heartbeat", exc_info=True)
 
