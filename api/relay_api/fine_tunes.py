@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
-from relay_api.db import utcnow
+from relay_api.db import rows_changed, utcnow
 from relay_api.errors import APIProblem, not_found
 from relay_api.idempotency import insert_once, request_hash
 from relay_api.metrics import WORKER_MISSED_BEATS
@@ -70,6 +70,16 @@ def lease_lapsed_seconds(row: Mapping[str, Any]) -> float | None:
     return round(lapsed, 1) if lapsed > 0 else None
 
 
+# Events that can happen more than once at one step, once per attempt (a job retried twice before
+# its next checkpoint). Events are unique per (job, step, kind), so these are stored with their
+# attempt in the kind ("retry:3"), and shown without it.
+PER_ATTEMPT_EVENTS = ("retry", "resumed")
+
+
+def stored_kind(kind: str, attempt: int) -> str:
+    return f"{kind}:{attempt}" if kind in PER_ATTEMPT_EVENTS else kind
+
+
 def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
     """An event as the engine reported it (``{"step": 10, "loss": ...}``), with its id and time."""
     event: dict[str, Any] = {
@@ -80,7 +90,7 @@ def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
         **row["data"],
     }
     if row["kind"] != "metrics":
-        event["event"] = row["kind"]
+        event["event"] = row["kind"].partition(":")[0]
     return event
 
 
@@ -228,11 +238,13 @@ def cancel(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
                 code="job_finished",
             )
         if row["status"] == st.QUEUED:
-            moved = session.execute(
-                update(fine_tunes)
-                .where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.QUEUED)
-                .values(status=st.CANCELLED, cancel_requested_at=now, finished_at=now, updated_at=now)
-            ).rowcount
+            moved = rows_changed(
+                session.execute(
+                    update(fine_tunes)
+                    .where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.QUEUED)
+                    .values(status=st.CANCELLED, cancel_requested_at=now, finished_at=now, updated_at=now)
+                )
+            )
             if moved:
                 session.execute(
                     insert(fine_tune_events).values(
@@ -245,11 +257,13 @@ def cancel(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
                     )
                 )
         else:  # running
-            moved = session.execute(
-                update(fine_tunes)
-                .where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.RUNNING)
-                .values(status=st.CANCEL_REQUESTED, cancel_requested_at=now, updated_at=now)
-            ).rowcount
+            moved = rows_changed(
+                session.execute(
+                    update(fine_tunes)
+                    .where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.RUNNING)
+                    .values(status=st.CANCEL_REQUESTED, cancel_requested_at=now, updated_at=now)
+                )
+            )
         session.commit()
         if moved:
             return get(session, user_id, job_id)

@@ -48,11 +48,11 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1)
     # GPUs for a worker's processes, one each: "0,1,2,3" with `celery worker -c 4`. Empty: leave as is.
     worker_gpus: str = ""
-    # GPUs this worker lends one recipe job, started as that many processes through
-    # torch.distributed.run; on a host without CUDA, processes on its CPU (gloo). 0: as many as
-    # RELAY_WORKER_GPUS lists, else 1. Workers report it in their heartbeats; the API refuses a
-    # job that asks for more than any worker has.
-    worker_slots: int = Field(0, ge=0)
+    # GPUs this worker gives one recipe job, started as that many processes through
+    # torch.distributed.run (on a host without CUDA, processes on its CPU, over gloo). Such a worker
+    # runs with `-c 1` and sees all those GPUs (RELAY_WORKER_GPUS empty). Workers report it in their
+    # heartbeats; the API refuses a job that asks for more than any live worker has.
+    worker_slots: int = Field(1, ge=1)
 
     # Training-loop sessions: their own queue on the same workers, one session per worker process.
     session_queue: str = "relay.sessions"
@@ -115,13 +115,6 @@ class Settings(BaseSettings):
     @property
     def jobs_dir(self) -> Path:
         return self.home / "jobs"
-
-    @property
-    def job_slots(self) -> int:
-        """How many processes (GPUs) this worker gives one recipe job."""
-        if self.worker_slots:
-            return self.worker_slots
-        return max(1, len([g for g in self.worker_gpus.split(",") if g.strip()]))
 
     def job_dir(self, job_id: str) -> Path:
         return self.jobs_dir / job_id

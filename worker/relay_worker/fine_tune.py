@@ -231,7 +231,7 @@ def _run(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper
             window_loss["loss"] = event["loss"]
         keeper.add_event(_plain(event))
 
-    def end(operation: Callable[[], str]) -> str:
+    def end(operation: Callable[[], T]) -> T:
         keeper.flush()
         return keeper.until_lease_lapses(operation)
 
@@ -270,7 +270,7 @@ def _run(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper
     except Exception as error:
         log.exception("%s: attempt %d failed; giving the job back", claim.job_id, claim.attempt)
         reason = public_message(f"{type(error).__name__}: {error}", settings)
-        end(lambda: lifecycle.release(db_sessions, claim, reason) or "")
+        end(lambda: lifecycle.release(db_sessions, claim, reason))
         return "given back"
 
     if keeper.lost:
@@ -285,7 +285,7 @@ def _run(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper
         return end(lambda: lifecycle.complete(db_sessions, claim, result.step, loss, output_dir, files))
     if keeper.cancel_requested:
         return end(lambda: lifecycle.cancelled(db_sessions, claim, result.step))
-    end(lambda: lifecycle.hand_back(db_sessions, claim) or "")
+    end(lambda: lifecycle.hand_back(db_sessions, claim))
     log.info("%s: stopped at step %d for the worker's shutdown; given back", claim.job_id, result.step)
     return "given back"
 
@@ -307,7 +307,7 @@ def _last_checkpoint_step(work_dir: Path) -> int | None:
     try:
         store = CheckpointStore(work_dir / "checkpoints")
         latest = store.latest()
-        return None if latest is None else int(store.manifest(latest)["step"])  # type: ignore[call-overload]
+        return None if latest is None else int(str(store.manifest(latest)["step"]))
     except Exception:  # the engine decides about odd checkpoint dirs; this is only a report
         return None
 

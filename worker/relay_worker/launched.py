@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +52,7 @@ def run_on_processes(
     for stale in (stop_file, result_file, *launch_dir.glob("rank-*.pid")):
         stale.unlink(missing_ok=True)
     spec = {
-        "recipe": asdict(recipe),
+        "recipe": recipe.to_dict(),
         "work_dir": str(work_dir),
         "dataset_cache_dir": str(dataset_cache_dir) if dataset_cache_dir is not None else None,
         "stop_file": str(stop_file),

@@ -3,7 +3,7 @@
     python -m torch.distributed.run --standalone --nproc-per-node 2 \\
         -m relay_engine.distributed.job WORK_DIR/launch/spec.json
 
-spec.json: {"recipe": {...Recipe fields}, "work_dir", "dataset_cache_dir", "stop_file",
+spec.json: {"recipe": Recipe.to_dict(), "work_dir", "dataset_cache_dir", "stop_file",
 "result_file"}. Rank 0 prints each event as one line `EVENT {json}` on its standard output (the
 worker records them) and writes `result_file` at the end: {"status", "step", "loss",
 "output_dir"} or {"error"} for a user's mistake (EngineError). Every rank stops after the
@@ -33,7 +33,7 @@ EVENT_PREFIX = "EVENT "
 
 def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
-    recipe = Recipe(**spec["recipe"])
+    recipe = Recipe.from_dict(spec["recipe"])
     world = join(recipe.device)
     launch_dir = Path(spec_path).parent
     (launch_dir / f"rank-{world.rank}.pid").write_text(str(os.getpid()))
