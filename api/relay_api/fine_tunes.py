@@ -70,6 +70,16 @@ def lease_lapsed_seconds(row: Mapping[str, Any]) -> float | None:
     return round(lapsed, 1) if lapsed > 0 else None
 
 
+# Events that can happen more than once at one step, once per attempt (a job retried twice before
+# its next checkpoint). Events are unique per (job, step, kind), so these are stored with their
+# attempt in the kind ("retry:3"), and shown without it.
+PER_ATTEMPT_EVENTS = ("retry", "resumed")
+
+
+def stored_kind(kind: str, attempt: int) -> str:
+    return f"{kind}:{attempt}" if kind in PER_ATTEMPT_EVENTS else kind
+
+
 def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
     """An event as the engine reported it (``{"step": 10, "loss": ...}``), with its id and time."""
     event: dict[str, Any] = {
@@ -80,7 +90,7 @@ def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
         **row["data"],
     }
     if row["kind"] != "metrics":
-        event["event"] = row["kind"]
+        event["event"] = row["kind"].partition(":")[0]
     return event
 
 

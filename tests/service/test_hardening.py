@@ -310,3 +310,23 @@ def test_the_document_refuses_what_the_api_refuses(parked: TestClient) -> None:
     )
     after = next(p for p in document["paths"]["/v1/fine-tunes"]["get"]["parameters"] if p["name"] == "after")
     assert after["schema"]["anyOf"][0]["pattern"]  # so after="" is invalid by the document too
+
+
+def test_a_second_retry_at_the_same_step_is_its_own_event(
+    stack: Stack, parked: TestClient, alice: dict[str, str]
+) -> None:
+    from relay_api.db import utcnow
+    from relay_worker.lifecycle import _insert_event
+
+    job = parked.post("/v1/fine-tunes", json=GOOD, headers=alice).json()
+    with stack.sessions() as db:  # as the reconciler writes them: two lapsed attempts, one step
+        for attempt in (1, 2):
+            _insert_event(
+                db, job["id"], 0, "retry", attempt, {"attempt": attempt + 1, "reason": "x"}, utcnow()
+            )
+        _insert_event(db, job["id"], 0, "retry", 2, {"attempt": 3, "reason": "x"}, utcnow())  # a repeat
+        db.commit()
+    events = parked.get(f"/v1/fine-tunes/{job['id']}/events", headers=alice).json()["data"]
+    retries = [(e["event"], e["attempt"]) for e in events if e.get("event") == "retry"]
+    assert retries == [("retry", 2), ("retry", 3)]  # both reported, the repeat once
+    parked.post(f"/v1/fine-tunes/{job['id']}/cancel", headers=alice)

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from relay.sft import status as st
 from relay_api.db import database_now, rows_changed, with_retries
+from relay_api.fine_tunes import stored_kind
 from relay_api.models import fine_tune_events, fine_tunes
 from relay_api.settings import Settings
 
@@ -158,7 +159,8 @@ def _insert_event(
     values = {
         "job_id": job_id,
         "step": step,
-        "kind": kind,
+        # A second retry (or resume) at the same step is an event of its own, not a duplicate.
+        "kind": stored_kind(kind, int(data.get("attempt", attempt))),
         "attempt": attempt,
         "data": data,
         "created_at": now,
