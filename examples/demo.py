@@ -5,7 +5,8 @@ held-out action error of the blind baseline, the base and the fine-tuned model s
     python examples/demo.py            # a few minutes on 2 CPU cores
 
 It starts `relay server` (SQLite, a broker that needs no server, one worker) with its data in
-./.relay-demo, and stops it at the end.
+./.relay-demo, prints the web console's address and key so you can watch the job's loss fall in a
+browser, and stops the server at the end (on a terminal, once you press Enter).
 """
 
 from __future__ import annotations
@@ -84,12 +85,20 @@ def main() -> None:
         )
         job = train(config)
         print(f"job {job.id}: {job.status}", flush=True)
+        from relay import _config
+
+        local = _config.resolve()
+        print(f"\nwatch it in a browser: open {local.base_url}/ and sign in with the API key")
+        print(f"    {local.api_key}")
+        print(f"(the loss curve grows as the job trains; the key is also in {HOME / 'client.json'})\n")
         job.wait(poll=1)  # progress on stderr: a bar on a terminal, a line every few seconds otherwise
         print(f"{job.status} at step {job.step}, loss {job.loss:.4f} (mean of the last 10 steps)")
 
         # 3. The merged weights.
         output = job.download(HOME / "model")
         print("downloaded:", sorted(p.name for p in output.iterdir()))
+        if sys.stdin.isatty():
+            input(f"\nthe console stays up at {local.base_url}/ until you press Enter ")
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -5,6 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/services.sh
+# The console's browser tests drive Debian's Chromium (Playwright's own browsers are not used).
+if [ ! -x /usr/bin/chromium ]; then
+    echo "installing chromium for the browser tests"
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
@@ -16,5 +21,5 @@ ruff check .
 ruff format --check .
 lint-imports
 # The packages that type-check clean; api/relay_api and worker/relay_worker join when they do.
-mypy sdk/relay engine/relay_engine
+mypy sdk/relay engine/relay_engine api/relay_api worker/relay_worker
 pytest --durations=15 "$@"

@@ -54,7 +54,7 @@ JOB_FIGURES = (
         "GPU memory a running job holds (CUDA only).",
     ),
 )
-UNMATCHED = "unmatched"
+UNROUTED = "unrouted"
 
 
 class Metrics:
@@ -112,18 +112,18 @@ class RequestMetrics:
 
 
 def route_template(scope: Scope, arrived: Scope) -> str:
-    """The path template of the route that served `scope` (a mount's prefix for static files);
-    `arrived` is the scope as it came in, before routing changed it."""
+    """The path template of the route that served `scope`: a mount's prefix for the console's
+    files, and `unrouted` for a request answered before routing (an unknown path, or one the
+    guard refused: no key, a body too large). `arrived` is the scope before routing changed it."""
     route = scope.get("route")
     if route is not None:
-        return str(getattr(route, "path", "")) or UNMATCHED
-    # A mount, or a request answered before routing (an error in a middleware): match it again.
+        return str(getattr(route, "path", "")) or UNROUTED
     app = scope.get("app")
     for candidate in getattr(getattr(app, "router", None), "routes", []):
-        match, _ = candidate.matches(arrived)
-        if match == Match.FULL:
-            return str(getattr(candidate, "path", "")) or UNMATCHED
-    return UNMATCHED
+        path = getattr(candidate, "path", None)
+        if path and candidate.matches(arrived)[0] == Match.FULL:
+            return str(path)
+    return UNROUTED
 
 
 class ServiceCollector(Collector):
@@ -142,9 +142,7 @@ class ServiceCollector(Collector):
             yield from self._running_jobs(session)
 
     def _jobs(self, session: Session, now: dt.datetime) -> Iterator[Metric]:
-        counts = dict(
-            session.execute(select(fine_tunes.c.status, func.count()).group_by(fine_tunes.c.status)).all()
-        )
+        counts = _counts(session, fine_tunes.c.status)
         jobs = GaugeMetricFamily("relay_fine_tunes", "Fine-tune jobs by status.", labels=["status"])
         for status in job_status.STATUSES:
             jobs.add_metric([status], counts.get(status, 0))
@@ -165,11 +163,7 @@ class ServiceCollector(Collector):
         )
 
     def _sessions(self, session: Session) -> Iterator[Metric]:
-        counts = dict(
-            session.execute(
-                select(training_sessions.c.status, func.count()).group_by(training_sessions.c.status)
-            ).all()
-        )
+        counts = _counts(session, training_sessions.c.status)
         family = GaugeMetricFamily(
             "relay_training_sessions", "Training sessions by status.", labels=["status"]
         )
@@ -225,3 +219,9 @@ def _latest_event(session: Session, job_id: str, kind: str) -> dict[str, Any] | 
         .limit(1)
     ).scalar()
     return data if isinstance(data, dict) else None
+
+
+def _counts(session: Session, status: Any) -> dict[str, int]:
+    """Rows per value of the `status` column."""
+    rows = session.execute(select(status, func.count()).group_by(status)).all()
+    return {str(value): int(count) for value, count in rows}

@@ -94,7 +94,7 @@ class Recipe:
         engine settings that shape training. Where it runs, how often it reports, and how many
         processes run it and share the model may change (checkpoints reshard)."""
         fixed = {
-            **self.config.model_dump(exclude={"name"}),
+            **self.config.model_dump(exclude={"name", "gpus"}),
             "action_horizon": self.action_horizon,
             "checkpoint_every": self.checkpoint_every,
             "seed": self.seed,

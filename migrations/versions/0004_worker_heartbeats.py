@@ -1,4 +1,5 @@
-"""Workers' heartbeats, for /metrics' count of live workers.
+"""Workers' heartbeats, for /metrics' count of live workers; each session's calls, optimizer steps
+and saved states, for the console.
 
 Revision ID: 0004
 Revises: 0003
@@ -17,6 +18,8 @@ down_revision: str | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+SESSION_COUNTS = ("calls", "steps", "saved_states")
+
 
 def upgrade() -> None:
     op.create_table(
@@ -26,7 +29,12 @@ def upgrade() -> None:
         sa.Column("seen_at", sa.DateTime(), nullable=False),
         sa.PrimaryKeyConstraint("name"),
     )
+    for column in SESSION_COUNTS:
+        op.add_column("training_sessions", sa.Column(column, sa.Integer(), nullable=False, server_default="0"))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("training_sessions") as batch:
+        for column in SESSION_COUNTS:
+            batch.drop_column(column)
     op.drop_table("worker_heartbeats")

@@ -48,6 +48,8 @@ DEFAULT_LORA_TARGETS: tuple[str, ...] = ("action_expert.attn", "action_expert.ml
 DEFAULT_FULL_TARGETS: tuple[str, ...] = ("all",)
 
 FINETUNE_METHODS: tuple[str, ...] = ("lora", "full")
+# How the processes of one job share the model: auto picks fsdp for full and ddp for lora.
+STRATEGIES: tuple[str, ...] = ("auto", "ddp", "fsdp")
 
 # The LoRA adapters' rank: 1 to LORA_RANK_MAX; LORA_RANK_DEFAULT where a recipe or session names none.
 LORA_RANK_DEFAULT = 32

@@ -182,6 +182,8 @@ class Stack:
             "RELAY_CACHE_DIR": str(self.root / "cache"),
             # Training sessions close after 4 s without contact (the SDK's heartbeats come every second).
             "RELAY_SESSION_IDLE_SECONDS": "4",
+            # /metrics, scraped by tests/service/test_metrics.py.
+            "RELAY_METRICS": "true",
         }
         self.settings = Settings(
             **{
@@ -230,10 +232,12 @@ class Stack:
                 self._worker.wait_ready()
             return self._worker
 
-    def start_standby_worker(self) -> WorkerProcess:
-        """A second worker, starting now (not waited for); `adopt` makes it the shared one."""
+    def start_standby_worker(self, **settings: str) -> WorkerProcess:
+        """A second worker, starting now (not waited for); `adopt` makes it the shared one.
+
+        `settings` are its own RELAY_ variables (RELAY_WORKER_SLOTS="2", say)."""
         standby = WorkerProcess(
-            {**os.environ, **self.env_settings}, self.root / f"worker-{uuid.uuid4().hex[:6]}.log"
+            {**os.environ, **self.env_settings, **settings}, self.root / f"worker-{uuid.uuid4().hex[:6]}.log"
         )
         standby.start()
         self._standbys.append(standby)

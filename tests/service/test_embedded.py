@@ -75,6 +75,13 @@ def test_relay_server_runs_a_job_end_to_end(
         weights = job.download(tmp_path / "weights")
         assert (weights / "model.safetensors").stat().st_size > 0
 
+        # The console at /, and /metrics on by default here (workers alive from their heartbeats).
+        console = httpx.get(url + "/")
+        assert console.status_code == 200 and "/console/js/app.js" in console.text
+        metrics = httpx.get(url + "/metrics").text
+        assert 'relay_fine_tunes{status="completed"} 1.0' in metrics
+        assert "relay_workers_alive 1.0" in metrics
+
         run_a_training_session(home)
     finally:
         server.send_signal(signal.SIGTERM)

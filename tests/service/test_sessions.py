@@ -16,7 +16,7 @@ from relay.optimizer import AdamParams
 from relay.training import ServiceClient, TrainingClient, types, wire
 from relay_engine.training.session import SessionSpec, TrainingSession
 from tests.service.sessions_data import HORIZON, batch, datum, flow_matching_loss
-from tests.service.stack import Stack, WorkerProcess
+from tests.service.stack import Stack, WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -184,6 +184,11 @@ def test_state_saved_in_one_session_resumes_in_another_and_stays_with_its_user(
         first.optim_step(types.AdamParams(learning_rate=1e-3))
         expected = first.forward_backward(data, "flow_matching").result().metrics["loss"]
     assert saved.name == "step-1" and saved.path.endswith("/states/step-1")
+    # Its worker counted what it did (the close is a call too) and wrote it when the session ended.
+    ended = wait_for(
+        lambda: (row := service.retrieve_session(first.id))["status"] == "closed" and row, 30, "the close"
+    )
+    assert (ended["calls"], ended["steps"], ended["saved_states"]) == (7, 2, 1)
 
     with service.create_lora_training_client("pi05-tiny", rank=8) as second:
         second.load_state("step-1").result()

@@ -24,6 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from relay.errors import ConfigError
@@ -61,16 +62,17 @@ class SessionKeeper(threading.Thread):
         super().__init__(name=f"lease-{claim.session_id}", daemon=True)
         self.settings = settings
         self.claim = claim
-        self.sessions = session_factory(settings)
+        self.db_sessions = session_factory(settings)
         self.close_requested = False
         self.lost = False
         self.last_contact: dt.datetime = utcnow()
+        self.counts = lifecycle.SessionCounts()  # the host counts, the keeper reports
         self._stopping = threading.Event()
 
     def run(self) -> None:
         while not self._stopping.wait(self.settings.heartbeat_seconds):
             try:
-                state = lifecycle.renew(self.sessions, self.settings, self.claim)
+                state = lifecycle.renew(self.db_sessions, self.settings, self.claim, self.counts)
             except FencedOut:
                 self.lost = True
                 return
@@ -90,8 +92,8 @@ class SessionKeeper(threading.Thread):
 def run_session(session_id: str, settings: Settings | None = None) -> str:
     """Host the session if this delivery can claim it; returns what happened, for the task's log."""
     settings = settings or get_settings()
-    sessions = session_factory(settings)
-    claim = lifecycle.claim(sessions, settings, session_id, worker_name())
+    db_sessions = session_factory(settings)
+    claim = lifecycle.claim(db_sessions, settings, session_id, worker_name())
     if claim is None:
         return "not claimed: the session is taken or ended"
     keeper = SessionKeeper(settings, claim)
@@ -99,7 +101,7 @@ def run_session(session_id: str, settings: Settings | None = None) -> str:
     channel = worker_channel(settings)
     status, reason = st.ERROR, "the worker failed unexpectedly"
     try:
-        status, reason = _host(settings, sessions, claim, keeper, channel)
+        status, reason = _host(settings, db_sessions, claim, keeper, channel)
         return f"{status}: {reason}"
     except Exception as error:
         log.exception("session %s failed", session_id)
@@ -110,13 +112,15 @@ def run_session(session_id: str, settings: Settings | None = None) -> str:
         with contextlib.suppress(Exception):
             channel.clear(session_id)
         # A session its client closed ended as it should: its `error` stays empty.
-        lifecycle.end(sessions, claim, status, None if reason == CLOSED_BY_CLIENT else reason)
+        lifecycle.end(
+            db_sessions, claim, status, None if reason == CLOSED_BY_CLIENT else reason, keeper.counts
+        )
         channel.close()
         log.info("session %s ended %s: %s", session_id, status, reason)
 
 
 def _host(
-    settings: Settings, sessions: Any, claim: SessionClaim, keeper: SessionKeeper, channel: WorkerChannel
+    settings: Settings, db_sessions: Any, claim: SessionClaim, keeper: SessionKeeper, channel: WorkerChannel
 ) -> tuple[str, str]:
     config = with_current_names(claim.config)
     spec = SessionSpec(
@@ -132,11 +136,11 @@ def _host(
         training = TrainingSession(spec, device="cuda" if torch.cuda.is_available() else "cpu")
     except EngineError as error:
         return st.ERROR, f"could not load the model: {error}"
-    if not lifecycle.mark_ready(sessions, settings, claim, training.info):
+    if not lifecycle.mark_ready(db_sessions, settings, claim, training.info):
         return st.CLOSED, "closed before it was ready"
     keeper.last_contact = utcnow()  # the idle clock starts now; loading was not the client's silence
     log.info("session %s: ready (%s)", claim.session_id, training.info)
-    host = SessionHost(training, settings, claim)
+    host = SessionHost(training, settings, claim, keeper.counts)
     opened = time.perf_counter()
     try:
         return host.serve(keeper, channel)
@@ -153,8 +157,15 @@ def _host(
 class SessionHost:
     """Runs a session's calls on its TrainingSession."""
 
-    def __init__(self, training: TrainingSession, settings: Settings, claim: SessionClaim) -> None:
+    def __init__(
+        self,
+        training: TrainingSession,
+        settings: Settings,
+        claim: SessionClaim,
+        counts: lifecycle.SessionCounts | None = None,
+    ) -> None:
         self.training = training
+        self.counts = counts or lifecycle.SessionCounts()
         self.settings = settings
         self.claim = claim
         self.user_dir = settings.user_dir(claim.user_id)
@@ -206,6 +217,7 @@ class SessionHost:
             return self._run_call(call)
         finally:
             self.calls_run += 1
+            self.counts.calls += 1
             self.seconds_running += time.perf_counter() - started
 
     def _run_call(self, call: QueuedCall) -> tuple[bytes, bool]:
@@ -272,7 +284,7 @@ class SessionHost:
 
     def _backward_custom(self, request: dict[str, Any]) -> Any:
         grad = request.get("grad")
-        if not hasattr(grad, "shape"):
+        if not isinstance(grad, np.ndarray):
             raise ConfigError("backward_custom needs grad, the gradient of the loss with respect to velocity")
         metrics = {str(k): float(v) for k, v in dict(request.get("metrics") or {}).items()}
         return self.training.backward_custom(grad, float(request.get("loss", 0.0)), metrics)
@@ -289,7 +301,9 @@ class SessionHost:
             params = types.AdamParams(**adam)
         except TypeError as error:
             raise ConfigError(f"bad adam: {error}") from None
-        return self.training.optim_step(params)
+        result = self.training.optim_step(params)
+        self.counts.steps += 1
+        return result
 
     def _sample(self, request: dict[str, Any]) -> Any:
         observations = request.get("observations")
@@ -315,6 +329,7 @@ class SessionHost:
         directory = self._state_dir(name)
         directory.parent.mkdir(parents=True, exist_ok=True)
         self.training.save_state(directory)
+        self.counts.saved_states += 1
         return {"name": name, "path": str(directory)}
 
     def _load_state(self, request: dict[str, Any]) -> Any:

@@ -69,7 +69,7 @@ def _check_episode(meta: DatasetMeta, episode: int) -> list[BadImage]:
         batches = parquet.iter_batches(batch_size=64, columns=[*cameras, "frame_index"])
         bad: list[BadImage] = []
         for batch in batches:
-            frames = batch.column("frame_index").to_pylist()
+            frames = batch.column("frame_index").to_numpy()
             for camera in cameras:
                 encoded = image_bytes(batch.column(camera))
                 for frame, data in zip(frames, encoded.to_pylist(), strict=True):

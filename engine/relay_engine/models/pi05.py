@@ -264,7 +264,9 @@ class Pi05Model(nn.Module):
             hidden, _, _ = layer(hidden, rope, key_mask, cond, prefix_keys, prefix_values)
         normed, _ = self.expert.norm(hidden, cond)
         # The action head reads the expert's output in fp32, whatever the autocast.
-        with torch.autocast(device_type=normed.device.type, enabled=False):
+        # (The meta device, where the memory plan runs the model for shapes, has no autocast.)
+        device_type = "cpu" if normed.device.type == "meta" else normed.device.type
+        with torch.autocast(device_type=device_type, enabled=False):
             return self.action_out_proj(normed.float())
 
 

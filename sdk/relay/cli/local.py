@@ -13,9 +13,10 @@ import typer
 from rich.console import Console
 
 from relay._progress import ProgressReport
-from relay.catalog import LORA_RANK_MAX
+from relay.catalog import LORA_RANK_MAX, STRATEGIES
 from relay.cli._common import dataset_name, fail, parse_pairs, split_targets
 from relay.cli._extras import require
+from relay.cli._launch import Launch, rank, run_launched
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 
 app = typer.Typer(
@@ -83,9 +84,33 @@ def train(
     json_lines: bool = typer.Option(
         False, "--json", help="Print one JSON object per event instead of progress."
     ),
+    nproc_per_node: int = typer.Option(
+        1, "--nproc-per-node", help="Processes on this host, one per GPU (gloo on the CPU without CUDA)."
+    ),
+    nnodes: int = typer.Option(1, "--nnodes", help="Hosts in the job; run the command on each."),
+    node_rank: int = typer.Option(0, "--node-rank", help="This host's place, 0 to --nnodes - 1."),
+    rdzv_endpoint: str | None = typer.Option(
+        None,
+        "--rdzv-endpoint",
+        help="HOST:PORT where the hosts meet (c10d rendezvous); needed with --nnodes.",
+    ),
+    strategy: str = typer.Option(
+        "auto", help="How processes share the model: auto (fsdp for full, ddp for lora), ddp or fsdp."
+    ),
 ) -> None:
     """Run the recipe's loop here, showing progress (a bar on a terminal, else a line every few
-    seconds). Ctrl-C saves a checkpoint; the same command again resumes from it."""
+    seconds). Ctrl-C saves a checkpoint; the same command again resumes from it.
+
+    With --nproc-per-node (and --nnodes) the loop runs as a group of processes started by
+    torch.distributed.run; `--batch-size` stays the global batch, split across them.
+    """
+    launch = Launch(nproc_per_node, nnodes, node_rank, rdzv_endpoint)
+    problem = launch.problem()
+    if problem is not None:
+        fail(problem)
+    if strategy not in STRATEGIES:
+        fail(f"bad --strategy: {strategy!r} (must be one of {', '.join(STRATEGIES)})")
+
     try:
         config = SFTConfig(
             model=model,
@@ -102,6 +127,15 @@ def train(
     except ValueError as error:
         fail(str(error))
 
+    processes = nproc_per_node * nnodes
+    if config.batch_size < processes:
+        fail(
+            f"bad --batch-size: {config.batch_size} (must be at least the {processes} processes: "
+            "each trains on its part of every batch)"
+        )
+    if launch.needed:
+        raise typer.Exit(run_launched(launch, sys.argv[1:]))
+
     recipe_module = require("relay_engine.recipe")
     errors = require("relay_engine.errors")
     recipe = recipe_module.Recipe.from_config(
@@ -110,10 +144,14 @@ def train(
         checkpoint_every=checkpoint_every,
         episodes=parse_episodes(episodes),
         device=device,
+        strategy=strategy,
     )
+    # In a group, rank 0 alone speaks (the engine reports events on rank 0 only).
+    speaks = rank() == 0
     stop = StopOnInterrupt()
     previous_handler = signal.signal(signal.SIGINT, stop)
-    report = None if json_lines else ProgressReport("training", config.steps, stream=sys.stderr)
+    show_progress = speaks and not json_lines
+    report = ProgressReport("training", config.steps, stream=sys.stderr) if show_progress else None
     window_loss: float | None = None
 
     def on_event(event: dict[str, Any]) -> None:
@@ -155,6 +193,8 @@ def train(
         if report is not None:
             report.close()
 
+    if not speaks:
+        raise typer.Exit(130 if result.status == "stopped" else 0)
     if result.status == "stopped":
         console.print(
             f"stopped at step {result.step} with a checkpoint there; "

@@ -7,9 +7,9 @@ answers with the same messages, so a rule is written once. A broken rule reads l
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from relay import catalog
 from relay._rules import (
@@ -17,6 +17,8 @@ from relay._rules import (
     LORA_ALPHA_RULE,
     LORA_RANK_RULE,
     MODEL_RULE,
+    NOT_BLANK_TEXT_PATTERN,
+    PLAIN_TEXT_PATTERN,
     TARGETS_RULE,
     CheckedConfig,
     FinetuneMethod,
@@ -24,11 +26,14 @@ from relay._rules import (
     LoraRank,
     ModelName,
     TargetNames,
+    WholeNumber,
     has_control_characters,
+    whole_float_to_int,
 )
 from relay.catalog import LORA_RANK_DEFAULT
 
 BATCH_SIZE_MAX = 512
+GPUS_MAX = 64
 STEPS_MAX = 100_000
 NAME_MAX = 128
 DATASET_NAME_MAX = 1024
@@ -49,7 +54,14 @@ RULES: dict[str, str] = {
     "targets": TARGETS_RULE,
     "cameras": ("must map model cameras (" + ", ".join(catalog.MODEL_CAMERAS) + ") to dataset feature names"),
     "name": f"must be text of at most {NAME_MAX} characters, no control characters",
+    "gpus": (
+        f"must be an integer from 1 to {GPUS_MAX}, at most batch_size; by default 1 for lora and all "
+        "the GPUs of one worker host for full"
+    ),
 }
+
+
+GpuCount = Annotated[int, Field(strict=True, ge=1, le=GPUS_MAX), BeforeValidator(whole_float_to_int)]
 
 
 class SFTConfig(CheckedConfig):
@@ -68,16 +80,27 @@ class SFTConfig(CheckedConfig):
     BODY_MESSAGE: ClassVar[str] = "the config must be an object with the recipe's fields"
 
     model: ModelName
-    dataset_name: str
-    batch_size: int = Field(128, strict=True, ge=1, le=BATCH_SIZE_MAX)
+    dataset_name: str = Field(min_length=1, max_length=DATASET_NAME_MAX, pattern=NOT_BLANK_TEXT_PATTERN)
+    batch_size: WholeNumber = Field(128, strict=True, ge=1, le=BATCH_SIZE_MAX)
     learning_rate: float = Field(2.5e-5, strict=True, gt=0, allow_inf_nan=False)
-    steps: int = Field(6000, strict=True, ge=1, le=STEPS_MAX)
+    steps: WholeNumber = Field(6000, strict=True, ge=1, le=STEPS_MAX)
     finetune: FinetuneMethod = "lora"
     lora_rank: LoraRank = LORA_RANK_DEFAULT
     lora_alpha: LoraAlpha = None
     targets: TargetNames = None
-    cameras: dict[str, str] | None = None
-    name: str | None = Field(None, max_length=NAME_MAX)
+    cameras: dict[str, str] | None = Field(
+        None,
+        json_schema_extra={
+            "minProperties": 1,
+            "propertyNames": {"enum": list(catalog.MODEL_CAMERAS)},
+            "additionalProperties": {"type": "string", "minLength": 1, "pattern": PLAIN_TEXT_PATTERN},
+        },
+    )
+    name: str | None = Field(None, max_length=NAME_MAX, pattern=PLAIN_TEXT_PATTERN)
+    # One process per GPU; the global batch stays batch_size, split across them.
+    gpus: (
+        Annotated[int, Field(strict=True, ge=1, le=GPUS_MAX), BeforeValidator(whole_float_to_int)] | None
+    ) = None
 
     @field_validator("dataset_name")
     @classmethod
@@ -111,4 +134,8 @@ class SFTConfig(CheckedConfig):
             self.lora_alpha = float(self.lora_rank)
         if self.targets is None:
             self.targets = list(catalog.default_targets(self.finetune))
+        if self.gpus is None and self.finetune == "lora":
+            self.gpus = 1  # full's default depends on the workers' hosts: the service fills it in
+        if self.gpus is not None and self.gpus > self.batch_size:
+            raise ValueError(f"bad gpus: {self.gpus} ({RULES['gpus']}, {self.batch_size})")
         return self

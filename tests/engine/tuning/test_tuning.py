@@ -115,7 +115,9 @@ def _record_prefix_outputs(policy: Pi05Policy) -> tuple[list[bool], list]:
 
 
 def _requires_grad(output: object) -> bool:
-    return isinstance(output, torch.Tensor) and output.requires_grad
+    # A decoder layer returns (hidden, keys, values); the other modules return a tensor.
+    tensors = output if isinstance(output, tuple) else (output,)
+    return all(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
 def test_frozen_prefix_runs_without_autograd() -> None:

@@ -2,12 +2,12 @@
 // per session with its settings, where it runs, and Close.
 
 import { APIError, get, post } from "./api.js";
-import { h, notFound, notice, statusBadge, when } from "./dom.js";
+import { bytes, h, notFound, notice, statusBadge, when } from "./dom.js";
 
 const PAGE = 20;
 const REFRESH_MS = 3000;
 const ENDED = new Set(["closed", "error"]);
-// Figures a session may report beside its settings (shown when the API gives them).
+// What a session's worker counted: calls run, optimizer steps, states saved.
 const COUNTS = [
   ["calls", "Calls"],
   ["steps", "Optimizer steps"],
@@ -31,7 +31,19 @@ export async function sessionsView(ctx) {
       h(
         "thead",
         {},
-        h("tr", {}, h("th", {}, "ID"), h("th", {}, "Status"), h("th", {}, "Model"), h("th", {}, "Method"), h("th", {}, "Worker"), h("th", {}, "Created"), h("th", {}, "Ended")),
+        h(
+          "tr",
+          {},
+          h("th", {}, "ID"),
+          h("th", {}, "Status"),
+          h("th", {}, "Model"),
+          h("th", {}, "Method"),
+          h("th.num", {}, "Calls"),
+          h("th.num", {}, "Steps"),
+          h("th.num", {}, "Saved states"),
+          h("th", {}, "Created"),
+          h("th", {}, "Ended"),
+        ),
       ),
       body,
     ),
@@ -60,13 +72,15 @@ export async function sessionsView(ctx) {
           h("td", {}, statusBadge(s.status)),
           h("td", {}, s.base_model),
           h("td", {}, `${s.finetune}${s.finetune === "lora" ? ` r${s.lora_rank}` : ""}`),
-          h("td.mono", {}, s.worker ?? "—"),
+          h("td.num", {}, s.calls),
+          h("td.num", {}, s.steps),
+          h("td.num", {}, s.saved_states),
           h("td", {}, when(s.created_at)),
           h("td", {}, when(s.ended_at)),
         ),
       ),
     );
-    if (!answer.data.length) body.append(h("tr", {}, h("td.muted", { colspan: 7 }, "No sessions.")));
+    if (!answer.data.length) body.append(h("tr", {}, h("td.muted", { colspan: 9 }, "No sessions.")));
     previous.disabled = page === 0;
     next.disabled = !answer.has_more;
   }
@@ -90,7 +104,44 @@ export async function sessionView(ctx, id) {
   const messages = h("div", { "data-testid": "messages" });
   const details = h("dl.kv", { "data-testid": "session" });
   const close = h("button.danger", { type: "button", onclick: closeSession }, "Close");
-  ctx.root.append(title, messages, h("div.card", {}, details));
+  const states = h("tbody");
+  ctx.root.append(
+    title,
+    messages,
+    h("div.card", {}, details),
+    h("h2", {}, "Your saved states"),
+    h("p.muted", {}, "States belong to you, not to one session: any session of the same model and targets can load_state them."),
+    h(
+      "table",
+      { "data-testid": "states" },
+      h("thead", {}, h("tr", {}, h("th", {}, "Name"), h("th", {}, "Model"), h("th", {}, "Method"), h("th.num", {}, "Size"), h("th", {}, "Saved"))),
+      states,
+    ),
+  );
+
+  async function showStates() {
+    let answer;
+    try {
+      answer = await get("/v1/states");
+    } catch (error) {
+      ctx.failed(error);
+      return;
+    }
+    states.replaceChildren(
+      ...answer.data.map((state) =>
+        h(
+          "tr",
+          { "data-state": state.name },
+          h("td.mono", {}, state.name),
+          h("td", {}, state.base_model ?? "—"),
+          h("td", {}, state.finetune ?? "—"),
+          h("td.num", {}, bytes(state.bytes)),
+          h("td", {}, when(state.saved_at ?? state.created_at ?? null)),
+        ),
+      ),
+    );
+    if (!answer.data.length) states.append(h("tr", {}, h("td.muted", { colspan: 5 }, "None saved yet (save_state in a session).")));
+  }
 
   function render() {
     title.replaceChildren(`Session ${session.id}`, statusBadge(session.status));
@@ -102,7 +153,7 @@ export async function sessionView(ctx, id) {
       ["Rank / alpha", `${session.lora_rank} / ${session.lora_alpha ?? session.lora_rank}`],
       ["Targets", (session.targets || []).join(", ")],
       ["Action horizon", String(session.action_horizon)],
-      ...COUNTS.filter(([field]) => session[field] !== undefined).map(([field, label]) => [label, String(session[field])]),
+      ...COUNTS.map(([field, label]) => [label, String(session[field] ?? 0)]),
       ["Worker", session.worker ?? "—"],
       ["Idle timeout", `${session.idle_timeout_seconds} s`],
       ["Created", when(session.created_at)],
@@ -138,7 +189,11 @@ export async function sessionView(ctx, id) {
   }
 
   render();
+  showStates();
   ctx.every(REFRESH_MS, () => {
-    if (!ENDED.has(session.status)) refresh();
+    if (!ENDED.has(session.status)) {
+      refresh();
+      showStates();
+    }
   });
 }
