@@ -173,6 +173,14 @@ def synth(
     state_dim: Annotated[int, typer.Option(help="State width, 2 to 32.")] = 2,
     action_dim: Annotated[int, typer.Option(help="Action width, 2 to 32.")] = 2,
     tasks: Annotated[int, typer.Option(help="Number of tasks (target colours), 1 to 8.")] = 1,
+    colour: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--colour",
+            help="A task's target colour, repeatable (instead of --tasks): red, blue, green, yellow, "
+            "magenta, cyan, orange, black. The pi05-tiny base never saw orange.",
+        ),
+    ] = None,
     fps: Annotated[int, typer.Option(help="Frames per second.")] = 10,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     noise: Annotated[int, typer.Option(help="Pixel noise amplitude, 0 to 64.")] = 0,
@@ -194,6 +202,7 @@ def synth(
             state_dim=state_dim,
             action_dim=action_dim,
             num_tasks=tasks,
+            colours=colour,
             fps=fps,
             seed=seed,
             noise=noise,

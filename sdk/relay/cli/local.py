@@ -261,6 +261,8 @@ def evaluate(
     try:
         policy = models.load_policy(model, device=recipe_module.pick_device(device))
         data = datasets.open_dataset(dataset_name(dataset), action_horizon=policy.config.action_horizon)
+        # A trained model is scored in the units it was trained in (its norm_stats.json).
+        evaluation.with_norm_stats(data, Path(model).expanduser())
         selected = parse_episodes(episodes)
         indices = data.indices_of_episodes(selected) if selected is not None else range(len(data))
         result = evaluation.evaluate_actions(
