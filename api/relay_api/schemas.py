@@ -126,6 +126,7 @@ class SessionOut(BaseModel):
     targets: list[str]
     action_horizon: int
     codec: str
+    problem_type: str | None = None  # rt-j sessions: "binary" or "regression"
     info: dict[str, Any] | None
     error: str | None
     worker: str | None

@@ -13,8 +13,12 @@ MODELS: tuple[str, ...] = ("pi05", "pi05-tiny")
 # RT-J, the relational transformer, for tasks on relational databases: `rt-j` has the published
 # dimensions (85,562,530 weights in Stanford's layout); `rt-j-tiny` is the same network, small.
 RELATIONAL_MODELS: tuple[str, ...] = ("rt-j", "rt-j-tiny")
-# What a recipe job can fine-tune: both families. (Training-loop sessions: MODELS.)
+# What a recipe job can fine-tune: both families.
 RECIPE_MODELS: tuple[str, ...] = (*MODELS, *RELATIONAL_MODELS)
+# What a training-loop session can load: both families (RT-J sessions tune in full).
+SESSION_MODELS: tuple[str, ...] = RECIPE_MODELS
+# The problem types an RT-J session trains: its task loss is BCE (binary) or Huber (regression).
+RELATIONAL_SESSION_PROBLEMS: tuple[str, ...] = ("binary", "regression")
 
 
 def is_relational(model: str) -> bool:

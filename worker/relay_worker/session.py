@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from relay import catalog
 from relay.errors import ConfigError
 from relay.training import status as st
 from relay.training import types, wire
@@ -35,6 +36,7 @@ from relay_api.channel import ChannelUnavailable, QueuedCall, WorkerChannel, wor
 from relay_api.db import session_factory, utcnow
 from relay_api.settings import Settings, get_settings
 from relay_engine.errors import EngineError
+from relay_engine.relational.session import RelationalSession, RelationalSessionSpec
 from relay_engine.training.session import SessionSpec, TrainingSession
 from relay_worker import session_lifecycle as lifecycle
 from relay_worker import shutdown
@@ -47,6 +49,8 @@ log = logging.getLogger("relay_worker")
 T = TypeVar("T")
 
 USER_ERRORS = (EngineError, ConfigError, wire.WireError)
+# A session's model, by family (relay.catalog): pi05 on observations, RT-J on relational contexts.
+AnySession = TrainingSession | RelationalSession
 
 # A call's arrays are read straight from its body, read-only: the engine only reads them (frames
 # become new float tensors), so the copy that would make them writable is not worth 10 MB a batch.
@@ -123,17 +127,9 @@ def _host(
     settings: Settings, db_sessions: Any, claim: SessionClaim, keeper: SessionKeeper, channel: WorkerChannel
 ) -> tuple[str, str]:
     config = with_current_names(claim.config)
-    spec = SessionSpec(
-        base_model=config["base_model"],
-        finetune=config["finetune"],
-        targets=config["targets"],
-        lora_rank=config["lora_rank"],
-        lora_alpha=config["lora_alpha"],
-        action_horizon=config["action_horizon"],
-    )
-    log.info("session %s: loading %s (%s)", claim.session_id, spec.base_model, spec.finetune)
+    log.info("session %s: loading %s (%s)", claim.session_id, config["base_model"], config["finetune"])
     try:
-        training = TrainingSession(spec, device="cuda" if torch.cuda.is_available() else "cpu")
+        training = open_session(config, device="cuda" if torch.cuda.is_available() else "cpu")
     except EngineError as error:
         return st.ERROR, f"could not load the model: {error}"
     if not lifecycle.mark_ready(db_sessions, settings, claim, training.info):
@@ -154,12 +150,30 @@ def _host(
         )
 
 
+def open_session(config: dict[str, Any], device: str) -> AnySession:
+    """The session's model, loaded: the family of its base model decides which."""
+    if catalog.is_relational(config["base_model"]):
+        relational = RelationalSessionSpec(
+            base_model=config["base_model"], problem_type=config.get("problem_type") or "binary"
+        )
+        return RelationalSession(relational, device=device)
+    spec = SessionSpec(
+        base_model=config["base_model"],
+        finetune=config["finetune"],
+        targets=config["targets"],
+        lora_rank=config["lora_rank"],
+        lora_alpha=config["lora_alpha"],
+        action_horizon=config["action_horizon"],
+    )
+    return TrainingSession(spec, device=device)
+
+
 class SessionHost:
-    """Runs a session's calls on its TrainingSession."""
+    """Runs a session's calls on its model's session (pi05 or RT-J)."""
 
     def __init__(
         self,
-        training: TrainingSession,
+        training: AnySession,
         settings: Settings,
         claim: SessionClaim,
         counts: lifecycle.SessionCounts | None = None,
@@ -270,9 +284,10 @@ class SessionHost:
     # -- the calls ----------------------------------------------------------------------------------
 
     def _forward_backward(self, request: dict[str, Any]) -> Any:
-        if request.get("loss_fn", "flow_matching") != "flow_matching":
+        built_in = self.training.loss_fn
+        if request.get("loss_fn", built_in) != built_in:
             raise ConfigError(
-                f"bad loss_fn: {request.get('loss_fn')!r} (the built-in loss is 'flow_matching')"
+                f"bad loss_fn: {request.get('loss_fn')!r} (this session's built-in loss is {built_in!r})"
             )
         return self.training.forward_backward(_datums(request))
 
@@ -348,7 +363,10 @@ def _datums(request: dict[str, Any]) -> list[dict[str, Any]]:
         raise ConfigError("the call needs datums: a list of datums")
     for index, datum in enumerate(datums):
         if not isinstance(datum, dict):
-            raise ConfigError(f"datum {index}: must be an object with observation, actions and weight")
+            raise ConfigError(
+                f"datum {index}: must be an object with observation, actions and weight "
+                "(for rt-j: context, label and weight)"
+            )
     return datums
 
 

@@ -116,6 +116,8 @@ def check_frame_sizes(samples: Sequence[Mapping[str, Any]]) -> None:
 class TrainingSession:
     """A tuned pi05, its optimizer and a session's calls (docs/sessions.md), on plain data."""
 
+    loss_fn = "flow_matching"
+
     def __init__(self, spec: SessionSpec, *, device: torch.device | str = "cpu", seed: int = 0) -> None:
         self.spec = spec
         policy = load_policy(spec.base_model, device=device, action_horizon=spec.action_horizon, seed=seed)

@@ -30,7 +30,8 @@ from relay.training.status import READY, STARTING
 
 DEFAULT_START_TIMEOUT = 600.0
 NUM_STEPS_MAX = 1000
-LOSS_FNS = ("flow_matching",)
+# The built-in losses: pi05's flow matching, and an RT-J session's task loss (BCE or Huber).
+LOSS_FNS = ("flow_matching", "task")
 STATES = "/v1/states"
 SESSIONS_PAGE = 100
 
@@ -87,14 +88,19 @@ class ServiceClient:
         action_horizon: int = ACTION_HORIZON,
         *,
         codec: Codec = Codec.LOSSLESS,
+        problem_type: str | None = None,
     ) -> TrainingClient:
-        """A session training every weight of its targets (by default the whole model); returns once ready."""
+        """A session training every weight of its targets (by default the whole model); returns once ready.
+
+        For ``rt-j`` / ``rt-j-tiny`` (tuned in full, always): `problem_type` "binary" (the default)
+        or "regression" picks the task loss; `targets` and `action_horizon` are pi05's."""
         config = SessionConfig(
             base_model=base_model,
             finetune="full",
             targets=targets,
             action_horizon=action_horizon,
             codec=codec,
+            problem_type=problem_type,
         )
         return self._start(config)
 
@@ -238,19 +244,23 @@ class TrainingClient:
     # -- steps ------------------------------------------------------------------------------------
 
     def forward_backward(
-        self, batch: Sequence[types.Datum], loss_fn: str = "flow_matching"
+        self, batch: Sequence[types.Datum | types.RelationalDatum], loss_fn: str | None = None
     ) -> APIFuture[types.ForwardBackwardOutput]:
-        """The flow-matching loss on `batch`; its gradients add to those accumulated until optim_step."""
-        if loss_fn not in LOSS_FNS:
+        """The model's loss on `batch` (pi05: flow matching on Datums; rt-j: the task loss on
+        RelationalDatums); its gradients add to those accumulated until optim_step."""
+        if loss_fn is not None and loss_fn not in LOSS_FNS:
             raise ValueError(
-                f"bad loss_fn: {loss_fn!r} (the built-in loss is 'flow_matching'; for your own, "
-                "use forward_backward_custom)"
+                f"bad loss_fn: {loss_fn!r} (the built-in losses are 'flow_matching' for pi05 and 'task' "
+                "for rt-j; for your own, use forward_backward_custom)"
             )
-        return self._datums_call("forward_backward", batch, _forward_backward_output, loss_fn=loss_fn)
+        fields = {} if loss_fn is None else {"loss_fn": loss_fn}
+        return self._datums_call("forward_backward", batch, _forward_backward_output, **fields)
 
-    def forward(self, batch: Sequence[types.Datum]) -> APIFuture[dict[str, np.ndarray]]:
-        """The flow-matching outputs (velocity, target, x_t, noise, time) as numpy arrays, without
-        gradients."""
+    def forward(
+        self, batch: Sequence[types.Datum | types.RelationalDatum]
+    ) -> APIFuture[dict[str, np.ndarray]]:
+        """The model's outputs as numpy arrays, without gradients: pi05's flow-matching outputs
+        (velocity, target, x_t, noise, time); rt-j's target_scores and loss per context."""
         return self._datums_call("forward", batch, _arrays)
 
     def forward_backward_custom(
@@ -363,7 +373,7 @@ class TrainingClient:
     def _datums_call(
         self,
         op: str,
-        batch: Sequence[types.Datum],
+        batch: Sequence[types.Datum | types.RelationalDatum],
         convert: Callable[[Any], Any],
         name: str | None = None,
         **fields: Any,

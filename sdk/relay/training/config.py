@@ -16,13 +16,13 @@ from relay._rules import (
     FINETUNE_RULE,
     LORA_ALPHA_RULE,
     LORA_RANK_RULE,
-    MODEL_RULE,
+    SESSION_MODEL_RULE,
     TARGETS_RULE,
     CheckedConfig,
     FinetuneMethod,
     LoraAlpha,
     LoraRank,
-    ModelName,
+    SessionModelName,
     TargetNames,
     WholeNumber,
 )
@@ -41,12 +41,15 @@ STATE_META_FILE = "session.json"
 FORMER_NAMES: dict[str, str] = {"rank": "lora_rank", "alpha": "lora_alpha"}
 
 RULES: dict[str, str] = {
-    "base_model": MODEL_RULE,
+    "base_model": SESSION_MODEL_RULE,
     "finetune": FINETUNE_RULE,
     "lora_rank": LORA_RANK_RULE,
     "lora_alpha": LORA_ALPHA_RULE,
     "targets": TARGETS_RULE,
     "action_horizon": f"must be an integer from 1 to {ACTION_HORIZON_MAX}",
+    "problem_type": "must be "
+    + " or ".join(f'"{p}"' for p in catalog.RELATIONAL_SESSION_PROBLEMS)
+    + f' (for {", ".join(catalog.RELATIONAL_MODELS)} sessions; default "binary")',
     "codec": "must be " + " or ".join(f'"{c.value}"' for c in Codec),
 }
 
@@ -71,18 +74,56 @@ class SessionConfig(CheckedConfig):
     WHAT: ClassVar[str] = "a session"
     BODY_MESSAGE: ClassVar[str] = "the body must be an object with a session's fields: {fields}"
 
-    base_model: ModelName
+    base_model: SessionModelName
     finetune: FinetuneMethod = "lora"
     lora_rank: LoraRank = LORA_RANK_DEFAULT
     lora_alpha: LoraAlpha = None
     targets: TargetNames = None
     action_horizon: WholeNumber = Field(catalog.ACTION_HORIZON, strict=True, ge=1, le=ACTION_HORIZON_MAX)
     codec: Codec = Codec.LOSSLESS
+    # RT-J sessions only: which task loss forward_backward computes.
+    problem_type: str | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _former_names(cls, data: Any) -> Any:
         return with_current_names(data) if isinstance(data, Mapping) else data
+
+    @model_validator(mode="after")
+    def _fits_the_family(self) -> SessionConfig:
+        # Fields of the other family are refused rather than ignored, so nothing is silently dropped.
+        if not catalog.is_relational(self.base_model):
+            if self.problem_type is not None:
+                raise ConfigError(
+                    f"bad problem_type: {self.base_model} takes no problem_type (it names an RT-J "
+                    f"session's task loss, for {', '.join(catalog.RELATIONAL_MODELS)})",
+                    "problem_type",
+                )
+            return self
+        if "finetune" in self.model_fields_set and self.finetune != "full":
+            raise ConfigError(
+                f'bad finetune: "{self.finetune}" ({self.base_model} is tuned in full: must be "full"; '
+                "use create_full_training_client)",
+                "finetune",
+            )
+        pi05_only = {
+            "lora_rank": self.lora_rank != LORA_RANK_DEFAULT,
+            "lora_alpha": self.lora_alpha is not None,
+            "targets": self.targets not in (None, list(catalog.DEFAULT_FULL_TARGETS)),
+            "action_horizon": self.action_horizon != catalog.ACTION_HORIZON,
+        }
+        for field, given in pi05_only.items():
+            if given:
+                raise ConfigError(
+                    f"bad {field}: {self.base_model} takes no {field} (it is tuned in full, on its task's "
+                    "loss; the field is for pi05 sessions)",
+                    field,
+                )
+        problem_type = self.problem_type or catalog.RELATIONAL_SESSION_PROBLEMS[0]
+        if problem_type not in catalog.RELATIONAL_SESSION_PROBLEMS:
+            raise ConfigError(f"bad problem_type: {problem_type!r} ({RULES['problem_type']})", "problem_type")
+        self.finetune, self.problem_type = "full", problem_type
+        return self
 
     @model_validator(mode="after")
     def _spell_out_defaults(self) -> SessionConfig:

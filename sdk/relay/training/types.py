@@ -19,6 +19,7 @@ __all__ = [
     "ForwardBackwardOutput",
     "LoadStateOutput",
     "OptimStepOutput",
+    "RelationalDatum",
     "SaveStateOutput",
 ]
 
@@ -34,6 +35,21 @@ class Datum:
 
     observation: Mapping[str, Any]
     actions: Any = None
+    weight: float = 1.0
+
+
+@dataclass
+class RelationalDatum:
+    """One example for an RT-J session: a sampled context and the label of its target cell.
+
+    ``context``: the twelve RelationalBatch fields of one context as arrays (``node_idxs`` ...
+    ``col_name_values``, shaped [1, cells, ...] or [cells, ...]); from Relay's sampler,
+    ``relay_engine.relational`` ``example.input.numpy()``. ``label``: 0/1 for a binary session, the
+    (z-scored) value for a regression one. ``weight``: its weight in the loss's mean.
+    """
+
+    context: Mapping[str, Any]
+    label: float
     weight: float = 1.0
 
 
@@ -72,9 +88,13 @@ class DatumError(ValueError):
     """A datum that cannot even be sent (its step's future fails with this, as a user error)."""
 
 
-def datum_message(index: int, datum: Datum | Mapping[str, Any], codec: Codec) -> dict[str, Any]:
+def datum_message(
+    index: int, datum: Datum | RelationalDatum | Mapping[str, Any], codec: Codec
+) -> dict[str, Any]:
     """A datum as the wire carries it; frames become JPEG under Codec.JPEG_Q95."""
     observation: Any  # checked by observation_message
+    if isinstance(datum, RelationalDatum):
+        return relational_datum_message(index, datum)
     if isinstance(datum, Datum):
         observation, actions, weight = datum.observation, datum.actions, datum.weight
     elif isinstance(datum, Mapping):
@@ -92,6 +112,19 @@ def datum_message(index: int, datum: Datum | Mapping[str, Any], codec: Codec) ->
     if actions is not None:
         message["actions"] = _array(index, "actions", actions)
     return message
+
+
+def relational_datum_message(index: int, datum: RelationalDatum) -> dict[str, Any]:
+    if not isinstance(datum.context, Mapping):
+        raise DatumError(f"datum {index}: context must map the twelve RelationalBatch fields to arrays")
+    context = {
+        str(name): _array(index, f"context field {name!r}", value) for name, value in datum.context.items()
+    }
+    try:
+        label = float(datum.label)
+    except (TypeError, ValueError):
+        raise DatumError(f"datum {index}: label must be a number, got {datum.label!r}") from None
+    return {"context": context, "label": label, "weight": datum.weight}
 
 
 def observation_message(index: int, observation: Any, codec: Codec, label: str = "datum") -> dict[str, Any]:
@@ -122,7 +155,9 @@ def _array(index: int, name: str, value: Any, label: str = "datum") -> np.ndarra
     return array
 
 
-def batch_message(batch: Sequence[Datum | Mapping[str, Any]], codec: Codec) -> list[dict[str, Any]]:
-    if isinstance(batch, Datum | Mapping) or not isinstance(batch, Sequence):
-        raise DatumError("a batch must be a list of types.Datum")
+def batch_message(
+    batch: Sequence[Datum | RelationalDatum | Mapping[str, Any]], codec: Codec
+) -> list[dict[str, Any]]:
+    if isinstance(batch, Datum | RelationalDatum | Mapping) or not isinstance(batch, Sequence):
+        raise DatumError("a batch must be a list of types.Datum (or types.RelationalDatum for rt-j)")
     return [datum_message(i, d, codec) for i, d in enumerate(batch)]

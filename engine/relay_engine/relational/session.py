@@ -1,0 +1,195 @@
+"""An RT-J training-loop session: what a worker holds while a user's program drives rt-j.
+
+The same calls as the pi05 session (relay_engine.training.session), on RelationalDatums: each is a
+sampled context (the twelve RelationalBatch fields) and its label. forward_backward computes the
+task loss (BCE on target_scores for binary, Huber for regression) through the RelationalLearner,
+the step recipe jobs run, so a session's update equals a job's on the same contexts. RT-J is tuned
+in full. Calls that belong to pi05 (sampling actions, custom losses on velocity) are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from relay.optimizer import AdamParams
+from relay.training.config import STATE_META_FILE as STATE_META
+from relay_engine.errors import EngineError
+from relay_engine.relational.batch import BATCH_FIELDS, RelationalBatch
+from relay_engine.relational.checkpoint import save_network
+from relay_engine.relational.learner import LabelledBatch, RelationalLearner, per_context_loss
+from relay_engine.relational.training import RelationalExample
+from relay_engine.relational.transformer import RelationalTransformer
+
+TASK_LOSS = "task"
+
+
+@dataclass(frozen=True)
+class RelationalSessionSpec:
+    """What an RT-J session trains: fixed for its life, and checked when a saved state is loaded."""
+
+    base_model: str
+    problem_type: str = "binary"
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "base_model": self.base_model,
+            "finetune": "full",
+            "targets": ["all"],
+            "lora_rank": None,
+            "problem_type": self.problem_type,
+        }
+
+
+def datum_to_example(index: int, datum: Mapping[str, Any]) -> tuple[RelationalExample, float]:
+    """A session datum ({"context": {12 fields}, "label", "weight"}) as an example and its weight."""
+    label = f"datum {index}"
+    context = datum.get("context")
+    if not isinstance(context, Mapping):
+        raise EngineError(
+            f"{label}: an rt-j session takes RelationalDatums: context must map the twelve RelationalBatch "
+            f"fields ({', '.join(BATCH_FIELDS)}) to arrays"
+        )
+    unknown = sorted(set(context) - set(BATCH_FIELDS))
+    if unknown:
+        raise EngineError(f"{label}: context has unknown fields {', '.join(unknown)}")
+    # One context may come without its batch dimension.
+    fields = {
+        name: (value[None] if np.ndim(value) >= 1 and np.ndim(context["node_idxs"]) == 1 else value)
+        for name, value in context.items()
+    }
+    try:
+        batch = RelationalBatch.from_mapping(fields)
+    except (ValueError, TypeError, RuntimeError) as error:
+        raise EngineError(f"{label}: {error}") from None
+    if batch.batch_size != 1:
+        raise EngineError(f"{label}: context holds {batch.batch_size} contexts; a datum is one")
+    if not bool(batch.is_targets.any()):
+        raise EngineError(f"{label}: context marks no target cell (is_targets is all False)")
+    value = datum.get("label")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value):
+        raise EngineError(f"{label}: label must be a finite number, got {value!r}")
+    weight = datum.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight >= 0:
+        raise EngineError(f"{label}: weight must be a number >= 0, got {weight!r}")
+    return RelationalExample(input=batch, label=float(value)), float(weight)
+
+
+class RelationalSession:
+    """rt-j / rt-j-tiny, its optimizer and a session's calls (docs/relational.md), on plain data."""
+
+    loss_fn = TASK_LOSS
+
+    def __init__(
+        self, spec: RelationalSessionSpec, *, device: torch.device | str = "cpu", seed: int = 0
+    ) -> None:
+        self.spec = spec
+        task = "regression" if spec.problem_type == "regression" else "classification"
+        self.model = RelationalTransformer(spec.base_model, task=task, device=device, seed=seed)
+        self.learner = RelationalLearner(self.model.model, spec.problem_type, seed=seed, device=device)
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return {
+            "model": self.spec.base_model,
+            "problem_type": self.spec.problem_type,
+            "loss_fn": TASK_LOSS,
+            "trainable_params": sum(p.numel() for p in self.learner.params),
+        }
+
+    def _batch(self, datums: Sequence[Mapping[str, Any]]) -> tuple[LabelledBatch, list[float]]:
+        if not datums:
+            raise EngineError("a batch needs at least one datum")
+        pairs = [datum_to_example(i, d) for i, d in enumerate(datums)]
+        widths = {example.input.d_text for example, _ in pairs}
+        if len(widths) > 1:
+            raise EngineError(f"the batch's contexts have text widths {sorted(widths)}; they must be one")
+        return LabelledBatch.of([example for example, _ in pairs]), [weight for _, weight in pairs]
+
+    def forward_backward(self, datums: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        batch, weights = self._batch(datums)
+        if any(w != 1.0 for w in weights):
+            raise EngineError("rt-j sessions weigh every context 1: leave weight at 1.0")
+        result = self.learner.forward_backward(batch)
+        return {"metrics": {"loss": result.loss}, "loss_fn_outputs": [{"loss": x} for x in result.per_sample]}
+
+    def forward(self, datums: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+        """Each context's target score (a logit, or a z-scored value) and loss, without gradients."""
+        batch, _ = self._batch(datums)
+        self.learner.model.eval()
+        with torch.no_grad():
+            scores = self.learner.model(batch.contexts.to(self.learner.device))
+            losses = per_context_loss(scores, batch.labels.to(self.learner.device), self.spec.problem_type)
+        return {"target_scores": scores.float().cpu().numpy(), "loss": losses.float().cpu().numpy()}
+
+    def optim_step(self, adam: AdamParams) -> dict[str, Any]:
+        step = self.learner.optim_step(adam)
+        return {"metrics": {"grad_norm": step.grad_norm, "skipped": step.skipped}}
+
+    def save_weights(self, name: str, directory: Path) -> None:
+        """A checkpoint directory (config.json + model.safetensors) that RelationalTransformer loads."""
+        save_network(
+            self.learner.model,
+            directory,
+            {"model_type": self.spec.base_model, "problem_type": self.spec.problem_type},
+        )
+
+    def save_state(self, directory: Path) -> None:
+        """Every weight, the optimizer and what they belong to, replacing an older state."""
+        tmp = directory.with_name(f".{directory.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.learner.save_state(tmp)
+        (tmp / STATE_META).write_text(json.dumps(self.spec.identity(), indent=2))
+        if directory.exists():
+            shutil.rmtree(directory)
+        tmp.rename(directory)
+
+    def load_state(self, directory: Path, name: str) -> None:
+        if not (directory / STATE_META).is_file():
+            raise EngineError(f"no saved state named {name!r}")
+        saved = json.loads((directory / STATE_META).read_text())
+        if saved != self.spec.identity():
+            raise EngineError(
+                f"state {name!r} was saved by a session of {saved}; this session is {self.spec.identity()}: "
+                "load it in a session with the same model and problem_type"
+            )
+        self.learner.load_state(directory)
+
+    # -- calls that belong to pi05 ------------------------------------------------------------------
+
+    def sample(
+        self, observations: Sequence[Mapping[str, Any]], num_steps: int = 10, sampler: str | None = None
+    ) -> Any:
+        raise EngineError(
+            f"sample draws robot actions from pi05; {self.spec.base_model} has none: use forward for "
+            "target_scores"
+        )
+
+    def forward_custom(self, datums: Sequence[Mapping[str, Any]]) -> Any:
+        raise self._no_custom_loss()
+
+    def backward_custom(
+        self,
+        grad_velocity: np.ndarray,
+        loss: float,
+        metrics: Mapping[str, float],
+        per_datum: Sequence[Mapping[str, float]] | None = None,
+    ) -> Any:
+        raise self._no_custom_loss()
+
+    def discard_custom(self) -> None:
+        """Nothing waits for a gradient in an rt-j session."""
+
+    def _no_custom_loss(self) -> EngineError:
+        return EngineError(
+            f"forward_backward_custom differentiates pi05's velocity; {self.spec.base_model} sessions train "
+            "on the task loss: use forward_backward"
+        )
