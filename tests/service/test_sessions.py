@@ -269,7 +269,10 @@ def _wire_datum(item: types.Datum) -> dict[str, Any]:
 def test_create_refuses_bad_settings_naming_the_field(stack: Stack, user: tuple[str, str]) -> None:
     headers = {"authorization": f"Bearer {user[1]}"}
     cases = [
-        ({"base_model": "gpt-4"}, 'bad base_model: "gpt-4" (must be one of pi05, pi05-tiny, rt-j, rt-j-tiny)'),
+        (
+            {"base_model": "gpt-4"},
+            'bad base_model: "gpt-4" (must be one of pi05, pi05-tiny, rt-j, rt-j-tiny)',
+        ),
         ({"base_model": "pi05", "lora_rank": 0}, "bad lora_rank: 0 (must be an integer from 1 to 256)"),
         ({"base_model": "pi05", "rank": 0}, "bad lora_rank: 0 (must be an integer from 1 to 256)"),
         ({"base_model": "pi05", "targets": ["wings"]}, "unknown target 'wings'"),
