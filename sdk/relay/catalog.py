@@ -6,6 +6,8 @@ which maps each target name to modules of the model (``relay_engine.tuning.targe
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 # `pi05` is the real model (about 3.35B parameters, a GPU); `pi05-tiny` runs the same code at
 # tiny sizes, for CPUs, the demo and the tests.
 MODELS: tuple[str, ...] = ("pi05", "pi05-tiny")
@@ -18,7 +20,8 @@ RECIPE_MODELS: tuple[str, ...] = (*MODELS, *RELATIONAL_MODELS)
 # What a training-loop session can load: both families (RT-J sessions tune in full).
 SESSION_MODELS: tuple[str, ...] = RECIPE_MODELS
 # The problem types an RT-J session trains: its task loss is BCE (binary) or Huber (regression).
-RELATIONAL_SESSION_PROBLEMS: tuple[str, ...] = ("binary", "regression")
+RelationalSessionProblem = Literal["binary", "regression"]
+RELATIONAL_SESSION_PROBLEMS: tuple[str, ...] = get_args(RelationalSessionProblem)
 
 
 def is_relational(model: str) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from relay import _http
-from relay.catalog import ACTION_HORIZON, LORA_RANK_DEFAULT
+from relay.catalog import ACTION_HORIZON, LORA_RANK_DEFAULT, RelationalSessionProblem
 from relay.codec import Codec
 from relay.errors import RequestFailedError
 from relay.training import types
@@ -88,7 +88,7 @@ class ServiceClient:
         action_horizon: int = ACTION_HORIZON,
         *,
         codec: Codec = Codec.LOSSLESS,
-        problem_type: str | None = None,
+        problem_type: RelationalSessionProblem | None = None,
     ) -> TrainingClient:
         """A session training every weight of its targets (by default the whole model); returns once ready.
 

@@ -82,7 +82,7 @@ class SessionConfig(CheckedConfig):
     action_horizon: WholeNumber = Field(catalog.ACTION_HORIZON, strict=True, ge=1, le=ACTION_HORIZON_MAX)
     codec: Codec = Codec.LOSSLESS
     # RT-J sessions only: which task loss forward_backward computes.
-    problem_type: str | None = None
+    problem_type: catalog.RelationalSessionProblem | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -119,10 +119,7 @@ class SessionConfig(CheckedConfig):
                     "loss; the field is for pi05 sessions)",
                     field,
                 )
-        problem_type = self.problem_type or catalog.RELATIONAL_SESSION_PROBLEMS[0]
-        if problem_type not in catalog.RELATIONAL_SESSION_PROBLEMS:
-            raise ConfigError(f"bad problem_type: {problem_type!r} ({RULES['problem_type']})", "problem_type")
-        self.finetune, self.problem_type = "full", problem_type
+        self.finetune, self.problem_type = "full", self.problem_type or "binary"
         return self
 
     @model_validator(mode="after")
