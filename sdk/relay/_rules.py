@@ -28,18 +28,11 @@ from pydantic import (
 from relay import catalog
 from relay.errors import ConfigError
 
-MODEL_RULE = "must be one of " + ", ".join(catalog.MODELS)
 SESSION_MODEL_RULE = "must be one of " + ", ".join(catalog.SESSION_MODELS)
 FINETUNE_RULE = "must be " + " or ".join(f'"{m}"' for m in catalog.FINETUNE_METHODS)
 TARGETS_RULE = "must be a list of targets from: " + ", ".join(catalog.TARGETS)
 LORA_RANK_RULE = f"must be an integer from 1 to {catalog.LORA_RANK_MAX}"
 LORA_ALPHA_RULE = "must be a number greater than 0; by default, the rank"
-
-
-def _known_model(value: str) -> str:
-    if value not in catalog.MODELS:
-        raise ValueError(MODEL_RULE)
-    return value
 
 
 def _known_session_model(value: str) -> str:
@@ -71,9 +64,6 @@ def whole_float_to_int(value: Any) -> Any:
 
 # The JSON Schema of each type says what its validators enforce, so that the API's OpenAPI document
 # accepts exactly what the API does.
-ModelName = Annotated[
-    str, AfterValidator(_known_model), WithJsonSchema({"type": "string", "enum": list(catalog.MODELS)})
-]
 SessionModelName = Annotated[
     str,
     AfterValidator(_known_session_model),
