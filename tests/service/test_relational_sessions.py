@@ -13,10 +13,12 @@ import pytest
 
 from relay.errors import RequestFailedError
 from relay.training import ServiceClient, types
+from relay_engine.relational.batch import RelationalBatch
 from relay_engine.relational.database import open_database
 from relay_engine.relational.encoding import HashEmbedder
 from relay_engine.relational.fake import write_fake_shop
 from relay_engine.relational.sampling import ContextSampler
+from relay_engine.relational.transformer import RelationalTransformer
 from tests.service.stack import Stack, WorkerProcess
 
 pytestmark = pytest.mark.slow
@@ -32,9 +34,13 @@ def service(stack: Stack, user: tuple[str, str], worker: WorkerProcess) -> Itera
 
 
 @pytest.fixture(scope="module")
-def churn_batch(tmp_path_factory: pytest.TempPathFactory) -> list[types.RelationalDatum]:
+def shop(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_fake_shop(tmp_path_factory.mktemp("shop"))
+
+
+@pytest.fixture(scope="module")
+def churn_batch(shop: Path) -> list[types.RelationalDatum]:
     """Seven train contexts of the shop's user-churn task (64 cells each)."""
-    shop: Path = write_fake_shop(tmp_path_factory.mktemp("shop"))
     sampler = ContextSampler(
         open_database(shop), "user-churn", HashEmbedder(384), context_length=64, max_children=8
     )
@@ -129,3 +135,27 @@ def test_calls_that_do_not_apply_to_rt_j_are_refused(
         error_body = answer.json()["error"]
         assert message in error_body["message"] and error_body["param"] == param, error_body
     assert session_ids() == before  # nothing half-created
+
+
+def test_the_documented_loop_runs_as_written(
+    monkeypatch: pytest.MonkeyPatch, stack: Stack, user: tuple[str, str], worker: WorkerProcess, shop: Path
+) -> None:
+    """docs/relational.md's session example, against the served API: only the database's path and
+    the number of steps change."""
+    document = (Path(__file__).resolve().parents[2] / "docs" / "relational.md").read_text()
+    section = document.split("## Training-loop sessions", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'Path("shop")' in code and "range(20)" in code
+    code = code.replace('Path("shop")', f"Path({str(shop)!r})").replace("range(20)", "range(2)")
+    monkeypatch.setenv("RELAY_BASE_URL", stack.api_url)
+    monkeypatch.setenv("RELAY_API_KEY", user[1])
+    namespace: dict[str, object] = {}
+    exec(compile(code, "docs/relational.md", "exec"), namespace)
+    scores = namespace["scores"]
+    assert isinstance(scores, dict) and scores["target_scores"].shape == (16,)
+    # The saved weights are a checkpoint directory that RelationalTransformer loads, scoring alike.
+    tuned = RelationalTransformer(namespace["tuned"].path, device="cpu")  # type: ignore[attr-defined]
+    batch = namespace["batch"]
+    assert isinstance(batch, list)
+    reloaded = tuned.forward([RelationalBatch.from_mapping(d.context) for d in batch])
+    np.testing.assert_allclose(reloaded.numpy(), scores["target_scores"], rtol=1e-5, atol=1e-6)
