@@ -42,6 +42,7 @@ class FineTuneOut(BaseModel):
     cameras: dict[str, str] | None
     name: str | None
     gpus: int | None = None  # the processes (GPUs) the job runs on; None only for jobs older than the field
+    task: str | None = None
 
 
 class FineTuneList(BaseModel):

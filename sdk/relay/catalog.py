@@ -13,6 +13,13 @@ MODELS: tuple[str, ...] = ("pi05", "pi05-tiny")
 # RT-J, the relational transformer, for tasks on relational databases: `rt-j` has the published
 # dimensions (85,562,530 weights in Stanford's layout); `rt-j-tiny` is the same network, small.
 RELATIONAL_MODELS: tuple[str, ...] = ("rt-j", "rt-j-tiny")
+# What a recipe job can fine-tune: both families. (Training-loop sessions: MODELS.)
+RECIPE_MODELS: tuple[str, ...] = (*MODELS, *RELATIONAL_MODELS)
+
+
+def is_relational(model: str) -> bool:
+    return model in RELATIONAL_MODELS
+
 
 # pi0.5 always has these three camera slots; a slot with no image is masked.
 MODEL_CAMERAS: tuple[str, ...] = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 
 from relay._progress import ProgressReport
-from relay.catalog import LORA_RANK_MAX, STRATEGIES
+from relay.catalog import LORA_RANK_MAX, RELATIONAL_MODELS, STRATEGIES
 from relay.cli._common import dataset_name, fail, parse_pairs, split_targets
 from relay.cli._extras import require
 from relay.cli._launch import Launch, rank, run_launched
@@ -55,8 +55,11 @@ class StopOnInterrupt:
 
 @app.command()
 def train(
-    model: str = typer.Option(..., help="Base model: pi05 or pi05-tiny."),
-    dataset: str = typer.Option(..., help="A Hub dataset repo id or a local dataset directory."),
+    model: str = typer.Option(..., help="Base model: pi05, pi05-tiny, rt-j or rt-j-tiny."),
+    dataset: str = typer.Option(
+        ..., help="A Hub dataset repo id or a local dataset directory (rt-j: a database directory)."
+    ),
+    task: str | None = typer.Option(None, help="rt-j models: the database's task to train on."),
     steps: int = typer.Option(SFTConfig.default("steps"), help=f"Optimizer steps, 1 to {STEPS_MAX:,}."),
     output_dir: Path = typer.Option(..., help="Where checkpoints and the merged model go."),
     batch_size: int = typer.Option(
@@ -65,8 +68,13 @@ def train(
     learning_rate: float = typer.Option(
         SFTConfig.default("learning_rate"), help="The peak learning rate, after warmup."
     ),
-    finetune: str = typer.Option(SFTConfig.default("finetune"), help="lora or full."),
-    lora_rank: int = typer.Option(SFTConfig.default("lora_rank"), help=f"LoRA rank, 1 to {LORA_RANK_MAX}."),
+    # No default here: SFTConfig's depends on the model's family (pi05: lora, rank 32; rt-j: full).
+    finetune: str | None = typer.Option(
+        None, help=f"lora or full [default: {SFTConfig.default('finetune')}; rt-j models: full]."
+    ),
+    lora_rank: int | None = typer.Option(
+        None, help=f"LoRA rank, 1 to {LORA_RANK_MAX} [default: {SFTConfig.default('lora_rank')}]."
+    ),
     lora_alpha: float | None = typer.Option(None, help="LoRA alpha (default: the rank)."),
     targets: list[str] | None = typer.Option(
         None,
@@ -112,22 +120,28 @@ def train(
         fail(f"bad --strategy: {strategy!r} (must be one of {', '.join(STRATEGIES)})")
 
     try:
+        given: dict[str, Any] = {
+            "finetune": finetune,
+            "lora_rank": lora_rank,
+            "lora_alpha": lora_alpha,
+            "targets": split_targets(targets),
+            "cameras": parse_pairs(cameras, "camera") if cameras else None,
+            "task": task,
+        }
         config = SFTConfig(
             model=model,
             dataset_name=dataset_name(dataset),
             batch_size=batch_size,
             learning_rate=learning_rate,
             steps=steps,
-            finetune=finetune,
-            lora_rank=lora_rank,
-            lora_alpha=lora_alpha,
-            targets=split_targets(targets),
-            cameras=parse_pairs(cameras, "camera") if cameras else None,
+            **{field: value for field, value in given.items() if value is not None},
         )
     except ValueError as error:
         fail(str(error))
 
     processes = nproc_per_node * nnodes
+    if model in RELATIONAL_MODELS and processes > 1:
+        fail(f"bad --nproc-per-node/--nnodes: {model} trains in one process")
     if config.batch_size < processes:
         fail(
             f"bad --batch-size: {config.batch_size} (must be at least the {processes} processes: "
@@ -230,8 +244,15 @@ def evaluate(
     seed: int = typer.Option(0, help="Seeds the sampler's noise."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    task: str | None = typer.Option(None, help="rt-j: the database's task [default: the model's]."),
+    split: str = typer.Option("val", help="rt-j: the task's split, train, val or test."),
 ) -> None:
-    """The mean squared error of sampled action chunks against the dataset's, in normalized units."""
+    """pi05: the mean squared error of sampled action chunks against the dataset's, in normalized
+    units. rt-j: AUROC (binary tasks) or MAE and nMAE (regression) on a task's split."""
+    relational = require("relay_engine.relational.recipe")
+    if task is not None or model in RELATIONAL_MODELS or relational.is_relational_checkpoint(model):
+        _evaluate_relational(model, dataset, task, split, seed, device, json_output)
+        return
     datasets = require("relay_engine.datasets")
     models = require("relay_engine.models")
     evaluation = require("relay_engine.training.evaluate")
@@ -253,3 +274,27 @@ def evaluate(
         print(json.dumps({"mse": result.mse, "frames": result.samples}))
     else:
         print(f"action MSE {result.mse:.4f} (normalized units) over {result.samples} frames")
+
+
+def _evaluate_relational(
+    model: str, dataset: str, task: str | None, split: str, seed: int, device: str, json_output: bool
+) -> None:
+    relational = require("relay_engine.relational.recipe")
+    errors = require("relay_engine.errors")
+    try:
+        report = relational.evaluate_split(
+            model, dataset_name(dataset), task, split, device=device, seed=seed
+        )
+    except errors.EngineError as error:
+        fail(str(error))
+    if json_output:
+        print(json.dumps(report))
+        return
+    where = f"{report['task']} {report['split']} ({report['examples']} rows)"
+    if report["problem_type"] == "binary":
+        print(
+            f"AUROC {report['auroc']:.4f}, accuracy {report['accuracy']:.4f} on {where}; "
+            f"label-frequency baseline AUROC {report['label_frequency_auroc']:.4f}"
+        )
+    else:
+        print(f"MAE {report['mae']:.4f}, nMAE {report['nmae']:.4f}, RMSE {report['rmse']:.4f} on {where}")

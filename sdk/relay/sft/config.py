@@ -16,7 +16,6 @@ from relay._rules import (
     FINETUNE_RULE,
     LORA_ALPHA_RULE,
     LORA_RANK_RULE,
-    MODEL_RULE,
     NOT_BLANK_TEXT_PATTERN,
     PLAIN_TEXT_PATTERN,
     TARGETS_RULE,
@@ -24,26 +23,33 @@ from relay._rules import (
     FinetuneMethod,
     LoraAlpha,
     LoraRank,
-    ModelName,
     TargetNames,
     WholeNumber,
     has_control_characters,
     whole_float_to_int,
 )
 from relay.catalog import LORA_RANK_DEFAULT
+from relay.errors import ConfigError
 
 BATCH_SIZE_MAX = 512
 GPUS_MAX = 64
 STEPS_MAX = 100_000
 NAME_MAX = 128
 DATASET_NAME_MAX = 1024
+TASK_MAX = 128
+RECIPE_MODEL_RULE = "must be one of " + ", ".join(catalog.RECIPE_MODELS)
 
 # What each field must be; every message about a field ends with its rule.
 RULES: dict[str, str] = {
-    "model": MODEL_RULE,
+    "model": RECIPE_MODEL_RULE,
     "dataset_name": (
         "must be a LeRobot dataset on the Hugging Face Hub such as lerobot/pusht_image, or a local "
-        f"dataset directory: 1 to {DATASET_NAME_MAX} characters, no control characters"
+        "dataset directory (for rt-j models: a relational database directory): "
+        f"1 to {DATASET_NAME_MAX} characters, no control characters"
+    ),
+    "task": (
+        f"must name a task table of the database (rt-j models only): 1 to {TASK_MAX} characters, "
+        "no control characters"
     ),
     "batch_size": f"must be an integer from 1 to {BATCH_SIZE_MAX}",
     "learning_rate": "must be a number greater than 0",
@@ -64,6 +70,14 @@ RULES: dict[str, str] = {
 GpuCount = Annotated[int, Field(strict=True, ge=1, le=GPUS_MAX), BeforeValidator(whole_float_to_int)]
 
 
+# Fields an RT-J recipe refuses, and why. (lora_rank and lora_alpha, as for any finetune="full"
+# recipe, are ignored; a config read back from a job holds them filled in.)
+_NOT_FOR_RELATIONAL: dict[str, str] = {
+    "cameras": "RT-J reads the tables of a database, not camera images",
+    "targets": 'RT-J is tuned in full: every weight trains, targets ["all"]',
+}
+
+
 class SFTConfig(CheckedConfig):
     """A recipe: the base model, the dataset and a few settings (docs/recipe-jobs.md).
 
@@ -73,13 +87,13 @@ class SFTConfig(CheckedConfig):
 
     RULES: ClassVar[dict[str, str]] = RULES
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
-        "model": catalog.MODELS,
+        "model": catalog.RECIPE_MODELS,
         "finetune": catalog.FINETUNE_METHODS,
     }
     WHAT: ClassVar[str] = "SFTConfig"
     BODY_MESSAGE: ClassVar[str] = "the config must be an object with the recipe's fields"
 
-    model: ModelName
+    model: str
     dataset_name: str = Field(min_length=1, max_length=DATASET_NAME_MAX, pattern=NOT_BLANK_TEXT_PATTERN)
     batch_size: WholeNumber = Field(128, strict=True, ge=1, le=BATCH_SIZE_MAX)
     learning_rate: float = Field(2.5e-5, strict=True, gt=0, allow_inf_nan=False)
@@ -101,6 +115,21 @@ class SFTConfig(CheckedConfig):
     gpus: (
         Annotated[int, Field(strict=True, ge=1, le=GPUS_MAX), BeforeValidator(whole_float_to_int)] | None
     ) = None
+    task: str | None = Field(None, min_length=1, max_length=TASK_MAX, pattern=PLAIN_TEXT_PATTERN)
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value not in catalog.RECIPE_MODELS:
+            raise ValueError(RECIPE_MODEL_RULE)
+        return value
+
+    @field_validator("task")
+    @classmethod
+    def _plain_task(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or has_control_characters(value)):
+            raise ValueError(RULES["task"])
+        return value
 
     @field_validator("dataset_name")
     @classmethod
@@ -126,6 +155,43 @@ class SFTConfig(CheckedConfig):
         if value is not None and has_control_characters(value):
             raise ValueError(RULES["name"])
         return value
+
+    @model_validator(mode="after")
+    def _fits_the_family(self) -> SFTConfig:
+        # Fields of the other family are refused rather than ignored, so nothing is silently dropped.
+        given = self.model_fields_set
+        if catalog.is_relational(self.model):
+            if self.task is None:
+                raise ConfigError(
+                    f"missing task (required for {self.model}; it {RULES['task']})", "task", "missing_field"
+                )
+            for field, why in _NOT_FOR_RELATIONAL.items():
+                if field in given and getattr(self, field) not in (None, list(catalog.DEFAULT_FULL_TARGETS)):
+                    raise ConfigError(
+                        f"bad {field}: {self.model} takes no {field} ({why})", field, "invalid_value"
+                    )
+            if "finetune" in given and self.finetune != "full":
+                raise ConfigError(
+                    f'bad finetune: "{self.finetune}" ({self.model} is tuned in full: must be "full")',
+                    "finetune",
+                    "invalid_value",
+                )
+            if self.gpus is not None and self.gpus > 1:
+                raise ConfigError(
+                    f"bad gpus: {self.gpus} ({self.model} jobs run in one process: gpus must be 1)",
+                    "gpus",
+                    "invalid_value",
+                )
+            self.finetune = "full"
+            self.gpus = 1
+        elif self.task is not None:
+            raise ConfigError(
+                f"bad task: {self.model} takes no task (task names a relational database's task table, "
+                f"for {', '.join(catalog.RELATIONAL_MODELS)})",
+                "task",
+                "invalid_value",
+            )
+        return self
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> SFTConfig:
