@@ -104,6 +104,9 @@ def test_the_job_its_methods_and_finding_it_again(sdk_env: str, worker: WorkerPr
         "grad_norm": events[0]["grad_norm"],
         "lr": events[0]["lr"],
         "skipped": events[0]["skipped"],
+        "steps_per_second": events[0]["steps_per_second"],
+        "samples_per_second": events[0]["samples_per_second"],
+        "data_wait": events[0]["data_wait"],
     }
     assert events[-1] == {"step": 10, "event": "finished"}
 
