@@ -4,7 +4,8 @@
    events (a page of 100), each against a bare FastAPI endpoint (a sync `def` returning a small
    JSON object, as the routes are; an `async def` one is shown too) served the same way: uvicorn,
    one process, the same options, measured by the same client in the same run, the workloads
-   taking turns. Goal: p99 ratio at most 2.
+   taking turns. Goal: p99 ratio at most 2. The server's CPU time per request (from /proc, so
+   Linux only) is printed beside it: on a busy machine it is the steadier figure.
 2. From POST to `running` with a warm worker (Redis broker, one Celery worker process that has
    already run a job): median over --jobs jobs, seen by a client polling every 10 ms, and from
    the server's timestamps (created_at to started_at). Goal: under 1 s.
@@ -111,6 +112,11 @@ class Served:
                     raise RuntimeError(f"{factory} did not start") from None
                 time.sleep(0.2)
 
+    def cpu_seconds(self) -> float:
+        """The server process's CPU time so far (user and system), from /proc."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         os.killpg(self.process.pid, signal.SIGTERM)
         self.process.wait(timeout=30)
@@ -162,11 +168,16 @@ def api_latency(
     }
     # The workloads take turns, `rounds` times, and each one's percentiles are over all its rounds:
     # a busy spell on the shared machine then lands on every workload alike, not on one of them.
+    # The server's CPU time per request is a steadier figure than latency on a busy machine.
     latencies: dict[str, list[float]] = {name: [] for name in workloads}
+    cpu_seconds = dict.fromkeys(workloads, 0.0)
     try:
         for _ in range(rounds):
             for name, (url, request) in workloads.items():
+                server = bare if url == bare.url else relay
+                before = server.cpu_seconds()
                 latencies[name] += asyncio.run(measure(url, request, max(1, per_client // rounds)))
+                cpu_seconds[name] += server.cpu_seconds() - before
     finally:
         bare.stop()
         relay.stop()
@@ -174,6 +185,8 @@ def api_latency(
         name: {
             "p50_ms": 1000 * percentile(values, 0.5),
             "p99_ms": 1000 * percentile(values, 0.99),
+            # Each client's connection-warming request is served too.
+            "server_cpu_ms": 1000 * cpu_seconds[name] / (len(values) + CLIENTS * rounds),
             "requests": len(values),
         }
         for name, values in latencies.items()
@@ -344,12 +357,16 @@ def main() -> None:
     print(f"(load average {os.getloadavg()[0]:.1f} at the end)")
     base = latency["bare (def)"]
     base_async = latency["bare (async def)"]
-    print(f"{'':18}{'p50 ms':>9}{'p99 ms':>9}{'p50 x':>8}{'p99 x':>8}{'p99 x async':>13}")
+    print(
+        f"{'':18}{'p50 ms':>9}{'p99 ms':>9}{'p50 x':>8}{'p99 x':>8}{'p99 x async':>13}"
+        f"{'server CPU ms':>15}{'CPU x':>7}"
+    )
     for name, figures in latency.items():
-        p50, p99 = figures["p50_ms"], figures["p99_ms"]
+        p50, p99, cpu = figures["p50_ms"], figures["p99_ms"], figures["server_cpu_ms"]
         print(
             f"{name:18}{p50:9.1f}{p99:9.1f}{p50 / base['p50_ms']:8.2f}"
             f"{p99 / base['p99_ms']:8.2f}{p99 / base_async['p99_ms']:13.2f}"
+            f"{cpu:15.2f}{cpu / base['server_cpu_ms']:7.2f}"
         )
 
     running: dict[str, float] = {}

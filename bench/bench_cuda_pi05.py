@@ -13,6 +13,17 @@ and backward) / step time / (this card's bf16 matmul rate, measured on an 8192^3
 
     python bench/bench_cuda_pi05.py [--batch-size 32] [--steps 10]
     python bench/bench_cuda_pi05.py --device cpu --model pi05-tiny --batch-size 4   # a smoke run
+
+Multi-GPU mode: under torchrun the step runs as the engine runs a job of many processes (DDP for
+LoRA, FSDP2 with bf16 compute and activation checkpointing for full; --strategy overrides), the
+global --batch-size split across the ranks. Rank 0 prints samples/s, MFU against the measured
+matmul rate and against the H200's bf16 dense peak, and each rank's peak memory against the
+memory plan (`relay models info ... --memory`):
+
+    torchrun --nproc-per-node 1 bench/bench_cuda_pi05.py --finetune full   # FSDP on one GPU
+    torchrun --nproc-per-node 1 bench/bench_cuda_pi05.py --finetune lora   # DDP on one GPU
+    torchrun --nproc-per-node 8 bench/bench_cuda_pi05.py --finetune full
+    torchrun --nproc-per-node 2 bench/bench_cuda_pi05.py --device cpu --model pi05-tiny --batch-size 4
 """
 
 from __future__ import annotations
@@ -26,8 +37,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_model import make_step, matmul_rate, median_seconds, step_flops
 
+from relay.optimizer import AdamParams
+from relay_engine.distributed import Parallel, batch_slice, choose_strategy, join, launched, leave
+from relay_engine.distributed.memory import plan_memory
 from relay_engine.models import Pi05Batch, build_policy
+from relay_engine.training.learner import Learner
 from relay_engine.tuning import apply_tuning
+
+# NVIDIA's H200 SXM dense bf16 tensor-core peak (989 TFLOP/s; the 1,979 figure assumes sparsity).
+H200_BF16_PEAK = 989e12
 
 
 def synthetic_batch(
@@ -67,7 +85,12 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=56)
     parser.add_argument("--lora-rank", type=int, default=32)
     parser.add_argument("--matmul-size", type=int, default=8192)
+    parser.add_argument("--finetune", default="lora", choices=["lora", "full"])
+    parser.add_argument("--strategy", default="auto", choices=["auto", "ddp", "fsdp"])
     args = parser.parse_args()
+    if launched():
+        distributed_main(args)
+        return
     cuda = args.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
         sys.exit("this benchmark needs a CUDA GPU (or pass --device cpu --model pi05-tiny for a smoke run)")
@@ -99,6 +122,66 @@ def main() -> None:
     print(f"  MFU: {achieved / matmul:.3f}")
     if cuda:
         print(f"  peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+
+
+def distributed_main(args: argparse.Namespace) -> None:
+    """One rank of a torchrun launch: the engine's distributed step, figures printed by rank 0."""
+    world = join(args.device if args.device == "cpu" else "auto")
+    cuda = world.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    strategy = choose_strategy(args.strategy, args.finetune)
+    plan = plan_memory(
+        apply_tuning(build_policy(args.model, device="meta"), args.finetune, lora_rank=args.lora_rank),
+        batch_size=args.batch_size,
+        gpus=world.size,
+        strategy=strategy,
+        device="cuda" if cuda else "cpu",
+    )
+    matmul = matmul_rate(
+        args.matmul_size if cuda else 1024,
+        torch.bfloat16 if cuda else torch.float32,
+        str(world.device),
+        repeats=20,
+    )
+    policy = apply_tuning(
+        build_policy(args.model, device=world.device), args.finetune, lora_rank=args.lora_rank
+    )
+    start, stop = batch_slice(args.batch_size, world.rank, world.size)
+    batch = synthetic_batch(policy, args.batch_size, args.prompt_tokens, args.cameras)
+    batch = batch._map(lambda t: t[start:stop]).to(world.device)
+    parallel = Parallel(policy, world, strategy)
+    learner = Learner(policy, seed=0, device=world.device, parallel=parallel)
+    adam = AdamParams(learning_rate=1e-5)
+
+    def step() -> None:
+        learner.forward_backward(batch)
+        learner.optim_step(adam)
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    flops = step_flops(step)  # this rank's share of the step
+    seconds = median_seconds(step, args.steps, warmup=3, sync=sync)
+    peak = torch.cuda.max_memory_allocated() if cuda else 0
+    peaks = parallel.sum([float(peak)])[0] / world.size
+    if world.is_main:
+        name = torch.cuda.get_device_name() if cuda else "cpu"
+        print(f"{args.model} {args.finetune} under {strategy.upper()} on {world.size} x {name}")
+        print(f"  global batch {args.batch_size} ({stop - start} on rank 0), median of {args.steps} steps")
+        print(f"  step: {seconds * 1e3:.1f} ms, {args.batch_size / seconds:.1f} samples/s")
+        achieved = flops / seconds
+        print(f"  per GPU: {achieved / 1e12:.2f} TFLOP/s achieved, {matmul / 1e12:.2f} measured matmul")
+        print(
+            f"  MFU vs measured matmul: {achieved / matmul:.3f}; "
+            f"vs H200 bf16 peak: {achieved / H200_BF16_PEAK:.3f}"
+        )
+        if cuda:
+            # The plan's flat overhead (CUDA context, workspaces) is not in the allocator's count.
+            planned = plan.total - plan.overhead
+            print(
+                f"  peak allocated per GPU (mean of ranks): {peaks / 2**30:.2f} GiB; plan without overhead "
+                f"{planned / 2**30:.2f} GiB (plan / measured {planned / max(peaks, 1):.2f})"
+            )
+    leave()
 
 
 if __name__ == "__main__":

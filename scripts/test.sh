@@ -21,5 +21,5 @@ ruff check .
 ruff format --check .
 lint-imports
 # The packages that type-check clean; api/relay_api and worker/relay_worker join when they do.
-mypy sdk/relay engine/relay_engine
+mypy sdk/relay engine/relay_engine api/relay_api worker/relay_worker
 pytest --durations=15 "$@"

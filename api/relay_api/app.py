@@ -119,11 +119,29 @@ async def _problem_answer(_request: Request, problem: APIProblem) -> JSONRespons
     return _answer(problem.status, problem.message, problem.param, problem.code, problem.headers)
 
 
-async def _http_answer(_request: Request, error: HTTPException) -> JSONResponse:
+async def _http_answer(request: Request, error: HTTPException) -> JSONResponse:
     message = error.detail if isinstance(error.detail, str) else json.dumps(error.detail)
+    headers = getattr(error, "headers", None)
     if error.status_code == 404 and message == "Not Found":
         message = "no such endpoint; see /docs"
-    return _answer(error.status_code, message, headers=getattr(error, "headers", None))
+    if error.status_code == 405:
+        allowed = _allowed_methods(request)
+        message = f"{request.method} is not allowed here; allowed: {', '.join(allowed)}"
+        headers = {name: value for name, value in (headers or {}).items() if name.lower() != "allow"}
+        headers["allow"] = ", ".join(allowed)
+    return _answer(error.status_code, message, code=getattr(error, "code", None), headers=headers)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method the document lists for this path (Starlette's 405 names only the first route's)."""
+    methods: set[str] = set()
+    for template, operations in request.app.openapi()["paths"].items():
+        pattern = re.sub(r"\\{[^}]+\\}", "[^/]+", re.escape(template))
+        if template.endswith("{path}"):  # a {path:path} parameter spans slashes
+            pattern = pattern.removesuffix("[^/]+") + ".+"
+        if re.fullmatch(pattern, request.url.path):
+            methods |= {method.upper() for method in operations}
+    return sorted(methods)
 
 
 async def _database_answer(_request: Request, error: SQLAlchemyError) -> JSONResponse:

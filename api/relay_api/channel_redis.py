@@ -18,6 +18,8 @@ so the stream's length is the number of calls waiting.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import redis
 import redis.asyncio as aioredis
 
@@ -105,7 +107,7 @@ class RedisApiChannel(ApiChannel):
         found = await self.redis.xread({_done(session_id): f"{seq - 1}-0"}, count=1, block=block or None)
         if not found:
             return None
-        payload: bytes | None = await self.redis.get(_result(session_id, seq))
+        payload = cast(bytes | None, await self.redis.get(_result(session_id, seq)))
         if payload is None:
             raise ResultGone(session_id, seq)
         return payload
@@ -130,12 +132,14 @@ class RedisWorkerChannel(WorkerChannel):
         found = self.redis.xread({_calls(session_id): f"{after}-0"}, count=1, block=block or None)
         if not found:
             return None
-        entry_id, fields = found[0][1][0]
+        # redis-py's types cover both decoded and raw answers; this client's are raw bytes.
+        entry: tuple[bytes, dict[bytes, bytes]] = cast(Any, found)[0][1][0]
+        entry_id, fields = entry
         seq = int(entry_id.split(b"-")[0])
         request_id = fields.get(b"r")
         payload = fields.get(b"p")
         if payload is None:
-            payload = self.redis.getdel(fields[b"b"])
+            payload = cast(bytes | None, self.redis.getdel(fields[b"b"]))
             if payload is None:  # expired: the session sat idle far past its timeout
                 raise RuntimeError(f"the body of call {seq} of session {session_id} is gone")
         return QueuedCall(seq=seq, request_id=request_id.decode() if request_id else None, payload=payload)

@@ -7,10 +7,10 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import orjson
-from sqlalchemy import DateTime, Engine, create_engine, event, text
+from sqlalchemy import CursorResult, DateTime, Engine, Result, create_engine, event, text
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
@@ -168,6 +168,11 @@ def database_now(factory: sessionmaker[Session]) -> dt.datetime:
             if known is None:
                 raise
     return utcnow() + known[0]
+
+
+def rows_changed(result: Result[Any]) -> int:
+    """How many rows an UPDATE or DELETE changed (its result is a CursorResult; the types say Result)."""
+    return cast(CursorResult[Any], result).rowcount
 
 
 def with_retries(operation: Callable[[], T], attempts: int = 5, first_wait: float = 0.2) -> T:

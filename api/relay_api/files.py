@@ -64,17 +64,21 @@ def checkpoint_files(work_dir: Path, checksums: ChecksumCache) -> list[dict[str,
         return []
     found: list[dict[str, Any]] = []
     for checkpoint in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if not (checkpoint / CHECKPOINT_MANIFEST).is_file():
+        try:
+            found += _files_of(checkpoint, root, checksums)
+        except FileNotFoundError:  # pruned while listed: it is gone, so it is not listed
             continue
-        for path in sorted(p for p in checkpoint.rglob("*") if p.is_file() and not p.name.startswith(".")):
-            relative = PurePosixPath(CHECKPOINTS, *path.relative_to(root).parts)
-            try:
-                size = path.stat().st_size
-                sha256 = checksums.sha256(path)
-            except FileNotFoundError:  # pruned while listed: it is gone, so it is not listed
-                continue
-            found.append({"path": str(relative), "bytes": size, "sha256": sha256})
     return found
+
+
+def _files_of(checkpoint: Path, root: Path, checksums: ChecksumCache) -> list[dict[str, Any]]:
+    if not (checkpoint / CHECKPOINT_MANIFEST).is_file():
+        return []
+    files = []
+    for path in sorted(p for p in checkpoint.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        relative = PurePosixPath(CHECKPOINTS, *path.relative_to(root).parts)
+        files.append({"path": str(relative), "bytes": path.stat().st_size, "sha256": checksums.sha256(path)})
+    return files
 
 
 def listing(job: dict[str, Any], work_dir: Path, checksums: ChecksumCache) -> list[dict[str, Any]]:

@@ -12,15 +12,16 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
-from relay_api.db import utcnow
+from relay_api.db import rows_changed, utcnow
 from relay_api.errors import APIProblem, not_found
 from relay_api.idempotency import insert_once, request_hash
-from relay_api.models import fine_tune_events, fine_tunes
+from relay_api.metrics import WORKER_MISSED_BEATS
+from relay_api.models import fine_tune_events, fine_tunes, worker_heartbeats
 from relay_api.pagination import newest_first
 from relay_api.schemas import FineTuneOut
 
@@ -69,6 +70,16 @@ def lease_lapsed_seconds(row: Mapping[str, Any]) -> float | None:
     return round(lapsed, 1) if lapsed > 0 else None
 
 
+# Events that can happen more than once at one step, once per attempt (a job retried twice before
+# its next checkpoint). Events are unique per (job, step, kind), so these are stored with their
+# attempt in the kind ("retry:3"), and shown without it.
+PER_ATTEMPT_EVENTS = ("retry", "resumed")
+
+
+def stored_kind(kind: str, attempt: int) -> str:
+    return f"{kind}:{attempt}" if kind in PER_ATTEMPT_EVENTS else kind
+
+
 def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
     """An event as the engine reported it (``{"step": 10, "loss": ...}``), with its id and time."""
     event: dict[str, Any] = {
@@ -79,8 +90,38 @@ def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
         **row["data"],
     }
     if row["kind"] != "metrics":
-        event["event"] = row["kind"]
+        event["event"] = row["kind"].partition(":")[0]
     return event
+
+
+def largest_worker_gpus(session: Session, reconcile_seconds: float) -> int | None:
+    """The most GPUs one live worker gives a job, per the workers' heartbeats; None when none is alive."""
+    horizon = utcnow() - dt.timedelta(seconds=WORKER_MISSED_BEATS * reconcile_seconds)
+    largest = session.execute(
+        select(func.max(worker_heartbeats.c.gpus)).where(worker_heartbeats.c.seen_at >= horizon)
+    ).scalar()
+    return None if largest is None else int(largest)
+
+
+def place_on_workers(session: Session, config: SFTConfig, reconcile_seconds: float) -> SFTConfig:
+    """Fill in `gpus` where the service chooses it, and refuse a job no worker could ever run.
+
+    A full fine-tune without `gpus` gets all the GPUs of the largest live worker (1 when none is
+    alive yet). A job asking for more than any live worker has is refused, naming `gpus`. With no
+    live worker nothing is known, so nothing is refused: the job waits for workers.
+    """
+    largest = largest_worker_gpus(session, reconcile_seconds)
+    if config.gpus is None:
+        return config.model_copy(update={"gpus": min(largest or 1, config.batch_size)})
+    if largest is not None and config.gpus > largest:
+        raise APIProblem(
+            400,
+            f"bad gpus: {config.gpus} (no worker can run it: the largest gives a job {largest}; a job "
+            "runs on the GPUs of one worker host)",
+            param="gpus",
+            code="no_worker_fits",
+        )
+    return config
 
 
 def create(
@@ -197,11 +238,13 @@ def cancel(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
                 code="job_finished",
             )
         if row["status"] == st.QUEUED:
-            moved = session.execute(
-                update(fine_tunes)
-                .where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.QUEUED)
-                .values(status=st.CANCELLED, cancel_requested_at=now, finished_at=now, updated_at=now)
-            ).rowcount
+            moved = rows_changed(
+                session.execute(
+                    update(fine_tunes)
+                    .where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.QUEUED)
+                    .values(status=st.CANCELLED, cancel_requested_at=now, finished_at=now, updated_at=now)
+                )
+            )
             if moved:
                 session.execute(
                     insert(fine_tune_events).values(
@@ -214,11 +257,13 @@ def cancel(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
                     )
                 )
         else:  # running
-            moved = session.execute(
-                update(fine_tunes)
-                .where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.RUNNING)
-                .values(status=st.CANCEL_REQUESTED, cancel_requested_at=now, updated_at=now)
-            ).rowcount
+            moved = rows_changed(
+                session.execute(
+                    update(fine_tunes)
+                    .where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.RUNNING)
+                    .values(status=st.CANCEL_REQUESTED, cancel_requested_at=now, updated_at=now)
+                )
+            )
         session.commit()
         if moved:
             return get(session, user_id, job_id)

@@ -69,23 +69,29 @@ def _look_up(state: Any, cache: KeyCache, key: str) -> int | None:
         return cache.look_up(db, key)
 
 
-def body_limit(settings: Settings, method: str, path: str) -> tuple[int, str]:
-    """The largest body a request may carry, and what to tell a caller who sends more."""
+def body_limit(settings: Settings, method: str, path: str) -> tuple[int, str, str]:
+    """The largest body a request may carry, and what to tell (message, code) a caller who sends more."""
     if method == "POST" and _CALL_PATH.match(path):
         limit = settings.session_max_call_bytes
-        return limit, (
+        message = (
             f"the call is larger than {limit} bytes (RELAY_SESSION_MAX_CALL_BYTES); send smaller batches "
             "(forward_backward accumulates gradients across calls)"
         )
+        return limit, message, "call_too_large"
     limit = settings.max_json_body_bytes
-    return limit, f"the request body is larger than {limit} bytes (RELAY_MAX_JSON_BODY_BYTES)"
+    return (
+        limit,
+        f"the request body is larger than {limit} bytes (RELAY_MAX_JSON_BODY_BYTES)",
+        "body_too_large",
+    )
 
 
 class BodyTooLarge(HTTPException):
     """Raised from `receive` when the bytes that arrived pass the limit; answered as a 413."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, code: str) -> None:
         super().__init__(413, message, headers={"connection": "close"})
+        self.code = code
 
 
 class Guard:
@@ -112,11 +118,11 @@ class Guard:
             return
         scope.setdefault("state", {})["user_id"] = user_id
 
-        limit, message = body_limit(settings, scope["method"], scope["path"])
+        limit, message, code = body_limit(settings, scope["method"], scope["path"])
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             if declared.isdigit():
-                await _refuse(scope, receive, send, 413, message, "body_too_large")
+                await _refuse(scope, receive, send, 413, message, code)
             else:
                 await _refuse(scope, receive, send, 400, "bad Content-Length header", "invalid_value")
             return
@@ -128,7 +134,7 @@ class Guard:
             if message_in["type"] == "http.request":
                 received += len(message_in.get("body", b""))
                 if received > limit:
-                    raise BodyTooLarge(message)
+                    raise BodyTooLarge(message, code)
             return message_in
 
         await self.app(scope, counted_receive, send)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     JSON,
@@ -14,6 +14,7 @@ from sqlalchemy import (
     LargeBinary,
     PrimaryKeyConstraint,
     String,
+    Table,
     Text,
     UniqueConstraint,
 )
@@ -170,12 +171,14 @@ class WorkerHeartbeat(Base):
     name: Mapped[str] = mapped_column(String(255), primary_key=True)  # host:pid of the main process
     started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     seen_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # The GPUs (or, on a CPU host, process slots) this worker gives one recipe job.
+    gpus: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
 
-users = User.__table__
-api_keys = ApiKey.__table__
-fine_tunes = FineTune.__table__
-fine_tune_events = FineTuneEvent.__table__
-training_sessions = TrainingSessionRow.__table__
-session_messages = SessionMessage.__table__
-worker_heartbeats = WorkerHeartbeat.__table__
+users = cast(Table, User.__table__)
+api_keys = cast(Table, ApiKey.__table__)
+fine_tunes = cast(Table, FineTune.__table__)
+fine_tune_events = cast(Table, FineTuneEvent.__table__)
+training_sessions = cast(Table, TrainingSessionRow.__table__)
+session_messages = cast(Table, SessionMessage.__table__)
+worker_heartbeats = cast(Table, WorkerHeartbeat.__table__)

@@ -40,7 +40,11 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/fine-tunes", tags=["fine-tunes"], responses=schemas.ERRORS)
 
 
-@router.post("", summary="Start a fine-tune", responses={200: {"model": schemas.FineTuneOut}})
+@router.post(
+    "",
+    summary="Start a fine-tune",
+    responses={200: {"model": schemas.FineTuneOut}, **schemas.IDEMPOTENCY_CONFLICT},
+)
 def create_fine_tune(
     config: Annotated[SFTConfig, Body()],
     user: CurrentUser,
@@ -59,6 +63,7 @@ def create_fine_tune(
             param="dataset_name",
             code="invalid_value",
         )
+    config = fine_tunes.place_on_workers(session, config, settings.reconcile_seconds)
     row, replayed = fine_tunes.create(session, user, config, idempotency_key)
     if not replayed:
         try:

@@ -4,7 +4,7 @@ plain dicts on their hot path (fine_tunes.event_object) and match EventOut (test
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,6 +41,8 @@ class FineTuneOut(BaseModel):
     targets: list[str] | None
     cameras: dict[str, str] | None
     name: str | None
+    gpus: int | None = None  # the processes (GPUs) the job runs on; None only for jobs older than the field
+    task: str | None = None
 
 
 class FineTuneList(BaseModel):
@@ -94,13 +96,23 @@ ERRORS: dict[int | str, dict[str, object]] = {
     400: {"model": ErrorOut, "description": "A bad request: the message names the field and the rule."},
     401: {"model": ErrorOut, "description": "A missing or wrong API key."},
     404: {"model": ErrorOut, "description": "No such fine-tune among yours."},
+    413: {"model": ErrorOut, "description": "The body is over the limit (the message says it)."},
+    503: {
+        "model": ErrorOut,
+        "description": "The service's database (or its queue) is away for the moment; send the request "
+        "again after `Retry-After` seconds.",
+        "headers": {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait."}},
+    },
+}
+IDEMPOTENCY_CONFLICT: dict[int | str, dict[str, object]] = {
+    409: {"model": ErrorOut, "description": "The Idempotency-Key was used before with another body."}
 }
 
 
 class SessionOut(BaseModel):
     """A training session: ``starting`` (waiting for a worker, then loading on ``worker``), ``ready``,
     ``closed`` or ``error`` (``error`` says why it ended). ``calls``, ``steps`` (optimizer steps) and
-    ``saved_states`` are counted by its worker and reported every few seconds and at the end."""
+    ``saved_states`` are counted by its worker and reported with each lease renewal and at the end."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -114,7 +126,7 @@ class SessionOut(BaseModel):
     targets: list[str]
     action_horizon: int
     codec: str
-    info: dict[str, object] | None
+    info: dict[str, Any] | None
     error: str | None
     worker: str | None
     calls: int

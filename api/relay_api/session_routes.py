@@ -26,6 +26,7 @@ from relay_api import schemas, sessions
 from relay_api.channel import ApiChannel, ChannelUnavailable, ResultGone, TooManyPending
 from relay_api.deps import CurrentUser, PublisherDep, ReadSessionDep, SessionDep, SettingsDep
 from relay_api.errors import APIProblem
+from relay_api.openapi import inline_schema
 from relay_api.params import CallNumber, CallNumberHeader, IdempotencyKey, PageAfter, PageLimit, SessionId
 from relay_api.responses import JSONResponse
 from relay_api.settings import Settings
@@ -35,19 +36,24 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/sessions", tags=["training sessions"], responses=schemas.ERRORS)
 
 
-@router.post("", summary="Start a training session", responses={200: {"model": schemas.SessionOut}})
+@router.post(
+    "",
+    summary="Start a training session",
+    responses={200: {"model": schemas.SessionOut}, **schemas.IDEMPOTENCY_CONFLICT},
+    # The body is parsed by SessionConfig itself (for its messages); the document shows its schema.
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": inline_schema(SessionConfig)}},
+        }
+    },
+)
 def create_session(
     user: CurrentUser,
     session: SessionDep,
     publisher: PublisherDep,
     settings: SettingsDep,
-    body: Annotated[
-        Any,
-        Body(
-            description="The session's settings: base_model, finetune, lora_rank, lora_alpha, "
-            "targets, action_horizon, codec."
-        ),
-    ] = None,
+    body: Annotated[Any, Body(include_in_schema=False)] = None,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Answer at once with the session (`starting`); poll it until a worker has it `ready`."""

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from relay.training import status as st
 from relay.training.config import SessionConfig, with_current_names
-from relay_api.db import utcnow
+from relay_api.db import rows_changed, utcnow
 from relay_api.errors import APIProblem
 from relay_api.fine_tunes import iso
 from relay_api.idempotency import insert_once, request_hash
@@ -136,11 +136,13 @@ def end_if_worker_lost(session: Session, row: dict[str, Any]) -> dict[str, Any]:
     if not worker_lost(row):
         return row
     now = utcnow()
-    moved = session.execute(
-        update(table)
-        .where(table.c.id == row["id"], table.c.status.in_(st.LIVE), table.c.lease_until < now)
-        .values(status=st.ERROR, error=WORKER_LOST, ended_at=now, updated_at=now, lease_until=None)
-    ).rowcount
+    moved = rows_changed(
+        session.execute(
+            update(table)
+            .where(table.c.id == row["id"], table.c.status.in_(st.LIVE), table.c.lease_until < now)
+            .values(status=st.ERROR, error=WORKER_LOST, ended_at=now, updated_at=now, lease_until=None)
+        )
+    )
     session.commit()
     if moved:
         return {**row, "status": st.ERROR, "error": WORKER_LOST, "ended_at": now, "lease_until": None}
@@ -199,17 +201,19 @@ def request_close(session: Session, user_id: int, session_id: str) -> tuple[dict
     row = get(session, user_id, session_id)
     now = utcnow()
     if row["status"] == st.STARTING:
-        moved = session.execute(
-            update(table)
-            .where(table.c.id == session_id, table.c.status == st.STARTING)
-            .values(
-                status=st.CLOSED,
-                error="closed by its client before it was ready",
-                ended_at=now,
-                updated_at=now,
-                close_requested_at=now,
+        moved = rows_changed(
+            session.execute(
+                update(table)
+                .where(table.c.id == session_id, table.c.status == st.STARTING)
+                .values(
+                    status=st.CLOSED,
+                    error="closed by its client before it was ready",
+                    ended_at=now,
+                    updated_at=now,
+                    close_requested_at=now,
+                )
             )
-        ).rowcount
+        )
         session.commit()
         if moved:
             return get(session, user_id, session_id), False

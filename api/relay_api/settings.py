@@ -48,6 +48,11 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1)
     # GPUs for a worker's processes, one each: "0,1,2,3" with `celery worker -c 4`. Empty: leave as is.
     worker_gpus: str = ""
+    # GPUs this worker gives one recipe job, started as that many processes through
+    # torch.distributed.run (on a host without CUDA, processes on its CPU, over gloo). Such a worker
+    # runs with `-c 1` and sees all those GPUs (RELAY_WORKER_GPUS empty). Workers report it in their
+    # heartbeats; the API refuses a job that asks for more than any live worker has.
+    worker_slots: int = Field(1, ge=1)
 
     # Training-loop sessions: their own queue on the same workers, one session per worker process.
     session_queue: str = "relay.sessions"

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from relay.catalog import ACTION_HORIZON
+from relay.catalog import ACTION_HORIZON, RELATIONAL_MODELS
 from relay.optimizer import AdamParams
 from relay.sft.config import SFTConfig
 from relay_engine.datasets import open_dataset
@@ -94,7 +94,7 @@ class Recipe:
         engine settings that shape training. Where it runs, how often it reports, and how many
         processes run it and share the model may change (checkpoints reshard)."""
         fixed = {
-            **self.config.model_dump(exclude={"name"}),
+            **self.config.model_dump(exclude={"name", "gpus"}),
             "action_horizon": self.action_horizon,
             "checkpoint_every": self.checkpoint_every,
             "seed": self.seed,
@@ -135,6 +135,13 @@ def run_recipe(
     run stopped by `should_stop` saves a checkpoint at the step it reached (a local run's
     Ctrl-C), so that the same command again loses nothing."""
     stopping = checkpoint_on_stop
+    if recipe.config.model in RELATIONAL_MODELS:  # RT-J: one process, its own data and step
+        from relay_engine.relational.recipe import run_relational_recipe
+
+        output = Path(output_dir) if output_dir is not None else Path(work_dir) / "output"
+        return run_relational_recipe(
+            recipe, Path(work_dir), on_event, should_stop, output, checkpoint_on_stop
+        )
     if not launched():
         return _run(recipe, work_dir, None, on_event, should_stop, dataset_cache_dir, output_dir, stopping)
     # A caller that joined the group itself (to run several recipes in one launch) keeps it.

@@ -15,7 +15,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+)
 
 from relay import catalog
 from relay.errors import ConfigError
@@ -47,10 +55,49 @@ def _known_targets(value: list[str] | None) -> list[str] | None:
     return value
 
 
-ModelName = Annotated[str, AfterValidator(_known_model)]
-FinetuneMethod = Annotated[str, AfterValidator(_known_method)]
-TargetNames = Annotated[list[str] | None, AfterValidator(_known_targets)]
-LoraRank = Annotated[int, Field(strict=True, ge=1, le=catalog.LORA_RANK_MAX)]
+def whole_float_to_int(value: Any) -> Any:
+    # JSON has one kind of number, and JSON Schema calls 51.0 an integer; so do we.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# The JSON Schema of each type says what its validators enforce, so that the API's OpenAPI document
+# accepts exactly what the API does.
+ModelName = Annotated[
+    str, AfterValidator(_known_model), WithJsonSchema({"type": "string", "enum": list(catalog.MODELS)})
+]
+FinetuneMethod = Annotated[
+    str,
+    AfterValidator(_known_method),
+    WithJsonSchema({"type": "string", "enum": list(catalog.FINETUNE_METHODS)}),
+]
+TargetNames = Annotated[
+    list[str] | None,
+    AfterValidator(_known_targets),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {
+                    "type": "array",
+                    "items": {"type": "string", "enum": list(catalog.TARGETS)},
+                    "minItems": 1,
+                    "uniqueItems": True,
+                },
+                {"type": "null"},
+            ]
+        }
+    ),
+]
+WholeNumber = Annotated[int, BeforeValidator(whole_float_to_int)]
+# Text with no control characters (what has_control_characters refuses), as a JSON Schema pattern.
+PLAIN_TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*$"
+# The same, with at least one character that is not blank.
+NOT_BLANK_TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"
+# The Field before the validator: so the bounds stay in the JSON Schema as minimum and maximum.
+LoraRank = Annotated[
+    int, Field(strict=True, ge=1, le=catalog.LORA_RANK_MAX), BeforeValidator(whole_float_to_int)
+]
 # None until the config fills it in with the rank.
 LoraAlpha = Annotated[float | None, Field(strict=True, gt=0, allow_inf_nan=False)]
 

@@ -13,6 +13,13 @@ MODELS: tuple[str, ...] = ("pi05", "pi05-tiny")
 # RT-J, the relational transformer, for tasks on relational databases: `rt-j` has the published
 # dimensions (85,562,530 weights in Stanford's layout); `rt-j-tiny` is the same network, small.
 RELATIONAL_MODELS: tuple[str, ...] = ("rt-j", "rt-j-tiny")
+# What a recipe job can fine-tune: both families. (Training-loop sessions: MODELS.)
+RECIPE_MODELS: tuple[str, ...] = (*MODELS, *RELATIONAL_MODELS)
+
+
+def is_relational(model: str) -> bool:
+    return model in RELATIONAL_MODELS
+
 
 # pi0.5 always has these three camera slots; a slot with no image is masked.
 MODEL_CAMERAS: tuple[str, ...] = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
@@ -48,6 +55,8 @@ DEFAULT_LORA_TARGETS: tuple[str, ...] = ("action_expert.attn", "action_expert.ml
 DEFAULT_FULL_TARGETS: tuple[str, ...] = ("all",)
 
 FINETUNE_METHODS: tuple[str, ...] = ("lora", "full")
+# How the processes of one job share the model: auto picks fsdp for full and ddp for lora.
+STRATEGIES: tuple[str, ...] = ("auto", "ddp", "fsdp")
 
 # The LoRA adapters' rank: 1 to LORA_RANK_MAX; LORA_RANK_DEFAULT where a recipe or session names none.
 LORA_RANK_DEFAULT = 32

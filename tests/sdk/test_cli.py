@@ -203,6 +203,7 @@ def test_sessions_commands(
         assert [(s["id"], s["status"], s["lora_rank"]) for s in listed] == [(session_id, "ready", 4)]
         table = run("sessions", "list")
         assert session_id in table and "ready" in table and "lora r4" in table
+        assert all(column in table for column in ("calls", "steps", "states"))
         assert "pi05-tiny" in run("sessions", "show", session_id)
         assert json.loads(run("sessions", "show", session_id, "--json"))["status"] == "ready"
 

@@ -98,16 +98,15 @@ def test_the_job_its_methods_and_finding_it_again(sdk_env: str, worker: WorkerPr
     assert job.status == "completed" and job.output_dir
 
     events = job.events()
-    assert events[0] == {
-        "step": 10,
-        "loss": events[0]["loss"],
-        "grad_norm": events[0]["grad_norm"],
-        "lr": events[0]["lr"],
-        "skipped": events[0]["skipped"],
-        "steps_per_second": events[0]["steps_per_second"],
-        "samples_per_second": events[0]["samples_per_second"],
-        "data_wait": events[0]["data_wait"],
+    # The spec's fields, plus the throughput figures the console and /metrics read.
+    assert set(events[0]) - {"steps_per_second", "samples_per_second", "data_wait"} == {
+        "step",
+        "loss",
+        "grad_norm",
+        "lr",
+        "skipped",
     }
+    assert events[0]["step"] == 10
     assert events[-1] == {"step": 10, "event": "finished"}
 
     assert retrieve(job.id).to_dict() == job.to_dict()

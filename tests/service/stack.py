@@ -232,10 +232,12 @@ class Stack:
                 self._worker.wait_ready()
             return self._worker
 
-    def start_standby_worker(self) -> WorkerProcess:
-        """A second worker, starting now (not waited for); `adopt` makes it the shared one."""
+    def start_standby_worker(self, **settings: str) -> WorkerProcess:
+        """A second worker, starting now (not waited for); `adopt` makes it the shared one.
+
+        `settings` are its own RELAY_ variables (RELAY_WORKER_SLOTS="2", say)."""
         standby = WorkerProcess(
-            {**os.environ, **self.env_settings}, self.root / f"worker-{uuid.uuid4().hex[:6]}.log"
+            {**os.environ, **self.env_settings, **settings}, self.root / f"worker-{uuid.uuid4().hex[:6]}.log"
         )
         standby.start()
         self._standbys.append(standby)

@@ -96,7 +96,10 @@ def test_a_bad_config_is_400_in_the_peers_shape_and_creates_nothing(
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"dataset_name": "x"}, "missing model (required; it must be one of pi05, pi05-tiny)"),
+        (
+            {"dataset_name": "x"},
+            "missing model (required; it must be one of pi05, pi05-tiny, rt-j, rt-j-tiny)",
+        ),
         ({"model": "pi05"}, "missing dataset_name (required"),
         ([GOOD], "the config must be an object with the recipe's fields"),
         ("pi05", "the config must be an object with the recipe's fields"),

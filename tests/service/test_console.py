@@ -95,6 +95,13 @@ def test_sign_in_start_a_job_watch_its_loss_and_download_the_model(
     saved = tmp_path / "model.safetensors"
     started.value.save_as(saved)
     assert hashlib.sha256(saved.read_bytes()).hexdigest() == shown_sha
+    # A checkpoint's file too; its sha256 is the one shown.
+    manifest = page.locator("tr[data-file$='manifest.json']").first
+    with page.expect_download() as started:
+        manifest.locator("button").click()
+    started.value.save_as(tmp_path / "manifest.json")
+    digest = hashlib.sha256((tmp_path / "manifest.json").read_bytes()).hexdigest()
+    expect(manifest.locator("[data-sha256]")).to_have_text(digest)
 
     # The table lists it, newest first, with its progress and last loss.
     page.click("nav >> text=Fine-tunes")
@@ -215,4 +222,24 @@ def test_sessions_table_and_page_with_close(browser: Browser, stack: Stack, user
     expect(page.locator("table[data-testid=states]")).to_contain_text("None saved yet")
     page.click("h1 button:has-text('Close')")
     expect(page.locator("h1 .status")).to_have_text("closed")
+    assert fence.refused == []
+
+
+def test_the_jobs_table_pages_with_the_cursor_and_refreshes_itself(
+    browser: Browser, stack: Stack, user: tuple[str, str]
+) -> None:
+    origin = stack.parked_api_url
+    created = [api_create(origin, user[1], name=f"job-{n}")["id"] for n in range(21)]
+    page, fence = fenced_page(browser, origin)
+    sign_in(page, origin, user[1])
+    rows = page.locator("table[data-testid=jobs] tbody tr[data-job]")
+    expect(rows).to_have_count(20)
+    assert rows.first.get_attribute("data-job") == created[-1]  # newest first
+    page.click("button:has-text('Older')")
+    expect(rows).to_have_count(1)
+    assert rows.first.get_attribute("data-job") == created[0]
+    page.click("button:has-text('Newer')")
+    expect(rows).to_have_count(20)
+    newest = api_create(origin, user[1], name="while-watching")["id"]
+    expect(rows.first).to_have_attribute("data-job", newest)  # no reload: the table refreshed itself
     assert fence.refused == []

@@ -57,6 +57,7 @@ def test_a_job_whose_worker_is_killed_resumes_from_its_last_checkpoint(
     standby = stack.start_standby_worker()
     wait_for(lambda: checkpoint_steps(stack, job.id), 180, "the job's first checkpoint", every=0.02)
     worker.kill()  # SIGKILL, the worker and its pool process at once
+    killed_at = dt.datetime.now(dt.UTC)
     last_checkpoint = max(checkpoint_steps(stack, job.id))
     assert job.refresh().status == "running", "the job ended before the kill; make it longer"
     assert last_checkpoint < 40
@@ -76,6 +77,12 @@ def test_a_job_whose_worker_is_killed_resumes_from_its_last_checkpoint(
     resumed = next(e for e in events if e.get("event") == "resumed")
     # From the checkpoint last reported before the kill (or one written in the instant before it).
     assert resumed["attempt"] == 2 and resumed["step"] in (last_checkpoint, last_checkpoint + 10)
+    resumed_after = dt.datetime.fromisoformat(resumed.created_at or "") - killed_at
+    print(
+        f"\nSIGKILL at step {last_checkpoint}+: resumed from step {resumed['step']} "
+        f"{resumed_after.total_seconds():.1f} s later (lease {stack.settings.lease_seconds:.0f} s, "
+        f"reconciler every {stack.settings.reconcile_seconds:.0f} s)"
+    )
     assert events[-1] == {"step": 40, "event": "finished"}
 
 

@@ -64,7 +64,16 @@ def test_a_body_over_the_limit_is_413_naming_the_limit(parked: TestClient, alice
 
     headers = {**alice, "content-type": "application/json"}
     error = error_of(parked.post("/v1/fine-tunes", content=chunks(), headers=headers), 413)
-    assert str(limit) in error["message"]
+    assert str(limit) in error["message"] and error["code"] == "body_too_large"
+
+
+def test_a_session_call_has_its_own_larger_limit(parked: TestClient, alice: dict[str, str]) -> None:
+    limit = parked.app.state.settings.session_max_call_bytes  # type: ignore[attr-defined]
+    headers = {**alice, "x-relay-seq": "1", "content-type": "application/octet-stream"}
+    headers["content-length"] = str(limit + 1)  # refused on the header alone: nothing is sent
+    response = parked.post("/v1/sessions/ses-none/calls", content=b"", headers=headers)
+    error = error_of(response, 413)
+    assert error["code"] == "call_too_large" and str(limit) in error["message"]
 
 
 def test_the_key_is_checked_before_the_body_is_read(parked: TestClient) -> None:
@@ -273,3 +282,51 @@ def test_a_running_job_without_a_live_worker_shows_how_long_ago_its_lease_lapsed
     assert shown["status"] == "running" and 89 <= shown["lease_lapsed_seconds"] < 120
     row.update(lease_until=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=30))
     assert fine_tunes.job_object(row)["lease_lapsed_seconds"] is None  # a live lease
+
+
+def test_a_405_lists_every_method_the_path_takes(parked: TestClient, alice: dict[str, str]) -> None:
+    for method, path, allowed in [
+        ("DELETE", "/v1/fine-tunes", "GET, POST"),
+        ("GET", "/v1/fine-tunes/ft-1/cancel", "POST"),
+        ("POST", "/v1/fine-tunes/ft-1/files/checkpoints/a/b", "GET"),
+    ]:
+        response = parked.request(method, path, headers=alice)
+        assert response.status_code == 405 and response.headers.get_list("allow") == [allowed], (
+            response.headers
+        )
+        assert allowed in error_of(response, 405)["message"]
+
+
+def test_the_document_refuses_what_the_api_refuses(parked: TestClient) -> None:
+    """Bodies the API refuses were valid by the old document (see also tests/service/test_schema_fuzz.py)."""
+    document = parked.get("/openapi.json").json()
+    recipe = document["components"]["schemas"]["SFTConfig"]["properties"]
+    assert recipe["model"]["enum"] and recipe["dataset_name"]["minLength"] == 1
+    assert recipe["targets"]["anyOf"][0]["minItems"] == 1 and recipe["cameras"]["minProperties"] == 1
+    session_body = document["paths"]["/v1/sessions"]["post"]["requestBody"]
+    assert (
+        session_body["required"]
+        and "base_model" in session_body["content"]["application/json"]["schema"]["required"]
+    )
+    after = next(p for p in document["paths"]["/v1/fine-tunes"]["get"]["parameters"] if p["name"] == "after")
+    assert after["schema"]["anyOf"][0]["pattern"]  # so after="" is invalid by the document too
+
+
+def test_a_second_retry_at_the_same_step_is_its_own_event(
+    stack: Stack, parked: TestClient, alice: dict[str, str]
+) -> None:
+    from relay_api.db import utcnow
+    from relay_worker.lifecycle import _insert_event
+
+    job = parked.post("/v1/fine-tunes", json=GOOD, headers=alice).json()
+    with stack.sessions() as db:  # as the reconciler writes them: two lapsed attempts, one step
+        for attempt in (1, 2):
+            _insert_event(
+                db, job["id"], 0, "retry", attempt, {"attempt": attempt + 1, "reason": "x"}, utcnow()
+            )
+        _insert_event(db, job["id"], 0, "retry", 2, {"attempt": 3, "reason": "x"}, utcnow())  # a repeat
+        db.commit()
+    events = parked.get(f"/v1/fine-tunes/{job['id']}/events", headers=alice).json()["data"]
+    retries = [(e["event"], e["attempt"]) for e in events if e.get("event") == "retry"]
+    assert retries == [("retry", 2), ("retry", 3)]  # both reported, the repeat once
+    parked.post(f"/v1/fine-tunes/{job['id']}/cancel", headers=alice)

@@ -95,8 +95,8 @@ def test_a_job_runs_to_completion_with_its_events_and_files(
 
     # Every listed file has its sha256, checkpoint files too, and the download carries the same one.
     assert all(isinstance(f["sha256"], str) and len(f["sha256"]) == 64 for f in files.values())
-    # Checkpoints are sharded (a directory of torch.distributed.checkpoint files): take the first file.
-    checkpoint = next(p for p in sorted(files) if p.startswith("checkpoints/step-"))
+    # A shard of the trainable weights and moments (torch.distributed.checkpoint's file).
+    checkpoint = next(p for p in files if p.startswith("checkpoints/") and p.endswith(".distcp"))
     answer = httpx.get(f"{client.base_url}/v1/fine-tunes/{job.id}/files/{checkpoint}", headers=headers)
     assert answer.status_code == 200
     assert answer.headers["x-checksum-sha256"] == hashlib.sha256(answer.content).hexdigest()

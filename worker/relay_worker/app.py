@@ -54,13 +54,13 @@ class Reconciler(threading.Thread):
         self.broker = BrokerWatch(settings.broker_url)
 
     def run(self) -> None:
-        sessions = session_factory(settings)
+        db_sessions = session_factory(settings)
         name, started_at = worker_name(), utcnow()
-        self._beat(sessions, name, started_at)
+        self._beat(db_sessions, name, started_at)
         while not self.stopping.wait(settings.reconcile_seconds):
-            self._beat(sessions, name, started_at)
+            self._beat(db_sessions, name, started_at)
             try:
-                report = reconcile(sessions, settings, publish, self.broker.started_at())
+                report = reconcile(db_sessions, settings, publish, self.broker.started_at())
             except Exception:
                 log.exception("reconciler pass failed; trying again in %ss", settings.reconcile_seconds)
                 continue
@@ -68,7 +68,7 @@ class Reconciler(threading.Thread):
                 for job_id in getattr(report, kind):
                     log.info("reconciler: %s %s", kind, job_id)
             try:
-                for session_id in session_lifecycle.reconcile(sessions, settings):
+                for session_id in session_lifecycle.reconcile(db_sessions, settings):
                     log.info("reconciler: ended session %s", session_id)
             except Exception:
                 log.exception("reconciler pass over sessions failed")
@@ -76,7 +76,7 @@ class Reconciler(threading.Thread):
     @staticmethod
     def _beat(sessions: Any, name: str, started_at: Any) -> None:
         try:
-            heartbeat.beat(sessions, name, started_at)
+            heartbeat.beat(sessions, name, started_at, settings.worker_slots)
         except Exception:  # only /metrics' count of live workers depends on it
             log.warning("could not write this worker's heartbeat", exc_info=True)
 

@@ -26,9 +26,10 @@ from relay_api.files import output_manifest
 from relay_api.settings import Settings, get_settings
 from relay_engine.errors import EngineError
 from relay_engine.paths import cache_dir_or_default
-from relay_engine.recipe import Recipe, run_recipe
+from relay_engine.recipe import Recipe, RecipeResult, run_recipe
 from relay_engine.training.checkpoint import CheckpointStore
 from relay_worker import lifecycle, shutdown
+from relay_worker.launched import run_on_processes
 from relay_worker.lifecycle import Claim, FencedOut
 
 log = logging.getLogger("relay_worker")
@@ -230,7 +231,7 @@ def _run(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper
             window_loss["loss"] = event["loss"]
         keeper.add_event(_plain(event))
 
-    def end(operation: Callable[[], str]) -> str:
+    def end(operation: Callable[[], T]) -> T:
         keeper.flush()
         return keeper.until_lease_lapses(operation)
 
@@ -240,13 +241,26 @@ def _run(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper
             on_event({"step": resumed_from, "event": "resumed", "attempt": claim.attempt})
     try:
         recipe = Recipe.from_config(claim.config, checkpoint_every=settings.checkpoint_every)
-        result = run_recipe(
-            recipe,
-            work_dir,
-            on_event=on_event,
-            should_stop=keeper.should_stop,
-            dataset_cache_dir=settings.dataset_cache_dir,
-        )
+        processes = int(claim.config.get("gpus") or 1)
+        if processes > 1:
+            outcome = run_on_processes(
+                recipe, processes, work_dir, settings.dataset_cache_dir, on_event, keeper.should_stop
+            )
+            result = RecipeResult(
+                outcome["status"],
+                outcome["step"],
+                outcome["loss"],
+                outcome["output_dir"],
+                outcome["resumed_from"],
+            )
+        else:
+            result = run_recipe(
+                recipe,
+                work_dir,
+                on_event=on_event,
+                should_stop=keeper.should_stop,
+                dataset_cache_dir=settings.dataset_cache_dir,
+            )
     except FencedOut:
         raise
     except EngineError as error:
@@ -256,7 +270,7 @@ def _run(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper
     except Exception as error:
         log.exception("%s: attempt %d failed; giving the job back", claim.job_id, claim.attempt)
         reason = public_message(f"{type(error).__name__}: {error}", settings)
-        end(lambda: lifecycle.release(db_sessions, claim, reason) or "")
+        end(lambda: lifecycle.release(db_sessions, claim, reason))
         return "given back"
 
     if keeper.lost:
@@ -271,7 +285,7 @@ def _run(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper
         return end(lambda: lifecycle.complete(db_sessions, claim, result.step, loss, output_dir, files))
     if keeper.cancel_requested:
         return end(lambda: lifecycle.cancelled(db_sessions, claim, result.step))
-    end(lambda: lifecycle.hand_back(db_sessions, claim) or "")
+    end(lambda: lifecycle.hand_back(db_sessions, claim))
     log.info("%s: stopped at step %d for the worker's shutdown; given back", claim.job_id, result.step)
     return "given back"
 
@@ -293,7 +307,7 @@ def _last_checkpoint_step(work_dir: Path) -> int | None:
     try:
         store = CheckpointStore(work_dir / "checkpoints")
         latest = store.latest()
-        return None if latest is None else int(store.manifest(latest)["step"])  # type: ignore[call-overload]
+        return None if latest is None else int(str(store.manifest(latest)["step"]))
     except Exception:  # the engine decides about odd checkpoint dirs; this is only a report
         return None
 

@@ -5,24 +5,25 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import delete, insert, update
+from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
 from relay_api.db import utcnow
-from relay_api.models import worker_heartbeats
+from relay_api.models import WorkerHeartbeat
 
 # Rows of workers gone this long are removed (each start of a worker process writes a new one).
 FORGET_AFTER = dt.timedelta(days=1)
 
 
-def beat(sessions: sessionmaker[Session], name: str, started_at: dt.datetime) -> None:
-    """Note that worker `name` is alive now."""
+def beat(sessions: sessionmaker[Session], name: str, started_at: dt.datetime, gpus: int = 1) -> None:
+    """Note that worker `name` is alive now, and gives a job `gpus` GPUs (processes)."""
     now = utcnow()
     with sessions() as session:
-        seen = session.execute(
-            update(worker_heartbeats).where(worker_heartbeats.c.name == name).values(seen_at=now)
-        ).rowcount
-        if not seen:
-            session.execute(insert(worker_heartbeats).values(name=name, started_at=started_at, seen_at=now))
-            session.execute(delete(worker_heartbeats).where(worker_heartbeats.c.seen_at < now - FORGET_AFTER))
+        row = session.get(WorkerHeartbeat, name)
+        if row is None:
+            session.add(WorkerHeartbeat(name=name, started_at=started_at, seen_at=now, gpus=gpus))
+            session.execute(delete(WorkerHeartbeat).where(WorkerHeartbeat.seen_at < now - FORGET_AFTER))
+        else:
+            row.seen_at = now
+            row.gpus = gpus
         session.commit()

@@ -22,7 +22,8 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from relay.sft import status as st
-from relay_api.db import database_now, with_retries
+from relay_api.db import database_now, rows_changed, with_retries
+from relay_api.fine_tunes import stored_kind
 from relay_api.models import fine_tune_events, fine_tunes
 from relay_api.settings import Settings
 
@@ -67,13 +68,13 @@ def _owned(claim: Claim) -> Any:
     )
 
 
-def claim(sessions: sessionmaker[Session], settings: Settings, job_id: str, owner: str) -> Claim | None:
+def claim(db_sessions: sessionmaker[Session], settings: Settings, job_id: str, owner: str) -> Claim | None:
     """Take the job if it is queued, or running with a lapsed lease, and has attempts left."""
 
     def run() -> Claim | None:
-        now = database_now(sessions)
-        with sessions() as session:
-            row = session.execute(
+        now = database_now(db_sessions)
+        with db_sessions() as db:
+            row = db.execute(
                 update(fine_tunes)
                 .where(
                     fine_tunes.c.id == job_id,
@@ -97,7 +98,7 @@ def claim(sessions: sessionmaker[Session], settings: Settings, job_id: str, owne
                 )
                 .returning(fine_tunes.c.attempt, fine_tunes.c.user_id, fine_tunes.c.config, fine_tunes.c.step)
             ).first()
-            session.commit()
+            db.commit()
             if row is None:
                 return None
             return Claim(job_id, row.attempt, row.user_id, row.config, row.step)
@@ -105,19 +106,19 @@ def claim(sessions: sessionmaker[Session], settings: Settings, job_id: str, owne
     return with_retries(run)
 
 
-def renew(sessions: sessionmaker[Session], settings: Settings, claim: Claim) -> JobState:
+def renew(db_sessions: sessionmaker[Session], settings: Settings, claim: Claim) -> JobState:
     """Extend the lease (the heartbeat) and read whether a cancel was asked for."""
 
     def run() -> JobState:
-        now = database_now(sessions)
-        with sessions() as session:
-            status = session.execute(
+        now = database_now(db_sessions)
+        with db_sessions() as db:
+            status = db.execute(
                 update(fine_tunes)
                 .where(_owned(claim))
                 .values(lease_until=_lease(settings, now))
                 .returning(fine_tunes.c.status)
             ).scalar()
-            session.commit()
+            db.commit()
         if status is None:
             raise FencedOut(claim.job_id)
         return JobState(status)
@@ -126,7 +127,7 @@ def renew(sessions: sessionmaker[Session], settings: Settings, claim: Claim) -> 
 
 
 def record_event(
-    sessions: sessionmaker[Session], settings: Settings, claim: Claim, event: dict[str, Any]
+    db_sessions: sessionmaker[Session], settings: Settings, claim: Claim, event: dict[str, Any]
 ) -> JobState:
     """Write one of the engine's events and the job's progress, as this attempt; once per (step, kind)."""
     step = int(event["step"])
@@ -134,38 +135,39 @@ def record_event(
     data = {k: v for k, v in event.items() if k not in ("step", "event")}
 
     def run() -> JobState:
-        now = database_now(sessions)
+        now = database_now(db_sessions)
         progress: dict[str, Any] = {"step": step, "updated_at": now, "lease_until": _lease(settings, now)}
         if kind == "metrics" and data.get("loss") is not None:
             progress["loss"] = float(data["loss"])
-        with sessions() as session:
-            status = session.execute(
+        with db_sessions() as db:
+            status = db.execute(
                 update(fine_tunes).where(_owned(claim)).values(progress).returning(fine_tunes.c.status)
             ).scalar()
             if status is None:
-                session.rollback()
+                db.rollback()
                 raise FencedOut(claim.job_id)
-            _insert_event(session, claim.job_id, step, kind, claim.attempt, data, now)
-            session.commit()
+            _insert_event(db, claim.job_id, step, kind, claim.attempt, data, now)
+            db.commit()
         return JobState(status)
 
     return with_retries(run)
 
 
 def _insert_event(
-    session: Session, job_id: str, step: int, kind: str, attempt: int, data: dict[str, Any], now: dt.datetime
+    db: Session, job_id: str, step: int, kind: str, attempt: int, data: dict[str, Any], now: dt.datetime
 ) -> None:
     values = {
         "job_id": job_id,
         "step": step,
-        "kind": kind,
+        # A second retry (or resume) at the same step is an event of its own, not a duplicate.
+        "kind": stored_kind(kind, int(data.get("attempt", attempt))),
         "attempt": attempt,
         "data": data,
         "created_at": now,
     }
-    dialect = session.get_bind().dialect.name
+    dialect = db.get_bind().dialect.name
     builder = pg_insert if dialect == "postgresql" else sqlite_insert
-    session.execute(
+    db.execute(
         builder(fine_tune_events)
         .values(values)
         .on_conflict_do_nothing(index_elements=["job_id", "step", "kind"])
@@ -173,7 +175,7 @@ def _insert_event(
 
 
 def complete(
-    sessions: sessionmaker[Session],
+    db_sessions: sessionmaker[Session],
     claim: Claim,
     step: int,
     loss: float | None,
@@ -183,60 +185,62 @@ def complete(
     """The engine finished and wrote the output: `completed` (or `cancelled`, if a cancel came first)."""
 
     def run() -> str:
-        now = database_now(sessions)
-        with sessions() as session:
-            moved = session.execute(
-                update(fine_tunes)
-                .where(_owned(claim), fine_tunes.c.status == st.RUNNING)
-                .values(
-                    status=st.COMPLETED,
-                    step=step,
-                    loss=loss,
-                    output_dir=output_dir,
-                    files=files,
-                    finished_at=now,
-                    updated_at=now,
-                    lease_until=None,
+        now = database_now(db_sessions)
+        with db_sessions() as db:
+            moved = rows_changed(
+                db.execute(
+                    update(fine_tunes)
+                    .where(_owned(claim), fine_tunes.c.status == st.RUNNING)
+                    .values(
+                        status=st.COMPLETED,
+                        step=step,
+                        loss=loss,
+                        output_dir=output_dir,
+                        files=files,
+                        finished_at=now,
+                        updated_at=now,
+                        lease_until=None,
+                    )
                 )
-            ).rowcount
-            session.commit()
+            )
+            db.commit()
         return st.COMPLETED if moved else ""
 
     if with_retries(run):
         return st.COMPLETED
-    return _end_cancelled_or_fenced(sessions, claim, step)
+    return _end_cancelled_or_fenced(db_sessions, claim, step)
 
 
-def fail(sessions: sessionmaker[Session], claim: Claim, message: str) -> str:
+def fail(db_sessions: sessionmaker[Session], claim: Claim, message: str) -> str:
     """End the job in `error` with a message for the user (or `cancelled`, if a cancel came first)."""
 
     def run() -> str:
-        now = database_now(sessions)
-        with sessions() as session:
-            step = session.execute(
+        now = database_now(db_sessions)
+        with db_sessions() as db:
+            step = db.execute(
                 update(fine_tunes)
                 .where(_owned(claim), fine_tunes.c.status == st.RUNNING)
                 .values(status=st.ERROR, error=message, finished_at=now, updated_at=now, lease_until=None)
                 .returning(fine_tunes.c.step)
             ).scalar()
             if step is not None:
-                _insert_event(session, claim.job_id, step, "error", claim.attempt, {"message": message}, now)
-            session.commit()
+                _insert_event(db, claim.job_id, step, "error", claim.attempt, {"message": message}, now)
+            db.commit()
         return st.ERROR if step is not None else ""
 
     if with_retries(run):
         return st.ERROR
-    return _end_cancelled_or_fenced(sessions, claim, None)
+    return _end_cancelled_or_fenced(db_sessions, claim, None)
 
 
-def cancelled(sessions: sessionmaker[Session], claim: Claim, step: int | None) -> str:
+def cancelled(db_sessions: sessionmaker[Session], claim: Claim, step: int | None) -> str:
     """The engine stopped because a cancel was asked for: `cancelled`."""
-    return _end_cancelled_or_fenced(sessions, claim, step)
+    return _end_cancelled_or_fenced(db_sessions, claim, step)
 
 
-def _end_cancelled_or_fenced(sessions: sessionmaker[Session], claim: Claim, step: int | None) -> str:
+def _end_cancelled_or_fenced(db_sessions: sessionmaker[Session], claim: Claim, step: int | None) -> str:
     def run() -> bool:
-        now = database_now(sessions)
+        now = database_now(db_sessions)
         values: dict[str, Any] = {
             "status": st.CANCELLED,
             "finished_at": now,
@@ -245,16 +249,16 @@ def _end_cancelled_or_fenced(sessions: sessionmaker[Session], claim: Claim, step
         }
         if step is not None:
             values["step"] = step
-        with sessions() as session:
-            final_step = session.execute(
+        with db_sessions() as db:
+            final_step = db.execute(
                 update(fine_tunes)
                 .where(_owned(claim), fine_tunes.c.status == st.CANCEL_REQUESTED)
                 .values(values)
                 .returning(fine_tunes.c.step)
             ).scalar()
             if final_step is not None:
-                _insert_event(session, claim.job_id, final_step, "cancelled", claim.attempt, {}, now)
-            session.commit()
+                _insert_event(db, claim.job_id, final_step, "cancelled", claim.attempt, {}, now)
+            db.commit()
         return final_step is not None
 
     if with_retries(run):
@@ -262,26 +266,26 @@ def _end_cancelled_or_fenced(sessions: sessionmaker[Session], claim: Claim, step
     raise FencedOut(claim.job_id)
 
 
-def release(sessions: sessionmaker[Session], claim: Claim, reason: str) -> None:
+def release(db_sessions: sessionmaker[Session], claim: Claim, reason: str) -> None:
     """Give the job up after a failure (an infrastructure fault): its lease lapses now, so the
     reconciler hands it to a new attempt, or fails it when no attempts are left."""
-    _give_back(sessions, claim, {"last_failure": reason[:2000]})
+    _give_back(db_sessions, claim, {"last_failure": reason[:2000]})
 
 
-def hand_back(sessions: sessionmaker[Session], claim: Claim, reason: str = "its worker shut down") -> None:
+def hand_back(db_sessions: sessionmaker[Session], claim: Claim, reason: str = "its worker shut down") -> None:
     """Give the job back for a reason that is not the job's fault (its worker is shutting down, the
     database was away); another attempt resumes it, and this claim does not count against max_attempts."""
-    _give_back(sessions, claim, {"last_failure": reason[:2000], "handovers": fine_tunes.c.handovers + 1})
+    _give_back(db_sessions, claim, {"last_failure": reason[:2000], "handovers": fine_tunes.c.handovers + 1})
 
 
-def _give_back(sessions: sessionmaker[Session], claim: Claim, values: dict[str, Any]) -> None:
+def _give_back(db_sessions: sessionmaker[Session], claim: Claim, values: dict[str, Any]) -> None:
     def run() -> None:
-        now = database_now(sessions)
-        with sessions() as session:
-            session.execute(
+        now = database_now(db_sessions)
+        with db_sessions() as db:
+            db.execute(
                 update(fine_tunes).where(_owned(claim)).values(lease_until=now, updated_at=now, **values)
             )
-            session.commit()
+            db.commit()
 
     with_retries(run)
 
@@ -295,7 +299,7 @@ class ReconcileReport:
 
 
 def reconcile(
-    sessions: sessionmaker[Session],
+    db_sessions: sessionmaker[Session],
     settings: Settings,
     publish: Callable[[str], None],
     broker_started_at: dt.datetime | None = None,
@@ -306,15 +310,15 @@ def reconcile(
     then may have been lost with a restart that kept nothing, so it is published again at once
     rather than after `republish_seconds`."""
     report = ReconcileReport([], [], [], [])
-    now = database_now(sessions)
+    now = database_now(db_sessions)
     lapsed = or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now)
-    with sessions() as session:
+    with db_sessions() as db:
         # Accepted, but never handed to the broker (the API died in between, or the broker was down);
         # or handed over long ago, and the message may be gone (a Redis restart).
         grace = now - dt.timedelta(seconds=min(settings.reconcile_seconds, 5.0))
         stale = _republish_before(settings, now, broker_started_at)
         waiting = (
-            session.execute(
+            db.execute(
                 select(fine_tunes.c.id).where(
                     or_(
                         fine_tunes.c.status == st.QUEUED,
@@ -331,7 +335,7 @@ def reconcile(
             .all()
         )
         # Running, but its worker stopped renewing the lease (killed, lost, or gave it back).
-        expired = session.execute(
+        expired = db.execute(
             select(
                 fine_tunes.c.id,
                 fine_tunes.c.attempt,
@@ -341,13 +345,13 @@ def reconcile(
             ).where(fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until < now)
         ).all()
         # A cancel was asked for and the worker is gone: nothing is left to stop.
-        orphaned_cancels = session.execute(
+        orphaned_cancels = db.execute(
             select(fine_tunes.c.id, fine_tunes.c.attempt).where(
                 fine_tunes.c.status == st.CANCEL_REQUESTED, lapsed
             )
         ).all()
         # Out of attempts (e.g. a worker gave the job back on its last attempt).
-        exhausted = session.execute(
+        exhausted = db.execute(
             select(
                 fine_tunes.c.id,
                 fine_tunes.c.attempt,
@@ -363,16 +367,18 @@ def reconcile(
 
     for job_id in waiting:
         # Take the job's turn to be published first, so that of many reconcilers one publishes it.
-        with sessions() as session:
-            taken = session.execute(
-                update(fine_tunes)
-                .where(
-                    fine_tunes.c.id == job_id,
-                    or_(fine_tunes.c.enqueued_at.is_(None), fine_tunes.c.enqueued_at < stale),
+        with db_sessions() as db:
+            taken = rows_changed(
+                db.execute(
+                    update(fine_tunes)
+                    .where(
+                        fine_tunes.c.id == job_id,
+                        or_(fine_tunes.c.enqueued_at.is_(None), fine_tunes.c.enqueued_at < stale),
+                    )
+                    .values(enqueued_at=database_now(db_sessions))
                 )
-                .values(enqueued_at=database_now(sessions))
-            ).rowcount
-            session.commit()
+            )
+            db.commit()
         if taken:
             publish(job_id)
             report.published.append(job_id)
@@ -381,39 +387,41 @@ def reconcile(
         reason = last_failure or f"the worker of attempt {attempt} stopped responding (killed or lost)"
         if failed >= settings.max_attempts:
             message = f"gave up after {failed} failed attempts; the last one ended with: {reason}"
-            if _end_exhausted(sessions, job_id, attempt, step, message):
+            if _end_exhausted(db_sessions, job_id, attempt, step, message):
                 report.failed.append(job_id)
             continue
-        with sessions() as session:
-            moved = session.execute(
-                update(fine_tunes)
-                .where(
-                    fine_tunes.c.id == job_id,
-                    fine_tunes.c.attempt == attempt,
-                    fine_tunes.c.status == st.RUNNING,
-                    fine_tunes.c.lease_until < database_now(sessions),
+        with db_sessions() as db:
+            moved = rows_changed(
+                db.execute(
+                    update(fine_tunes)
+                    .where(
+                        fine_tunes.c.id == job_id,
+                        fine_tunes.c.attempt == attempt,
+                        fine_tunes.c.status == st.RUNNING,
+                        fine_tunes.c.lease_until < database_now(db_sessions),
+                    )
+                    .values(lease_until=None, enqueued_at=database_now(db_sessions), last_failure=reason)
                 )
-                .values(lease_until=None, enqueued_at=database_now(sessions), last_failure=reason)
-            ).rowcount
+            )
             if moved:
                 _insert_event(
-                    session,
+                    db,
                     job_id,
                     step,
                     "retry",
                     attempt,
                     {"attempt": attempt + 1, "reason": reason},
-                    database_now(sessions),
+                    database_now(db_sessions),
                 )
-            session.commit()
+            db.commit()
         if moved:  # published by the one reconciler whose update moved it
             publish(job_id)
             report.resumed.append(job_id)
 
     for job_id, attempt in orphaned_cancels:
-        with sessions() as session:
-            when = database_now(sessions)
-            final_step = session.execute(
+        with db_sessions() as db:
+            when = database_now(db_sessions)
+            final_step = db.execute(
                 update(fine_tunes)
                 .where(
                     fine_tunes.c.id == job_id,
@@ -425,8 +433,8 @@ def reconcile(
                 .returning(fine_tunes.c.step)
             ).scalar()
             if final_step is not None:
-                _insert_event(session, job_id, final_step, "cancelled", attempt, {}, when)
-            session.commit()
+                _insert_event(db, job_id, final_step, "cancelled", attempt, {}, when)
+            db.commit()
         if final_step is not None:
             report.cancelled.append(job_id)
     return report
@@ -445,21 +453,23 @@ def _republish_before(
 
 
 def _end_exhausted(
-    sessions: sessionmaker[Session], job_id: str, attempt: int, step: int, message: str
+    db_sessions: sessionmaker[Session], job_id: str, attempt: int, step: int, message: str
 ) -> bool:
-    with sessions() as session:
-        now = database_now(sessions)
-        moved = session.execute(
-            update(fine_tunes)
-            .where(
-                fine_tunes.c.id == job_id,
-                fine_tunes.c.attempt == attempt,
-                fine_tunes.c.status == st.RUNNING,
-                or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now),
+    with db_sessions() as db:
+        now = database_now(db_sessions)
+        moved = rows_changed(
+            db.execute(
+                update(fine_tunes)
+                .where(
+                    fine_tunes.c.id == job_id,
+                    fine_tunes.c.attempt == attempt,
+                    fine_tunes.c.status == st.RUNNING,
+                    or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now),
+                )
+                .values(status=st.ERROR, error=message, finished_at=now, updated_at=now, lease_until=None)
             )
-            .values(status=st.ERROR, error=message, finished_at=now, updated_at=now, lease_until=None)
-        ).rowcount
+        )
         if moved:
-            _insert_event(session, job_id, step, "error", attempt, {"message": message}, now)
-        session.commit()
+            _insert_event(db, job_id, step, "error", attempt, {"message": message}, now)
+        db.commit()
     return bool(moved)

@@ -24,6 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from relay.errors import ConfigError
@@ -61,7 +62,7 @@ class SessionKeeper(threading.Thread):
         super().__init__(name=f"lease-{claim.session_id}", daemon=True)
         self.settings = settings
         self.claim = claim
-        self.sessions = session_factory(settings)
+        self.db_sessions = session_factory(settings)
         self.close_requested = False
         self.lost = False
         self.last_contact: dt.datetime = utcnow()
@@ -71,7 +72,7 @@ class SessionKeeper(threading.Thread):
     def run(self) -> None:
         while not self._stopping.wait(self.settings.heartbeat_seconds):
             try:
-                state = lifecycle.renew(self.sessions, self.settings, self.claim, self.counts)
+                state = lifecycle.renew(self.db_sessions, self.settings, self.claim, self.counts)
             except FencedOut:
                 self.lost = True
                 return
@@ -91,8 +92,8 @@ class SessionKeeper(threading.Thread):
 def run_session(session_id: str, settings: Settings | None = None) -> str:
     """Host the session if this delivery can claim it; returns what happened, for the task's log."""
     settings = settings or get_settings()
-    sessions = session_factory(settings)
-    claim = lifecycle.claim(sessions, settings, session_id, worker_name())
+    db_sessions = session_factory(settings)
+    claim = lifecycle.claim(db_sessions, settings, session_id, worker_name())
     if claim is None:
         return "not claimed: the session is taken or ended"
     keeper = SessionKeeper(settings, claim)
@@ -100,7 +101,7 @@ def run_session(session_id: str, settings: Settings | None = None) -> str:
     channel = worker_channel(settings)
     status, reason = st.ERROR, "the worker failed unexpectedly"
     try:
-        status, reason = _host(settings, sessions, claim, keeper, channel)
+        status, reason = _host(settings, db_sessions, claim, keeper, channel)
         return f"{status}: {reason}"
     except Exception as error:
         log.exception("session %s failed", session_id)
@@ -111,13 +112,15 @@ def run_session(session_id: str, settings: Settings | None = None) -> str:
         with contextlib.suppress(Exception):
             channel.clear(session_id)
         # A session its client closed ended as it should: its `error` stays empty.
-        lifecycle.end(sessions, claim, status, None if reason == CLOSED_BY_CLIENT else reason, keeper.counts)
+        lifecycle.end(
+            db_sessions, claim, status, None if reason == CLOSED_BY_CLIENT else reason, keeper.counts
+        )
         channel.close()
         log.info("session %s ended %s: %s", session_id, status, reason)
 
 
 def _host(
-    settings: Settings, sessions: Any, claim: SessionClaim, keeper: SessionKeeper, channel: WorkerChannel
+    settings: Settings, db_sessions: Any, claim: SessionClaim, keeper: SessionKeeper, channel: WorkerChannel
 ) -> tuple[str, str]:
     config = with_current_names(claim.config)
     spec = SessionSpec(
@@ -133,7 +136,7 @@ def _host(
         training = TrainingSession(spec, device="cuda" if torch.cuda.is_available() else "cpu")
     except EngineError as error:
         return st.ERROR, f"could not load the model: {error}"
-    if not lifecycle.mark_ready(sessions, settings, claim, training.info):
+    if not lifecycle.mark_ready(db_sessions, settings, claim, training.info):
         return st.CLOSED, "closed before it was ready"
     keeper.last_contact = utcnow()  # the idle clock starts now; loading was not the client's silence
     log.info("session %s: ready (%s)", claim.session_id, training.info)
@@ -281,7 +284,7 @@ class SessionHost:
 
     def _backward_custom(self, request: dict[str, Any]) -> Any:
         grad = request.get("grad")
-        if not hasattr(grad, "shape"):
+        if not isinstance(grad, np.ndarray):
             raise ConfigError("backward_custom needs grad, the gradient of the loss with respect to velocity")
         metrics = {str(k): float(v) for k, v in dict(request.get("metrics") or {}).items()}
         return self.training.backward_custom(grad, float(request.get("loss", 0.0)), metrics)

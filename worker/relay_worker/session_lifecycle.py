@@ -17,7 +17,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from relay.training import status as st
-from relay_api.db import database_now, with_retries
+from relay_api.db import database_now, rows_changed, with_retries
 from relay_api.models import training_sessions as table
 from relay_api.sessions import WORKER_LOST
 from relay_api.settings import Settings
@@ -62,27 +62,27 @@ def _owned(claim: SessionClaim) -> Any:
 
 
 def claim(
-    sessions: sessionmaker[Session], settings: Settings, session_id: str, worker: str
+    db_sessions: sessionmaker[Session], settings: Settings, session_id: str, worker: str
 ) -> SessionClaim | None:
     """Take the session if it is starting and nobody holds it."""
 
     def run() -> SessionClaim | None:
-        now = database_now(sessions)
-        with sessions() as session:
-            row = session.execute(
+        now = database_now(db_sessions)
+        with db_sessions() as db:
+            row = db.execute(
                 update(table)
                 .where(table.c.id == session_id, table.c.status == st.STARTING, table.c.worker.is_(None))
                 .values(worker=worker, lease_until=_lease(settings, now), updated_at=now)
                 .returning(table.c.user_id, table.c.config)
             ).first()
-            session.commit()
+            db.commit()
         return None if row is None else SessionClaim(session_id, worker, row.user_id, row.config)
 
     return with_retries(run)
 
 
 def renew(
-    sessions: sessionmaker[Session],
+    db_sessions: sessionmaker[Session],
     settings: Settings,
     claim: SessionClaim,
     counts: SessionCounts | None = None,
@@ -91,15 +91,15 @@ def renew(
     still in touch or asked to close."""
 
     def run() -> SessionState:
-        now = database_now(sessions)
-        with sessions() as session:
-            row = session.execute(
+        now = database_now(db_sessions)
+        with db_sessions() as db:
+            row = db.execute(
                 update(table)
                 .where(_owned(claim))
                 .values(lease_until=_lease(settings, now), **(counts.values() if counts else {}))
                 .returning(table.c.status, table.c.last_contact_at, table.c.close_requested_at)
             ).first()
-            session.commit()
+            db.commit()
         if row is None:
             raise FencedOut(claim.session_id)
         return SessionState(row.status, row.last_contact_at, row.close_requested_at is not None)
@@ -108,34 +108,36 @@ def renew(
 
 
 def mark_ready(
-    sessions: sessionmaker[Session], settings: Settings, claim: SessionClaim, info: dict[str, Any]
+    db_sessions: sessionmaker[Session], settings: Settings, claim: SessionClaim, info: dict[str, Any]
 ) -> bool:
     """The model is loaded; False if the session was closed (or lost) meanwhile. The idle clock
     starts now: loading is not the client's silence."""
 
     def run() -> bool:
-        now = database_now(sessions)
-        with sessions() as session:
-            moved = session.execute(
-                update(table)
-                .where(_owned(claim), table.c.status == st.STARTING)
-                .values(
-                    status=st.READY,
-                    info=info,
-                    ready_at=now,
-                    updated_at=now,
-                    last_contact_at=now,
-                    lease_until=_lease(settings, now),
+        now = database_now(db_sessions)
+        with db_sessions() as db:
+            moved = rows_changed(
+                db.execute(
+                    update(table)
+                    .where(_owned(claim), table.c.status == st.STARTING)
+                    .values(
+                        status=st.READY,
+                        info=info,
+                        ready_at=now,
+                        updated_at=now,
+                        last_contact_at=now,
+                        lease_until=_lease(settings, now),
+                    )
                 )
-            ).rowcount
-            session.commit()
+            )
+            db.commit()
         return bool(moved)
 
     return with_retries(run)
 
 
 def end(
-    sessions: sessionmaker[Session],
+    db_sessions: sessionmaker[Session],
     claim: SessionClaim,
     status: str,
     message: str | None,
@@ -146,34 +148,36 @@ def end(
     assert status in st.ENDED
 
     def run() -> bool:
-        now = database_now(sessions)
-        with sessions() as session:
-            moved = session.execute(
-                update(table)
-                .where(_owned(claim))
-                .values(
-                    status=status,
-                    error=message,
-                    ended_at=now,
-                    updated_at=now,
-                    lease_until=None,
-                    **(counts.values() if counts else {}),
+        now = database_now(db_sessions)
+        with db_sessions() as db:
+            moved = rows_changed(
+                db.execute(
+                    update(table)
+                    .where(_owned(claim))
+                    .values(
+                        status=status,
+                        error=message,
+                        ended_at=now,
+                        updated_at=now,
+                        lease_until=None,
+                        **(counts.values() if counts else {}),
+                    )
                 )
-            ).rowcount
-            session.commit()
+            )
+            db.commit()
         return bool(moved)
 
     return with_retries(run)
 
 
-def reconcile(sessions: sessionmaker[Session], settings: Settings) -> list[str]:
+def reconcile(db_sessions: sessionmaker[Session], settings: Settings) -> list[str]:
     """End sessions whose worker is gone, and sessions that did not start in time; returns their ids."""
-    now = database_now(sessions)
+    now = database_now(db_sessions)
     too_old = now - dt.timedelta(seconds=settings.session_start_seconds)
     ended: list[str] = []
-    with sessions() as session:
+    with db_sessions() as db:
         lost = (
-            session.execute(
+            db.execute(
                 select(table.c.id).where(
                     table.c.status.in_(st.LIVE), table.c.worker.is_not(None), table.c.lease_until < now
                 )
@@ -182,33 +186,37 @@ def reconcile(sessions: sessionmaker[Session], settings: Settings) -> list[str]:
             .all()
         )
         stale = (
-            session.execute(
-                select(table.c.id).where(table.c.status == st.STARTING, table.c.created_at < too_old)
-            )
+            db.execute(select(table.c.id).where(table.c.status == st.STARTING, table.c.created_at < too_old))
             .scalars()
             .all()
         )
     for session_id in lost:
-        if _end_unless_moved(sessions, session_id, WORKER_LOST, table.c.lease_until < database_now(sessions)):
+        if _end_unless_moved(
+            db_sessions, session_id, WORKER_LOST, table.c.lease_until < database_now(db_sessions)
+        ):
             ended.append(session_id)
     reason = (
         f"no worker started it within {settings.session_start_seconds:.0f} s (every worker was busy, "
         "or none was running)"
     )
     for session_id in stale:
-        alive = or_(table.c.worker.is_(None), table.c.lease_until < database_now(sessions))
-        if _end_unless_moved(sessions, session_id, reason, and_(table.c.status == st.STARTING, alive)):
+        alive = or_(table.c.worker.is_(None), table.c.lease_until < database_now(db_sessions))
+        if _end_unless_moved(db_sessions, session_id, reason, and_(table.c.status == st.STARTING, alive)):
             ended.append(session_id)
     return ended
 
 
-def _end_unless_moved(sessions: sessionmaker[Session], session_id: str, message: str, condition: Any) -> bool:
-    now = database_now(sessions)
-    with sessions() as session:
-        moved = session.execute(
-            update(table)
-            .where(table.c.id == session_id, table.c.status.in_(st.LIVE), condition)
-            .values(status=st.ERROR, error=message, ended_at=now, updated_at=now, lease_until=None)
-        ).rowcount
-        session.commit()
+def _end_unless_moved(
+    db_sessions: sessionmaker[Session], session_id: str, message: str, condition: Any
+) -> bool:
+    now = database_now(db_sessions)
+    with db_sessions() as db:
+        moved = rows_changed(
+            db.execute(
+                update(table)
+                .where(table.c.id == session_id, table.c.status.in_(st.LIVE), condition)
+                .values(status=st.ERROR, error=message, ended_at=now, updated_at=now, lease_until=None)
+            )
+        )
+        db.commit()
     return bool(moved)

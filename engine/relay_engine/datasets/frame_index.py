@@ -9,9 +9,10 @@ files. One frame is then a few `os.pread` calls: no per-process copy of the data
 
 The cost is disk: the index holds a second copy of the image bytes (about the size of the
 parquet files). It lives in the cache, keyed by the dataset's content (the meta files' bytes and
-each data file's size and mtime), is built in a temporary directory and renamed into place (the
-rename is what marks it complete), under a file lock so that workers opening the same dataset at
-once build it once.
+each data file's size and parquet footer), replaces the dataset's older indexes, and is kept to
+the cache's size limit (relay_engine.datasets.frame_cache). It is built in a temporary directory
+and renamed into place (the rename is what marks it complete), under a file lock so that workers
+opening the same dataset at once build it once.
 
 Layout of `<cache>/frames/<key>/`:
     summary.json                 DatasetSummary
@@ -38,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from filelock import FileLock
 
+from relay_engine.datasets import frame_cache
 from relay_engine.datasets.meta import DatasetMeta
 from relay_engine.datasets.norm_stats import NormStats, compute_norm_stats
 from relay_engine.datasets.summary import DatasetSummary
@@ -47,6 +49,7 @@ from relay_engine.errors import DatasetError
 # Bump when the layout changes: old indexes are then rebuilt, not misread.
 FORMAT = "relay-frame-index-1"
 SUMMARY = "summary.json"
+SOURCE = "source.json"  # which dataset (name, root directory) an index was built from
 NORM_STATS = "norm_stats.json"
 # Rows per read while copying images: bounds memory to a few dozen frames per camera.
 COPY_BATCH_ROWS = 64
@@ -54,18 +57,34 @@ STREAM_BUFFER = 1 << 20
 
 
 def fingerprint(meta: DatasetMeta) -> str:
-    """A key for the dataset's content: the meta files, and each data file's path, size and mtime."""
+    """A key for the dataset's content: the meta files, and each data file's size and parquet footer
+    (its schema, row groups and their statistics: it changes with the data, and costs one small read
+    at the file's end). Touching a file, or copying the dataset without keeping times, keeps the key."""
     digest = hashlib.sha256(FORMAT.encode())
     for relative in ("meta/info.json", "meta/tasks.jsonl", "meta/episodes.jsonl"):
         digest.update(relative.encode() + b"\0" + (meta.root / relative).read_bytes())
     for episode in meta.episodes:
         relative = meta.data_file(episode.index)
-        try:
-            stat = (meta.root / relative).stat()
-            digest.update(f"{relative}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
-        except OSError:
-            digest.update(f"{relative}\0missing\0".encode())
+        digest.update(f"{relative}\0".encode() + _parquet_footer(meta.root / relative) + b"\0")
     return digest.hexdigest()[:32]
+
+
+def _parquet_footer(path: Path) -> bytes:
+    """The file's size and its footer's bytes; b"missing" or b"unreadable" when it has none."""
+    try:
+        with open(path, "rb") as file:
+            size = file.seek(0, os.SEEK_END)
+            if size < 12:
+                return b"unreadable"
+            file.seek(size - 8)
+            tail = file.read(8)
+            length = int.from_bytes(tail[:4], "little")
+            if tail[4:] != b"PAR1" or length > size - 12:
+                return b"unreadable"
+            file.seek(size - 8 - length)
+            return str(size).encode() + b"\0" + file.read(length)
+    except FileNotFoundError:
+        return b"missing"
 
 
 def ensure_frame_index(meta: DatasetMeta, name: str, cache: Path) -> Path:
@@ -89,10 +108,15 @@ def ensure_frame_index(meta: DatasetMeta, name: str, cache: Path) -> Path:
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
             _write(staging, inspection.meta, inspection.summary, inspection.columns, name)
+            (staging / SOURCE).write_text(json.dumps({"dataset": name, "root": str(meta.root.resolve())}))
             staging.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
             os.replace(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+    # A new index of a dataset replaces the old ones (of its earlier content), and the cache keeps
+    # to its size limit.
+    frame_cache.remove_older_copies(cache, target)
+    frame_cache.prune(cache, frame_cache.limit_bytes(), keep=target)
     return target
 
 
@@ -181,6 +205,8 @@ class FrameIndex:
     def __init__(self, directory: Path) -> None:
         self._descriptors: dict[Path, int] = {}
         self.directory = directory
+        # Held while open (and by forked readers, which share it): pruning leaves an index in use alone.
+        self._in_use = frame_cache.hold(directory)
         self.summary = DatasetSummary.from_dict(json.loads((directory / SUMMARY).read_text()))
         self.norm_stats = NormStats.from_json((directory / NORM_STATS).read_text())
         # Per-episode arrays are small (one entry per episode) and kept in memory.
@@ -232,11 +258,20 @@ class FrameIndex:
         for descriptor in self._descriptors.values():
             os.close(descriptor)
         self._descriptors = {}
+        in_use = getattr(self, "_in_use", None)
+        if in_use is not None:
+            os.close(in_use)
+            self._in_use = None
 
     def __getstate__(self) -> dict[str, object]:
         state = self.__dict__.copy()
         state["_descriptors"] = {}
+        state["_in_use"] = None
         return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._in_use = frame_cache.hold(self.directory)  # an unpickled copy holds its own
 
     def __del__(self) -> None:
         self.close()

@@ -8,15 +8,20 @@ dot in the image (and read the prompt when there are several tasks).
 - state: the gripper's position (x, y) in [-1, 1]; wider states add fixed smooth functions of it.
 - action: the step the gripper takes, `GAIN * (target - position)`; wider actions add fixed linear
   mixes of that same offset, so every action dimension needs the target too.
-- cameras: the first camera sees the whole plane; the others are "wrist" views centred on the
-  gripper at twice the zoom. The dot's radius is a tenth of the view, so it stays visible
-  after a policy resizes the image to a few dozen pixels.
+- cameras: the first camera sees the plane from `top_view` (centre and zoom; by default the
+  whole plane); the others are "wrist" views centred on the gripper at `wrist_zoom`. The dot's
+  radius is a tenth of the plane, so it stays visible after a policy resizes the image to a few
+  dozen pixels.
+- variants: which colours are the tasks (`colours`), `distractors` (extra dots of colours no task
+  names), camera placement (`top_view`, `wrist_zoom`) and the widths make a family of related
+  tasks; the pi05-tiny base is pretrained on many of them (scripts/pretrain_tiny.py), and the
+  demo fine-tunes it on one it never saw.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +64,10 @@ def write_synthetic_dataset(
     seed: int = 0,
     noise: int = 0,
     overwrite: bool = False,
+    colours: Sequence[str] | None = None,
+    distractors: int = 0,
+    top_view: tuple[float, float, float] = (0.0, 0.0, 1.0),
+    wrist_zoom: float = WRIST_ZOOM,
 ) -> Path:
     """Write the dataset into `out_dir` (which must be empty or absent, unless `overwrite`); returns it.
 
@@ -66,12 +75,18 @@ def write_synthetic_dataset(
     `cameras` maps feature names (`observation.images.<name>`) to (height, width). `noise` adds
     uniform pixel noise of that amplitude, which makes the PNGs as large and as slow to decode as
     camera frames (the benchmarks use it; the default keeps the dataset small and quick to write).
+    `colours` names the tasks' colours (default: the first `num_tasks` of COLOURS); `distractors`
+    adds that many dots of other colours; `top_view` is the first camera's (centre x, centre y,
+    zoom) and `wrist_zoom` the other cameras' zoom.
     """
     cameras = dict(DEFAULT_CAMERAS if cameras is None else cameras)
     low, high = (episode_length, episode_length) if isinstance(episode_length, int) else episode_length
-    _check_options(episodes, low, high, cameras, state_dim, action_dim, num_tasks, fps, noise)
+    colours = list(COLOURS)[:num_tasks] if colours is None else list(colours)
+    _check_options(episodes, low, high, cameras, state_dim, action_dim, len(colours), fps, noise)
+    _check_variant(colours, distractors, top_view, wrist_zoom)
+    num_tasks = len(colours)
+    others = [colour for colour in COLOURS if colour not in colours]
     rng = np.random.default_rng(seed)
-    colours = list(COLOURS)[:num_tasks]
     # Fixed per dataset, so the extra state and action dimensions are the same functions everywhere.
     state_mix = rng.normal(size=(state_dim - 2, 2))
     action_mix = rng.normal(size=(action_dim - 2, 2)) * 0.5
@@ -90,7 +105,10 @@ def write_synthetic_dataset(
         for episode_index in range(episodes):
             length = int(rng.integers(low, high + 1))
             task_index = episode_index % num_tasks
-            dots = _place_dots(rng, num_tasks)
+            shown = (
+                colours + [str(c) for c in rng.permutation(others)[:distractors]] if distractors else colours
+            )
+            dots = _place_dots(rng, len(shown))
             start = rng.uniform(-0.8, 0.8, size=2)
             background = rng.integers(90, 170, size=3)
             positions, steps = _trajectory(start, dots[task_index], length)
@@ -99,7 +117,18 @@ def write_synthetic_dataset(
             images = {
                 camera: [
                     encode_png(
-                        render(size, position, dots, colours, background, wrist=i > 0, noise=noise, rng=rng)
+                        render(
+                            size,
+                            position,
+                            dots,
+                            shown,
+                            background,
+                            wrist=i > 0,
+                            noise=noise,
+                            rng=rng,
+                            top_view=top_view,
+                            wrist_zoom=wrist_zoom,
+                        )
                     )
                     for position in positions
                 ]
@@ -152,10 +181,15 @@ def render(
     wrist: bool,
     noise: int,
     rng: np.random.Generator,
+    top_view: tuple[float, float, float] = (0.0, 0.0, 1.0),
+    wrist_zoom: float = WRIST_ZOOM,
 ) -> np.ndarray:
     """One uint8 (H, W, 3) view of the plane: the dots, the gripper ring, and `noise`."""
     height, width = size
-    centre, zoom = (position, WRIST_ZOOM) if wrist else (np.zeros(2), 1.0)
+    if wrist:
+        centre, zoom = position, wrist_zoom
+    else:
+        centre, zoom = np.asarray(top_view[:2], dtype=float), top_view[2]
     # Plane coordinates of each pixel centre; the shorter side spans the view.
     scale = 2.0 / (zoom * min(height, width))
     xs = (np.arange(width) + 0.5 - width / 2) * scale + centre[0]
@@ -170,6 +204,27 @@ def render(
     if noise:
         image += rng.integers(-noise, noise + 1, size=image.shape, dtype=np.int16)
     return np.clip(image, 0, 255).astype(np.uint8)
+
+
+def _check_variant(
+    colours: list[str], distractors: int, top_view: tuple[float, float, float], wrist_zoom: float
+) -> None:
+    unknown = [colour for colour in colours if colour not in COLOURS]
+    if unknown or len(set(colours)) != len(colours):
+        raise ConfigError(
+            f"colours must be distinct names from: {', '.join(COLOURS)}; got {', '.join(colours)}"
+        )
+    if not 0 <= distractors <= len(COLOURS) - len(colours):
+        raise ConfigError(
+            f"distractors must be 0 to {len(COLOURS) - len(colours)} (the colours no task names), "
+            f"got {distractors}"
+        )
+    if len(top_view) != 3 or not 0.5 <= top_view[2] <= 4 or max(abs(top_view[0]), abs(top_view[1])) > 1:
+        raise ConfigError(
+            f"top_view must be (x, y, zoom) with |x|, |y| <= 1 and zoom 0.5 to 4, got {top_view}"
+        )
+    if not 0.5 <= wrist_zoom <= 4:
+        raise ConfigError(f"wrist_zoom must be 0.5 to 4, got {wrist_zoom}")
 
 
 def _check_options(

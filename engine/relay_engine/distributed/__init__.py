@@ -2,10 +2,9 @@
 
 from relay_engine.distributed.checkpoint import gathered_policy, load_sharded, save_sharded
 from relay_engine.distributed.group import World, batch_slice, join, launched, leave
-from relay_engine.distributed.parallel import STRATEGIES, Parallel, Strategy, choose_strategy
+from relay_engine.distributed.parallel import Parallel, Strategy, choose_strategy
 
 __all__ = [
-    "STRATEGIES",
     "Parallel",
     "Strategy",
     "World",

@@ -61,7 +61,7 @@ def save_sharded(
     store: CheckpointStore,
     step: int,
     learner: Learner,
-    meta: dict[str, object],
+    meta: Mapping[str, object],
     parallel: Parallel | None,
 ) -> Path:
     """Every process writes its shards and generators into one temporary directory; rank 0 seals it."""
@@ -144,7 +144,7 @@ def gathered_policy(policy: Pi05Policy, parallel: Parallel | None) -> Pi05Policy
         tuning.get("lora_rank", 32),
         tuning.get("lora_alpha"),
     )
-    _load_assigned(copy, full)
+    _load_assigned(copy, {name: value for name, value in full.items() if isinstance(value, torch.Tensor)})
     materialize_buffers(copy, torch.device("cpu"))
     return copy
 

@@ -16,6 +16,7 @@ the update is the one a single process would make on the whole batch.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, cast
@@ -27,13 +28,13 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from relay.catalog import STRATEGIES
 from relay_engine.distributed.group import World
 from relay_engine.errors import ConfigError
 from relay_engine.models import FlowOutputs, Pi05Batch, Pi05Policy
 from relay_engine.models.layers import GemmaDecoderLayer
 
 Strategy = Literal["ddp", "fsdp"]
-STRATEGIES: tuple[str, ...] = ("auto", "ddp", "fsdp")
 
 
 def choose_strategy(requested: str, finetune: str) -> Strategy:
@@ -69,15 +70,17 @@ class Parallel:
             if world.device.type == "cuda":
                 _store_frozen_in_bf16(policy)
             # Every process builds the same weights from the same seed and files, so the initial
-            # broadcast of all 3B weights is skipped. Parameters a pass does not reach (the
-            # language model's last norm, say) still get a (zero) gradient in every process.
-            self._ddp = DistributedDataParallel(
-                _FlowForward(policy),
-                device_ids=None,
-                broadcast_buffers=False,
-                find_unused_parameters=True,
-                init_sync=False,
-            )
+            # broadcast of all 3B weights is skipped; the only buffers (SigLIP's position ids)
+            # are constants, so they are not synced either.
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+                self._ddp = DistributedDataParallel(
+                    _FlowForward(policy),
+                    device_ids=None,
+                    broadcast_buffers=False,
+                    find_unused_parameters=trains_unreached_weights(policy),
+                    init_sync=False,
+                )
         else:
             _shard(policy, world, checkpoint_activations=_trains_everything(policy))
 
@@ -143,6 +146,25 @@ class Parallel:
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
+def trains_unreached_weights(policy: Pi05Policy) -> bool:
+    """Whether a trainable weight gets no gradient from a training pass.
+
+    The prefix's last layer only makes keys and values, and the language model's final norm is
+    never used (see Pi05Model.prefix_cache). DDP must then look for such weights every step (a
+    walk over the graph) and give them zero gradients; it is told to only when there are some.
+    """
+    language = policy.model.language_model
+    last = language.layers[-1]
+    assert isinstance(last, GemmaDecoderLayer)
+    used_by_last = {
+        id(p)
+        for part in (last.input_layernorm, last.self_attn.k_proj, last.self_attn.v_proj)
+        for p in part.parameters()
+    }
+    unreached = [*language.norm.parameters(), *(p for p in last.parameters() if id(p) not in used_by_last)]
+    return any(p.requires_grad for p in unreached)
+
+
 def _trains_everything(policy: nn.Module) -> bool:
     return bool((policy.config.tuning or {}).get("finetune") == "full")  # type: ignore[union-attr, operator]
 
@@ -154,19 +176,28 @@ def _store_frozen_in_bf16(policy: nn.Module) -> None:
             parameter.data = parameter.data.to(torch.bfloat16)
 
 
+def shard_units(policy: Pi05Policy) -> list[nn.Module]:
+    """FSDP's units below the root: each vision layer and each decoder layer of both stacks.
+
+    Everything else (embeddings, projector, action and time heads, final norms) is the root unit.
+    """
+    model = policy.model
+    return [
+        *model.vision_tower.vision_model.encoder.layers,
+        *model.language_model.layers,
+        *model.expert.layers,
+    ]
+
+
 def _shard(policy: Pi05Policy, world: World, *, checkpoint_activations: bool) -> None:
     mixed = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if world.device.type == "cuda"
         else MixedPrecisionPolicy()
     )
-    model = policy.model
-    units: list[nn.Module] = list(model.vision_tower.vision_model.encoder.layers)
-    for layer in [*model.language_model.layers, *model.expert.layers]:
-        assert isinstance(layer, GemmaDecoderLayer)
-        layer.checkpoint_activations = checkpoint_activations
-        units.append(layer)
-    for unit in units:
+    for unit in shard_units(policy):
+        if isinstance(unit, GemmaDecoderLayer):
+            unit.checkpoint_activations = checkpoint_activations
         fully_shard(unit, mp_policy=mixed)
     fully_shard(policy, mp_policy=mixed)
     # The policy trains and samples through these methods, not `forward`.

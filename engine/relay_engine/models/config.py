@@ -71,8 +71,9 @@ class Pi05Config:
     max_token_len: int
     action_horizon: int = ACTION_HORIZON
     action_dim: int = ACTION_DIM
-    # How many of the action_dim columns are the robot's (the dataset's action width), once known;
-    # the rest are padding, which the sampler keeps on its noise path (see Pi05Policy.sample_actions).
+    # How many of the action_dim columns are the robot's (the dataset's action width), once known:
+    # metadata for whoever serves the weights. The rest are padding, trained towards zero like
+    # openpi's, so every sampler integrates all columns alike (see Pi05Policy.sample_actions).
     robot_action_dim: int | None = None
     # Seeds the initial weights of a model built without pretrained ones.
     seed: int = 0

@@ -264,7 +264,9 @@ class Pi05Model(nn.Module):
             hidden, _, _ = layer(hidden, rope, key_mask, cond, prefix_keys, prefix_values)
         normed, _ = self.expert.norm(hidden, cond)
         # The action head reads the expert's output in fp32, whatever the autocast.
-        with torch.autocast(device_type=normed.device.type, enabled=False):
+        # (The meta device, where the memory plan runs the model for shapes, has no autocast.)
+        device_type = "cpu" if normed.device.type == "meta" else normed.device.type
+        with torch.autocast(device_type=device_type, enabled=False):
             return self.action_out_proj(normed.float())
 
 
@@ -366,30 +368,22 @@ class Pi05Policy(nn.Module):
         num_steps: int = 10,
         generator: torch.Generator | None = None,
         noise: torch.Tensor | None = None,
-        robot_action_dim: int | None = None,
     ) -> torch.Tensor:
-        """Action chunks (B, H, 32): Euler steps from noise at t = 1 to t = 0, one prefix pass.
-
-        The loss leaves the padding columns beyond the robot's action width out, so the model
-        never learns their velocity; left to it, they drift off the path x_t = t * noise that
-        they follow in training, and the expert, which reads all 32 columns, then sees inputs it
-        never saw. So they are held on that path (velocity x / t), reaching 0 at t = 0. The width
-        is `robot_action_dim`, else the config's (set when a model is trained on a dataset).
-        """
+        """Action chunks (B, H, 32): plain Euler steps from noise at t = 1 to t = 0 over every
+        column, one prefix pass. This is openpi's and lerobot's sampler, so weights trained here
+        sample the same there. The columns beyond the robot's action width are trained towards
+        zero (see Pi05Batch.action_mask), so they end near zero and a robot reads only its own."""
         if num_steps < 1:
             raise ValueError(f"num_steps must be at least 1, got {num_steps}")
         device = self.device
         batch = batch.to(device)
         shape = (batch.tokens.shape[0], self.config.action_horizon, self.config.action_dim)
         x = (_randn(shape, generator) if noise is None else noise).to(device=device, dtype=torch.float32)
-        width = robot_action_dim if robot_action_dim is not None else self.config.robot_action_dim
         prefix = self.model.prefix_cache(batch)
         dt = -1.0 / num_steps
         for step in range(num_steps):
             t = 1.0 + step * dt
             velocity = self.model.velocity(prefix, x, torch.full((shape[0],), t, device=device)).float()
-            if width is not None and width < shape[-1]:
-                velocity[..., width:] = x[..., width:] / t
             x = x + dt * velocity
         return x
 

@@ -32,7 +32,11 @@ class Pi05Batch:
     tokens: torch.Tensor  # (B, L) int64, right-padded with 0
     token_mask: torch.Tensor  # (B, L) bool
     actions: torch.Tensor  # (B, H, 32) float32, normalized, zero-padded
-    action_mask: torch.Tensor  # (B, H, 32) bool: False for padded steps and dims >= action_dim
+    # (B, H, 32) bool: False for the steps padded past an episode's end. Every column of a real
+    # step is trained, the padding columns beyond the robot's width towards their zero targets, as
+    # openpi does: then a plain Euler loop over all 32 columns (openpi's, lerobot's) samples the
+    # weights as they were trained.
+    action_mask: torch.Tensor
     weights: torch.Tensor  # (B,) float32, in the loss's weighted mean
     # Which camera slots any sample uses, known when collating so that the model can skip an
     # unused slot's tokens without asking the device. None: the model works it out.
@@ -169,7 +173,7 @@ def _fill_actions(label: str, sample: Sample, out: np.ndarray, mask: np.ndarray)
     valid_steps = ~np.asarray(sample.get("action_is_pad", np.zeros(horizon, dtype=bool)), dtype=bool)
     if valid_steps.shape != (horizon,):
         raise EngineError(f"{label}: action_is_pad must have shape ({horizon},), got {valid_steps.shape}")
-    mask[:, :action_dim] = valid_steps[:, None]
+    mask[:] = valid_steps[:, None]
 
 
 def _weight(label: str, sample: Sample) -> float:

@@ -31,6 +31,9 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 CONFIG_FORMAT = "relay-pi05"
 BASE_REPO = {"pi05": "lerobot/pi05_base"}
+# The pi05-tiny base ships inside the package: pretrained on synthetic tasks by
+# scripts/pretrain_tiny.py (its settings are in pretraining.json beside the weights).
+TINY_BASE_DIR = Path(__file__).resolve().parent / "pi05_tiny"
 
 _PREFIX = "model."
 _EMBED = "model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
@@ -79,7 +82,8 @@ def load_policy(
 ) -> Pi05Policy:
     """One constructor for base models and trained outputs.
 
-    - `pi05-tiny`: built from `seed` (there are no pretrained tiny weights).
+    - `pi05-tiny`: the base shipped in the package (TINY_BASE_DIR, see scripts/pretrain_tiny.py);
+      `build_policy("pi05-tiny", seed=...)` gives random weights instead.
     - `pi05`: lerobot's base weights (`lerobot/pi05_base`, from the Hub cache or a download).
     - a directory: ours (config.json from `save_pretrained`) or lerobot's (pi05 sizes); its
       `model.safetensors` is loaded and a PaliGemma tokenizer there is used.
@@ -88,10 +92,15 @@ def load_policy(
     `action_horizon` defaults to the saved one for a directory and to 10 for a base model.
     """
     name = str(name_or_path)
-    if name == "pi05-tiny":
-        return build_policy(name, device=device, action_horizon=action_horizon or 10, seed=seed)
     local = Path(name).expanduser()
-    if name not in MODELS and local.is_dir():
+    if name == "pi05-tiny":
+        directory = TINY_BASE_DIR
+        if not (directory / WEIGHTS_FILE).is_file():
+            raise ConfigError(
+                f"the pi05-tiny base weights are missing from {directory}; "
+                "remake them with `python scripts/pretrain_tiny.py`"
+            )
+    elif name not in MODELS and local.is_dir():
         directory = local
     elif name in MODELS or re.fullmatch(r"[\w.-]+/[\w.-]+", name):
         directory = _fetch_from_hub(BASE_REPO.get(name, name))

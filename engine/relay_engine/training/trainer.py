@@ -10,6 +10,11 @@
 
 Each epoch reads the dataset in a fresh seeded order; `gradient_accumulation_steps` mini-batches
 make one optimizer step, clipped to `max_grad_norm`, at the recipe's warmup + cosine rate.
+
+Under torchrun (`torchrun --nproc-per-node 4 train.py`) the Trainer joins the launcher's group:
+each process takes its GPU, reads `per_device_train_batch_size` samples of every mini-batch
+(so a mini-batch is that times the number of processes, as in transformers' Trainer), the model
+trains under DDP or FSDP (`strategy`), and rank 0 alone writes the output.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch
 
 from relay.optimizer import AdamParams
 from relay.sft.config import SFTConfig
+from relay_engine.distributed import Parallel, batch_slice, choose_strategy, gathered_policy, join, launched
 from relay_engine.errors import ConfigError
 from relay_engine.models import Pi05Batch, Pi05Policy
 from relay_engine.training.data import BatchOrder, DataPosition, MapDataset, batch_loader
@@ -58,6 +64,8 @@ class TrainingArguments:
     targets: list[str] | None = None
     logging_steps: int = 10
     dataloader_num_workers: int = 0
+    # Under torchrun: auto (fsdp for full, ddp for lora), ddp or fsdp.
+    strategy: str = "auto"
 
     def __post_init__(self) -> None:
         if (self.num_train_epochs is None) == (self.max_steps is None):
@@ -88,6 +96,9 @@ class Trainer:
         self.args = args
         self.policy = model
         self.train_dataset = train_dataset
+        self.world = join("auto") if launched() else None
+        if self.world is not None and self.world.device != next(model.parameters()).device:
+            model = model.to(self.world.device)
         self.device = next(model.parameters()).device
         summary = getattr(getattr(train_dataset, "dataset", train_dataset), "summary", None)
         if summary is not None:  # a LeRobot dataset (or a Subset of one) knows the robot's action width
@@ -96,7 +107,12 @@ class Trainer:
         if args.training_backend == "triton":
             # Compiling flow_outputs compiles its forward graph and, through AOTAutograd, the backward.
             self.model.flow_outputs = torch.compile(self.model.flow_outputs)  # type: ignore[method-assign]
-        self.learner = Learner(self.model, seed=args.seed, device=self.device)
+        self.parallel = (
+            Parallel(self.model, self.world, choose_strategy(args.strategy, args.finetune))
+            if self.world is not None
+            else None
+        )
+        self.learner = Learner(self.model, seed=args.seed, device=self.device, parallel=self.parallel)
         self.losses: list[float] = []  # every mini-batch's loss
         self.events: list[Event] = []
 
@@ -105,15 +121,24 @@ class Trainer:
 
     def train(self) -> dict[str, float | int]:
         args = self.args
+        rank, processes = (self.world.rank, self.world.size) if self.world is not None else (0, 1)
         order = BatchOrder(
-            len(self.train_dataset), args.per_device_train_batch_size, args.seed, span_epochs=False
+            len(self.train_dataset),
+            args.per_device_train_batch_size * processes,
+            args.seed,
+            span_epochs=False,
         )
         steps_per_epoch = self._steps_per_epoch(order)
         total_steps = (
             args.max_steps if args.max_steps is not None else steps_per_epoch * (args.num_train_epochs or 0)
         )
         batches = batch_loader(
-            self.train_dataset, order, DataPosition(), self.policy.collate, args.dataloader_num_workers
+            self.train_dataset,
+            order,
+            DataPosition(),
+            self.policy.collate,
+            args.dataloader_num_workers,
+            part=lambda n: batch_slice(n, rank, processes),
         )
         position = DataPosition()
         output_dir = Path(args.output_dir)
@@ -130,9 +155,7 @@ class Trainer:
 
         def after_step(state: LoopState) -> None:
             if args.save_strategy == "epoch" and position.offset == 0 and position.epoch > 0:
-                write_output(
-                    self.model, output_dir / f"checkpoint-epoch-{position.epoch}", self._norm_stats_json()
-                )
+                self._write(output_dir / f"checkpoint-epoch-{position.epoch}")
 
         result = run_loop(
             self.learner,
@@ -151,8 +174,15 @@ class Trainer:
             on_batch_loss=self.losses.append,
             after_step=after_step,
         )
-        write_output(self.model, output_dir, self._norm_stats_json())
+        self._write(output_dir)
         return {"train_loss": sum(self.losses) / len(self.losses), "steps": result.step}
+
+    def _write(self, directory: Path) -> None:
+        whole = gathered_policy(self.model, self.parallel)
+        if whole is not None:
+            write_output(whole, directory, self._norm_stats_json())
+        if self.parallel is not None:
+            self.parallel.barrier()
 
     def _norm_stats_json(self) -> str | None:
         stats = getattr(self.train_dataset, "norm_stats", None)

@@ -11,7 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import typer
 
-from relay.cli import datasets, fine_tunes, keys, local, models, server, sessions
+from relay.cli import cache, datasets, fine_tunes, keys, local, models, server, sessions
 
 app = typer.Typer(
     name="relay",
@@ -26,6 +26,7 @@ app.add_typer(local.app, name="local")
 app.add_typer(fine_tunes.app, name="fine-tunes")
 app.add_typer(sessions.app, name="sessions")
 app.add_typer(keys.app, name="keys")
+app.add_typer(cache.app, name="cache")
 app.command("server")(server.serve)
 
 

@@ -6,6 +6,7 @@ repo id (revision v2.1), a local directory or a file:// URL.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -53,7 +54,11 @@ def check(
     ] = False,
 ) -> None:
     """Print what the dataset holds and every problem; exit 0 only if it can be trained on. Every
-    image is decoded, as training will (in parallel, with a progress bar), unless --quick."""
+    image is decoded, as training will (in parallel, with a progress bar), unless --quick.
+    A relational database directory (schema.json + tables/) is checked as one, for rt-j."""
+    if _is_database(dataset):
+        _check_database(dataset)
+        return
     datasets = require("relay_engine.datasets")
     errors = require("relay_engine.errors")
     name = dataset_name(dataset)
@@ -115,7 +120,11 @@ def stats(
     output: Annotated[Path | None, typer.Option(help="Write norm_stats.json (openpi's layout) here.")] = None,
     cache_dir: CacheDirOption = None,
 ) -> None:
-    """Print (or write) the normalization statistics training uses, in openpi's layout."""
+    """Print (or write) the normalization statistics training uses, in openpi's layout. For a
+    relational database: each column's type and statistics, and each task's labels."""
+    if _is_database(dataset):
+        _database_stats(dataset, json_output)
+        return
     datasets = require("relay_engine.datasets")
     errors = require("relay_engine.errors")
     name = dataset_name(dataset)
@@ -164,6 +173,14 @@ def synth(
     state_dim: Annotated[int, typer.Option(help="State width, 2 to 32.")] = 2,
     action_dim: Annotated[int, typer.Option(help="Action width, 2 to 32.")] = 2,
     tasks: Annotated[int, typer.Option(help="Number of tasks (target colours), 1 to 8.")] = 1,
+    colour: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--colour",
+            help="A task's target colour, repeatable (instead of --tasks): red, blue, green, yellow, "
+            "magenta, cyan, orange, black. The pi05-tiny base never saw orange.",
+        ),
+    ] = None,
     fps: Annotated[int, typer.Option(help="Frames per second.")] = 10,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     noise: Annotated[int, typer.Option(help="Pixel noise amplitude, 0 to 64.")] = 0,
@@ -185,6 +202,7 @@ def synth(
             state_dim=state_dim,
             action_dim=action_dim,
             num_tasks=tasks,
+            colours=colour,
             fps=fps,
             seed=seed,
             noise=noise,
@@ -196,6 +214,30 @@ def synth(
             message += "; add --overwrite to replace it"
         fail(message)
     _out.print(f"wrote {path}", soft_wrap=True, markup=False)
+
+
+@app.command("synth-db")
+def synth_db(
+    out_dir: Annotated[Path, typer.Argument(help="Where to write the database (absent or empty).")],
+    customers: Annotated[int, typer.Option(help="Customers, 2 to 100,000.")] = 100,
+    products: Annotated[int, typer.Option(help="Products, 1 to 100,000.")] = 30,
+    reviews: Annotated[int, typer.Option(help="Reviews (one every two days), 10 to 1,000,000.")] = 600,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+) -> None:
+    """Write a small shop database for rt-j (customers, products, reviews) with two tasks:
+    user-churn (binary) and user-ltv (regression)."""
+    for option, value, low, high in (
+        ("customers", customers, 2, 100_000),
+        ("products", products, 1, 100_000),
+        ("reviews", reviews, 10, 1_000_000),
+    ):
+        if not low <= value <= high:
+            fail(f"--{option} must be from {low:,} to {high:,}, got {value}")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        fail(f"{out_dir} is not empty")
+    fake = require("relay_engine.relational.fake")
+    path = fake.write_fake_shop(out_dir, customers=customers, products=products, reviews=reviews, seed=seed)
+    _out.print(f"wrote {path} (tasks user-churn, user-ltv)", soft_wrap=True, markup=False)
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -248,3 +290,71 @@ def _length(text: str) -> int | tuple[int, int]:
     if not match:
         raise typer.BadParameter(f"expected N or LOW-HIGH, got {text!r}", param_hint="--length")
     return int(match[1]) if match[2] is None else (int(match[1]), int(match[2]))
+
+
+def _is_database(dataset: str) -> bool:
+    path = Path(dataset).expanduser()
+    return (path / "schema.json").is_file() and (path / "tables").is_dir()
+
+
+def _open_database(dataset: str) -> Any:
+    database = require("relay_engine.relational.database")
+    errors = require("relay_engine.errors")
+    try:
+        return database.open_database(Path(dataset).expanduser())
+    except errors.EngineError as error:
+        fail(str(error))
+
+
+def _check_database(dataset: str) -> None:
+    summary = require("relay_engine.relational.summary")
+    report, problems = summary.check_database(_open_database(dataset))
+    tables = Table("table", "rows", "key", "time", "foreign keys (dangling)", "columns", box=None)
+    for name, table in report["tables"].items():
+        links = ", ".join(
+            f"{c}->{link['table']} ({link['dangling']})" for c, link in table["foreign_keys"].items()
+        )
+        columns = ", ".join(f"{c}:{kind}" for c, kind in table["columns"].items())
+        tables.add_row(
+            name, f"{table['rows']:,}", table["primary_key"] or "", table["time_column"] or "", links, columns
+        )
+    _out.print(tables)
+    for name, task in report["tasks"].items():
+        splits = ", ".join(f"{split} {info['rows']:,} rows" for split, info in task["splits"].items())
+        _out.print(
+            f"task [bold]{escape(name)}[/bold] ({task['problem_type']}, on {task['entity_table']}): {splits}"
+        )
+    if problems:
+        _err.print(f"[red]{len(problems)} problem(s) in {escape(dataset)}:[/red]", soft_wrap=True)
+        for problem in problems:
+            _err.print(f"  - {problem}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+    _out.print(f"[green]{escape(dataset)} can be trained on (rt-j).[/green]", soft_wrap=True)
+
+
+def _database_stats(dataset: str, json_output: bool) -> None:
+    summary = require("relay_engine.relational.summary")
+    database = _open_database(dataset)
+    stats = summary.column_stats(database)
+    report, _ = summary.check_database(database)
+    if json_output:
+        print(json.dumps({"columns": stats, "tasks": report["tasks"]}))
+        return
+    for name, columns in stats.items():
+        table = Table(title=name, title_justify="left", box=None)
+        for header in ("column", "type", "missing", "statistics"):
+            table.add_column(header)
+        for column, row in columns.items():
+            figures = ", ".join(
+                f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                for k, v in row.items()
+                if k not in ("type", "missing")
+            )
+            table.add_row(column, row["type"], str(row["missing"]), figures)
+        _out.print(table)
+    for name, task in report["tasks"].items():
+        for split, info in task["splits"].items():
+            figures = ", ".join(
+                f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in info.items()
+            )
+            _out.print(f"task {escape(name)} {split}: {figures}", soft_wrap=True)

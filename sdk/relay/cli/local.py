@@ -13,9 +13,10 @@ import typer
 from rich.console import Console
 
 from relay._progress import ProgressReport
-from relay.catalog import LORA_RANK_MAX
+from relay.catalog import LORA_RANK_MAX, RELATIONAL_MODELS, STRATEGIES
 from relay.cli._common import dataset_name, fail, parse_pairs, split_targets
 from relay.cli._extras import require
+from relay.cli._launch import Launch, rank, run_launched
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 
 app = typer.Typer(
@@ -54,8 +55,11 @@ class StopOnInterrupt:
 
 @app.command()
 def train(
-    model: str = typer.Option(..., help="Base model: pi05 or pi05-tiny."),
-    dataset: str = typer.Option(..., help="A Hub dataset repo id or a local dataset directory."),
+    model: str = typer.Option(..., help="Base model: pi05, pi05-tiny, rt-j or rt-j-tiny."),
+    dataset: str = typer.Option(
+        ..., help="A Hub dataset repo id or a local dataset directory (rt-j: a database directory)."
+    ),
+    task: str | None = typer.Option(None, help="rt-j models: the database's task to train on."),
     steps: int = typer.Option(SFTConfig.default("steps"), help=f"Optimizer steps, 1 to {STEPS_MAX:,}."),
     output_dir: Path = typer.Option(..., help="Where checkpoints and the merged model go."),
     batch_size: int = typer.Option(
@@ -64,8 +68,13 @@ def train(
     learning_rate: float = typer.Option(
         SFTConfig.default("learning_rate"), help="The peak learning rate, after warmup."
     ),
-    finetune: str = typer.Option(SFTConfig.default("finetune"), help="lora or full."),
-    lora_rank: int = typer.Option(SFTConfig.default("lora_rank"), help=f"LoRA rank, 1 to {LORA_RANK_MAX}."),
+    # No default here: SFTConfig's depends on the model's family (pi05: lora, rank 32; rt-j: full).
+    finetune: str | None = typer.Option(
+        None, help=f"lora or full [default: {SFTConfig.default('finetune')}; rt-j models: full]."
+    ),
+    lora_rank: int | None = typer.Option(
+        None, help=f"LoRA rank, 1 to {LORA_RANK_MAX} [default: {SFTConfig.default('lora_rank')}]."
+    ),
     lora_alpha: float | None = typer.Option(None, help="LoRA alpha (default: the rank)."),
     targets: list[str] | None = typer.Option(
         None,
@@ -83,24 +92,63 @@ def train(
     json_lines: bool = typer.Option(
         False, "--json", help="Print one JSON object per event instead of progress."
     ),
+    nproc_per_node: int = typer.Option(
+        1, "--nproc-per-node", help="Processes on this host, one per GPU (gloo on the CPU without CUDA)."
+    ),
+    nnodes: int = typer.Option(1, "--nnodes", help="Hosts in the job; run the command on each."),
+    node_rank: int = typer.Option(0, "--node-rank", help="This host's place, 0 to --nnodes - 1."),
+    rdzv_endpoint: str | None = typer.Option(
+        None,
+        "--rdzv-endpoint",
+        help="HOST:PORT where the hosts meet (c10d rendezvous); needed with --nnodes.",
+    ),
+    strategy: str = typer.Option(
+        "auto", help="How processes share the model: auto (fsdp for full, ddp for lora), ddp or fsdp."
+    ),
 ) -> None:
     """Run the recipe's loop here, showing progress (a bar on a terminal, else a line every few
-    seconds). Ctrl-C saves a checkpoint; the same command again resumes from it."""
+    seconds). Ctrl-C saves a checkpoint; the same command again resumes from it.
+
+    With --nproc-per-node (and --nnodes) the loop runs as a group of processes started by
+    torch.distributed.run; `--batch-size` stays the global batch, split across them.
+    """
+    launch = Launch(nproc_per_node, nnodes, node_rank, rdzv_endpoint)
+    problem = launch.problem()
+    if problem is not None:
+        fail(problem)
+    if strategy not in STRATEGIES:
+        fail(f"bad --strategy: {strategy!r} (must be one of {', '.join(STRATEGIES)})")
+
     try:
+        given: dict[str, Any] = {
+            "finetune": finetune,
+            "lora_rank": lora_rank,
+            "lora_alpha": lora_alpha,
+            "targets": split_targets(targets),
+            "cameras": parse_pairs(cameras, "camera") if cameras else None,
+            "task": task,
+        }
         config = SFTConfig(
             model=model,
             dataset_name=dataset_name(dataset),
             batch_size=batch_size,
             learning_rate=learning_rate,
             steps=steps,
-            finetune=finetune,
-            lora_rank=lora_rank,
-            lora_alpha=lora_alpha,
-            targets=split_targets(targets),
-            cameras=parse_pairs(cameras, "camera") if cameras else None,
+            **{field: value for field, value in given.items() if value is not None},
         )
     except ValueError as error:
         fail(str(error))
+
+    processes = nproc_per_node * nnodes
+    if model in RELATIONAL_MODELS and processes > 1:
+        fail(f"bad --nproc-per-node/--nnodes: {model} trains in one process")
+    if config.batch_size < processes:
+        fail(
+            f"bad --batch-size: {config.batch_size} (must be at least the {processes} processes: "
+            "each trains on its part of every batch)"
+        )
+    if launch.needed:
+        raise typer.Exit(run_launched(launch, sys.argv[1:]))
 
     recipe_module = require("relay_engine.recipe")
     errors = require("relay_engine.errors")
@@ -110,10 +158,14 @@ def train(
         checkpoint_every=checkpoint_every,
         episodes=parse_episodes(episodes),
         device=device,
+        strategy=strategy,
     )
+    # In a group, rank 0 alone speaks (the engine reports events on rank 0 only).
+    speaks = rank() == 0
     stop = StopOnInterrupt()
     previous_handler = signal.signal(signal.SIGINT, stop)
-    report = None if json_lines else ProgressReport("training", config.steps, stream=sys.stderr)
+    show_progress = speaks and not json_lines
+    report = ProgressReport("training", config.steps, stream=sys.stderr) if show_progress else None
     window_loss: float | None = None
 
     def on_event(event: dict[str, Any]) -> None:
@@ -155,6 +207,8 @@ def train(
         if report is not None:
             report.close()
 
+    if not speaks:
+        raise typer.Exit(130 if result.status == "stopped" else 0)
     if result.status == "stopped":
         console.print(
             f"stopped at step {result.step} with a checkpoint there; "
@@ -190,8 +244,15 @@ def evaluate(
     seed: int = typer.Option(0, help="Seeds the sampler's noise."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    task: str | None = typer.Option(None, help="rt-j: the database's task [default: the model's]."),
+    split: str = typer.Option("val", help="rt-j: the task's split, train, val or test."),
 ) -> None:
-    """The mean squared error of sampled action chunks against the dataset's, in normalized units."""
+    """pi05: the mean squared error of sampled action chunks against the dataset's, in normalized
+    units. rt-j: AUROC (binary tasks) or MAE and nMAE (regression) on a task's split."""
+    relational = require("relay_engine.relational.recipe")
+    if task is not None or model in RELATIONAL_MODELS or relational.is_relational_checkpoint(model):
+        _evaluate_relational(model, dataset, task, split, seed, device, json_output)
+        return
     datasets = require("relay_engine.datasets")
     models = require("relay_engine.models")
     evaluation = require("relay_engine.training.evaluate")
@@ -200,6 +261,8 @@ def evaluate(
     try:
         policy = models.load_policy(model, device=recipe_module.pick_device(device))
         data = datasets.open_dataset(dataset_name(dataset), action_horizon=policy.config.action_horizon)
+        # A trained model is scored in the units it was trained in (its norm_stats.json).
+        evaluation.with_norm_stats(data, Path(model).expanduser())
         selected = parse_episodes(episodes)
         indices = data.indices_of_episodes(selected) if selected is not None else range(len(data))
         result = evaluation.evaluate_actions(
@@ -211,3 +274,27 @@ def evaluate(
         print(json.dumps({"mse": result.mse, "frames": result.samples}))
     else:
         print(f"action MSE {result.mse:.4f} (normalized units) over {result.samples} frames")
+
+
+def _evaluate_relational(
+    model: str, dataset: str, task: str | None, split: str, seed: int, device: str, json_output: bool
+) -> None:
+    relational = require("relay_engine.relational.recipe")
+    errors = require("relay_engine.errors")
+    try:
+        report = relational.evaluate_split(
+            model, dataset_name(dataset), task, split, device=device, seed=seed
+        )
+    except errors.EngineError as error:
+        fail(str(error))
+    if json_output:
+        print(json.dumps(report))
+        return
+    where = f"{report['task']} {report['split']} ({report['examples']} rows)"
+    if report["problem_type"] == "binary":
+        print(
+            f"AUROC {report['auroc']:.4f}, accuracy {report['accuracy']:.4f} on {where}; "
+            f"label-frequency baseline AUROC {report['label_frequency_auroc']:.4f}"
+        )
+    else:
+        print(f"MAE {report['mae']:.4f}, nMAE {report['nmae']:.4f}, RMSE {report['rmse']:.4f} on {where}")

@@ -20,9 +20,11 @@ from relay.catalog import (
     LORA_RANK_MAX,
     MODELS,
     RELATIONAL_MODELS,
+    STRATEGIES,
     TARGETS,
 )
 from relay.cli._extras import require
+from relay.sft.config import BATCH_SIZE_MAX, GPUS_MAX
 
 app = typer.Typer(help="Base models, and what a recipe trains on them.", no_args_is_help=True)
 
@@ -56,6 +58,12 @@ def info(
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     keys: Annotated[bool, typer.Option("--keys", help="List every tensor with its shape.")] = False,
+    memory: Annotated[
+        bool, typer.Option("--memory", help="The per-GPU memory plan at --batch-size on --gpus.")
+    ] = False,
+    batch_size: Annotated[int, typer.Option(help="The global batch, for --memory.")] = 32,
+    gpus: Annotated[int, typer.Option(help="GPUs (one process each) sharing the batch, for --memory.")] = 1,
+    strategy: Annotated[str, typer.Option(help="auto (fsdp for full, ddp for lora), ddp or fsdp.")] = "auto",
 ) -> None:
     """Parameter counts per module and what these settings train, without loading weights."""
     if name in RELATIONAL_MODELS:
@@ -63,6 +71,10 @@ def info(
         return
     if finetune not in FINETUNE_METHODS:
         _fail(f"--finetune must be one of {', '.join(FINETUNE_METHODS)}, got {finetune!r}")
+    if memory:
+        problem = _memory_flag_problem(batch_size, gpus, strategy)
+        if problem:
+            _fail(problem)
     chosen = [t.strip() for item in targets for t in item.split(",") if t.strip()] if targets else None
     models = require("relay_engine.models")
     tuning = require("relay_engine.tuning")
@@ -73,6 +85,12 @@ def info(
     except errors.EngineError as error:
         _fail(str(error))
     settings = policy.config.tuning
+    if memory:
+        plan = require("relay_engine.distributed.memory").plan_memory(
+            policy, batch_size=batch_size, gpus=gpus, strategy=strategy
+        )
+        _print_plan(plan.to_dict(), json_output)
+        return
     if keys:
         _print_keys(policy, json_output)
         return
@@ -131,6 +149,39 @@ def _relational_info(name: str, json_output: bool) -> None:
     _out.print(
         f"RelativeDB layout (RelativeDB/rt-j-fp16): {report['relativedb_params']:,} weights: "
         f"{report['boolean_channel_params']:,} more for its boolean value channel ({boolean})"
+    )
+
+
+def _memory_flag_problem(batch_size: int, gpus: int, strategy: str) -> str | None:
+    if not 1 <= batch_size <= BATCH_SIZE_MAX:
+        return f"bad --batch-size: {batch_size} (must be an integer from 1 to {BATCH_SIZE_MAX})"
+    if not 1 <= gpus <= GPUS_MAX:
+        return f"bad --gpus: {gpus} (must be an integer from 1 to {GPUS_MAX})"
+    if gpus > batch_size:
+        return f"bad --gpus: {gpus} (must be at most --batch-size, {batch_size}: each GPU needs a sample)"
+    if strategy not in STRATEGIES:
+        return f"bad --strategy: {strategy!r} (must be one of {', '.join(STRATEGIES)})"
+    return None
+
+
+def _print_plan(plan: dict[str, Any], json_output: bool) -> None:
+    if json_output:
+        _out.print_json(json.dumps(plan))
+        return
+    _out.print(
+        f"[bold]{plan['model']}[/bold] {plan['finetune']}: batch {plan['batch_size']} "
+        f"on {plan['gpus']} GPU(s), {plan['per_gpu_batch']} samples each, "
+        f"{plan['strategy'].upper()}, bf16 compute"
+    )
+    table = Table("per GPU", "bytes", "GiB", box=None)
+    for part in ("weights", "gradients", "optimizer", "activations", "overhead", "total"):
+        table.add_row(part, f"{plan[part]:,}", f"{plan[part] / 2**30:.2f}")
+    _out.print(table)
+    smallest = plan["smallest_gpu"]
+    _out.print(
+        f"fits: {smallest}"
+        if smallest
+        else "fits no single GPU listed: use more GPUs, LoRA or a smaller batch"
     )
 
 

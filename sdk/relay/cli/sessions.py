@@ -47,10 +47,11 @@ def list_(
             print(json.dumps(session))
         return
     table = Table()
-    for column in ("id", "status", "model", "finetune", "targets", "worker", "created"):
+    # Targets and the worker are in `show`; this keeps the table within 80 columns.
+    for column in ("id", "status", "model", "calls", "steps", "states", "created"):
         table.add_column(
             column,
-            no_wrap=column not in ("targets", "worker"),
+            no_wrap=column in ("id", "status"),
             overflow="fold",
             min_width=16 if column == "id" else None,
         )
@@ -58,11 +59,11 @@ def list_(
         table.add_row(
             session["id"],
             status_text(session["status"]),
-            session["base_model"],
-            _method(session),
-            ", ".join(session.get("targets") or []),
-            session.get("worker") or "",
-            (session.get("created_at") or "")[:19],
+            f"{session['base_model']} {_method(session)}",
+            str(session.get("calls", "-")),
+            str(session.get("steps", "-")),
+            str(session.get("saved_states", "-")),
+            (session.get("created_at") or "")[:16].replace("T", " "),
         )
     out.print(table)
 

@@ -7,38 +7,49 @@ answers with the same messages, so a rule is written once. A broken rule reads l
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from relay import catalog
 from relay._rules import (
     FINETUNE_RULE,
     LORA_ALPHA_RULE,
     LORA_RANK_RULE,
-    MODEL_RULE,
+    NOT_BLANK_TEXT_PATTERN,
+    PLAIN_TEXT_PATTERN,
     TARGETS_RULE,
     CheckedConfig,
     FinetuneMethod,
     LoraAlpha,
     LoraRank,
-    ModelName,
     TargetNames,
+    WholeNumber,
     has_control_characters,
+    whole_float_to_int,
 )
 from relay.catalog import LORA_RANK_DEFAULT
+from relay.errors import ConfigError
 
 BATCH_SIZE_MAX = 512
+GPUS_MAX = 64
 STEPS_MAX = 100_000
 NAME_MAX = 128
 DATASET_NAME_MAX = 1024
+TASK_MAX = 128
+RECIPE_MODEL_RULE = "must be one of " + ", ".join(catalog.RECIPE_MODELS)
 
 # What each field must be; every message about a field ends with its rule.
 RULES: dict[str, str] = {
-    "model": MODEL_RULE,
+    "model": RECIPE_MODEL_RULE,
     "dataset_name": (
         "must be a LeRobot dataset on the Hugging Face Hub such as lerobot/pusht_image, or a local "
-        f"dataset directory: 1 to {DATASET_NAME_MAX} characters, no control characters"
+        "dataset directory (for rt-j models: a relational database directory): "
+        f"1 to {DATASET_NAME_MAX} characters, no control characters"
+    ),
+    "task": (
+        f"must name a task table of the database (rt-j models only): 1 to {TASK_MAX} characters, "
+        "no control characters"
     ),
     "batch_size": f"must be an integer from 1 to {BATCH_SIZE_MAX}",
     "learning_rate": "must be a number greater than 0",
@@ -49,6 +60,21 @@ RULES: dict[str, str] = {
     "targets": TARGETS_RULE,
     "cameras": ("must map model cameras (" + ", ".join(catalog.MODEL_CAMERAS) + ") to dataset feature names"),
     "name": f"must be text of at most {NAME_MAX} characters, no control characters",
+    "gpus": (
+        f"must be an integer from 1 to {GPUS_MAX}, at most batch_size; by default 1 for lora and all "
+        "the GPUs of one worker host for full"
+    ),
+}
+
+
+GpuCount = Annotated[int, Field(strict=True, ge=1, le=GPUS_MAX), BeforeValidator(whole_float_to_int)]
+
+
+# Fields an RT-J recipe refuses, and why. (lora_rank and lora_alpha, as for any finetune="full"
+# recipe, are ignored; a config read back from a job holds them filled in.)
+_NOT_FOR_RELATIONAL: dict[str, str] = {
+    "cameras": "RT-J reads the tables of a database, not camera images",
+    "targets": 'RT-J is tuned in full: every weight trains, targets ["all"]',
 }
 
 
@@ -61,23 +87,49 @@ class SFTConfig(CheckedConfig):
 
     RULES: ClassVar[dict[str, str]] = RULES
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
-        "model": catalog.MODELS,
+        "model": catalog.RECIPE_MODELS,
         "finetune": catalog.FINETUNE_METHODS,
     }
     WHAT: ClassVar[str] = "SFTConfig"
     BODY_MESSAGE: ClassVar[str] = "the config must be an object with the recipe's fields"
 
-    model: ModelName
-    dataset_name: str
-    batch_size: int = Field(128, strict=True, ge=1, le=BATCH_SIZE_MAX)
+    model: str
+    dataset_name: str = Field(min_length=1, max_length=DATASET_NAME_MAX, pattern=NOT_BLANK_TEXT_PATTERN)
+    batch_size: WholeNumber = Field(128, strict=True, ge=1, le=BATCH_SIZE_MAX)
     learning_rate: float = Field(2.5e-5, strict=True, gt=0, allow_inf_nan=False)
-    steps: int = Field(6000, strict=True, ge=1, le=STEPS_MAX)
+    steps: WholeNumber = Field(6000, strict=True, ge=1, le=STEPS_MAX)
     finetune: FinetuneMethod = "lora"
     lora_rank: LoraRank = LORA_RANK_DEFAULT
     lora_alpha: LoraAlpha = None
     targets: TargetNames = None
-    cameras: dict[str, str] | None = None
-    name: str | None = Field(None, max_length=NAME_MAX)
+    cameras: dict[str, str] | None = Field(
+        None,
+        json_schema_extra={
+            "minProperties": 1,
+            "propertyNames": {"enum": list(catalog.MODEL_CAMERAS)},
+            "additionalProperties": {"type": "string", "minLength": 1, "pattern": PLAIN_TEXT_PATTERN},
+        },
+    )
+    name: str | None = Field(None, max_length=NAME_MAX, pattern=PLAIN_TEXT_PATTERN)
+    # One process per GPU; the global batch stays batch_size, split across them.
+    gpus: (
+        Annotated[int, Field(strict=True, ge=1, le=GPUS_MAX), BeforeValidator(whole_float_to_int)] | None
+    ) = None
+    task: str | None = Field(None, min_length=1, max_length=TASK_MAX, pattern=PLAIN_TEXT_PATTERN)
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value not in catalog.RECIPE_MODELS:
+            raise ValueError(RECIPE_MODEL_RULE)
+        return value
+
+    @field_validator("task")
+    @classmethod
+    def _plain_task(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or has_control_characters(value)):
+            raise ValueError(RULES["task"])
+        return value
 
     @field_validator("dataset_name")
     @classmethod
@@ -105,10 +157,51 @@ class SFTConfig(CheckedConfig):
         return value
 
     @model_validator(mode="after")
+    def _fits_the_family(self) -> SFTConfig:
+        # Fields of the other family are refused rather than ignored, so nothing is silently dropped.
+        given = self.model_fields_set
+        if catalog.is_relational(self.model):
+            if self.task is None:
+                raise ConfigError(
+                    f"missing task (required for {self.model}; it {RULES['task']})", "task", "missing_field"
+                )
+            for field, why in _NOT_FOR_RELATIONAL.items():
+                if field in given and getattr(self, field) not in (None, list(catalog.DEFAULT_FULL_TARGETS)):
+                    raise ConfigError(
+                        f"bad {field}: {self.model} takes no {field} ({why})", field, "invalid_value"
+                    )
+            if "finetune" in given and self.finetune != "full":
+                raise ConfigError(
+                    f'bad finetune: "{self.finetune}" ({self.model} is tuned in full: must be "full")',
+                    "finetune",
+                    "invalid_value",
+                )
+            if self.gpus is not None and self.gpus > 1:
+                raise ConfigError(
+                    f"bad gpus: {self.gpus} ({self.model} jobs run in one process: gpus must be 1)",
+                    "gpus",
+                    "invalid_value",
+                )
+            self.finetune = "full"
+            self.gpus = 1
+        elif self.task is not None:
+            raise ConfigError(
+                f"bad task: {self.model} takes no task (task names a relational database's task table, "
+                f"for {', '.join(catalog.RELATIONAL_MODELS)})",
+                "task",
+                "invalid_value",
+            )
+        return self
+
+    @model_validator(mode="after")
     def _fill_defaults(self) -> SFTConfig:
         # Spelled out so a job shows what it trains with, not "default".
         if self.lora_alpha is None:
             self.lora_alpha = float(self.lora_rank)
         if self.targets is None:
             self.targets = list(catalog.default_targets(self.finetune))
+        if self.gpus is None and self.finetune == "lora":
+            self.gpus = 1  # full's default depends on the workers' hosts: the service fills it in
+        if self.gpus is not None and self.gpus > self.batch_size:
+            raise ValueError(f"bad gpus: {self.gpus} ({RULES['gpus']}, {self.batch_size})")
         return self

@@ -53,6 +53,7 @@ class FineTuneJob:
     finished_at: str | None
     attempts: int
     lease_lapsed_seconds: float | None
+    gpus: int | None
     model: str
     dataset_name: str
     batch_size: int

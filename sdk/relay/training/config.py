@@ -24,6 +24,7 @@ from relay._rules import (
     LoraRank,
     ModelName,
     TargetNames,
+    WholeNumber,
 )
 from relay.catalog import LORA_RANK_DEFAULT
 from relay.codec import Codec
@@ -75,7 +76,7 @@ class SessionConfig(CheckedConfig):
     lora_rank: LoraRank = LORA_RANK_DEFAULT
     lora_alpha: LoraAlpha = None
     targets: TargetNames = None
-    action_horizon: int = Field(catalog.ACTION_HORIZON, strict=True, ge=1, le=ACTION_HORIZON_MAX)
+    action_horizon: WholeNumber = Field(catalog.ACTION_HORIZON, strict=True, ge=1, le=ACTION_HORIZON_MAX)
     codec: Codec = Codec.LOSSLESS
 
     @model_validator(mode="before")

@@ -93,12 +93,19 @@ def test_synth_writes_what_it_is_asked_for(tmp_path: Path, cache_dir: Path) -> N
     assert (summary.episodes, summary.state_dim, summary.action_dim, summary.fps) == (3, 4, 3, 15)
     assert 15 <= summary.frames <= 27 and len(summary.tasks) == 2
     code, output = relay("synth", out)
-    assert code == 1 and "already exists and is not empty" in output
+    assert code == 1 and "already exists and is not empty; add --overwrite to replace it" in output
+    code, output = relay("synth", out, "--episodes", "2", "--colour", "orange", "--overwrite")
+    assert code == 0, output
+    assert open_dataset(str(out), cache_dir=cache_dir).summary.tasks == {0: "move to the orange dot"}
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(["--state-dim", "40"], "state_dim must be 2 to 32"), (["--length", "9-5"], "episode_length must be")],
+    [
+        (["--state-dim", "40"], "state_dim must be 2 to 32"),
+        (["--length", "9-5"], "episode_length must be"),
+        (["--colour", "teal"], "colours must be distinct names from: red, blue"),
+    ],
 )
 def test_synth_refuses_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
     code, output = relay("synth", tmp_path / "x", *args)

@@ -79,3 +79,37 @@ def test_the_action_is_given_by_the_image_not_by_the_state(synthetic: Path, cach
     design = np.column_stack([state, np.ones(len(state))])
     residual = action - design @ np.linalg.lstsq(design, action, rcond=None)[0]
     assert (residual.var(axis=0) / action.var(axis=0)).min() > 0.5
+
+
+def test_task_variants_change_what_the_cameras_see(tmp_path: Path) -> None:
+    from relay_engine.datasets import write_synthetic_dataset
+    from relay_engine.datasets.synth import render
+
+    path = write_synthetic_dataset(
+        tmp_path / "variant", episodes=2, episode_length=4, colours=["orange"], distractors=2, seed=1
+    )
+    row = pq.read_table(sorted(path.rglob("*.parquet"))[0]).to_pylist()[0]
+    image = np.asarray(Image.open(io.BytesIO(row["observation.images.top"]["bytes"]))).astype(int)
+    shown = [c for c, rgb in COLOURS.items() if (np.abs(image - rgb) <= 8).all(axis=-1).sum() > 10]
+    assert "orange" in shown and len(shown) == 3  # the target and two distractors
+    assert json.loads((path / "meta/tasks.jsonl").read_text())["task"] == "move to the orange dot"
+
+    # The top camera's placement: a shifted, zoomed view shows the dot elsewhere, and larger.
+    rng = np.random.default_rng(0)
+    dot, background = np.array([[0.3, 0.0]]), np.array([120, 120, 120])
+    plain = render((64, 64), np.zeros(2), dot, ["red"], background, wrist=False, noise=0, rng=rng)
+    moved = render(
+        (64, 64),
+        np.zeros(2),
+        dot,
+        ["red"],
+        background,
+        wrist=False,
+        noise=0,
+        rng=rng,
+        top_view=(0.3, 0.0, 2.0),
+    )
+    assert np.allclose(_target_seen(plain, "red"), [0.3, 0.0], atol=0.05)
+    assert np.allclose(_target_seen(moved, "red"), [0.0, 0.0], atol=0.05)
+    red = lambda image: (np.abs(image.astype(int) - COLOURS["red"]) <= 8).all(axis=-1).sum()  # noqa: E731
+    assert red(moved) > 3 * red(plain)

@@ -2,9 +2,10 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 run_recipes.py plan.json
 
-plan.json: {"dataset": ..., "cache": ..., "runs": [{"work_dir": ..., "recipe": {...},
-"stop_after": null | k, "events": path}]}. Rank 0 writes each run's events to its `events`
-file. The group is joined once for all the runs: starting processes is the slow part.
+plan.json: {"cache": ..., "runs": [{"work_dir": ..., "recipe": {...}, "stop_after": null | k,
+"events": path}], "trainer": null | {"dataset": ..., "args": {...}, "result": path}}. Rank 0
+writes each run's events to its `events` file, and the Trainer's losses to its `result`. The
+group is joined once for all the runs: starting processes is the slow part.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from relay_engine import Trainer, TrainingArguments
+from relay_engine.datasets import open_dataset
 from relay_engine.distributed import join, leave
+from relay_engine.models import load_policy
 from relay_engine.recipe import Recipe, run_recipe
 
 
@@ -39,8 +43,21 @@ def main(plan_path: str) -> None:
             if world.is_main:
                 summary = {"status": result.status, "step": result.step, "resumed_from": result.resumed_from}
                 Path(run["events"]).write_text(json.dumps({"events": events, "result": summary}))
+        if plan.get("trainer"):
+            run_trainer(plan["trainer"], plan["cache"], world.is_main)
     finally:
         leave()
+
+
+def run_trainer(spec: dict[str, Any], cache: str, main: bool) -> None:
+    """The local trainer as a user's script under torchrun would run it."""
+    dataset = open_dataset(spec["dataset"], cache_dir=Path(cache))
+    trainer = Trainer(
+        model=load_policy("pi05-tiny"), args=TrainingArguments(**spec["args"]), train_dataset=dataset
+    )
+    result = trainer.train()
+    if main:
+        Path(spec["result"]).write_text(json.dumps({"result": result, "losses": trainer.losses}))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,14 @@ import pytest
 from safetensors.torch import load_file
 
 from relay.sft.config import SFTConfig
+from relay_engine import Trainer, TrainingArguments
+from relay_engine.datasets import open_dataset
+from relay_engine.models import load_policy
 from relay_engine.recipe import Recipe, run_recipe
 from relay_engine.training.checkpoint import POINTER, CheckpointStore, write_atomic
 
-STEPS = 6
-CHECKPOINT_EVERY = 3
+STEPS = 4
+CHECKPOINT_EVERY = 2
 TOLERANCE = 1e-5
 LEARNING_RATE = 1e-3
 # Full fine-tuning's share of weights where AdamW turns rounding noise into steps (see assert_same_weights).
@@ -119,13 +123,20 @@ def runs(
 
     plan_runs = [
         ("lora", lora, root / "lora-2", None),
-        ("lora-stopped", lora, root / "lora-2-stopped", 4),
+        ("lora-stopped", lora, root / "lora-2-stopped", 3),
         ("lora-resumed", lora, root / "lora-2-stopped", None),
         ("full", full, root / "full-2", None),
+        ("lora-fsdp", replace(lora, strategy="fsdp"), root / "lora-fsdp-2", None),
         ("full-1to2", full, root / "full-1to2", None),
     ]
+    trainer_args = {"max_steps": 2, "learning_rate": LEARNING_RATE, "seed": 5, "logging_steps": 1}
     plan = {
         "cache": str(dataset_cache),
+        "trainer": {
+            "dataset": str(synthetic_dataset_path),
+            "args": {**trainer_args, "output_dir": str(root / "trainer-2"), "per_device_train_batch_size": 2},
+            "result": str(root / "trainer-2.json"),
+        },
         "runs": [
             {
                 "recipe": recipe.to_dict(),
@@ -156,7 +167,22 @@ def runs(
         )
         for kind, recipe in (("lora", lora), ("full", full))
     }
-    return {"root": root, "alone": alone, "two": two, "resharded": resharded}
+    # The local trainer alone, with the mini-batch that 2 processes of 2 samples each read.
+    trainer = Trainer(
+        model=load_policy("pi05-tiny"),
+        args=TrainingArguments(
+            **trainer_args, output_dir=str(root / "trainer-1"), per_device_train_batch_size=4
+        ),
+        train_dataset=open_dataset(str(synthetic_dataset_path), cache_dir=dataset_cache),
+    )
+    trainer.train()
+    return {
+        "root": root,
+        "alone": alone,
+        "two": two,
+        "resharded": resharded,
+        "trainer": (trainer.losses, json.loads((root / "trainer-2.json").read_text())),
+    }
 
 
 @pytest.mark.parametrize("kind", ["lora", "full"])
@@ -173,7 +199,7 @@ def test_two_processes_train_as_one(runs: dict[str, Any], kind: str) -> None:
 
 def test_two_processes_resume_loss_exactly(runs: dict[str, Any]) -> None:
     stopped, resumed = runs["two"]["lora-stopped"], runs["two"]["lora-resumed"]
-    assert stopped["result"]["status"] == "stopped" and stopped["result"]["step"] == 4
+    assert stopped["result"]["status"] == "stopped" and stopped["result"]["step"] == 3
     assert resumed["result"]["resumed_from"] == CHECKPOINT_EVERY
     expected = runs["alone"]["lora"][1]
     assert_same_losses(expected, resumed["events"], range(CHECKPOINT_EVERY + 1, STEPS + 1))
@@ -194,8 +220,23 @@ def test_a_checkpoint_of_one_process_resumes_on_two(runs: dict[str, Any]) -> Non
 def test_a_checkpoint_of_two_processes_resumes_on_one(runs: dict[str, Any], kind: str) -> None:
     result, events = runs["resharded"][kind]
     assert result.resumed_from == CHECKPOINT_EVERY
-    manifest = CheckpointStore.manifest(runs["root"] / f"{kind}-2" / "checkpoints" / "step-00000003")
+    manifest = CheckpointStore.manifest(runs["root"] / f"{kind}-2" / "checkpoints" / "step-00000002")
     assert manifest["world_size"] == 2
     alone_result, alone_events = runs["alone"][kind]
     assert_same_losses(alone_events, events, range(CHECKPOINT_EVERY + 1, STEPS + 1))
     assert_same_weights(alone_result.output_dir, result.output_dir, noise_share=noise(kind))
+
+
+def test_the_trainer_under_torchrun_trains_as_one_process(runs: dict[str, Any]) -> None:
+    """2 processes of per_device_train_batch_size 2 make the steps of one process with 4."""
+    alone_losses, two = runs["trainer"]
+    assert two["result"]["steps"] == 2
+    assert two["losses"] == pytest.approx(alone_losses, abs=TOLERANCE)
+    assert_same_weights(runs["root"] / "trainer-1", runs["root"] / "trainer-2")
+
+
+def test_the_strategy_can_be_chosen(runs: dict[str, Any]) -> None:
+    """LoRA under FSDP (--strategy fsdp) trains as LoRA under DDP, and as one process."""
+    alone_result, alone_events = runs["alone"]["lora"]
+    assert_same_losses(alone_events, runs["two"]["lora-fsdp"]["events"], range(1, STEPS + 1))
+    assert_same_weights(alone_result.output_dir, runs["root"] / "lora-fsdp-2" / "output")

@@ -105,22 +105,23 @@ def test_flow_outputs_follow_the_recipe(policy: Pi05Policy) -> None:
     assert abs(times.mean().item() - 0.6004) < 0.01
 
 
-def test_loss_masks_padding_and_weights_samples(policy: Pi05Policy) -> None:
+def test_loss_masks_padded_steps_trains_padding_columns_and_weights_samples(policy: Pi05Policy) -> None:
     samples = make_samples(3, action_dim=4, padded_steps=3)
     samples[1]["weight"] = 3.0
     samples[2]["weight"] = 0.0
     batch = policy.collate(samples)
     velocity = torch.zeros(3, 10, 32)
     target = torch.ones(3, 10, 32)
-    # Errors in padded steps and in dims >= action_dim must not count.
+    # Errors in steps padded past the episode's end must not count; every column of a real step
+    # counts, the padding columns beyond action_dim too (openpi trains them towards zero).
     target[:, 7:, :] = 100.0
-    target[:, :, 4:] = 100.0
-    target[0, :7, :4] = 2.0
+    target[0, :7, :4] = 2.0  # sample 0: 4 of its 32 columns err by 2, the rest by 1
     outputs = FlowOutputs(velocity=velocity, target=target, x_t=velocity, noise=velocity, time=torch.zeros(3))
     loss, per_sample = flow_matching_loss(outputs, batch)
-    torch.testing.assert_close(per_sample, torch.tensor([4.0, 1.0, 1.0]))
-    torch.testing.assert_close(loss, torch.tensor((1 * 4.0 + 3 * 1.0 + 0 * 1.0) / 4.0))
-    assert batch.action_mask.sum() == 3 * 7 * 4
+    first = (4 * 4.0 + 28 * 1.0) / 32
+    torch.testing.assert_close(per_sample, torch.tensor([first, 1.0, 1.0]))
+    torch.testing.assert_close(loss, torch.tensor((1 * first + 3 * 1.0 + 0 * 1.0) / 4.0))
+    assert batch.action_mask.sum() == 3 * 7 * 32
 
 
 def test_sampling_reuses_the_prefix(policy: Pi05Policy) -> None:

@@ -52,8 +52,9 @@ export async function request(method, path, body, extraHeaders = {}) {
 export const get = (path) => request("GET", path);
 export const post = (path, body, extraHeaders) => request("POST", path, body, extraHeaders);
 
-// A file of a job, fetched with the key and handed to the browser as a download. (A plain link
-// cannot carry the Authorization header, and the key never goes into a URL.)
+// A file of a job, fetched with the key and handed to the browser as a download (a plain link
+// cannot carry the Authorization header, and the key never goes into a URL). Returns the sha256
+// the server sent with it.
 export async function download(path, name) {
   const answer = await fetch(path, { headers: headers({}) });
   if (!answer.ok) {
@@ -73,6 +74,7 @@ export async function download(path, name) {
   link.click();
   link.remove();
   setTimeout(() => URL.revokeObjectURL(url), 60_000);
+  return answer.headers.get("x-checksum-sha256");
 }
 
 // Reads a server-sent-event stream with fetch(), since EventSource cannot send the Authorization

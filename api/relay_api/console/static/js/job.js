@@ -154,16 +154,19 @@ export async function jobView(ctx, id) {
           { "data-file": file.path },
           h("td.mono", {}, file.path),
           h("td.num", { title: `${file.bytes} bytes` }, bytes(file.bytes)),
-          h("td.mono", {}, file.sha256 ?? h("span.muted", {}, "given with the download")),
-          h("td", {}, h("button", { type: "button", onclick: () => fetchFile(file.path) }, "Download")),
+          h("td.mono", { "data-sha256": "" }, file.sha256 ?? h("span.muted", {}, "given with the download")),
+          h("td", {}, h("button", { type: "button", onclick: (event) => fetchFile(file.path, event.target) }, "Download")),
         ),
       ),
     );
   }
 
-  async function fetchFile(path) {
+  async function fetchFile(path, button) {
     try {
-      await download(`/v1/fine-tunes/${encodeURIComponent(job.id)}/files/${path}`, path.split("/").pop());
+      const sha256 = await download(`/v1/fine-tunes/${encodeURIComponent(job.id)}/files/${path}`, path.split("/").pop());
+      // Show the checksum the server sent with the file (where the listing had none to give).
+      const cell = button.closest("tr").querySelector("[data-sha256]");
+      if (sha256 && cell) cell.textContent = sha256;
     } catch (error) {
       if (!ctx.failed(error)) messages.replaceChildren(notice("error", error.message));
     }

@@ -1,0 +1,144 @@
+"""The RT-J step, with the interface of the engine's Learner (forward_backward, optim_step,
+save_state, load_state), so recipe jobs run it through the same loop, checkpoints and events.
+
+As in the Learner, gradients accumulate as sums over the data until optim_step divides by the
+total weight (the number of contexts), so two half batches make the update of one full batch.
+The task loss is the trainer's: BCE on target_scores for binary tasks, Huber for regression.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch.nn import functional as F
+
+from relay.optimizer import AdamParams
+from relay_engine.errors import EngineError
+from relay_engine.relational.batch import RelationalBatch, collate
+from relay_engine.relational.network import RTJNetwork
+from relay_engine.relational.training import RelationalExample
+from relay_engine.training.learner import ForwardBackwardResult, OptimStepResult
+
+
+@dataclass(frozen=True)
+class LabelledBatch:
+    """Contexts and their labels (0/1, or z-scored values)."""
+
+    contexts: RelationalBatch
+    labels: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.contexts.batch_size
+
+    @classmethod
+    def of(cls, examples: Sequence[RelationalExample]) -> LabelledBatch:
+        labels = torch.as_tensor([float(e.label) for e in examples], dtype=torch.float32)
+        return cls(collate([e.input for e in examples]), labels)
+
+
+def per_context_loss(scores: torch.Tensor, labels: torch.Tensor, problem_type: str) -> torch.Tensor:
+    if problem_type == "binary":
+        return F.binary_cross_entropy_with_logits(scores, labels, reduction="none")
+    if problem_type == "regression":
+        return F.huber_loss(scores, labels, reduction="none", delta=1.0)
+    raise EngineError(f"RT-J jobs train binary or regression tasks, not {problem_type!r}")
+
+
+class RelationalLearner:
+    def __init__(
+        self, network: RTJNetwork, problem_type: str, *, seed: int = 0, device: torch.device | str = "cpu"
+    ):
+        self.model = network
+        self.problem_type = problem_type
+        self.device = torch.device(device)
+        self.seed = seed
+        self.params = list(network.parameters())
+        self.optimizer = torch.optim.AdamW(self.params, lr=0.0)
+        self.steps_taken = 0
+        self._accumulated_weight = 0.0
+
+    def forward_backward(self, batch: LabelledBatch) -> ForwardBackwardResult:
+        self.model.train()
+        scores = self.model(batch.contexts.to(self.device))
+        losses = per_context_loss(scores, batch.labels.to(self.device), self.problem_type)
+        losses.sum().backward()
+        weight = float(batch.batch_size)
+        self._accumulated_weight += weight
+        return ForwardBackwardResult(
+            loss=float(losses.detach().mean()),
+            per_sample=[float(x) for x in losses.detach().cpu()],
+            weight=weight,
+        )
+
+    def forward(self, batch: LabelledBatch) -> tuple[float, list[float]]:
+        """The loss without gradients (evaluation)."""
+        self.model.eval()
+        with torch.no_grad():
+            scores = self.model(batch.contexts.to(self.device))
+            losses = per_context_loss(scores, batch.labels.to(self.device), self.problem_type)
+        return float(losses.mean()), [float(x) for x in losses.cpu()]
+
+    def optim_step(self, params: AdamParams) -> OptimStepResult:
+        if self._accumulated_weight <= 0:
+            raise EngineError(
+                "optim_step: no gradients accumulated since the last step; call forward_backward first"
+            )
+        grads = [p.grad for p in self.params if p.grad is not None]
+        for grad in grads:
+            grad.div_(self._accumulated_weight)
+        total_norm = torch.nn.utils.get_total_norm(grads) if grads else torch.tensor(0.0)
+        grad_norm = float(total_norm)
+        skipped = not math.isfinite(grad_norm)
+        if not skipped:
+            if params.grad_clip_norm > 0:
+                torch.nn.utils.clip_grads_with_norm_(self.params, params.grad_clip_norm, total_norm)
+            for group in self.optimizer.param_groups:
+                group.update(
+                    lr=params.learning_rate,
+                    betas=(params.beta1, params.beta2),
+                    eps=params.eps,
+                    weight_decay=params.weight_decay,
+                )
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._accumulated_weight = 0.0
+        self.steps_taken += 1
+        return OptimStepResult(grad_norm=grad_norm, skipped=skipped)
+
+    def save_state(self, directory: Path) -> None:
+        """Every weight, the optimizer and the RNGs, as files in `directory`."""
+        weights = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
+        save_file(weights, str(directory / "model.safetensors"))
+        torch.save(
+            {
+                "optimizer": self.optimizer.state_dict(),
+                "steps_taken": self.steps_taken,
+                "torch": torch.get_rng_state(),
+                "numpy": np.random.get_state(),
+                "python": random.getstate(),
+            },
+            directory / "optimizer_and_rng.pt",
+        )
+
+    def load_state(self, directory: Path) -> None:
+        self.model.load_state_dict(load_file(str(directory / "model.safetensors"), device=str(self.device)))
+        # Our own file: the numpy RNG state needs full unpickling.
+        state: dict[str, Any] = torch.load(
+            directory / "optimizer_and_rng.pt", map_location="cpu", weights_only=False
+        )
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps_taken = int(state["steps_taken"])
+        torch.set_rng_state(state["torch"])
+        np.random.set_state(state["numpy"])
+        random.setstate(state["python"])
+        self.optimizer.zero_grad(set_to_none=True)
+        self._accumulated_weight = 0.0

@@ -1,0 +1,108 @@
+"""Recipe jobs on 2 processes through the service: real Celery workers, PostgreSQL and Redis.
+
+A worker that declares 2 slots (RELAY_WORKER_SLOTS, the CPU's stand-in for GPUs) runs a job of
+`gpus=2` as 2 processes started by torch.distributed.run (gloo). Killing one of them takes the
+group down; the job goes back to the queue and its next attempt resumes from the last checkpoint.
+A cancel stops every process at the same step.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from relay._http import Client
+from relay.errors import APIError
+from relay.sft.config import SFTConfig
+from relay.sft.train import train
+from relay_api.models import WorkerHeartbeat
+from tests.service.stack import Stack, WorkerProcess, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def two_slot_worker(stack: Stack) -> Iterator[WorkerProcess]:
+    worker = stack.start_standby_worker(RELAY_WORKER_SLOTS="2")
+    worker.wait_ready()
+
+    def advertised() -> bool:
+        with stack.sessions() as session:
+            return bool(session.scalar(select(WorkerHeartbeat.name).where(WorkerHeartbeat.gpus == 2)))
+
+    wait_for(advertised, 60, "the 2-slot worker's heartbeat")
+    yield worker
+    worker.stop()
+
+
+def rank_pid(stack: Stack, job_id: str, rank: int) -> int:
+    path = stack.settings.job_dir(job_id) / "launch" / f"rank-{rank}.pid"
+    wait_for(path.exists, 180, f"rank {rank} of {job_id} to start", every=0.1)
+    return int(path.read_text())
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped) counts as gone.
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "zombie" not in status.read_text()
+
+
+def config(dataset: Path, **fields: object) -> SFTConfig:
+    return SFTConfig(
+        **{"model": "pi05-tiny", "dataset_name": str(dataset), "batch_size": 4, "gpus": 2, **fields}
+    )
+
+
+def test_more_gpus_than_any_worker_has_is_refused(
+    two_slot_worker: WorkerProcess, client: Client, dataset: Path
+) -> None:
+    with pytest.raises(APIError) as refused:
+        train(config(dataset, gpus=4), client=client)
+    assert refused.value.status == 400
+    assert refused.value.param == "gpus"
+    assert "no worker can run it: the largest gives a job 2" in str(refused.value)
+
+
+def test_a_killed_rank_takes_the_group_down_and_the_job_resumes(
+    stack: Stack, two_slot_worker: WorkerProcess, client: Client, dataset: Path
+) -> None:
+    job = train(config(dataset, steps=40), client=client)
+    assert job.to_dict()["gpus"] == 2
+    checkpoints = lambda: [e["step"] for e in job.events() if e.get("event") == "checkpoint"]  # noqa: E731
+    wait_for(checkpoints, 300, "the job's first checkpoint", every=0.1)
+    victim = rank_pid(stack, job.id, 1)
+    os.kill(victim, 9)
+    last_checkpoint = max(checkpoints())
+    assert last_checkpoint < 40, "the job ended before the kill; make it longer"
+
+    job.wait(poll=1, timeout=600)
+    assert job.status == "completed" and job.step == 40
+    assert job.to_dict()["attempts"] == 2
+    events = job.events()
+    resumed = next(e for e in events if e.get("event") == "resumed")
+    assert resumed["attempt"] == 2 and resumed["step"] >= last_checkpoint
+    assert [e["step"] for e in events if "grad_norm" in e] == [10, 20, 30, 40]
+    assert (stack.settings.job_dir(job.id) / "output" / "model.safetensors").is_file()
+
+
+def test_a_cancel_reaches_every_rank(
+    stack: Stack, two_slot_worker: WorkerProcess, client: Client, dataset: Path
+) -> None:
+    job = train(config(dataset, steps=2000), client=client)
+    ranks = [rank_pid(stack, job.id, rank) for rank in (0, 1)]
+    wait_for(lambda: job.refresh().step >= 10, 300, "the job's first metrics", every=0.1)
+    job.cancel()
+    job.wait(poll=0.5, timeout=120)
+    assert job.status == "cancelled"
+    started = time.monotonic()
+    wait_for(lambda: not any(alive(pid) for pid in ranks), 60, "every rank to exit", every=0.1)
+    assert time.monotonic() - started < 60

@@ -1,0 +1,135 @@
+"""A recipe job on several processes: the worker starts them through torch.distributed.run.
+
+The worker keeps the job's claim, lease and events in its own process, as for a one-process job;
+the ranks run relay_engine.distributed.job. Rank 0's events come back as lines on the launcher's
+standard output; a cancel (or the worker's shutdown) reaches the ranks as a stop file, which they
+agree on at every step. If any rank dies, the launcher stops the others and exits non-zero, and
+this raises RanksFailed: the job is given back and its next attempt resumes from the last
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from relay_engine.distributed.job import EVENT_PREFIX
+from relay_engine.errors import EngineError
+from relay_engine.recipe import Recipe
+
+log = logging.getLogger("relay_worker")
+LAUNCH_DIR = "launch"
+STOP_SECONDS = 30.0
+PR_SET_PDEATHSIG = 1
+
+
+class RanksFailed(RuntimeError):
+    """A process of the group died (or the launcher could not start them)."""
+
+
+def run_on_processes(
+    recipe: Recipe,
+    processes: int,
+    work_dir: Path,
+    dataset_cache_dir: Path | None,
+    on_event: Callable[[dict[str, Any]], None],
+    should_stop: Callable[[], bool],
+    poll_seconds: float = 0.2,
+) -> dict[str, Any]:
+    """Run the recipe as `processes` ranks on this host; rank 0's result ({"status", "step", ...})."""
+    launch_dir = work_dir / LAUNCH_DIR
+    launch_dir.mkdir(parents=True, exist_ok=True)
+    stop_file, result_file = launch_dir / "stop", launch_dir / "result.json"
+    for stale in (stop_file, result_file, *launch_dir.glob("rank-*.pid")):
+        stale.unlink(missing_ok=True)
+    spec = {
+        "recipe": recipe.to_dict(),
+        "work_dir": str(work_dir),
+        "dataset_cache_dir": str(dataset_cache_dir) if dataset_cache_dir is not None else None,
+        "stop_file": str(stop_file),
+        "result_file": str(result_file),
+    }
+    (launch_dir / "spec.json").write_text(json.dumps(spec))
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(processes),
+        "-m",
+        "relay_engine.distributed.job",
+        str(launch_dir / "spec.json"),
+    ]
+    launcher = subprocess.Popen(
+        command, stdout=subprocess.PIPE, text=True, bufsize=1, preexec_fn=_die_with_parent
+    )
+    (launch_dir / "launcher.pid").write_text(str(launcher.pid))
+    event_error: list[BaseException] = []
+    reader = threading.Thread(
+        target=_relay_events, args=(launcher, on_event, event_error), name="rank0-events", daemon=True
+    )
+    reader.start()
+    try:
+        while launcher.poll() is None:
+            if should_stop() and not stop_file.exists():
+                stop_file.touch()
+            reader.join(poll_seconds)
+    except BaseException:
+        _stop(launcher)
+        raise
+    finally:
+        reader.join(30)
+    if event_error:
+        raise event_error[0]  # FencedOut: a newer attempt owns the job
+    if launcher.returncode != 0 or not result_file.exists():
+        raise RanksFailed(f"the group of {processes} processes failed (launcher exit {launcher.returncode})")
+    outcome: dict[str, Any] = json.loads(result_file.read_text())
+    if "error" in outcome:
+        raise EngineError(outcome["error"])
+    return outcome
+
+
+def _relay_events(
+    launcher: subprocess.Popen[str], on_event: Callable[[dict[str, Any]], None], errors: list[BaseException]
+) -> None:
+    assert launcher.stdout is not None
+    for line in launcher.stdout:
+        if not line.startswith(EVENT_PREFIX):
+            sys.stdout.write(line)
+            continue
+        if errors:
+            continue  # keep draining the pipe so the ranks never block on it
+        try:
+            on_event(json.loads(line[len(EVENT_PREFIX) :]))
+        except BaseException as error:  # handed to the worker's thread
+            errors.append(error)
+            _stop(launcher)
+
+
+def _stop(launcher: subprocess.Popen[str]) -> None:
+    """SIGTERM: the launcher stops its ranks before it exits; SIGKILL if it does not in time."""
+    launcher.terminate()
+    try:
+        launcher.wait(STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+
+
+def _die_with_parent() -> None:
+    """In the launcher's process, before it starts: SIGTERM it when this worker dies (Linux).
+
+    A worker killed outright must not leave its ranks training beside the job's next attempt; the
+    launcher passes the signal on to them.
+    """
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
