@@ -20,6 +20,6 @@ python -m pip install -q -e ".[dev]"
 ruff check .
 ruff format --check .
 lint-imports
-# The packages that type-check clean; api/relay_api and worker/relay_worker join when they do.
+# Every package, listed by name (a new package joins the list once it type-checks clean).
 mypy sdk/relay engine/relay_engine api/relay_api worker/relay_worker
 pytest --durations=15 "$@"

@@ -52,6 +52,11 @@ from relay_engine.tuning import apply_tuning
 # the schedule's at each step. openpi's weight decay (1e-10) is none in effect, so we use none.
 RECIPE_ADAM = AdamParams(learning_rate=0.0)
 LOG_EVERY = 10
+# SFTConfig's fields when checkpoints began to carry a recipe's fingerprint (name aside).
+FINGERPRINTED_FIELDS = frozenset(
+    {"model", "dataset_name", "batch_size", "learning_rate", "steps", "finetune", "lora_rank"}
+    | {"lora_alpha", "targets", "cameras"}
+)
 
 
 @dataclass(frozen=True)
@@ -93,8 +98,11 @@ class Recipe:
         """What must not change between a checkpoint and a resume: the recipe but its name, and the
         engine settings that shape training. Where it runs, how often it reports, and how many
         processes run it and share the model may change (checkpoints reshard)."""
+        recipe = self.config.model_dump(exclude={"name", "gpus"})
         fixed = {
-            **self.config.model_dump(exclude={"name", "gpus"}),
+            # Fields added to SFTConfig since checkpoints carried a fingerprint count only when set
+            # away from their default, so that those checkpoints still resume.
+            **{k: v for k, v in recipe.items() if k in FINGERPRINTED_FIELDS or v != SFTConfig.default(k)},
             "action_horizon": self.action_horizon,
             "checkpoint_every": self.checkpoint_every,
             "seed": self.seed,

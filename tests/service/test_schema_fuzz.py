@@ -66,6 +66,10 @@ def test_every_operation_answers_as_its_schema_says(app_and_key: tuple[object, s
             cases += 1
             if case.query and str(case.query.get("stream", "")).lower() in ("true", "1"):
                 case.query["stream"] = "false"  # a live stream of a queued job never ends
+            if isinstance(case.body, dict) and case.operation.path == "/v1/fine-tunes":
+                # How many GPUs a job may have depends on the workers alive (a 400 when none has
+                # enough), which no schema can say; tests/service cover gpus on their own.
+                case.body.pop("gpus", None)
             if case.query and case.operation.path in ("/v1/fine-tunes", "/v1/sessions"):
                 # A page cursor must name one of the caller's own rows (else 400, by design): a
                 # random one says nothing of the schema. Odd cursors: tests/service/test_hardening.py.

@@ -45,7 +45,7 @@ def test_batch_layout(collate: Pi05Collator) -> None:
     assert batch.images.min() >= -1.0 and batch.images.max() <= 1.0
     assert batch.actions.shape == batch.action_mask.shape == (3, 10, 32)
     expected_mask = torch.zeros(10, 32, dtype=torch.bool)
-    expected_mask[:8, :4] = True
+    expected_mask[:8, :] = True  # the real steps, every column (padding columns train towards zero)
     assert all(torch.equal(m, expected_mask) for m in batch.action_mask)
     assert torch.equal(batch.actions[0, :, :4], torch.from_numpy(samples[0]["actions"][:, :4]))
     assert batch.weights.tolist() == [1.0, 0.5, 1.0]
