@@ -54,6 +54,7 @@ class FineTuneJob:
     attempts: int
     lease_lapsed_seconds: float | None
     gpus: int | None
+    task: str | None
     model: str
     dataset_name: str
     batch_size: int
