@@ -54,6 +54,7 @@ class FineTuneJob:
     attempts: int
     lease_lapsed_seconds: float | None
     gpus: int | None
+    task: str | None
     model: str
     dataset_name: str
     batch_size: int
@@ -65,7 +66,6 @@ class FineTuneJob:
     targets: list[str] | None
     cameras: dict[str, str] | None
     name: str | None
-    task: str | None  # rt-j jobs: the database's task table
 
     def __init__(self, data: dict[str, Any], client: _http.Client | None = None) -> None:
         self._client = client or _http.default_client()
