@@ -114,9 +114,18 @@ def cancel_fine_tune(job_id: JobId, user: CurrentUser, session: SessionDep) -> R
     responses={
         200: {
             "model": schemas.EventList,
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {
+                "text/event-stream": {
+                    "schema": {"type": "string"},
+                    "example": 'id: 41\ndata: {"id": 41, "object": "fine_tune.event", "created_at": '
+                    '"2026-01-01T00:00:00Z", "step": 10, "loss": 0.21}\n\ndata: [DONE]\n\n',
+                }
+            },
             "description": "A page of events, oldest first; or, with stream=true (or Accept: "
-            "text/event-stream), a live stream of them ending with `data: [DONE]`.",
+            "text/event-stream), a live stream of server-sent events: each message's `id` is the "
+            "event's id (send it back as Last-Event-ID to resume) and its `data` one event as JSON, "
+            "shaped as EventOut; comment lines keep the connection alive; the last message is "
+            "`data: [DONE]`, once the job has ended.",
         },
     },
 )

@@ -18,6 +18,7 @@ from relay.sft.config import SFTConfig
 from relay.sft.job import FineTuneJob
 from relay.sft.train import train
 from relay_api.queue import Publisher
+from relay_api.schemas import EventOut
 from tests.service.stack import Stack, WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
@@ -68,6 +69,22 @@ def test_a_job_runs_to_completion_with_its_events_and_files(
     assert job.events(after=events[1].id) == events[2:]
     assert job.events(after=events[-1].id) == []
     assert_events_unique(job)
+
+    # The raw stream says what /openapi.json says of it: `id:` and `data:` an EventOut, then [DONE].
+    raw = httpx.get(
+        f"{client.base_url}/v1/fine-tunes/{job.id}/events",
+        params={"stream": "true"},
+        headers={"authorization": f"Bearer {client.api_key}"},
+    )
+    messages = [m for m in raw.text.replace("\r\n", "\n").split("\n\n") if m.strip()]
+    fields = [
+        dict(line.split(": ", 1) for line in m.splitlines() if not line.startswith(":")) for m in messages
+    ]
+    assert fields[-1] == {"data": "[DONE]"}
+    for message in fields[:-1]:
+        event = EventOut.model_validate_json(message["data"])
+        assert str(event.id) == message["id"]
+    assert [int(m["id"]) for m in fields[:-1]] == [e.id for e in events]
 
     files = {f["path"]: f for f in job.files(checkpoints=True)}
     outputs = {p for p in files if p.startswith("output/")}
