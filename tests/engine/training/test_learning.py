@@ -23,7 +23,7 @@ HELD_OUT_EPISODES = list(range(24, 30))
 STEPS = 80
 
 
-def test_fine_tuning_the_base_on_an_unseen_task_beats_the_blind_baseline(tmp_path: Path) -> None:
+def test_fine_tuning_the_base_on_an_unseen_task_improves_on_the_base(tmp_path: Path) -> None:
     dataset_path = write_synthetic_dataset(
         tmp_path / "orange", episodes=30, episode_length=(30, 40), colours=["orange"], seed=11
     )
