@@ -8,7 +8,6 @@ The task loss is the trainer's: BCE on target_scores for binary tasks, Huber for
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from relay_engine.errors import EngineError
 from relay_engine.relational.batch import RelationalBatch, collate
 from relay_engine.relational.network import RTJNetwork
 from relay_engine.relational.training import RelationalExample
-from relay_engine.training.learner import ForwardBackwardResult, OptimStepResult
+from relay_engine.training.learner import ForwardBackwardResult, OptimStepResult, clipped_adam_step
 
 
 @dataclass(frozen=True)
@@ -96,23 +95,10 @@ class RelationalLearner:
         for grad in grads:
             grad.div_(self._accumulated_weight)
         total_norm = torch.nn.utils.get_total_norm(grads) if grads else torch.tensor(0.0)
-        grad_norm = float(total_norm)
-        skipped = not math.isfinite(grad_norm)
-        if not skipped:
-            if params.grad_clip_norm > 0:
-                torch.nn.utils.clip_grads_with_norm_(self.params, params.grad_clip_norm, total_norm)
-            for group in self.optimizer.param_groups:
-                group.update(
-                    lr=params.learning_rate,
-                    betas=(params.beta1, params.beta2),
-                    eps=params.eps,
-                    weight_decay=params.weight_decay,
-                )
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        result = clipped_adam_step(self.optimizer, self.params, total_norm, params)
         self._accumulated_weight = 0.0
         self.steps_taken += 1
-        return OptimStepResult(grad_norm=grad_norm, skipped=skipped)
+        return result
 
     def save_state(self, directory: Path) -> None:
         """Every weight, the optimizer and the RNGs, as files in `directory`."""

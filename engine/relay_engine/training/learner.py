@@ -25,7 +25,7 @@ import contextlib
 import hashlib
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -204,24 +204,11 @@ class Learner:
         total_norm = torch.nn.utils.get_total_norm(grads) if grads else torch.tensor(0.0)
         if self.parallel is not None:
             total_norm = self.parallel.full_norm(total_norm)
-        grad_norm = float(total_norm)
-        skipped = not math.isfinite(grad_norm)
-        if not skipped:
-            if params.grad_clip_norm > 0:
-                torch.nn.utils.clip_grads_with_norm_(self.params, params.grad_clip_norm, total_norm)
-            for group in self.optimizer.param_groups:
-                group.update(
-                    lr=params.learning_rate,
-                    betas=(params.beta1, params.beta2),
-                    eps=params.eps,
-                    weight_decay=params.weight_decay,
-                )
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        result = clipped_adam_step(self.optimizer, self.params, total_norm, params)
         self._accumulated_weight = 0.0
         self._data_since_step = 0
         self.steps_taken += 1
-        return OptimStepResult(grad_norm=grad_norm, skipped=skipped)
+        return result
 
     def sample(self, batch: Pi05Batch, num_steps: int = 10) -> torch.Tensor:
         """Actions (B, action_horizon, 32) for the batch's observations, with the weights as they are now."""
@@ -283,3 +270,29 @@ class Learner:
 
     def trainable_parameters(self) -> Iterator[torch.nn.Parameter]:
         return iter(self.params)
+
+
+def clipped_adam_step(
+    optimizer: torch.optim.Optimizer,
+    params: Sequence[torch.nn.Parameter],
+    total_norm: torch.Tensor,
+    adam: AdamParams,
+) -> OptimStepResult:
+    """Clip the gradients to `adam.grad_clip_norm` and take one step with `adam`'s settings, then
+    clear them; a gradient whose norm is not finite is dropped and the weights stay as they were.
+    The one optimizer step of every model family's learner."""
+    grad_norm = float(total_norm)
+    skipped = not math.isfinite(grad_norm)
+    if not skipped:
+        if adam.grad_clip_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, adam.grad_clip_norm, total_norm)
+        for group in optimizer.param_groups:
+            group.update(
+                lr=adam.learning_rate,
+                betas=(adam.beta1, adam.beta2),
+                eps=adam.eps,
+                weight_decay=adam.weight_decay,
+            )
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return OptimStepResult(grad_norm=grad_norm, skipped=skipped)
