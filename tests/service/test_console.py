@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, Route, expect
 from sqlalchemy import update
 
 from relay._http import Client
@@ -151,9 +151,16 @@ def test_a_cancel_that_comes_too_late_shows_the_apis_409(
     page.goto(f"{origin}/#/jobs/{job['id']}")
     cancel = page.locator("h1 button:has-text('Cancel')")
     expect(cancel).to_be_visible()
-    with stack.sessions() as session:  # the job ends meanwhile, as a worker would end it
-        session.execute(update(fine_tunes).where(fine_tunes.c.id == job["id"]).values(status="completed"))
-        session.commit()
+
+    def end_the_job_first(route: Route) -> None:
+        # The job ends between the click and the API's answer, as a worker would end it; done as
+        # the request leaves the page, so the page cannot notice the end and hide the button first.
+        with stack.sessions() as session:
+            session.execute(update(fine_tunes).where(fine_tunes.c.id == job["id"]).values(status="completed"))
+            session.commit()
+        route.continue_()
+
+    page.route(f"**/v1/fine-tunes/{job['id']}/cancel", end_the_job_first)
     cancel.click()
     expect(page.locator("[data-testid=messages]")).to_contain_text(
         f"Could not cancel (409): fine-tune {job['id']} is already completed"
