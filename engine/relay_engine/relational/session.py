@@ -9,8 +9,6 @@ in full. Calls that belong to pi05 (sampling actions, custom losses on velocity)
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +18,13 @@ import numpy as np
 import torch
 
 from relay.optimizer import AdamParams
-from relay.training.config import STATE_META_FILE as STATE_META
 from relay_engine.errors import EngineError
 from relay_engine.relational.batch import BATCH_FIELDS, RelationalBatch
 from relay_engine.relational.checkpoint import save_network
 from relay_engine.relational.learner import LabelledBatch, RelationalLearner, per_context_loss
 from relay_engine.relational.training import RelationalExample
 from relay_engine.relational.transformer import RelationalTransformer
+from relay_engine.training.session import check_state, write_state
 
 TASK_LOSS = "task"
 
@@ -143,24 +141,10 @@ class RelationalSession:
 
     def save_state(self, directory: Path) -> None:
         """Every weight, the optimizer and what they belong to, replacing an older state."""
-        tmp = directory.with_name(f".{directory.name}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.learner.save_state(tmp)
-        (tmp / STATE_META).write_text(json.dumps(self.spec.identity(), indent=2))
-        if directory.exists():
-            shutil.rmtree(directory)
-        tmp.rename(directory)
+        write_state(directory, self.learner.save_state, self.spec.identity())
 
     def load_state(self, directory: Path, name: str) -> None:
-        if not (directory / STATE_META).is_file():
-            raise EngineError(f"no saved state named {name!r}")
-        saved = json.loads((directory / STATE_META).read_text())
-        if saved != self.spec.identity():
-            raise EngineError(
-                f"state {name!r} was saved by a session of {saved}; this session is {self.spec.identity()}: "
-                "load it in a session with the same model and problem_type"
-            )
+        check_state(directory, name, self.spec.identity(), "model and problem_type")
         self.learner.load_state(directory)
 
     # -- calls that belong to pi05 ------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -225,24 +225,10 @@ class TrainingSession:
     def save_state(self, directory: Path) -> None:
         """The trainable weights, the optimizer and what they belong to, replacing an older state."""
         self._refuse_pending_custom()
-        tmp = directory.with_name(f".{directory.name}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.learner.save_state(tmp)
-        (tmp / STATE_META).write_text(json.dumps(self.spec.identity(), indent=2))
-        if directory.exists():
-            shutil.rmtree(directory)
-        tmp.rename(directory)
+        write_state(directory, self.learner.save_state, self.spec.identity())
 
     def load_state(self, directory: Path, name: str) -> None:
-        if not (directory / STATE_META).is_file():
-            raise EngineError(f"no saved state named {name!r}")
-        saved = json.loads((directory / STATE_META).read_text())
-        if saved != self.spec.identity():
-            raise EngineError(
-                f"state {name!r} was saved by a session of {saved}; this session is {self.spec.identity()}: "
-                "load it in a session with the same model and targets"
-            )
+        check_state(directory, name, self.spec.identity(), "model and targets")
         self._refuse_pending_custom()
         self.learner.load_state(directory)
 
@@ -260,3 +246,29 @@ class TrainingSession:
 
 def _arrays(outputs: FlowOutputs) -> dict[str, np.ndarray]:
     return {key: getattr(outputs, key).detach().float().cpu().numpy() for key in OUTPUT_KEYS}
+
+
+def write_state(directory: Path, save: Callable[[Path], None], identity: dict[str, Any]) -> None:
+    """A session's saved state, written by `save` beside what it belongs to (`identity`), then
+    renamed into place so that it replaces an older state of that name whole or not at all."""
+    tmp = directory.with_name(f".{directory.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save(tmp)
+    (tmp / STATE_META).write_text(json.dumps(identity, indent=2))
+    if directory.exists():
+        shutil.rmtree(directory)
+    tmp.rename(directory)
+
+
+def check_state(directory: Path, name: str, identity: dict[str, Any], same: str) -> None:
+    """Refuse a saved state that does not exist or belongs to a session unlike this one
+    (`same` names what must match, for the message)."""
+    if not (directory / STATE_META).is_file():
+        raise EngineError(f"no saved state named {name!r}")
+    saved = json.loads((directory / STATE_META).read_text())
+    if saved != identity:
+        raise EngineError(
+            f"state {name!r} was saved by a session of {saved}; this session is {identity}: "
+            f"load it in a session with the same {same}"
+        )
