@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, insert, select, text, update
@@ -94,30 +95,41 @@ def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
     return event
 
 
-def largest_worker_gpus(session: Session, reconcile_seconds: float) -> int | None:
-    """The most GPUs one live worker gives a job, per the workers' heartbeats; None when none is alive."""
+@dataclass(frozen=True)
+class ClusterGpus:
+    """The GPUs of the live workers, per their heartbeats."""
+
+    largest: int  # the most one worker host gives a job
+    total: int  # all live workers' together: the most a job spanning several hosts can have
+
+
+def live_worker_gpus(session: Session, reconcile_seconds: float) -> ClusterGpus | None:
+    """What the live workers give, per their heartbeats; None when none is alive."""
     horizon = utcnow() - dt.timedelta(seconds=WORKER_MISSED_BEATS * reconcile_seconds)
-    largest = session.execute(
-        select(func.max(worker_heartbeats.c.gpus)).where(worker_heartbeats.c.seen_at >= horizon)
-    ).scalar()
-    return None if largest is None else int(largest)
+    largest, total = session.execute(
+        select(func.max(worker_heartbeats.c.gpus), func.sum(worker_heartbeats.c.gpus)).where(
+            worker_heartbeats.c.seen_at >= horizon
+        )
+    ).one()
+    return None if largest is None else ClusterGpus(int(largest), int(total))
 
 
 def place_on_workers(session: Session, config: SFTConfig, reconcile_seconds: float) -> SFTConfig:
     """Fill in `gpus` where the service chooses it, and refuse a job no worker could ever run.
 
     A full fine-tune without `gpus` gets all the GPUs of the largest live worker (1 when none is
-    alive yet). A job asking for more than any live worker has is refused, naming `gpus`. With no
-    live worker nothing is known, so nothing is refused: the job waits for workers.
+    alive yet). A job of more GPUs than one worker has spans several (a gang); one asking for more
+    than all live workers have together is refused, naming `gpus`. With no live worker nothing is
+    known, so nothing is refused: the job waits for workers.
     """
-    largest = largest_worker_gpus(session, reconcile_seconds)
+    cluster = live_worker_gpus(session, reconcile_seconds)
     if config.gpus is None:
-        return config.model_copy(update={"gpus": min(largest or 1, config.batch_size)})
-    if largest is not None and config.gpus > largest:
+        return config.model_copy(update={"gpus": min(cluster.largest if cluster else 1, config.batch_size)})
+    if cluster is not None and config.gpus > cluster.total:
         raise APIProblem(
             400,
-            f"bad gpus: {config.gpus} (no worker can run it: the largest gives a job {largest}; a job "
-            "runs on the GPUs of one worker host)",
+            f"bad gpus: {config.gpus} (must be at most the {cluster.total} GPUs of all live workers "
+            f"together, per their heartbeats; the largest worker has {cluster.largest})",
             param="gpus",
             code="no_worker_fits",
         )

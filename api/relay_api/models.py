@@ -175,6 +175,26 @@ class WorkerHeartbeat(Base):
     gpus: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
 
+class FineTuneHost(Base):
+    """A worker host's seat in the gang of a job that spans several hosts (more `gpus` than one has).
+
+    Seats are taken while the job waits in the queue; the job starts (as attempt `round`) when the
+    seats' processes add up to its `gpus`, and the seats are given back (deleted) if they do not in
+    time. Seat 0 serves the launcher's c10d rendezvous at `endpoint`.
+    """
+
+    __tablename__ = "fine_tune_hosts"
+    __table_args__ = (PrimaryKeyConstraint("job_id", "round", "seat"),)
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("fine_tunes.id", ondelete="CASCADE"))
+    round: Mapped[int] = mapped_column(Integer)  # the attempt the gang runs as once complete
+    seat: Mapped[int] = mapped_column(Integer)  # 0, 1, ...: the order the hosts arrived in
+    worker: Mapped[str] = mapped_column(String(255))  # host:pid of the worker process
+    processes: Mapped[int] = mapped_column(Integer)  # the job's processes (GPUs) on this host
+    endpoint: Mapped[str] = mapped_column(String(255))  # host:port of the gang's rendezvous
+    joined_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 users = cast(Table, User.__table__)
 api_keys = cast(Table, ApiKey.__table__)
 fine_tunes = cast(Table, FineTune.__table__)
@@ -182,3 +202,4 @@ fine_tune_events = cast(Table, FineTuneEvent.__table__)
 training_sessions = cast(Table, TrainingSessionRow.__table__)
 session_messages = cast(Table, SessionMessage.__table__)
 worker_heartbeats = cast(Table, WorkerHeartbeat.__table__)
+fine_tune_hosts = cast(Table, FineTuneHost.__table__)

@@ -53,6 +53,13 @@ class Settings(BaseSettings):
     # runs with `-c 1` and sees all those GPUs (RELAY_WORKER_GPUS empty). Workers report it in their
     # heartbeats; the API refuses a job that asks for more than any live worker has.
     worker_slots: int = Field(1, ge=1)
+    # A job of more GPUs than one worker has runs on several workers at once (a gang): the workers
+    # that took it wait this long for the rest to arrive, then give themselves back (the job stays
+    # queued). It is also how long the launcher's rendezvous waits for every host.
+    gang_wait_seconds: float = Field(300.0, gt=0)
+    # The address other workers reach this one's host at, for a gang's rendezvous (the launcher's
+    # c10d store and the processes' own connections). Empty: the host's fully qualified name.
+    worker_address: str = ""
 
     # Training-loop sessions: their own queue on the same workers, one session per worker process.
     session_queue: str = "relay.sessions"

@@ -184,6 +184,8 @@ class Stack:
             "RELAY_SESSION_IDLE_SECONDS": "4",
             # /metrics, scraped by tests/service/test_metrics.py.
             "RELAY_METRICS": "true",
+            # A gang's rendezvous (tests/service/test_gang_jobs.py): every "host" is this machine.
+            "RELAY_WORKER_ADDRESS": "127.0.0.1",
         }
         self.settings = Settings(
             **{

@@ -62,14 +62,17 @@ def config(dataset: Path, **fields: object) -> SFTConfig:
     )
 
 
-def test_more_gpus_than_any_worker_has_is_refused(
+def test_more_gpus_than_all_live_workers_have_is_refused(
     two_slot_worker: WorkerProcess, client: Client, dataset: Path
 ) -> None:
     with pytest.raises(APIError) as refused:
-        train(config(dataset, gpus=4), client=client)
+        train(config(dataset, gpus=64, batch_size=64), client=client)
     assert refused.value.status == 400
     assert refused.value.param == "gpus"
-    assert "no worker can run it: the largest gives a job 2" in str(refused.value)
+    assert "(must be at most the" in str(refused.value)
+    assert "GPUs of all live workers together, per their heartbeats; the largest worker has 2)" in str(
+        refused.value
+    )
 
 
 def test_a_killed_rank_takes_the_group_down_and_the_job_resumes(

@@ -4,6 +4,11 @@ The engine's `on_event` writes each event as this attempt (refused once a newer 
 job, which stops the engine); `should_stop` reads the cancel flag that the lease keeper refreshes.
 A user's mistake (EngineError, DatasetError) ends the job in `error` with the engine's message; any
 other failure gives the job back for another attempt, which resumes from the last checkpoint.
+
+A job of more GPUs than this worker has runs on a gang of workers (relay_worker.gang): this worker
+takes a seat, waits for the rest, and runs its part of the job's processes. Of the gang's hosts,
+only the one holding rank 0 writes the job's events, lease renewals and end; the others only watch
+the job (a cancel) until their processes end.
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from relay_engine.errors import EngineError
 from relay_engine.paths import cache_dir_or_default
 from relay_engine.recipe import Recipe, RecipeResult, run_recipe
 from relay_engine.training.checkpoint import CheckpointStore
+from relay_worker import gang as gangs
 from relay_worker import lifecycle, shutdown
-from relay_worker.launched import run_on_processes
+from relay_worker.gang import Gang
+from relay_worker.launched import Rendezvous, Role, run_on_processes
 from relay_worker.lifecycle import Claim, FencedOut
 
 log = logging.getLogger("relay_worker")
@@ -66,6 +73,12 @@ class LeaseKeeper(threading.Thread):
         # When the last write that renewed the lease was sent (the claim itself renewed it).
         self._renewed_at = time.monotonic()
         self._away_since: float | None = None
+        # False on a gang's host that does not hold rank 0: it reads the job, never writes it.
+        self.writes = True
+
+    def follow(self) -> None:
+        """From now on only watch the job (a cancel, a newer attempt); rank 0's host keeps the lease."""
+        self.writes = False
 
     def add_event(self, event: dict[str, Any]) -> None:
         """Queue one of the engine's events; it is written at once, or when the database is back."""
@@ -78,7 +91,20 @@ class LeaseKeeper(threading.Thread):
             self._wake.clear()
             if self._stopping.is_set() or self.lost or self.outage:
                 return
-            self.sync(renew=True)
+            if self.writes:
+                self.sync(renew=True)
+            else:
+                self._watch()
+
+    def _watch(self) -> None:
+        try:
+            self.note(lifecycle.observe(self.db_sessions, self.claim))
+        except FencedOut:
+            self.lost = True
+        except SQLAlchemyError as error:
+            if not is_outage(error):
+                raise
+            # Rank 0's host keeps the lease; this host's processes end with the group's.
 
     def sync(self, renew: bool) -> bool:
         """Write the buffered events (and renew the lease if none were due and `renew`); True when
@@ -170,18 +196,31 @@ class LeaseKeeper(threading.Thread):
         self._wake.set()
 
 
-def run_fine_tune(job_id: str, settings: Settings | None = None) -> str:
-    """Run the job if this delivery can claim it; returns what happened, for the task's log."""
+def run_fine_tune(
+    job_id: str, settings: Settings | None = None, publish: Callable[[str], None] | None = None
+) -> str:
+    """Run the job if this delivery can claim it; returns what happened, for the task's log.
+
+    `publish` wakes another worker up for the job (a gang that still misses hosts)."""
     settings = settings or get_settings()
     db_sessions = session_factory(settings)
-    claim = lifecycle.claim(db_sessions, settings, job_id, worker_name())
+    gpus = lifecycle.requested_gpus(db_sessions, job_id)
+    gang: Gang | None = None
+    claim: Claim | None
+    if gpus is not None and gpus > settings.worker_slots:
+        gang = _join_gang(settings, db_sessions, job_id, publish)
+        if gang is None:
+            return "no gang: the job is taken, ended, or its hosts were given back"
+        claim = gang.claim
+    else:
+        claim = lifecycle.claim(db_sessions, settings, job_id, worker_name())
     if claim is None:
         return "not claimed: the job is taken, ended, or out of attempts"
     log.info("%s: attempt %d starts at step %d", job_id, claim.attempt, claim.step)
     keeper = LeaseKeeper(settings, claim)
     keeper.start()
     try:
-        return _train(settings, db_sessions, claim, keeper)
+        return _train(settings, db_sessions, claim, keeper, gang)
     except FencedOut:
         if keeper.outage:
             return _give_back_after_outage(db_sessions, settings, claim, keeper.outage)
@@ -189,6 +228,27 @@ def run_fine_tune(job_id: str, settings: Settings | None = None) -> str:
         return "fenced out"
     finally:
         keeper.stop()
+
+
+def _join_gang(
+    settings: Settings, db_sessions: Any, job_id: str, publish: Callable[[str], None] | None
+) -> Gang | None:
+    """Take a seat in the job's gang and wait for the rest of its hosts; None if it did not start."""
+    taken = gangs.take_seat(db_sessions, settings, job_id, worker_name())
+    if taken is None:
+        return None
+    seat, complete = taken
+    log.info(
+        "%s: took seat %d of the gang of attempt %d (%d process(es))%s",
+        job_id,
+        seat.seat,
+        seat.round,
+        seat.processes,
+        "; the gang is complete" if complete else "; waiting for the other hosts",
+    )
+    if not complete and publish is not None:
+        publish(job_id)  # wakes the next host; one that finds the gang full does nothing
+    return gangs.wait_for_gang(db_sessions, settings, seat, shutdown.under_way)
 
 
 def _give_back_after_outage(db_sessions: Any, settings: Settings, claim: Claim, reason: str) -> str:
@@ -207,20 +267,33 @@ def _give_back_after_outage(db_sessions: Any, settings: Settings, claim: Claim, 
     return "stopped by a database outage"
 
 
-def _train(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper) -> str:
+def _train(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper, gang: Gang | None) -> str:
     work_dir = settings.job_dir(claim.job_id)
     work_dir.mkdir(parents=True, exist_ok=True)
     # The claim's fencing token says no older attempt owns the job: what it left half-written is litter.
+    # Of a gang, seat 0 tidies before its launch (no process runs before every host has joined), and
+    # only rank 0's host after: another host's processes may end before rank 0 renamed its last write.
     checkpoints = CheckpointStore(work_dir / "checkpoints")
-    for leftover in checkpoints.remove_temporaries():
-        log.info("%s: removed %s, left by an interrupted checkpoint write", claim.job_id, leftover.name)
+    if gang is None or gang.seat.seat == 0:
+        for leftover in checkpoints.remove_temporaries():
+            log.info("%s: removed %s, left by an interrupted checkpoint write", claim.job_id, leftover.name)
+    role = Role()
     try:
-        return _run(settings, db_sessions, claim, keeper, work_dir)
+        return _run(settings, db_sessions, claim, keeper, work_dir, gang, role)
     finally:
-        checkpoints.remove_temporaries()
+        if gang is None or role.main:
+            checkpoints.remove_temporaries()
 
 
-def _run(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper, work_dir: Path) -> str:
+def _run(
+    settings: Settings,
+    db_sessions: Any,
+    claim: Claim,
+    keeper: LeaseKeeper,
+    work_dir: Path,
+    gang: Gang | None,
+    role: Role,
+) -> str:
 
     # The job's `loss` is the latest metrics event's: the mean over its window of steps, never
     # one step's loss, so the job and its events show one quantity.
@@ -235,17 +308,40 @@ def _run(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper
         keeper.flush()
         return keeper.until_lease_lapses(operation)
 
+    resumed: dict[str, Any] | None = None
     if claim.attempt > 1:
         resumed_from = _last_checkpoint_step(work_dir)
         if resumed_from is not None:
-            on_event({"step": resumed_from, "event": "resumed", "attempt": claim.attempt})
+            resumed = {"step": resumed_from, "event": "resumed", "attempt": claim.attempt}
+
+    def on_role(main: bool) -> None:
+        """A gang's host learns whether it holds rank 0: it writes the job from then on, or only watches."""
+        if not main:
+            keeper.follow()
+        elif resumed is not None:
+            on_event(resumed)
+
+    if gang is None and resumed is not None:
+        on_event(resumed)
+    role.on_known = on_role
     try:
         recipe = Recipe.from_config(claim.config, checkpoint_every=settings.checkpoint_every)
-        processes = int(claim.config.get("gpus") or 1)
-        if processes > 1:
-            outcome = run_on_processes(
-                recipe, processes, work_dir, settings.dataset_cache_dir, on_event, keeper.should_stop
+        processes = gang.seat.processes if gang is not None else int(claim.config.get("gpus") or 1)
+        if gang is not None or processes > 1:
+            launched = run_on_processes(
+                recipe,
+                processes,
+                work_dir,
+                settings.dataset_cache_dir,
+                on_event,
+                keeper.should_stop,
+                rendezvous=_rendezvous(settings, gang) if gang is not None else None,
+                role=role,
             )
+            if launched is None:
+                log.info("%s: this host's processes ended; rank 0's host writes the job's end", claim.job_id)
+                return "this host's part of the gang ended"
+            outcome = launched
             result = RecipeResult(
                 outcome["status"],
                 outcome["step"],
@@ -268,6 +364,9 @@ def _run(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper
         message = public_message(str(error), settings)
         return end(lambda: lifecycle.fail(db_sessions, claim, message))
     except Exception as error:
+        if gang is not None and role.main is False:
+            log.warning("%s: the gang's processes failed; rank 0's host gives the job back", claim.job_id)
+            return "the gang failed"
         log.exception("%s: attempt %d failed; giving the job back", claim.job_id, claim.attempt)
         reason = public_message(f"{type(error).__name__}: {error}", settings)
         end(lambda: lifecycle.release(db_sessions, claim, reason))
@@ -288,6 +387,18 @@ def _run(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper
     end(lambda: lifecycle.hand_back(db_sessions, claim))
     log.info("%s: stopped at step %d for the worker's shutdown; given back", claim.job_id, result.step)
     return "given back"
+
+
+def _rendezvous(settings: Settings, gang: Gang) -> Rendezvous:
+    return Rendezvous(
+        hosts=gang.hosts,
+        endpoint=gang.seat.endpoint,
+        run_id=f"{gang.claim.job_id}-{gang.claim.attempt}",
+        serves=gang.seat.seat == 0,
+        join_timeout_seconds=settings.gang_wait_seconds,
+        local_addr=settings.worker_address,
+        name=f"host-{gang.seat.seat}",
+    )
 
 
 def public_message(message: str, settings: Settings) -> str:

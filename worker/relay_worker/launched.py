@@ -6,6 +6,11 @@ standard output; a cancel (or the worker's shutdown) reaches the ranks as a stop
 agree on at every step. If any rank dies, the launcher stops the others and exits non-zero, and
 this raises RanksFailed: the job is given back and its next attempt resumes from the last
 checkpoint.
+
+A job of a gang (several worker hosts, see relay_worker.gang) is launched the same way on each of
+its hosts, with the launcher's c10d rendezvous in place of `--standalone`: `--nnodes` hosts meet at
+seat 0's endpoint, and the launcher numbers them (which host holds rank 0 is its choice). Each
+host has its own launch directory; only the host holding rank 0 gets events and writes the result.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +42,46 @@ class RanksFailed(RuntimeError):
     """A process of the group died (or the launcher could not start them)."""
 
 
+@dataclass(frozen=True)
+class Rendezvous:
+    """This host's part in a group spanning several hosts (the launcher's c10d rendezvous)."""
+
+    hosts: int  # --nnodes
+    endpoint: str  # host:port of the rendezvous store, served by the host with `serves` set
+    run_id: str  # the same on every host of the group, new for each attempt
+    serves: bool
+    join_timeout_seconds: float  # how long the launcher waits for every host to arrive
+    local_addr: str  # how the other hosts reach this one ("" : the launcher's default, its FQDN)
+    name: str  # this host's launch directory, under the job's
+
+
+class Role:
+    """Whether this host holds rank 0, once that is known: `on_known(True or False)` is called
+    once, when the first event arrives or the host's ranks have written their pid files."""
+
+    def __init__(self, on_known: Callable[[bool], None] | None = None) -> None:
+        self.main: bool | None = None
+        self.on_known = on_known
+        self._lock = threading.Lock()
+
+    def learn(self, main: bool) -> None:
+        with self._lock:
+            if self.main is not None:
+                return
+            self.main = main
+        if self.on_known is not None:
+            self.on_known(main)
+
+    def read_pid_files(self, launch_dir: Path, processes: int) -> None:
+        """This host's ranks are a contiguous range [base, base + processes): rank 0's file means
+        base 0; a rank at or past `processes` means base > 0."""
+        ranks = {int(path.stem.removeprefix("rank-")) for path in launch_dir.glob("rank-*.pid")}
+        if 0 in ranks:
+            self.learn(True)
+        elif any(rank >= processes for rank in ranks):
+            self.learn(False)
+
+
 def run_on_processes(
     recipe: Recipe,
     processes: int,
@@ -44,9 +90,17 @@ def run_on_processes(
     on_event: Callable[[dict[str, Any]], None],
     should_stop: Callable[[], bool],
     poll_seconds: float = 0.2,
-) -> dict[str, Any]:
-    """Run the recipe as `processes` ranks on this host; rank 0's result ({"status", "step", ...})."""
+    rendezvous: Rendezvous | None = None,
+    role: Role | None = None,
+) -> dict[str, Any] | None:
+    """Run the recipe as `processes` ranks on this host; rank 0's result ({"status", "step", ...}).
+
+    With `rendezvous`, this host's ranks join the other hosts' in one group; the result is None on
+    a host that does not hold rank 0 (its ranks ended cleanly, and rank 0's host has the result)."""
+    role = role or Role()
     launch_dir = work_dir / LAUNCH_DIR
+    if rendezvous is not None:
+        launch_dir = launch_dir / rendezvous.name
     launch_dir.mkdir(parents=True, exist_ok=True)
     stop_file, result_file = launch_dir / "stop", launch_dir / "result.json"
     for stale in (stop_file, result_file, *launch_dir.glob("rank-*.pid")):
@@ -63,7 +117,7 @@ def run_on_processes(
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        *(_rendezvous_arguments(rendezvous) if rendezvous is not None else ["--standalone"]),
         "--nproc-per-node",
         str(processes),
         "-m",
@@ -76,13 +130,15 @@ def run_on_processes(
     (launch_dir / "launcher.pid").write_text(str(launcher.pid))
     event_error: list[BaseException] = []
     reader = threading.Thread(
-        target=_relay_events, args=(launcher, on_event, event_error), name="rank0-events", daemon=True
+        target=_relay_events, args=(launcher, on_event, event_error, role), name="rank0-events", daemon=True
     )
     reader.start()
     try:
         while launcher.poll() is None:
             if should_stop() and not stop_file.exists():
                 stop_file.touch()
+            if role.main is None:
+                role.read_pid_files(launch_dir, processes)
             reader.join(poll_seconds)
     except BaseException:
         _stop(launcher)
@@ -91,6 +147,9 @@ def run_on_processes(
         reader.join(30)
     if event_error:
         raise event_error[0]  # FencedOut: a newer attempt owns the job
+    if launcher.returncode == 0 and rendezvous is not None and not result_file.exists():
+        role.learn(False)
+        return None
     if launcher.returncode != 0 or not result_file.exists():
         raise RanksFailed(f"the group of {processes} processes failed (launcher exit {launcher.returncode})")
     outcome: dict[str, Any] = json.loads(result_file.read_text())
@@ -99,8 +158,31 @@ def run_on_processes(
     return outcome
 
 
+def _rendezvous_arguments(rendezvous: Rendezvous) -> list[str]:
+    join_timeout = max(1, round(rendezvous.join_timeout_seconds))
+    settings = f"is_host={str(rendezvous.serves).lower()},join_timeout={join_timeout}"
+    arguments = [
+        "--nnodes",
+        str(rendezvous.hosts),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        rendezvous.endpoint,
+        "--rdzv-id",
+        rendezvous.run_id,
+        "--rdzv-conf",
+        settings,
+    ]
+    if rendezvous.local_addr:
+        arguments += ["--local-addr", rendezvous.local_addr]
+    return arguments
+
+
 def _relay_events(
-    launcher: subprocess.Popen[str], on_event: Callable[[dict[str, Any]], None], errors: list[BaseException]
+    launcher: subprocess.Popen[str],
+    on_event: Callable[[dict[str, Any]], None],
+    errors: list[BaseException],
+    role: Role,
 ) -> None:
     assert launcher.stdout is not None
     for line in launcher.stdout:
@@ -110,6 +192,7 @@ def _relay_events(
         if errors:
             continue  # keep draining the pipe so the ranks never block on it
         try:
+            role.learn(True)  # only rank 0 prints events
             on_event(json.loads(line[len(EVENT_PREFIX) :]))
         except BaseException as error:  # handed to the worker's thread
             errors.append(error)

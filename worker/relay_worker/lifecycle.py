@@ -68,6 +68,32 @@ def _owned(claim: Claim) -> Any:
     )
 
 
+def claimable(settings: Settings, now: dt.datetime) -> Any:
+    """A job a worker (or a gang of them) may take: queued, or running with a lapsed lease, and
+    with attempts left."""
+    return and_(
+        failed_attempts < settings.max_attempts,
+        or_(
+            fine_tunes.c.status == st.QUEUED,
+            and_(
+                fine_tunes.c.status == st.RUNNING,
+                or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now),
+            ),
+        ),
+    )
+
+
+def requested_gpus(db_sessions: sessionmaker[Session], job_id: str) -> int | None:
+    """The GPUs (processes) the job runs on; None when there is no such job."""
+
+    def run() -> int | None:
+        with db_sessions() as db:
+            config = db.execute(select(fine_tunes.c.config).where(fine_tunes.c.id == job_id)).scalar()
+        return None if config is None else int(config.get("gpus") or 1)
+
+    return with_retries(run)
+
+
 def claim(db_sessions: sessionmaker[Session], settings: Settings, job_id: str, owner: str) -> Claim | None:
     """Take the job if it is queued, or running with a lapsed lease, and has attempts left."""
 
@@ -76,17 +102,7 @@ def claim(db_sessions: sessionmaker[Session], settings: Settings, job_id: str, o
         with db_sessions() as db:
             row = db.execute(
                 update(fine_tunes)
-                .where(
-                    fine_tunes.c.id == job_id,
-                    failed_attempts < settings.max_attempts,
-                    or_(
-                        fine_tunes.c.status == st.QUEUED,
-                        and_(
-                            fine_tunes.c.status == st.RUNNING,
-                            or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now),
-                        ),
-                    ),
-                )
+                .where(fine_tunes.c.id == job_id, claimable(settings, now))
                 .values(
                     status=st.RUNNING,
                     attempt=fine_tunes.c.attempt + 1,
@@ -119,6 +135,20 @@ def renew(db_sessions: sessionmaker[Session], settings: Settings, claim: Claim) 
                 .returning(fine_tunes.c.status)
             ).scalar()
             db.commit()
+        if status is None:
+            raise FencedOut(claim.job_id)
+        return JobState(status)
+
+    return with_retries(run)
+
+
+def observe(db_sessions: sessionmaker[Session], claim: Claim) -> JobState:
+    """Read whether a cancel was asked for, writing nothing (a host of a gang that does not hold
+    rank 0 only watches the job); raise FencedOut once the claim is no longer the job's."""
+
+    def run() -> JobState:
+        with db_sessions() as db:
+            status = db.execute(select(fine_tunes.c.status).where(_owned(claim))).scalar()
         if status is None:
             raise FencedOut(claim.job_id)
         return JobState(status)

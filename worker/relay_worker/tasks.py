@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from relay_api.queue import RUN_FINE_TUNE, RUN_SESSION
-from relay_worker.app import app
+from relay_worker.app import app, publish
 from relay_worker.fine_tune import run_fine_tune as run
 from relay_worker.session import run_session as host
 
 
 @app.task(name=RUN_FINE_TUNE, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def run_fine_tune(job_id: str) -> str:
-    return run(job_id)
+    return run(job_id, publish=publish)
 
 
 # Acknowledged late too, so that a process hosting a session reserves no other message meanwhile. A

@@ -1,0 +1,153 @@
+"""A recipe job spanning two worker hosts, through the service: real Celery workers, PostgreSQL, Redis.
+
+Two workers of one slot each stand for two hosts: a job of `gpus=2` is more than either has, so
+both take a seat in its gang, and the job starts when both have; each launches one process
+through torch.distributed.run, and the two meet in the launcher's c10d rendezvous (gloo on the
+CPU). The merged weights equal a one-process run's. A gang whose second host never comes (its
+only worker is alone on its queue) gives its host back and the job stays queued.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from sqlalchemy import func, select
+
+from relay._http import Client
+from relay.sft.config import SFTConfig
+from relay.sft.job import FineTuneJob
+from relay.sft.train import train
+from relay_api.fine_tunes import live_worker_gpus
+from relay_api.models import FineTuneHost
+from tests.service.stack import ApiServer, Stack, WorkerProcess, wait_for
+
+pytestmark = pytest.mark.slow
+
+LONELY_QUEUE = "relay.gang-lonely"
+TOLERANCE = 1e-5
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def two_hosts(stack: Stack) -> Iterator[list[WorkerProcess]]:
+    """Two workers of one slot each, on the jobs' queue."""
+    hosts = [stack.start_standby_worker(RELAY_WORKER_SLOTS="1") for _ in range(2)]
+    for host in hosts:
+        host.wait_ready()
+    yield hosts
+    for host in hosts:
+        host.stop()
+
+
+@pytest.fixture(scope="module")
+def lonely_worker(stack: Stack) -> Iterator[WorkerProcess]:
+    """A worker of one slot alone on its own queue, waiting 2 s for a gang's other hosts."""
+    worker = stack.start_standby_worker(
+        RELAY_WORKER_SLOTS="1", RELAY_FINE_TUNE_QUEUE=LONELY_QUEUE, RELAY_GANG_WAIT_SECONDS="2"
+    )
+    worker.wait_ready()
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def lonely_client(stack: Stack, user: tuple[str, str]) -> Iterator[Client]:
+    """A client of the API publishing to the lonely worker's queue."""
+    api = ApiServer(stack.settings.model_copy(update={"fine_tune_queue": LONELY_QUEUE}))
+    client = Client(api.url, user[1], max_retries=0)
+    yield client
+    client.close()
+    api.stop()
+
+
+def live_slots(stack: Stack) -> int:
+    with stack.sessions() as session:
+        cluster = live_worker_gpus(session, stack.settings.reconcile_seconds)
+    return 0 if cluster is None else cluster.total
+
+
+def config(dataset: Path, **fields: object) -> SFTConfig:
+    return SFTConfig(
+        **{
+            "model": "pi05-tiny",
+            "dataset_name": str(dataset),
+            "batch_size": 4,
+            "steps": STEPS,
+            "learning_rate": 1e-3,
+            **fields,
+        }
+    )
+
+
+def losses(job: FineTuneJob) -> dict[int, float]:
+    return {event["step"]: event["loss"] for event in job.events() if "grad_norm" in event}
+
+
+def test_a_job_of_two_hosts_runs_as_one_group_and_learns_what_one_process_does(
+    stack: Stack, two_hosts: list[WorkerProcess], client: Client, dataset: Path
+) -> None:
+    gang = train(config(dataset, gpus=2), client=client)
+    gang.wait(poll=0.5, timeout=600)
+    assert gang.status == "completed", gang.to_dict()
+    alone = train(config(dataset, gpus=1), client=client)
+    alone.wait(poll=0.5, timeout=600)
+    assert alone.status == "completed", alone.to_dict()
+    assert gang.to_dict()["gpus"] == 2 and gang.to_dict()["attempts"] == 1
+
+    # Two hosts took a seat each, one process each, in the round the job ran as.
+    with stack.sessions() as session:
+        seats = session.scalars(select(FineTuneHost).where(FineTuneHost.job_id == gang.id)).all()
+    assert sorted((seat.round, seat.seat, seat.processes) for seat in seats) == [(1, 0, 1), (1, 1, 1)]
+    assert len({seat.worker for seat in seats}) == 2
+    assert len({seat.endpoint for seat in seats}) == 1
+    launch = stack.settings.job_dir(gang.id) / "launch"
+    assert sorted(path.name for path in (launch / "host-0").glob("rank-*.pid")) + sorted(
+        path.name for path in (launch / "host-1").glob("rank-*.pid")
+    ) in (["rank-0.pid", "rank-1.pid"], ["rank-1.pid", "rank-0.pid"])
+
+    # Rank 0's events only, once each; the same losses and weights as one process.
+    steps = [event["step"] for event in gang.events() if "grad_norm" in event]
+    assert steps == sorted(set(steps)) and steps
+    assert losses(gang).keys() == losses(alone).keys()
+    for step, loss in losses(alone).items():
+        assert abs(losses(gang)[step] - loss) <= TOLERANCE, step
+    expected = load_file(str(stack.settings.job_dir(alone.id) / "output" / "model.safetensors"))
+    actual = load_file(str(stack.settings.job_dir(gang.id) / "output" / "model.safetensors"))
+    assert expected.keys() == actual.keys()
+    for name, tensor in expected.items():
+        assert torch.allclose(actual[name], tensor, rtol=0, atol=TOLERANCE), name
+
+
+def test_a_gang_whose_second_host_never_arrives_gives_its_host_back_and_stays_queued(
+    stack: Stack,
+    two_hosts: list[WorkerProcess],
+    lonely_worker: WorkerProcess,
+    lonely_client: Client,
+    dataset: Path,
+) -> None:
+    # The cluster has the GPUs (so the API accepts the job), but only the lonely worker reads its queue.
+    wait_for(lambda: live_slots(stack) >= 2, 60, "two live slots")
+    job = train(config(dataset, gpus=2), client=lonely_client)
+    given_back = "gave the gang's hosts back (1 of its 2 GPUs arrived within 2 s"
+    wait_for(
+        lambda: given_back in lonely_worker.log_since_start(),
+        120,
+        "the lonely worker to give its seat back",
+        every=0.2,
+    )
+    job.refresh()
+    assert job.status == "queued"
+    assert job.to_dict()["attempts"] == 0 and job.to_dict()["started_at"] is None
+    assert not (stack.settings.job_dir(job.id) / "launch").exists()
+    job.cancel()
+    assert job.refresh().status == "cancelled"
+    # The seat the worker may have taken again is given back once it sees the job is over.
+    with stack.sessions() as session:
+        count = lambda: session.scalar(  # noqa: E731
+            select(func.count()).select_from(FineTuneHost).where(FineTuneHost.job_id == job.id)
+        )
+        wait_for(lambda: count() == 0, 30, "the job's seats to be given back")

@@ -1,0 +1,226 @@
+"""A job of more GPUs than one worker has: several workers run it together, as a gang.
+
+Each worker that a delivery of such a job reaches takes a seat (a row of fine_tune_hosts) for as
+many of the job's processes as it has slots, while the job stays queued, and publishes one more
+wake-up for the next host while seats are missing. The seat that completes the job's `gpus` starts
+the job: it becomes `running` as attempt `round`, the fencing token every host of the gang holds.
+Seat 0 serves the launcher's c10d rendezvous; its endpoint is written in every seat.
+
+If the seats do not add up within `gang_wait_seconds` of the first, the first host to notice
+deletes them all: the hosts go back to other work, and the job stays queued (the give-back is not
+a failed attempt). Each step is a short transaction that locks the job's row, so seats, the start
+and the give-back never cross.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from relay.sft import status as st
+from relay_api.db import database_now, rows_changed, with_retries
+from relay_api.models import fine_tune_hosts, fine_tunes
+from relay_api.settings import Settings
+from relay_worker.lifecycle import LIVE, Claim, claimable
+
+log = logging.getLogger("relay_worker")
+
+POLL_SECONDS = 0.2
+
+
+@dataclass(frozen=True)
+class Seat:
+    """This worker's place in a job's gang."""
+
+    job_id: str
+    round: int  # the attempt the gang runs as once complete
+    seat: int  # 0 serves the rendezvous
+    worker: str
+    processes: int
+    endpoint: str  # host:port of the rendezvous
+
+
+@dataclass(frozen=True)
+class Gang:
+    """A gang that has started: this host's claim of the job, its seat, and how many hosts there are."""
+
+    claim: Claim
+    seat: Seat
+    hosts: int
+
+
+def rendezvous_endpoint(settings: Settings) -> str:
+    """host:port for a new gang's rendezvous, on this host: a port free now (the launcher binds it
+    moments later)."""
+    address = settings.worker_address or socket.getfqdn()
+    with socket.socket() as probe:
+        probe.bind((settings.worker_address or "", 0))
+        port = probe.getsockname()[1]
+    return f"{address}:{port}"
+
+
+def take_seat(
+    db_sessions: sessionmaker[Session], settings: Settings, job_id: str, worker: str
+) -> tuple[Seat, bool] | None:
+    """Take a seat in the job's gang with this worker's slots; (the seat, whether it completed the
+    gang and so started the job), or None when the job cannot be taken (started, ended, full)."""
+
+    def run() -> tuple[Seat, bool] | None:
+        now = database_now(db_sessions)
+        with db_sessions() as db:
+            job = db.execute(
+                select(fine_tunes.c.attempt, fine_tunes.c.config)
+                .where(fine_tunes.c.id == job_id, claimable(settings, now))
+                .with_for_update()
+            ).first()
+            if job is None:
+                db.rollback()
+                return None
+            round_ = job.attempt + 1
+            # Seats of earlier rounds belong to gangs that ran (or gave up) already.
+            db.execute(
+                delete(fine_tune_hosts).where(
+                    fine_tune_hosts.c.job_id == job_id, fine_tune_hosts.c.round < round_
+                )
+            )
+            seats = db.execute(
+                select(fine_tune_hosts)
+                .where(fine_tune_hosts.c.job_id == job_id, fine_tune_hosts.c.round == round_)
+                .order_by(fine_tune_hosts.c.seat)
+            ).all()
+            gpus = int(job.config.get("gpus") or 1)
+            taken = sum(seat.processes for seat in seats)
+            if taken >= gpus or any(seat.worker == worker for seat in seats):
+                db.rollback()
+                return None
+            seat = Seat(
+                job_id=job_id,
+                round=round_,
+                seat=len(seats),
+                worker=worker,
+                processes=min(settings.worker_slots, gpus - taken),
+                endpoint=seats[0].endpoint if seats else rendezvous_endpoint(settings),
+            )
+            db.execute(
+                insert(fine_tune_hosts).values(
+                    job_id=job_id,
+                    round=round_,
+                    seat=seat.seat,
+                    worker=worker,
+                    processes=seat.processes,
+                    endpoint=seat.endpoint,
+                    joined_at=now,
+                )
+            )
+            complete = taken + seat.processes == gpus
+            if complete:
+                # Until rank 0's host renews it: the launch and the rendezvous (which waits up to
+                # gang_wait_seconds for every host) come first.
+                first_lease = settings.lease_seconds + settings.gang_wait_seconds
+                hosts = [row.worker for row in seats] + [worker]
+                db.execute(
+                    update(fine_tunes)
+                    .where(fine_tunes.c.id == job_id)
+                    .values(
+                        status=st.RUNNING,
+                        attempt=round_,
+                        lease_until=now + dt.timedelta(seconds=first_lease),
+                        lease_owner=("gang: " + ", ".join(hosts))[:255],
+                        updated_at=now,
+                        last_failure=None,
+                        started_at=func.coalesce(fine_tunes.c.started_at, now),
+                    )
+                )
+            db.commit()
+            return seat, complete
+
+    return with_retries(run)
+
+
+def wait_for_gang(
+    db_sessions: sessionmaker[Session],
+    settings: Settings,
+    seat: Seat,
+    give_up: Callable[[], bool],
+) -> Gang | None:
+    """Wait until the gang is complete (the job started as its round): this host's part of it. None
+    when the seats were given back (too slow, by this host or another), the job moved on without
+    this gang (cancelled, or taken by a worker that runs it alone), or `give_up()` (shutdown)."""
+    while True:
+        look = with_retries(lambda: _look(db_sessions, settings, seat))
+        if isinstance(look, Gang):
+            return look
+        if look == "forming" and not give_up():
+            time.sleep(POLL_SECONDS)
+            continue
+        if look != "gone":
+            reason = "this worker shuts down" if look == "forming" else look
+            if with_retries(lambda: give_back(db_sessions, seat)):
+                log.info("%s: gave the gang's hosts back (%s); the job stays queued", seat.job_id, reason)
+        return None
+
+
+def _look(db_sessions: sessionmaker[Session], settings: Settings, seat: Seat) -> Gang | str:
+    """The gang as it stands: a Gang once started; "forming"; "gone" when this seat was given
+    back; otherwise why the seats should be given back."""
+    now = database_now(db_sessions)
+    with db_sessions() as db:
+        job = db.execute(
+            select(
+                fine_tunes.c.status,
+                fine_tunes.c.attempt,
+                fine_tunes.c.user_id,
+                fine_tunes.c.config,
+                fine_tunes.c.step,
+            ).where(fine_tunes.c.id == seat.job_id)
+        ).first()
+        seats = db.execute(
+            select(fine_tune_hosts)
+            .where(fine_tune_hosts.c.job_id == seat.job_id, fine_tune_hosts.c.round == seat.round)
+            .order_by(fine_tune_hosts.c.seat)
+        ).all()
+        db.rollback()
+    if job is None or not any(row.seat == seat.seat and row.worker == seat.worker for row in seats):
+        return "gone"
+    gpus = int(job.config.get("gpus") or 1)
+    if job.attempt == seat.round and job.status in LIVE and sum(row.processes for row in seats) == gpus:
+        claim = Claim(seat.job_id, seat.round, job.user_id, job.config, job.step)
+        return Gang(claim, seat, len(seats))
+    if job.attempt >= seat.round or job.status not in (st.QUEUED, st.RUNNING):
+        return f"the job moved on without this gang: it is {job.status}, attempt {job.attempt}"
+    deadline = seats[0].joined_at + dt.timedelta(seconds=settings.gang_wait_seconds)
+    if now > deadline:
+        arrived = sum(row.processes for row in seats)
+        return (
+            f"{arrived} of its {gpus} GPUs arrived within {settings.gang_wait_seconds:g} s "
+            f"({len(seats)} host(s))"
+        )
+    return "forming"
+
+
+def give_back(db_sessions: sessionmaker[Session], seat: Seat) -> int:
+    """Delete every seat of the gang's round, unless the gang started meanwhile; how many went."""
+    with db_sessions() as db:
+        attempt: Any = db.execute(
+            select(fine_tunes.c.attempt).where(fine_tunes.c.id == seat.job_id).with_for_update()
+        ).scalar()
+        if attempt == seat.round:  # it started: the seats are the running gang's
+            db.rollback()
+            return 0
+        gone = rows_changed(
+            db.execute(
+                delete(fine_tune_hosts).where(
+                    fine_tune_hosts.c.job_id == seat.job_id, fine_tune_hosts.c.round == seat.round
+                )
+            )
+        )
+        db.commit()
+    return gone
