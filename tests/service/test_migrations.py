@@ -22,6 +22,7 @@ TABLES = {
     "training_sessions",
     "session_messages",
     "worker_heartbeats",
+    "fine_tune_hosts",
 }
 
 
