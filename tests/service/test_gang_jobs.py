@@ -4,11 +4,13 @@ Two workers of one slot each stand for two hosts: a job of `gpus=2` is more than
 both take a seat in its gang, and the job starts when both have; each launches one process
 through torch.distributed.run, and the two meet in the launcher's c10d rendezvous (gloo on the
 CPU). The merged weights equal a one-process run's. A gang whose second host never comes (its
-only worker is alone on its queue) gives its host back and the job stays queued.
+only worker is alone on its queue) gives its host back and the job stays queued. A host killed
+mid-run ends the whole group, and the job resumes on a new gang from its last checkpoint.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,9 +45,10 @@ def two_hosts(stack: Stack) -> Iterator[list[WorkerProcess]]:
         host.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def lonely_worker(stack: Stack) -> Iterator[WorkerProcess]:
-    """A worker of one slot alone on its own queue, waiting 2 s for a gang's other hosts."""
+    """A worker of one slot alone on its own queue, waiting 2 s for a gang's other hosts. (Only
+    for its test: its reconciler publishes jobs it hands on to its own queue.)"""
     worker = stack.start_standby_worker(
         RELAY_WORKER_SLOTS="1", RELAY_FINE_TUNE_QUEUE=LONELY_QUEUE, RELAY_GANG_WAIT_SECONDS="2"
     )
@@ -151,3 +154,44 @@ def test_a_gang_whose_second_host_never_arrives_gives_its_host_back_and_stays_qu
             select(func.count()).select_from(FineTuneHost).where(FineTuneHost.job_id == job.id)
         )
         wait_for(lambda: count() == 0, 30, "the job's seats to be given back")
+
+
+def worker_of(hosts: list[WorkerProcess], name: str) -> WorkerProcess:
+    """The worker whose pool process is `name` (host:pid): its process group is the worker's."""
+    pid = int(name.rsplit(":", 1)[1])
+    return next(host for host in hosts if host.process is not None and os.getpgid(pid) == host.process.pid)
+
+
+@pytest.mark.parametrize("victim", ["rank 0's host", "the other host"])
+def test_a_killed_host_ends_the_group_and_the_job_resumes_on_a_new_gang(
+    stack: Stack, two_hosts: list[WorkerProcess], client: Client, dataset: Path, victim: str
+) -> None:
+    job = train(config(dataset, gpus=2, steps=40), client=client)
+    checkpoints = lambda: [e["step"] for e in job.events() if e.get("event") == "checkpoint"]  # noqa: E731
+    wait_for(checkpoints, 300, "the job's first checkpoint", every=0.1)
+    launch = stack.settings.job_dir(job.id) / "launch"
+    rank0_seat = 0 if (launch / "host-0" / "rank-0.pid").exists() else 1
+    with stack.sessions() as session:
+        seats = {
+            row.seat: row.worker
+            for row in session.scalars(select(FineTuneHost).where(FineTuneHost.job_id == job.id))
+        }
+    killed = worker_of(two_hosts, seats[rank0_seat if victim == "rank 0's host" else 1 - rank0_seat])
+    killed.kill()
+    last_checkpoint = max(checkpoints())
+    assert last_checkpoint < 40, "the job ended before the kill; make it longer"
+    replacement = stack.start_standby_worker(RELAY_WORKER_SLOTS="1")
+    two_hosts[two_hosts.index(killed)] = replacement
+    replacement.wait_ready()
+
+    job.wait(poll=1, timeout=600)
+    assert job.status == "completed" and job.step == 40, job.to_dict()
+    assert job.to_dict()["attempts"] == 2
+    events = job.events()
+    resumed = next(e for e in events if e.get("event") == "resumed")
+    assert resumed["attempt"] == 2 and resumed["step"] >= last_checkpoint
+    assert [e["step"] for e in events if "grad_norm" in e] == [10, 20, 30, 40]
+    with stack.sessions() as session:
+        rounds = session.scalars(select(FineTuneHost.round).where(FineTuneHost.job_id == job.id)).all()
+    assert sorted(rounds) == [2, 2]
+    assert (stack.settings.job_dir(job.id) / "output" / "model.safetensors").is_file()
