@@ -112,6 +112,11 @@ def test_a_job_of_two_hosts_runs_as_one_group_and_learns_what_one_process_does(
         path.name for path in (launch / "host-1").glob("rank-*.pid")
     ) in (["rank-0.pid", "rank-1.pid"], ["rank-1.pid", "rank-0.pid"])
 
+    # The host without rank 0 wrote nothing of the job: its worker says it left the end to the other.
+    logs = [path.read_text(errors="replace") for path in stack.root.glob("worker*.log")]
+    left_the_end = f"{gang.id}: this host's processes ended; rank 0's host writes the job's end"
+    assert sum(log.count(left_the_end) for log in logs) == 1
+
     # Rank 0's events only, once each; the same losses and weights as one process.
     steps = [event["step"] for event in gang.events() if "grad_norm" in event]
     assert steps == sorted(set(steps)) and steps
