@@ -51,7 +51,7 @@ class Settings(BaseSettings):
     # GPUs this worker gives one recipe job, started as that many processes through
     # torch.distributed.run (on a host without CUDA, processes on its CPU, over gloo). Such a worker
     # runs with `-c 1` and sees all those GPUs (RELAY_WORKER_GPUS empty). Workers report it in their
-    # heartbeats; the API refuses a job that asks for more than any live worker has.
+    # heartbeats; the API refuses a job that asks for more than all live workers have together.
     worker_slots: int = Field(1, ge=1)
     # A job of more GPUs than one worker has runs on several workers at once (a gang): the workers
     # that took it wait this long for the rest to arrive, then give themselves back (the job stays
