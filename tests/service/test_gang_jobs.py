@@ -73,6 +73,11 @@ def live_slots(stack: Stack) -> int:
     return 0 if cluster is None else cluster.total
 
 
+def until_two_slots_live(stack: Stack) -> None:
+    """A worker logs that it is ready a moment before its first heartbeat; the API counts heartbeats."""
+    wait_for(lambda: live_slots(stack) >= 2, 60, "two live slots in the workers' heartbeats")
+
+
 def config(dataset: Path, **fields: object) -> SFTConfig:
     return SFTConfig(
         **{
@@ -93,6 +98,7 @@ def losses(job: FineTuneJob) -> dict[int, float]:
 def test_a_job_of_two_hosts_runs_as_one_group_and_learns_what_one_process_does(
     stack: Stack, two_hosts: list[WorkerProcess], client: Client, dataset: Path
 ) -> None:
+    until_two_slots_live(stack)
     gang = train(config(dataset, gpus=2), client=client)
     gang.wait(poll=0.5, timeout=600)
     assert gang.status == "completed", gang.to_dict()
@@ -138,7 +144,7 @@ def test_a_gang_whose_second_host_never_arrives_gives_its_host_back_and_stays_qu
     dataset: Path,
 ) -> None:
     # The cluster has the GPUs (so the API accepts the job), but only the lonely worker reads its queue.
-    wait_for(lambda: live_slots(stack) >= 2, 60, "two live slots")
+    until_two_slots_live(stack)
     job = train(config(dataset, gpus=2), client=lonely_client)
     given_back = "gave the gang's hosts back (1 of its 2 GPUs arrived within 2 s"
     wait_for(
@@ -171,6 +177,7 @@ def worker_of(hosts: list[WorkerProcess], name: str) -> WorkerProcess:
 def test_a_killed_host_ends_the_group_and_the_job_resumes_on_a_new_gang(
     stack: Stack, two_hosts: list[WorkerProcess], client: Client, dataset: Path, victim: str
 ) -> None:
+    until_two_slots_live(stack)
     job = train(config(dataset, gpus=2, steps=40), client=client)
     checkpoints = lambda: [e["step"] for e in job.events() if e.get("event") == "checkpoint"]  # noqa: E731
     wait_for(checkpoints, 300, "the job's first checkpoint", every=0.1)
