@@ -23,6 +23,7 @@ input, and the layer being recomputed in backward holds its activations again.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -98,13 +99,19 @@ def plan_named(
     return plan_memory(
         sizes,
         model=model,
-        tuned=tune(sizes, finetune, targets, lora_rank),
+        tuned=_named_tuning(model, finetune, None if targets is None else tuple(targets), lora_rank),
         finetune=finetune,
         batch_size=batch_size,
         gpus=gpus,
         strategy=strategy,
         device=device,
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _named_tuning(model: str, finetune: str, targets: tuple[str, ...] | None, lora_rank: int) -> Tuned:
+    # The API plans on every recipe it accepts; the layout of a named model never changes.
+    return tune(NAMED_SIZES[model], finetune, targets, lora_rank)
 
 
 def plan_memory(

@@ -18,6 +18,7 @@ from relay.catalog import (
     ACTION_DIM,
     ACTION_HORIZON,
     FINETUNE_METHODS,
+    LORA_RANK_MAX,
     TARGETS,
     check_targets,
     default_targets,
@@ -347,6 +348,8 @@ def tune(shape: Pi05Shape, finetune: str, targets: Sequence[str] | None, lora_ra
     places = [PLACES[t] for t in chosen_targets(finetune, targets)]
     base = weights(shape)
     if finetune == "lora":
+        if isinstance(lora_rank, bool) or not 1 <= lora_rank <= LORA_RANK_MAX:
+            raise ValueError(f"lora_rank must be an integer from 1 to {LORA_RANK_MAX}, got {lora_rank!r}")
         full = any_of(p for place in places for p in place.full_with_lora)
         linear = any_of(p for place in places for p in place.lora)
         adapted = [w for w in base if w.linear and linear is not None and linear.fullmatch(w.module)]
