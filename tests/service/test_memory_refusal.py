@@ -10,6 +10,7 @@ queueing a job that no worker here could run).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import delete
@@ -23,7 +24,7 @@ from relay_api.db import utcnow
 from relay_api.errors import APIProblem
 from relay_api.fine_tunes import LiveWorker, check_memory, place_on_workers
 from relay_api.models import WorkerHeartbeat
-from relay_worker.heartbeat import beat
+from relay_worker.heartbeat import beat, gpu_memory
 from tests.service.stack import Stack, wait_for
 
 GB = 10**9
@@ -137,3 +138,18 @@ def test_the_error_names_the_setting_that_would_make_it_fit(gpu_memory: int, fie
     with pytest.raises(APIProblem) as refused:
         check_memory(full_pi05(gpus=1), [LiveWorker(gpus=1, gpu_memory=gpu_memory)])
     assert refused.value.param == field and refused.value.status == 400
+
+
+def test_a_worker_reads_its_gpus_memory_from_nvidia_smi(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The heartbeat's gpu_memory: the smallest GPU the worker shows its jobs, by index or UUID;
+    None on a host without nvidia-smi. (A stand-in nvidia-smi prints what the real one does.)"""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert gpu_memory(None) is None
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf '0, GPU-aaa, 81559\\n1, GPU-bbb, 40960\\n'\n")
+    smi.chmod(0o755)
+    assert gpu_memory(None) == 40960 * 2**20
+    assert gpu_memory("0") == 81559 * 2**20
+    assert gpu_memory("GPU-bbb") == 40960 * 2**20
