@@ -8,14 +8,16 @@ workers cannot undo each other.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, insert, select, text, update
+from sqlalchemy import insert, select, text, update
 from sqlalchemy.orm import Session
 
+from relay.memory_plan import MemoryPlan, gpu_shortfall, plan_named
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
 from relay_api.db import rows_changed, utcnow
@@ -96,22 +98,20 @@ def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class ClusterGpus:
-    """The GPUs of the live workers, per their heartbeats."""
-
-    largest: int  # the most one worker host gives a job
-    total: int  # all live workers' together: the most a job spanning several hosts can have
+class LiveWorker:
+    gpus: int  # GPUs (or CPU slots) it gives one job
+    gpu_memory: int | None  # bytes of each of those GPUs; None: CPU slots
 
 
-def live_worker_gpus(session: Session, reconcile_seconds: float) -> ClusterGpus | None:
-    """What the live workers give, per their heartbeats; None when none is alive."""
+def live_workers(session: Session, reconcile_seconds: float) -> list[LiveWorker]:
+    """The workers alive now, per their heartbeats."""
     horizon = utcnow() - dt.timedelta(seconds=WORKER_MISSED_BEATS * reconcile_seconds)
-    largest, total = session.execute(
-        select(func.max(worker_heartbeats.c.gpus), func.sum(worker_heartbeats.c.gpus)).where(
+    rows = session.execute(
+        select(worker_heartbeats.c.gpus, worker_heartbeats.c.gpu_memory).where(
             worker_heartbeats.c.seen_at >= horizon
         )
-    ).one()
-    return None if largest is None else ClusterGpus(int(largest), int(total))
+    )
+    return [LiveWorker(int(gpus), None if memory is None else int(memory)) for gpus, memory in rows]
 
 
 def place_on_workers(session: Session, config: SFTConfig, reconcile_seconds: float) -> SFTConfig:
@@ -119,21 +119,76 @@ def place_on_workers(session: Session, config: SFTConfig, reconcile_seconds: flo
 
     A full fine-tune without `gpus` gets all the GPUs of the largest live worker (1 when none is
     alive yet). A job of more GPUs than one worker has spans several (a gang); one asking for more
-    than all live workers have together is refused, naming `gpus`. With no live worker nothing is
+    than all live workers have together is refused, naming `gpus`; so is one whose memory plan
+    fits none of the GPUs of the workers that have enough of them. With no live worker nothing is
     known, so nothing is refused: the job waits for workers.
     """
-    cluster = live_worker_gpus(session, reconcile_seconds)
+    workers = live_workers(session, reconcile_seconds)
+    largest = max((w.gpus for w in workers), default=None)
+    total = sum(w.gpus for w in workers)
     if config.gpus is None:
-        return config.model_copy(update={"gpus": min(cluster.largest if cluster else 1, config.batch_size)})
-    if cluster is not None and config.gpus > cluster.total:
+        config = config.model_copy(update={"gpus": min(largest or 1, config.batch_size)})
+    elif largest is not None and config.gpus > total:
         raise APIProblem(
             400,
-            f"bad gpus: {config.gpus} (must be at most the {cluster.total} GPUs of all live workers "
-            f"together, per their heartbeats; the largest worker has {cluster.largest})",
+            f"bad gpus: {config.gpus} (must be at most the {total} GPUs of all live workers "
+            f"together, per their heartbeats; the largest worker has {largest})",
             param="gpus",
             code="no_worker_fits",
         )
+    check_memory(config, workers)
     return config
+
+
+def check_memory(config: SFTConfig, workers: list[LiveWorker]) -> None:
+    """Refuse a job whose memory plan (relay.memory_plan) fits no GPU of the live workers that
+    have its `gpus`. A worker with CPU slots (no GPU memory reported) runs anything it has slots
+    for, so then nothing is refused on memory. The error names the field to change: `gpus` when
+    more of a worker's GPUs would hold it, else `batch_size` when a smaller batch would, else
+    `finetune` when LoRA would, else `model`."""
+    gpus = config.gpus or 1
+    able = [w for w in workers if w.gpus >= gpus]
+    if not able or any(w.gpu_memory is None for w in able):
+        return
+
+    def plan(batch_size: int, processes: int, finetune: str) -> MemoryPlan | None:
+        return plan_named(
+            config.model,
+            finetune=finetune,
+            targets=config.targets,
+            lora_rank=config.lora_rank,
+            batch_size=batch_size,
+            gpus=processes,
+        )
+
+    def fits(candidate: MemoryPlan | None, processes: int) -> bool:
+        return candidate is None or any(
+            w.gpu_memory is None or candidate.total <= w.gpu_memory for w in workers if w.gpus >= processes
+        )
+
+    planned = plan(config.batch_size, gpus, config.finetune)
+    if fits(planned, gpus):
+        return
+    assert planned is not None
+    biggest = max(w.gpu_memory or 0 for w in able)
+    most = min(max(w.gpus for w in workers), config.batch_size)
+    value: int | str
+    if any(fits(plan(config.batch_size, n, config.finetune), n) for n in range(gpus + 1, most + 1)):
+        field, value, rule = "gpus", gpus, "more GPUs would share it"
+    elif fits(plan(gpus, gpus, config.finetune), gpus):
+        field, value, rule = "batch_size", config.batch_size, "a smaller batch would fit"
+    elif config.finetune == "full" and fits(plan(gpus, gpus, "lora"), gpus):
+        field, value, rule = "finetune", config.finetune, "LoRA would fit"
+    else:
+        field, value, rule = "model", config.model, "no setting of this model fits"
+    shortfall = gpu_shortfall(planned, biggest)
+    raise APIProblem(
+        400,
+        f"bad {field}: {json.dumps(value)} (the job's memory plan fits no worker's GPUs: {shortfall}; "
+        f"{rule})",
+        param=field,
+        code="no_worker_fits",
+    )
 
 
 def create(

@@ -60,6 +60,10 @@ class Settings(BaseSettings):
     # The address other workers reach this one's host at, for a gang's rendezvous (the launcher's
     # c10d store and the processes' own connections). Empty: the host's fully qualified name.
     worker_address: str = ""
+    # Memory of each of those GPUs, in GB, as workers report it in their heartbeats; 0: read it
+    # from nvidia-smi (none on a host without NVIDIA GPUs). The API refuses a job whose memory
+    # plan fits no live worker's GPUs.
+    worker_gpu_memory_gb: float = Field(0.0, ge=0)
 
     # Training-loop sessions: their own queue on the same workers, one session per worker process.
     session_queue: str = "relay.sessions"

@@ -23,7 +23,7 @@ from relay._http import Client
 from relay.sft.config import SFTConfig
 from relay.sft.job import FineTuneJob
 from relay.sft.train import train
-from relay_api.fine_tunes import live_worker_gpus
+from relay_api.fine_tunes import live_workers
 from relay_api.models import FineTuneHost
 from tests.service.stack import ApiServer, Stack, WorkerProcess, wait_for
 
@@ -69,8 +69,7 @@ def lonely_client(stack: Stack, user: tuple[str, str]) -> Iterator[Client]:
 
 def live_slots(stack: Stack) -> int:
     with stack.sessions() as session:
-        cluster = live_worker_gpus(session, stack.settings.reconcile_seconds)
-    return 0 if cluster is None else cluster.total
+        return sum(worker.gpus for worker in live_workers(session, stack.settings.reconcile_seconds))
 
 
 def until_two_slots_live(stack: Stack) -> None:
