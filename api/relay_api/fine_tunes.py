@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import insert, select, text, update
 from sqlalchemy.orm import Session
 
-from relay.memory_plan import MemoryPlan, gpu_shortfall, plan_named
+from relay.memory_plan import GB, MemoryPlan, gpu_shortfall, plan_named
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
 from relay_api.db import rows_changed, utcnow
@@ -114,13 +114,18 @@ def live_workers(session: Session, reconcile_seconds: float) -> list[LiveWorker]
     return [LiveWorker(int(gpus), None if memory is None else int(memory)) for gpus, memory in rows]
 
 
+def gpu_count(number: int) -> str:
+    """A count of GPUs in words, as the messages give it: 1 GPU, 4 GPUs (slots count as GPUs)."""
+    return f"{number} GPU" if number == 1 else f"{number} GPUs"
+
+
 def place_on_workers(session: Session, config: SFTConfig, reconcile_seconds: float) -> SFTConfig:
     """Fill in `gpus` where the service chooses it, and refuse a job no worker could ever run.
 
     A full fine-tune without `gpus` gets all the GPUs of the largest live worker (1 when none is
     alive yet). A job of more GPUs than one worker has spans several (a gang); one asking for more
     than all live workers have together is refused, naming `gpus`; so is one whose memory plan
-    fits none of the GPUs of the workers that have enough of them. With no live worker nothing is
+    does not fit enough of the live workers' GPUs (check_memory). With no live worker nothing is
     known, so nothing is refused: the job waits for workers.
     """
     workers = live_workers(session, reconcile_seconds)
@@ -131,7 +136,7 @@ def place_on_workers(session: Session, config: SFTConfig, reconcile_seconds: flo
     elif largest is not None and config.gpus > total:
         raise APIProblem(
             400,
-            f"bad gpus: {config.gpus} (must be at most the {total} GPUs of all live workers "
+            f"bad gpus: {config.gpus} (must be at most the {gpu_count(total)} of all live workers "
             f"together, per their heartbeats; the largest worker has {largest})",
             param="gpus",
             code="no_worker_fits",
@@ -141,15 +146,17 @@ def place_on_workers(session: Session, config: SFTConfig, reconcile_seconds: flo
 
 
 def check_memory(config: SFTConfig, workers: list[LiveWorker]) -> None:
-    """Refuse a job whose memory plan (relay.memory_plan) fits no GPU of the live workers that
-    have its `gpus`. A worker with CPU slots (no GPU memory reported) runs anything it has slots
-    for, so then nothing is refused on memory. The error names the field to change: `gpus` when
-    more of a worker's GPUs would hold it, else `batch_size` when a smaller batch would, else
+    """Refuse a job whose memory plan (relay.memory_plan) the live workers' GPUs cannot hold.
+
+    Each of the job's `gpus` processes holds the plan's per-GPU bytes, whichever hosts run it: one
+    worker with enough slots, or a gang of several. So the job fits when the workers whose GPUs
+    hold the plan have its `gpus` together; a worker with CPU slots (no GPU memory reported) holds
+    anything. The error names the field to change: `gpus` when more GPUs would share it (or fewer
+    would fit on the GPUs large enough), else `batch_size` when a smaller batch would, else
     `finetune` when LoRA would, else `model`."""
-    gpus = config.gpus or 1
-    able = [w for w in workers if w.gpus >= gpus]
-    if not able or any(w.gpu_memory is None for w in able):
+    if not workers:
         return
+    gpus = config.gpus or 1
 
     def plan(batch_size: int, processes: int, finetune: str) -> MemoryPlan | None:
         return plan_named(
@@ -161,31 +168,43 @@ def check_memory(config: SFTConfig, workers: list[LiveWorker]) -> None:
             gpus=processes,
         )
 
+    def slots_holding(candidate: MemoryPlan) -> int:
+        return sum(w.gpus for w in workers if w.gpu_memory is None or candidate.total <= w.gpu_memory)
+
     def fits(candidate: MemoryPlan | None, processes: int) -> bool:
-        return candidate is None or any(
-            w.gpu_memory is None or candidate.total <= w.gpu_memory for w in workers if w.gpus >= processes
-        )
+        return candidate is None or slots_holding(candidate) >= processes
 
     planned = plan(config.batch_size, gpus, config.finetune)
     if fits(planned, gpus):
         return
     assert planned is not None
-    biggest = max(w.gpu_memory or 0 for w in able)
-    most = min(max(w.gpus for w in workers), config.batch_size)
+    most = min(sum(w.gpus for w in workers), config.batch_size)
+
+    def fits_on(processes: int) -> bool:
+        return fits(plan(config.batch_size, processes, config.finetune), processes)
+
     value: int | str
-    if any(fits(plan(config.batch_size, n, config.finetune), n) for n in range(gpus + 1, most + 1)):
+    if any(fits_on(n) for n in range(gpus + 1, most + 1)):
         field, value, rule = "gpus", gpus, "more GPUs would share it"
+    # Fewer processes need more memory each, but may then be few enough for the GPUs that hold it.
+    elif (fewer := next((n for n in range(gpus - 1, 0, -1) if fits_on(n)), None)) is not None:
+        field, value, rule = "gpus", gpus, f"{gpu_count(fewer)} would fit, on the GPUs large enough"
     elif fits(plan(gpus, gpus, config.finetune), gpus):
         field, value, rule = "batch_size", config.batch_size, "a smaller batch would fit"
     elif config.finetune == "full" and fits(plan(gpus, gpus, "lora"), gpus):
         field, value, rule = "finetune", config.finetune, "LoRA would fit"
     else:
         field, value, rule = "model", config.model, "no setting of this model fits"
-    shortfall = gpu_shortfall(planned, biggest)
+    biggest = max(w.gpu_memory or 0 for w in workers)
+    # Either no GPU is large enough, or too few are for the job's processes (a gang).
+    shortfall = gpu_shortfall(planned, biggest) or (
+        f"needs about {planned.total / GB:.0f} GB on each of its {gpu_count(gpus)}; the live workers "
+        f"have {gpu_count(slots_holding(planned))} that large"
+    )
     raise APIProblem(
         400,
-        f"bad {field}: {json.dumps(value)} (the job's memory plan fits no worker's GPUs: {shortfall}; "
-        f"{rule})",
+        f"bad {field}: {json.dumps(value)} (the job's memory plan does not fit the live workers' GPUs: "
+        f"{shortfall}; {rule})",
         param=field,
         code="no_worker_fits",
     )
