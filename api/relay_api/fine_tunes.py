@@ -129,20 +129,28 @@ def place_on_workers(session: Session, config: SFTConfig, reconcile_seconds: flo
     known, so nothing is refused: the job waits for workers.
     """
     workers = live_workers(session, reconcile_seconds)
-    largest = max((w.gpus for w in workers), default=None)
-    total = sum(w.gpus for w in workers)
     if config.gpus is None:
-        config = config.model_copy(update={"gpus": min(largest or 1, config.batch_size)})
-    elif largest is not None and config.gpus > total:
+        largest = max((w.gpus for w in workers), default=1)
+        config = config.model_copy(update={"gpus": min(largest, config.batch_size)})
+    else:
+        check_gpus(config.gpus, workers)
+    check_memory(config, workers)
+    return config
+
+
+def check_gpus(gpus: int, workers: list[LiveWorker]) -> None:
+    """Refuse a job of more GPUs than all live workers have together (with none alive, nothing is
+    known: the job waits)."""
+    total = sum(w.gpus for w in workers)
+    if workers and gpus > total:
+        largest = max(w.gpus for w in workers)
         raise APIProblem(
             400,
-            f"bad gpus: {config.gpus} (must be at most the {gpu_count(total)} of all live workers "
+            f"bad gpus: {gpus} (must be at most the {gpu_count(total)} of all live workers "
             f"together, per their heartbeats; the largest worker has {largest})",
             param="gpus",
             code="no_worker_fits",
         )
-    check_memory(config, workers)
-    return config
 
 
 def check_memory(config: SFTConfig, workers: list[LiveWorker]) -> None:
@@ -195,11 +203,13 @@ def check_memory(config: SFTConfig, workers: list[LiveWorker]) -> None:
         field, value, rule = "finetune", config.finetune, "LoRA would fit"
     else:
         field, value, rule = "model", config.model, "no setting of this model fits"
-    biggest = max(w.gpu_memory or 0 for w in workers)
+    holding = slots_holding(planned)
     # Either no GPU is large enough, or too few are for the job's processes (a gang).
-    shortfall = gpu_shortfall(planned, biggest) or (
-        f"needs about {planned.total / GB:.0f} GB on each of its {gpu_count(gpus)}; the live workers "
-        f"have {gpu_count(slots_holding(planned))} that large"
+    shortfall = (
+        gpu_shortfall(planned, max(w.gpu_memory or 0 for w in workers))
+        if holding == 0
+        else f"needs about {planned.total / GB:.0f} GB on each of its {gpu_count(gpus)}; "
+        f"the live workers have {gpu_count(holding)} that large"
     )
     raise APIProblem(
         400,

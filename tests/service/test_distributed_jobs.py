@@ -20,6 +20,8 @@ from relay._http import Client
 from relay.errors import APIError
 from relay.sft.config import SFTConfig
 from relay.sft.train import train
+from relay_api.errors import APIProblem
+from relay_api.fine_tunes import LiveWorker, check_gpus
 from relay_api.models import WorkerHeartbeat
 from tests.service.stack import Stack, WorkerProcess, wait_for
 
@@ -73,6 +75,18 @@ def test_more_gpus_than_all_live_workers_have_is_refused(
     assert "GPUs of all live workers together, per their heartbeats; the largest worker has 2)" in str(
         refused.value
     )
+
+
+def test_one_live_gpu_is_counted_in_the_singular() -> None:
+    with pytest.raises(APIProblem) as refused:
+        check_gpus(2, [LiveWorker(gpus=1, gpu_memory=None)])
+    assert refused.value.status == 400 and refused.value.param == "gpus"
+    assert refused.value.message == (
+        "bad gpus: 2 (must be at most the 1 GPU of all live workers together, per their heartbeats; "
+        "the largest worker has 1)"
+    )
+    check_gpus(2, [LiveWorker(gpus=1, gpu_memory=None)] * 2)  # two of them run it as a gang
+    check_gpus(64, [])  # no worker alive: nothing is known, the job waits
 
 
 def test_a_killed_rank_takes_the_group_down_and_the_job_resumes(
