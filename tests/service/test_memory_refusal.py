@@ -1,4 +1,5 @@
-"""The service refuses a job whose memory plan fits no live worker's GPUs (real PostgreSQL).
+"""The service refuses a job whose memory plan the live workers' GPUs cannot hold, on one host or
+as a gang of several (real PostgreSQL).
 
 Workers report the GPUs they give a job and the memory of each in their heartbeats. One test
 starts a real worker that declares 8 GPUs of 16 GB (RELAY_WORKER_SLOTS, RELAY_WORKER_GPU_MEMORY_GB:
@@ -105,6 +106,32 @@ def test_big_enough_gpus_or_a_cpu_worker_accept_it(stack: Stack, gpu_workers: li
     assert place(stack, full_pi05(gpus=8)).gpus == 8
 
 
+def test_a_gang_must_fit_the_gpus_of_the_hosts_that_would_form_it(
+    stack: Stack, client: Client, gpu_workers: list[str]
+) -> None:
+    """16 GPUs is more than any worker here has: the job runs on two hosts, and each of its 16
+    processes needs the plan at 16 (about 12 GB), on the GPUs of every host of the gang."""
+    needed = plan_named("pi05", finetune="full", batch_size=32, gpus=16)
+    assert needed is not None and 8 * GB < needed.total <= 16 * GB
+    gpu_worker(stack, gpu_workers, gpus=8, gpu_memory=80 * GB)
+    gpu_worker(stack, gpu_workers, gpus=8, gpu_memory=8 * GB)
+    with pytest.raises(APIError) as refused:
+        train(full_pi05(gpus=16), client=client)
+    assert refused.value.status == 400 and refused.value.param == "gpus"
+    message = str(refused.value)
+    assert f"needs about {needed.total / GB:.0f} GB on each of its 16 GPUs; the live workers have" in message
+    assert client.request("GET", "/v1/fine-tunes")["data"] == []  # nothing was created
+    # A third host of 16 GB GPUs: it and the 80 GB one form the gang.
+    gpu_worker(stack, gpu_workers, gpus=8, gpu_memory=16 * GB)
+    assert place(stack, full_pi05(gpus=16)).gpus == 16
+
+
+def test_a_cpu_host_in_a_gang_holds_anything(stack: Stack, gpu_workers: list[str]) -> None:
+    gpu_worker(stack, gpu_workers, gpus=8, gpu_memory=80 * GB)
+    gpu_worker(stack, gpu_workers, gpus=8, gpu_memory=None)
+    assert place(stack, full_pi05(gpus=16)).gpus == 16
+
+
 @pytest.mark.slow
 def test_a_worker_reports_its_gpu_memory_and_the_api_refuses_what_fits_none(
     stack: Stack, client: Client
@@ -153,3 +180,36 @@ def test_a_worker_reads_its_gpus_memory_from_nvidia_smi(
     assert gpu_memory(None) == 40960 * 2**20
     assert gpu_memory("0") == 81559 * 2**20
     assert gpu_memory("GPU-bbb") == 40960 * 2**20
+
+
+@pytest.mark.parametrize(
+    ("gpus", "workers", "field", "words"),
+    [
+        # 18 GB a GPU on 8 of them; 16 processes need 12 GB each, which two hosts of 16 GB hold.
+        (8, [(8, 16), (8, 16)], "gpus", "the largest worker GPU has 16 GB; more GPUs would share it"),
+        # 12 GB each on 16: only the 80 GB host's 8 GPUs hold that, and 8 processes fit it.
+        (16, [(8, 80), (8, 8)], "gpus", "the live workers have 8 GPUs that large; 8 GPUs would fit"),
+        (16, [(8, 80), (7, 8), (1, 8)], "gpus", "the live workers have 8 GPUs that large; 8 GPUs would fit"),
+        # 12 GB each on 16 GPUs of 11 GB: one sample a GPU (batch 16) needs about 10.8 GB.
+        (16, [(8, 11), (8, 11)], "batch_size", "the largest worker GPU has 11 GB; a smaller batch would fit"),
+    ],
+)
+def test_a_gangs_refusal_names_the_setting_that_would_make_it_fit(
+    gpus: int, workers: list[tuple[int, int]], field: str, words: str
+) -> None:
+    live = [LiveWorker(gpus=slots, gpu_memory=memory * GB) for slots, memory in workers]
+    with pytest.raises(APIProblem) as refused:
+        check_memory(full_pi05(gpus=gpus), live)
+    assert refused.value.param == field and refused.value.status == 400
+    assert words in refused.value.message
+
+
+def test_a_gang_that_its_hosts_gpus_hold_is_accepted() -> None:
+    check_memory(full_pi05(gpus=16), [LiveWorker(gpus=8, gpu_memory=16 * GB)] * 2)
+    # CPU slots report no memory: they hold anything, beside GPUs that hold the plan.
+    check_memory(
+        full_pi05(gpus=16), [LiveWorker(gpus=8, gpu_memory=16 * GB), LiveWorker(gpus=8, gpu_memory=None)]
+    )
+    # A gang of 16 from hosts of 8, 4 and 4 GPUs, one host too small to take part.
+    hosts = [LiveWorker(gpus=8, gpu_memory=24 * GB), LiveWorker(gpus=4, gpu_memory=24 * GB)]
+    check_memory(full_pi05(gpus=16), [*hosts, hosts[1], LiveWorker(gpus=8, gpu_memory=8 * GB)])
