@@ -65,10 +65,10 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
         redoc_url=None,
     )
     app.state.settings = settings
-    app.state.sessions = session_factory(settings)
+    app.state.db_sessions = session_factory(settings)
     app.state.readers = read_session_factory(settings)
     app.state.publisher = publisher or Publisher(settings)
-    app.state.enqueued = EnqueuedNotes(app.state.sessions)
+    app.state.enqueued = EnqueuedNotes(app.state.db_sessions)
     app.state.keys = KeyCache(settings.auth_cache_seconds)
     app.state.checksums = ChecksumCache()
     app.state.channel = api_channel(settings)
@@ -98,8 +98,8 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
 
     @app.get("/healthz", tags=["health"], summary="Whether the API can reach its database")
     def healthz() -> dict[str, str]:
-        with app.state.readers() as session:
-            session.execute(text("SELECT 1"))
+        with app.state.readers() as db:
+            db.execute(text("SELECT 1"))
         return {"status": "ok"}
 
     return app

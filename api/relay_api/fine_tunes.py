@@ -94,23 +94,23 @@ def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
     return event
 
 
-def largest_worker_gpus(session: Session, reconcile_seconds: float) -> int | None:
+def largest_worker_gpus(db: Session, reconcile_seconds: float) -> int | None:
     """The most GPUs one live worker gives a job, per the workers' heartbeats; None when none is alive."""
     horizon = utcnow() - dt.timedelta(seconds=WORKER_MISSED_BEATS * reconcile_seconds)
-    largest = session.execute(
+    largest = db.execute(
         select(func.max(worker_heartbeats.c.gpus)).where(worker_heartbeats.c.seen_at >= horizon)
     ).scalar()
     return None if largest is None else int(largest)
 
 
-def place_on_workers(session: Session, config: SFTConfig, reconcile_seconds: float) -> SFTConfig:
+def place_on_workers(db: Session, config: SFTConfig, reconcile_seconds: float) -> SFTConfig:
     """Fill in `gpus` where the service chooses it, and refuse a job no worker could ever run.
 
     A full fine-tune without `gpus` gets all the GPUs of the largest live worker (1 when none is
     alive yet). A job asking for more than any live worker has is refused, naming `gpus`. With no
     live worker nothing is known, so nothing is refused: the job waits for workers.
     """
-    largest = largest_worker_gpus(session, reconcile_seconds)
+    largest = largest_worker_gpus(db, reconcile_seconds)
     if config.gpus is None:
         return config.model_copy(update={"gpus": min(largest or 1, config.batch_size)})
     if largest is not None and config.gpus > largest:
@@ -125,7 +125,7 @@ def place_on_workers(session: Session, config: SFTConfig, reconcile_seconds: flo
 
 
 def create(
-    session: Session, user_id: int, config: SFTConfig, idempotency_key: str | None
+    db: Session, user_id: int, config: SFTConfig, idempotency_key: str | None
 ) -> tuple[dict[str, Any], bool]:
     """Insert a queued job and commit; returns (row, replayed). The same Idempotency-Key with the
     same config returns the job it created before; with a different config, 409."""
@@ -159,52 +159,50 @@ def create(
             "cancel_requested_at": None,
         }
 
-    return insert_once(session, fine_tunes, user_id, idempotency_key, digest, new_row, "fine-tune")
+    return insert_once(db, fine_tunes, user_id, idempotency_key, digest, new_row, "fine-tune")
 
 
-def mark_enqueued(session: Session, job_ids: str | list[str]) -> None:
+def mark_enqueued(db: Session, job_ids: str | list[str]) -> None:
     """Note that these jobs' messages reached the broker (see relay_api.enqueued)."""
     ids = [job_ids] if isinstance(job_ids, str) else job_ids
-    if session.get_bind().dialect.name == "postgresql":
+    if db.get_bind().dialect.name == "postgresql":
         # Losing this note in a crash only means the reconciler publishes the job again, so it need
         # not wait for the disk (the job's own row did).
-        session.execute(text("SET LOCAL synchronous_commit = off"))
-    session.execute(
+        db.execute(text("SET LOCAL synchronous_commit = off"))
+    db.execute(
         update(fine_tunes)
         .where(fine_tunes.c.id.in_(ids), fine_tunes.c.enqueued_at.is_(None))
         .values(enqueued_at=utcnow())
     )
-    session.commit()
+    db.commit()
 
 
-def get(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
+def get(db: Session, user_id: int, job_id: str) -> dict[str, Any]:
     """The caller's job `job_id`; another user's job is as absent as a job that never existed."""
     row = (
-        session.execute(select(fine_tunes).where(fine_tunes.c.id == job_id, fine_tunes.c.user_id == user_id))
+        db.execute(select(fine_tunes).where(fine_tunes.c.id == job_id, fine_tunes.c.user_id == user_id))
         .mappings()
         .first()
     )
-    _end_read(session)
+    _end_read(db)
     if row is None:
         raise not_found(job_id)
     return dict(row)
 
 
-def _end_read(session: Session) -> None:
+def _end_read(db: Session) -> None:
     # End a read's transaction here, in the route's thread, so its connection goes back to the pool
     # before the response is sent (and the request's teardown has no round trip to make).
-    session.rollback()
+    db.rollback()
 
 
-def list_page(
-    session: Session, user_id: int, after: str | None, limit: int
-) -> tuple[list[dict[str, Any]], bool]:
+def list_page(db: Session, user_id: int, after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
     """The caller's jobs, newest first, starting after the job `after`; and whether more follow."""
-    return newest_first(session, fine_tunes, user_id, after, limit, "fine-tunes")
+    return newest_first(db, fine_tunes, user_id, after, limit, "fine-tunes")
 
 
 def events_page(
-    session: Session, user_id: int, job_id: str, after: int | None, limit: int
+    db: Session, user_id: int, job_id: str, after: int | None, limit: int
 ) -> tuple[list[dict[str, Any]], bool]:
     """The caller's job's events after event id `after`, oldest first; and whether more follow.
 
@@ -214,18 +212,18 @@ def events_page(
     query = select(fine_tune_events).where(fine_tune_events.c.job_id == job_id, owned.exists())
     if after is not None:
         query = query.where(fine_tune_events.c.id > after)
-    rows = session.execute(query.order_by(fine_tune_events.c.id).limit(limit + 1)).all()
-    _end_read(session)
+    rows = db.execute(query.order_by(fine_tune_events.c.id).limit(limit + 1)).all()
+    _end_read(db)
     if not rows:
-        get(session, user_id, job_id)
+        get(db, user_id, job_id)
     return [row._asdict() for row in rows[:limit]], len(rows) > limit
 
 
-def cancel(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
+def cancel(db: Session, user_id: int, job_id: str) -> dict[str, Any]:
     """Cancel: a queued job ends `cancelled` now; a running one becomes `cancel_requested` and its
     worker stops it at the next step. Asking again is harmless; a completed or failed job is 409."""
     for _ in range(5):
-        row = get(session, user_id, job_id)
+        row = get(db, user_id, job_id)
         now = utcnow()
         if row["status"] in (st.CANCEL_REQUESTED, st.CANCELLED):
             return row
@@ -239,14 +237,14 @@ def cancel(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
             )
         if row["status"] == st.QUEUED:
             moved = rows_changed(
-                session.execute(
+                db.execute(
                     update(fine_tunes)
                     .where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.QUEUED)
                     .values(status=st.CANCELLED, cancel_requested_at=now, finished_at=now, updated_at=now)
                 )
             )
             if moved:
-                session.execute(
+                db.execute(
                     insert(fine_tune_events).values(
                         job_id=job_id,
                         step=row["step"],
@@ -258,14 +256,14 @@ def cancel(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
                 )
         else:  # running
             moved = rows_changed(
-                session.execute(
+                db.execute(
                     update(fine_tunes)
                     .where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.RUNNING)
                     .values(status=st.CANCEL_REQUESTED, cancel_requested_at=now, updated_at=now)
                 )
             )
-        session.commit()
+        db.commit()
         if moved:
-            return get(session, user_id, job_id)
+            return get(db, user_id, job_id)
         # A worker moved the job meanwhile (claimed or finished it): look again.
     raise APIProblem(409, f"fine-tune {job_id} kept changing; try again", param="id", code="conflict")

@@ -26,7 +26,7 @@ def request_hash(config: BaseModel) -> str:
 
 
 def insert_once(
-    session: Session,
+    db: Session,
     table: Table,
     user_id: int,
     idempotency_key: str | None,
@@ -37,29 +37,29 @@ def insert_once(
     """Insert `new_row()` and commit; returns (row, replayed). `new_row` draws a fresh id each
     call, so a clash of random ids is tried again."""
     if idempotency_key is not None:
-        existing = _by_key(session, table, user_id, idempotency_key, digest, noun)
+        existing = _by_key(db, table, user_id, idempotency_key, digest, noun)
         if existing is not None:
             return existing, True
     for _ in range(3):
         row = new_row()
         try:
-            session.execute(insert(table).values(row))
-            session.commit()
+            db.execute(insert(table).values(row))
+            db.commit()
             return row, False
         except IntegrityError:
-            session.rollback()
+            db.rollback()
             if idempotency_key is not None:  # a concurrent request with the same key won
-                existing = _by_key(session, table, user_id, idempotency_key, digest, noun)
+                existing = _by_key(db, table, user_id, idempotency_key, digest, noun)
                 if existing is not None:
                     return existing, True
     raise RuntimeError(f"could not pick a free {noun} id")
 
 
 def _by_key(
-    session: Session, table: Table, user_id: int, key: str, digest: str, noun: str
+    db: Session, table: Table, user_id: int, key: str, digest: str, noun: str
 ) -> dict[str, Any] | None:
     row = (
-        session.execute(select(table).where(table.c.user_id == user_id, table.c.idempotency_key == key))
+        db.execute(select(table).where(table.c.user_id == user_id, table.c.idempotency_key == key))
         .mappings()
         .first()
     )

@@ -11,13 +11,13 @@ from relay_api.errors import APIProblem
 
 
 def newest_first(
-    session: Session, table: Table, user_id: int, after: str | None, limit: int, noun: str
+    db: Session, table: Table, user_id: int, after: str | None, limit: int, noun: str
 ) -> tuple[list[dict[str, Any]], bool]:
     """The user's rows of `table`, newest first, starting after the row whose id is `after`; and
     whether more follow. Ties in created_at are broken by id, so a page never repeats or skips."""
     query = select(table).where(table.c.user_id == user_id)
     if after is not None:
-        cursor = session.execute(
+        cursor = db.execute(
             select(table.c.created_at).where(table.c.id == after, table.c.user_id == user_id)
         ).scalar()
         if cursor is None:
@@ -27,11 +27,11 @@ def newest_first(
             or_(table.c.created_at < cursor, and_(table.c.created_at == cursor, table.c.id < after))
         )
     rows = (
-        session.execute(query.order_by(table.c.created_at.desc(), table.c.id.desc()).limit(limit + 1))
+        db.execute(query.order_by(table.c.created_at.desc(), table.c.id.desc()).limit(limit + 1))
         .mappings()
         .all()
     )
     # End the read here, in the route's thread, so its connection goes back to the pool before
     # the response is sent.
-    session.rollback()
+    db.rollback()
     return [dict(r) for r in rows[:limit]], len(rows) > limit
