@@ -67,6 +67,7 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
     app.state.settings = settings
     app.state.db_sessions = session_factory(settings)
     app.state.readers = read_session_factory(settings)
+    app.state.read_engine = app.state.readers.kw["bind"]
     app.state.publisher = publisher or Publisher(settings)
     app.state.enqueued = EnqueuedNotes(app.state.db_sessions)
     app.state.keys = KeyCache(settings.auth_cache_seconds)

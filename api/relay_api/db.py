@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import orjson
-from sqlalchemy import CursorResult, DateTime, Engine, Result, create_engine, event, text
+from sqlalchemy import Connection, CursorResult, DateTime, Engine, Result, create_engine, event, text
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
@@ -19,6 +19,10 @@ from sqlalchemy.types import TypeDecorator
 from relay_api.settings import Settings
 
 T = TypeVar("T")
+
+# What the API's queries run on: an ORM session (requests that write in a transaction, the worker),
+# or a bare connection (requests that only read, or write one statement: see read_engine).
+Db = Session | Connection
 
 
 def utcnow() -> dt.datetime:
@@ -46,10 +50,16 @@ class Base(DeclarativeBase):
     pass
 
 
-def make_engine(url: str, pool_size: int = 10) -> Engine:
+def make_engine(url: str, pool_size: int = 10, isolation_level: str | None = None) -> Engine:
+    # `isolation_level` is set once per connection, when it is made (per checkout would cost CPU on
+    # every request).
+    options: dict[str, Any] = {"isolation_level": isolation_level} if isolation_level else {}
     if url.startswith("sqlite"):
         engine = create_engine(
-            url, connect_args={"check_same_thread": False, "timeout": 30}, json_deserializer=orjson.loads
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            json_deserializer=orjson.loads,
+            **options,
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
@@ -64,6 +74,7 @@ def make_engine(url: str, pool_size: int = 10) -> Engine:
         pool_timeout=30,
         json_deserializer=orjson.loads,
         connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS},
+        **options,
     )
     _ping_when_idle(engine)
     return engine
@@ -131,14 +142,31 @@ def session_factory(settings: Settings) -> sessionmaker[Session]:
         return factory
 
 
+_read_engines: dict[tuple[int, str], Engine] = {}
+
+
+def read_engine(settings: Settings) -> Engine:
+    """An engine per process and URL whose statements each commit on their own: a read costs one
+    round trip, with no BEGIN and ROLLBACK around it, and sees the latest commits. For requests that
+    only read, or write a single statement. Its own pool (of `db_pool_size`): its connections stay in
+    autocommit, where switching a shared pool's connection on each checkout cost every request CPU."""
+    key = (os.getpid(), settings.database_url)
+    with _factories_lock:
+        engine = _read_engines.get(key)
+        if engine is None:
+            engine = _read_engines[key] = make_engine(
+                settings.database_url, settings.db_pool_size, isolation_level="AUTOCOMMIT"
+            )
+        return engine
+
+
 def read_session_factory(settings: Settings) -> sessionmaker[Session]:
-    """Sessions whose statements each commit on their own: a read costs one round trip, with no
-    BEGIN and ROLLBACK around it. For requests that only read; each statement sees the latest commits."""
+    """ORM sessions on read_engine."""
     key = (os.getpid(), "read:" + settings.database_url)
     with _factories_lock:
         factory = _factories.get(key)
     if factory is None:
-        engine = session_factory(settings).kw["bind"].execution_options(isolation_level="AUTOCOMMIT")
+        engine = read_engine(settings)
         with _factories_lock:
             factory = _factories.setdefault(key, sessionmaker(engine, expire_on_commit=False))
     return factory

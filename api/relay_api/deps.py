@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -39,12 +40,6 @@ async def get_db(request: Request) -> AsyncIterator[Session]:
         yield db
 
 
-async def get_read_db(request: Request) -> AsyncIterator[Session]:
-    """A database session for a request that only reads (autocommit: no BEGIN or ROLLBACK round trips)."""
-    async for db in _db(request.app.state.readers):
-        yield db
-
-
 async def _db(factory: sessionmaker[Session]) -> AsyncIterator[Session]:
     db = factory()  # connects lazily, in the route's thread
     try:
@@ -58,11 +53,6 @@ async def _db(factory: sessionmaker[Session]) -> AsyncIterator[Session]:
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 DbDep = Annotated[Session, Depends(get_db)]
-ReadDbDep = Annotated[Session, Depends(get_read_db)]
-# A write that is one statement (a create's INSERT) is atomic by itself: in a session whose
-# statements each commit on their own it costs one round trip instead of three (BEGIN, the
-# statement, COMMIT).
-OneStatementDbDep = ReadDbDep
 PublisherDep = Annotated[Publisher, Depends(get_publisher)]
 EnqueuedNotesDep = Annotated[EnqueuedNotes, Depends(get_enqueued_notes)]
 
@@ -80,3 +70,17 @@ async def current_user(
 
 
 CurrentUser = Annotated[int, Depends(current_user)]
+
+
+def read_db(request: Request) -> Connection:
+    """A database connection for a request that only reads, or writes one statement (a create's
+    INSERT is atomic by itself): each statement commits on its own, so a read or that write costs
+    one round trip instead of three (BEGIN, the statement, COMMIT or ROLLBACK). Use it in the
+    route's body, ``with read_db(request) as db:``; the block's end hands the connection back to
+    the pool in the route's thread, before the response is sent.
+
+    Not a dependency, and a connection rather than an ORM session, on purpose: these are the API's
+    busiest routes, and FastAPI's generator dependencies and the session's bookkeeping cost each
+    request more CPU than its query (docs/benchmarks.md)."""
+    engine: Engine = request.app.state.read_engine
+    return engine.connect()

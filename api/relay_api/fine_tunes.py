@@ -12,12 +12,12 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import func, insert, select, text, update
+from sqlalchemy import bindparam, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
-from relay_api.db import rows_changed, utcnow
+from relay_api.db import Db, rows_changed, utcnow
 from relay_api.errors import APIProblem, not_found
 from relay_api.idempotency import insert_once, request_hash
 from relay_api.metrics import WORKER_MISSED_BEATS
@@ -94,7 +94,7 @@ def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
     return event
 
 
-def largest_worker_gpus(db: Session, reconcile_seconds: float) -> int | None:
+def largest_worker_gpus(db: Db, reconcile_seconds: float) -> int | None:
     """The most GPUs one live worker gives a job, per the workers' heartbeats; None when none is alive."""
     horizon = utcnow() - dt.timedelta(seconds=WORKER_MISSED_BEATS * reconcile_seconds)
     largest = db.execute(
@@ -103,7 +103,7 @@ def largest_worker_gpus(db: Session, reconcile_seconds: float) -> int | None:
     return None if largest is None else int(largest)
 
 
-def place_on_workers(db: Session, config: SFTConfig, reconcile_seconds: float) -> SFTConfig:
+def place_on_workers(db: Db, config: SFTConfig, reconcile_seconds: float) -> SFTConfig:
     """Fill in `gpus` where the service chooses it, and refuse a job no worker could ever run.
 
     A full fine-tune without `gpus` gets all the GPUs of the largest live worker (1 when none is
@@ -125,7 +125,7 @@ def place_on_workers(db: Session, config: SFTConfig, reconcile_seconds: float) -
 
 
 def create(
-    db: Session, user_id: int, config: SFTConfig, idempotency_key: str | None
+    db: Db, user_id: int, config: SFTConfig, idempotency_key: str | None
 ) -> tuple[dict[str, Any], bool]:
     """Insert a queued job and commit; returns (row, replayed). The same Idempotency-Key with the
     same config returns the job it created before; with a different config, 409."""
@@ -177,42 +177,60 @@ def mark_enqueued(db: Session, job_ids: str | list[str]) -> None:
     db.commit()
 
 
-def get(db: Session, user_id: int, job_id: str) -> dict[str, Any]:
-    """The caller's job `job_id`; another user's job is as absent as a job that never existed."""
-    row = (
-        db.execute(select(fine_tunes).where(fine_tunes.c.id == job_id, fine_tunes.c.user_id == user_id))
-        .mappings()
-        .first()
+# The statements of the busiest routes are built once, with their values bound at execution:
+# SQLAlchemy memoizes a statement's cache key, so a request skips building the expression and
+# hashing it (a fifth of a short read's CPU).
+_CALLERS_JOB = select(fine_tunes).where(
+    fine_tunes.c.id == bindparam("job_id"), fine_tunes.c.user_id == bindparam("user_id")
+)
+_CALLERS_EVENTS = (
+    select(fine_tune_events)
+    .where(
+        fine_tune_events.c.job_id == bindparam("job_id"),
+        fine_tune_events.c.id > bindparam("after"),
+        select(fine_tunes.c.id)
+        .where(fine_tunes.c.id == bindparam("job_id"), fine_tunes.c.user_id == bindparam("user_id"))
+        .exists(),
     )
+    .order_by(fine_tune_events.c.id)
+    .limit(bindparam("limit"))
+)
+
+
+def get(db: Db, user_id: int, job_id: str) -> dict[str, Any]:
+    """The caller's job `job_id`; another user's job is as absent as a job that never existed."""
+    row = db.execute(_CALLERS_JOB, {"job_id": job_id, "user_id": user_id}).mappings().first()
     _end_read(db)
     if row is None:
         raise not_found(job_id)
     return dict(row)
 
 
-def _end_read(db: Session) -> None:
+def _end_read(db: Db) -> None:
     # End a read's transaction here, in the route's thread, so its connection goes back to the pool
     # before the response is sent (and the request's teardown has no round trip to make).
     db.rollback()
 
 
-def list_page(db: Session, user_id: int, after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
+def list_page(db: Db, user_id: int, after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
     """The caller's jobs, newest first, starting after the job `after`; and whether more follow."""
     return newest_first(db, fine_tunes, user_id, after, limit, "fine-tunes")
 
 
 def events_page(
-    db: Session, user_id: int, job_id: str, after: int | None, limit: int
+    db: Db, user_id: int, job_id: str, after: int | None, limit: int
 ) -> tuple[list[dict[str, Any]], bool]:
     """The caller's job's events after event id `after`, oldest first; and whether more follow.
 
     One round trip when there are events: the ownership check rides in the same statement. Only an
     empty page looks the job up on its own, to tell "none yet" from "no such job" (a 404)."""
-    owned = select(fine_tunes.c.id).where(fine_tunes.c.id == job_id, fine_tunes.c.user_id == user_id)
-    query = select(fine_tune_events).where(fine_tune_events.c.job_id == job_id, owned.exists())
-    if after is not None:
-        query = query.where(fine_tune_events.c.id > after)
-    rows = db.execute(query.order_by(fine_tune_events.c.id).limit(limit + 1)).all()
+    values = {
+        "job_id": job_id,
+        "user_id": user_id,
+        "after": 0 if after is None else after,  # event ids start at 1
+        "limit": limit + 1,
+    }
+    rows = db.execute(_CALLERS_EVENTS, values).all()
     _end_read(db)
     if not rows:
         get(db, user_id, job_id)

@@ -15,8 +15,8 @@ from typing import Any
 from pydantic import BaseModel
 from sqlalchemy import Table, insert, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
+from relay_api.db import Db
 from relay_api.errors import APIProblem
 
 
@@ -26,7 +26,7 @@ def request_hash(config: BaseModel) -> str:
 
 
 def insert_once(
-    db: Session,
+    db: Db,
     table: Table,
     user_id: int,
     idempotency_key: str | None,
@@ -55,9 +55,7 @@ def insert_once(
     raise RuntimeError(f"could not pick a free {noun} id")
 
 
-def _by_key(
-    db: Session, table: Table, user_id: int, key: str, digest: str, noun: str
-) -> dict[str, Any] | None:
+def _by_key(db: Db, table: Table, user_id: int, key: str, digest: str, noun: str) -> dict[str, Any] | None:
     row = (
         db.execute(select(table).where(table.c.user_id == user_id, table.c.idempotency_key == key))
         .mappings()

@@ -24,7 +24,7 @@ from relay.training import wire
 from relay.training.config import SessionConfig
 from relay_api import schemas, sessions
 from relay_api.channel import ApiChannel, ChannelUnavailable, ResultGone, TooManyPending
-from relay_api.deps import CurrentUser, DbDep, PublisherDep, ReadDbDep, SettingsDep
+from relay_api.deps import CurrentUser, DbDep, PublisherDep, SettingsDep, read_db
 from relay_api.errors import APIProblem
 from relay_api.openapi import inline_schema
 from relay_api.params import CallNumber, CallNumberHeader, IdempotencyKey, PageAfter, PageLimit, SessionId
@@ -84,12 +84,13 @@ def create_session(
 )
 def list_sessions(
     user: CurrentUser,
-    db: ReadDbDep,
+    request: Request,
     settings: SettingsDep,
     after: PageAfter = None,
     limit: PageLimit = 20,
 ) -> Response:
-    rows, has_more = sessions.list_page(db, user, after, limit)
+    with read_db(request) as db:
+        rows, has_more = sessions.list_page(db, user, after, limit)
     data = [sessions.session_object(r, settings) for r in rows]
     return JSONResponse({"object": "list", "data": data, "has_more": has_more})
 

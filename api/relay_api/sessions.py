@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from relay.training import status as st
 from relay.training.config import SessionConfig, with_current_names
-from relay_api.db import rows_changed, utcnow
+from relay_api.db import Db, rows_changed, utcnow
 from relay_api.errors import APIProblem
 from relay_api.fine_tunes import iso
 from relay_api.idempotency import insert_once, request_hash
@@ -100,7 +100,7 @@ def create(
     return insert_once(db, table, user_id, idempotency_key, digest, new_row, "session")
 
 
-def get(db: Session, user_id: int, session_id: str) -> dict[str, Any]:
+def get(db: Db, user_id: int, session_id: str) -> dict[str, Any]:
     """The caller's session; another user's is as absent as one that never existed."""
     row = (
         db.execute(select(table).where(table.c.id == session_id, table.c.user_id == user_id))
@@ -113,7 +113,7 @@ def get(db: Session, user_id: int, session_id: str) -> dict[str, Any]:
     return dict(row)
 
 
-def list_page(db: Session, user_id: int, after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
+def list_page(db: Db, user_id: int, after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
     """The caller's sessions, newest first, starting after the session `after`."""
     return newest_first(db, table, user_id, after, limit, "sessions")
 
