@@ -183,8 +183,30 @@ def mark_enqueued(db: Session, job_ids: str | list[str]) -> None:
 _CALLERS_JOB = select(fine_tunes).where(
     fine_tunes.c.id == bindparam("job_id"), fine_tunes.c.user_id == bindparam("user_id")
 )
+# The columns job_object reads: retrieve and list convert no others (a job row has 22).
+SHOWN_COLUMNS = tuple(
+    fine_tunes.c[name]
+    for name in (
+        "id",
+        "status",
+        "step",
+        "loss",
+        "error",
+        "output_dir",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "attempt",
+        "lease_until",
+        "config",
+    )
+)
+_CALLERS_JOB_SHOWN = _CALLERS_JOB.with_only_columns(*SHOWN_COLUMNS)
+# The columns event_object reads: a page of 100 events converts no others.
+_EVENT_COLUMNS = tuple(fine_tune_events.c[name] for name in ("id", "created_at", "step", "kind", "data"))
+_EVENT_KEYS = tuple(column.name for column in _EVENT_COLUMNS)
 _CALLERS_EVENTS = (
-    select(fine_tune_events)
+    select(*_EVENT_COLUMNS)
     .where(
         fine_tune_events.c.job_id == bindparam("job_id"),
         fine_tune_events.c.id > bindparam("after"),
@@ -197,9 +219,11 @@ _CALLERS_EVENTS = (
 )
 
 
-def get(db: Db, user_id: int, job_id: str) -> dict[str, Any]:
-    """The caller's job `job_id`; another user's job is as absent as a job that never existed."""
-    row = db.execute(_CALLERS_JOB, {"job_id": job_id, "user_id": user_id}).mappings().first()
+def get(db: Db, user_id: int, job_id: str, shown_only: bool = False) -> dict[str, Any]:
+    """The caller's job `job_id` (only its SHOWN_COLUMNS if `shown_only`); another user's job is as
+    absent as a job that never existed."""
+    query = _CALLERS_JOB_SHOWN if shown_only else _CALLERS_JOB
+    row = db.execute(query, {"job_id": job_id, "user_id": user_id}).mappings().first()
     _end_read(db)
     if row is None:
         raise not_found(job_id)
@@ -214,7 +238,7 @@ def _end_read(db: Db) -> None:
 
 def list_page(db: Db, user_id: int, after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
     """The caller's jobs, newest first, starting after the job `after`; and whether more follow."""
-    return newest_first(db, fine_tunes, user_id, after, limit, "fine-tunes")
+    return newest_first(db, fine_tunes, user_id, after, limit, "fine-tunes", SHOWN_COLUMNS)
 
 
 def events_page(
@@ -234,7 +258,8 @@ def events_page(
     _end_read(db)
     if not rows:
         get(db, user_id, job_id)
-    return [row._asdict() for row in rows[:limit]], len(rows) > limit
+    # zip: a tenth of the CPU of Row._asdict, which builds a key view per row
+    return [dict(zip(_EVENT_KEYS, row, strict=True)) for row in rows[:limit]], len(rows) > limit
 
 
 def cancel(db: Session, user_id: int, job_id: str) -> dict[str, Any]:

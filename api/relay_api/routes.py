@@ -93,7 +93,7 @@ def list_fine_tunes(
 @router.get("/{job_id}", summary="Retrieve a fine-tune", responses={200: {"model": schemas.FineTuneOut}})
 def retrieve_fine_tune(job_id: JobId, user: CurrentUser, request: Request) -> Response:
     with read_db(request) as db:
-        job = fine_tunes.get(db, user, job_id)
+        job = fine_tunes.get(db, user, job_id, shown_only=True)
     return JSONResponse(fine_tunes.job_object(job))
 
 
