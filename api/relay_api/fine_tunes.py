@@ -94,12 +94,15 @@ def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
     return event
 
 
+_LARGEST_LIVE_WORKER = select(func.max(worker_heartbeats.c.gpus)).where(
+    worker_heartbeats.c.seen_at >= bindparam("horizon")
+)
+
+
 def largest_worker_gpus(db: Db, reconcile_seconds: float) -> int | None:
     """The most GPUs one live worker gives a job, per the workers' heartbeats; None when none is alive."""
     horizon = utcnow() - dt.timedelta(seconds=WORKER_MISSED_BEATS * reconcile_seconds)
-    largest = db.execute(
-        select(func.max(worker_heartbeats.c.gpus)).where(worker_heartbeats.c.seen_at >= horizon)
-    ).scalar()
+    largest = db.execute(_LARGEST_LIVE_WORKER, {"horizon": horizon}).scalar()
     return None if largest is None else int(largest)
 
 
