@@ -127,49 +127,54 @@ def _sqlite_pragmas(connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-_factories: dict[tuple[int, str], sessionmaker[Session]] = {}
+_factories: dict[tuple[int, str, int], sessionmaker[Session]] = {}
+_read_engines: dict[tuple[int, str, int], Engine] = {}
+_read_factories: dict[tuple[int, str, int], sessionmaker[Session]] = {}
 _factories_lock = threading.Lock()
 
 
-def session_factory(settings: Settings) -> sessionmaker[Session]:
-    """One engine per process and URL (a forked worker child builds its own; pools do not survive fork)."""
-    key = (os.getpid(), settings.database_url)
+def session_factory(settings: Settings, pool_size: int | None = None) -> sessionmaker[Session]:
+    """One engine per process, URL and pool size (`db_pool_size` unless given); a forked worker
+    child builds its own, since pools do not survive fork."""
+    size = pool_size or settings.db_pool_size
+    key = (os.getpid(), settings.database_url, size)
     with _factories_lock:
         factory = _factories.get(key)
         if factory is None:
-            engine = make_engine(settings.database_url, settings.db_pool_size)
+            engine = make_engine(settings.database_url, size)
             factory = _factories[key] = sessionmaker(engine, expire_on_commit=False)
         return factory
 
 
-_read_engines: dict[tuple[int, str], Engine] = {}
-
-
-def read_engine(settings: Settings) -> Engine:
-    """An engine per process and URL whose statements each commit on their own: a read costs one
-    round trip, with no BEGIN and ROLLBACK around it, and sees the latest commits. For requests that
-    only read, or write a single statement. Its own pool (of `db_pool_size`): its connections stay in
-    autocommit, where switching a shared pool's connection on each checkout cost every request CPU."""
-    key = (os.getpid(), settings.database_url)
+def read_engine(settings: Settings, pool_size: int | None = None) -> Engine:
+    """An engine per process, URL and pool size whose statements each commit on their own: a read
+    costs one round trip, with no BEGIN and ROLLBACK around it, and sees the latest commits. For
+    requests that only read, or write a single statement. A pool of its own, whose connections stay
+    in autocommit: switching a shared pool's connection on each checkout cost every request CPU."""
+    size = pool_size or settings.db_pool_size
+    key = (os.getpid(), settings.database_url, size)
     with _factories_lock:
         engine = _read_engines.get(key)
         if engine is None:
             engine = _read_engines[key] = make_engine(
-                settings.database_url, settings.db_pool_size, isolation_level="AUTOCOMMIT"
+                settings.database_url, size, isolation_level="AUTOCOMMIT"
             )
         return engine
 
 
-def read_session_factory(settings: Settings) -> sessionmaker[Session]:
+def read_session_factory(settings: Settings, pool_size: int | None = None) -> sessionmaker[Session]:
     """ORM sessions on read_engine."""
-    key = (os.getpid(), "read:" + settings.database_url)
+    engine = read_engine(settings, pool_size)
+    key = (os.getpid(), settings.database_url, pool_size or settings.db_pool_size)
     with _factories_lock:
-        factory = _factories.get(key)
-    if factory is None:
-        engine = read_engine(settings)
-        with _factories_lock:
-            factory = _factories.setdefault(key, sessionmaker(engine, expire_on_commit=False))
-    return factory
+        return _read_factories.setdefault(key, sessionmaker(engine, expire_on_commit=False))
+
+
+def api_pool_sizes(pool_size: int) -> tuple[int, int]:
+    """How an API process splits its `db_pool_size` connections: (transactions, reads). Most requests
+    only read (or write one statement); transactions (a cancel, a session's close) are the few."""
+    transactions = max(1, pool_size // 4)
+    return transactions, max(1, pool_size - transactions)
 
 
 _CLOCK_REFRESH_SECONDS = 60.0
