@@ -2,11 +2,11 @@
 
 Not a test. For LoRA and full fine-tuning of a mid-size pi05 (the real architecture at about a
 tenth of its width: Gemma width 512, 6 layers; SigLIP width 384, 6 layers, 112 px), each in a
-fresh process: the plan (`relay_engine.distributed.memory.plan_memory`, one process, fp32 on the
-CPU) against the growth of the process's peak resident memory over a few training steps (from
-just before the model is built). The process's own baseline (Python, torch) is left out; what
-the plan does not count (the allocator's slack, temporary buffers of fused kernels, the data
-batch) shows up as measured > planned.
+fresh process: the plan (`relay.memory_plan`, through the engine's `plan_memory`; one process,
+fp32 on the CPU) against the growth of the process's peak resident memory over a few training
+steps (from just before the model is built). The process's own baseline (Python, torch) is left
+out. The last column is plan / measured: above 1 the plan counts more than the step used, below
+1 something it does not count (the allocator's slack, the data batch) took more.
 
     python bench/bench_memory_plan.py [--batch-size 8]
 """
@@ -81,7 +81,8 @@ def main() -> None:
         f"pi05-mid (Gemma 512x6, SigLIP 384x6 at 112 px), batch {args.batch_size}, fp32 on the CPU, 1 process"
     )
     print(
-        f"{'':<6}{'weights':>10}{'grads':>10}{'optim':>10}{'activ.':>10}{'plan':>10}{'measured':>10}{'ratio':>8}"
+        f"{'':<6}{'weights':>10}{'grads':>10}{'optim':>10}{'activ.':>10}{'plan':>10}{'measured':>10}"
+        f"{'plan/measured':>15}"
     )
     for finetune in ("lora", "full"):
         child = [sys.executable, __file__, "--child", finetune, "--batch-size", str(args.batch_size)]
@@ -90,7 +91,7 @@ def main() -> None:
         print(
             f"{finetune:<6}{mib['weights']:>8.0f}Mi{mib['gradients']:>8.0f}Mi{mib['optimizer']:>8.0f}Mi"
             f"{mib['activations']:>8.0f}Mi{mib['total']:>8.0f}Mi{mib['measured']:>8.0f}Mi"
-            f"{figures['total'] / figures['measured']:>8.2f}"
+            f"{figures['total'] / figures['measured']:>15.2f}"
         )
 
 

@@ -8,14 +8,17 @@ workers cannot undo each other.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import bindparam, func, insert, select, text, update
+from sqlalchemy import bindparam, insert, select, text, update
 from sqlalchemy.orm import Session
 
+from relay.memory_plan import MemoryPlan, gpu_shortfall, plan_named
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
 from relay_api.db import Db, rows_changed, utcnow
@@ -99,29 +102,37 @@ def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
     return event
 
 
-_LARGEST_LIVE_WORKER = select(func.max(worker_heartbeats.c.gpus)).where(
+@dataclass(frozen=True)
+class LiveWorker:
+    gpus: int  # GPUs (or CPU slots) it gives one job
+    gpu_memory: int | None  # bytes of each of those GPUs; None: CPU slots
+
+
+_LIVE_WORKERS = select(worker_heartbeats.c.gpus, worker_heartbeats.c.gpu_memory).where(
     worker_heartbeats.c.seen_at >= bindparam("horizon")
 )
 
 
-def largest_worker_gpus(db: Db, reconcile_seconds: float) -> int | None:
-    """The most GPUs one live worker gives a job, per the workers' heartbeats; None when none is alive."""
+def live_workers(db: Db, reconcile_seconds: float) -> list[LiveWorker]:
+    """The workers alive now, per their heartbeats."""
     horizon = utcnow() - dt.timedelta(seconds=WORKER_MISSED_BEATS * reconcile_seconds)
-    largest = db.execute(_LARGEST_LIVE_WORKER, {"horizon": horizon}).scalar()
-    return None if largest is None else int(largest)
+    rows = db.execute(_LIVE_WORKERS, {"horizon": horizon})
+    return [LiveWorker(int(gpus), None if memory is None else int(memory)) for gpus, memory in rows]
 
 
 def place_on_workers(db: Db, config: SFTConfig, reconcile_seconds: float) -> SFTConfig:
     """Fill in `gpus` where the service chooses it, and refuse a job no worker could ever run.
 
     A full fine-tune without `gpus` gets all the GPUs of the largest live worker (1 when none is
-    alive yet). A job asking for more than any live worker has is refused, naming `gpus`. With no
+    alive yet). A job asking for more than any live worker has is refused, naming `gpus`; so is
+    one whose memory plan fits none of the GPUs of the workers that have enough of them. With no
     live worker nothing is known, so nothing is refused: the job waits for workers.
     """
-    largest = largest_worker_gpus(db, reconcile_seconds)
+    workers = live_workers(db, reconcile_seconds)
+    largest = max((w.gpus for w in workers), default=None)
     if config.gpus is None:
-        return config.model_copy(update={"gpus": min(largest or 1, config.batch_size)})
-    if largest is not None and config.gpus > largest:
+        config = config.model_copy(update={"gpus": min(largest or 1, config.batch_size)})
+    elif largest is not None and config.gpus > largest:
         raise APIProblem(
             400,
             f"bad gpus: {config.gpus} (no worker can run it: the largest gives a job {largest}; a job "
@@ -129,7 +140,59 @@ def place_on_workers(db: Db, config: SFTConfig, reconcile_seconds: float) -> SFT
             param="gpus",
             code="no_worker_fits",
         )
+    check_memory(config, workers)
     return config
+
+
+def check_memory(config: SFTConfig, workers: list[LiveWorker]) -> None:
+    """Refuse a job whose memory plan (relay.memory_plan) fits no GPU of the live workers that
+    have its `gpus`. A worker with CPU slots (no GPU memory reported) runs anything it has slots
+    for, so then nothing is refused on memory. The error names the field to change: `gpus` when
+    more of a worker's GPUs would hold it, else `batch_size` when a smaller batch would, else
+    `finetune` when LoRA would, else `model`."""
+    gpus = config.gpus or 1
+    able = [w for w in workers if w.gpus >= gpus]
+    if not able or any(w.gpu_memory is None for w in able):
+        return
+
+    def plan(batch_size: int, processes: int, finetune: str) -> MemoryPlan | None:
+        return plan_named(
+            config.model,
+            finetune=finetune,
+            targets=config.targets,
+            lora_rank=config.lora_rank,
+            batch_size=batch_size,
+            gpus=processes,
+        )
+
+    def fits(candidate: MemoryPlan | None, processes: int) -> bool:
+        return candidate is None or any(
+            w.gpu_memory is None or candidate.total <= w.gpu_memory for w in workers if w.gpus >= processes
+        )
+
+    planned = plan(config.batch_size, gpus, config.finetune)
+    if fits(planned, gpus):
+        return
+    assert planned is not None
+    biggest = max(w.gpu_memory or 0 for w in able)
+    most = min(max(w.gpus for w in workers), config.batch_size)
+    value: int | str
+    if any(fits(plan(config.batch_size, n, config.finetune), n) for n in range(gpus + 1, most + 1)):
+        field, value, rule = "gpus", gpus, "more GPUs would share it"
+    elif fits(plan(gpus, gpus, config.finetune), gpus):
+        field, value, rule = "batch_size", config.batch_size, "a smaller batch would fit"
+    elif config.finetune == "full" and fits(plan(gpus, gpus, "lora"), gpus):
+        field, value, rule = "finetune", config.finetune, "LoRA would fit"
+    else:
+        field, value, rule = "model", config.model, "no setting of this model fits"
+    shortfall = gpu_shortfall(planned, biggest)
+    raise APIProblem(
+        400,
+        f"bad {field}: {json.dumps(value)} (the job's memory plan fits no worker's GPUs: {shortfall}; "
+        f"{rule})",
+        param=field,
+        code="no_worker_fits",
+    )
 
 
 def create(

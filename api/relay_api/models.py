@@ -173,6 +173,8 @@ class WorkerHeartbeat(Base):
     seen_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     # The GPUs (or, on a CPU host, process slots) this worker gives one recipe job.
     gpus: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # Bytes of memory of the smallest of those GPUs; None on a host without GPUs (CPU slots).
+    gpu_memory: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 users = cast(Table, User.__table__)

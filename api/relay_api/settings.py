@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     # runs with `-c 1` and sees all those GPUs (RELAY_WORKER_GPUS empty). Workers report it in their
     # heartbeats; the API refuses a job that asks for more than any live worker has.
     worker_slots: int = Field(1, ge=1)
+    # Memory of each of those GPUs, in GB, as workers report it in their heartbeats; 0: read it
+    # from nvidia-smi (none on a host without NVIDIA GPUs). The API refuses a job whose memory
+    # plan fits no live worker's GPUs.
+    worker_gpu_memory_gb: float = Field(0.0, ge=0)
 
     # Training-loop sessions: their own queue on the same workers, one session per worker process.
     session_queue: str = "relay.sessions"

@@ -65,6 +65,12 @@ FINETUNE_METHODS: tuple[str, ...] = ("lora", "full")
 # How the processes of one job share the model: auto picks fsdp for full and ddp for lora.
 STRATEGIES: tuple[str, ...] = ("auto", "ddp", "fsdp")
 
+
+def auto_strategy(finetune: str) -> str:
+    """What `auto` means: FSDP when the full model trains, DDP when only adapters (or a small part) do."""
+    return "fsdp" if finetune == "full" else "ddp"
+
+
 # The LoRA adapters' rank: 1 to LORA_RANK_MAX; LORA_RANK_DEFAULT where a recipe or session names none.
 LORA_RANK_DEFAULT = 32
 LORA_RANK_MAX = 256

@@ -56,9 +56,10 @@ class Reconciler(threading.Thread):
     def run(self) -> None:
         db_sessions = session_factory(settings)
         name, started_at = worker_name(), utcnow()
-        self._beat(db_sessions, name, started_at)
+        memory = self._gpu_memory()
+        self._beat(db_sessions, name, started_at, memory)
         while not self.stopping.wait(settings.reconcile_seconds):
-            self._beat(db_sessions, name, started_at)
+            self._beat(db_sessions, name, started_at, memory)
             try:
                 report = reconcile(db_sessions, settings, publish, self.broker.started_at())
             except Exception:
@@ -74,9 +75,15 @@ class Reconciler(threading.Thread):
                 log.exception("reconciler pass over sessions failed")
 
     @staticmethod
-    def _beat(sessions: Any, name: str, started_at: Any) -> None:
+    def _gpu_memory() -> int | None:
+        if settings.worker_gpu_memory_gb:
+            return int(settings.worker_gpu_memory_gb * 10**9)
+        return heartbeat.gpu_memory(settings.worker_gpus or os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    @staticmethod
+    def _beat(sessions: Any, name: str, started_at: Any, gpu_memory: int | None) -> None:
         try:
-            heartbeat.beat(sessions, name, started_at, settings.worker_slots)
+            heartbeat.beat(sessions, name, started_at, settings.worker_slots, gpu_memory)
         except Exception:  # only /metrics' count of live workers depends on it
             log.warning("could not write this worker's heartbeat", exc_info=True)
 

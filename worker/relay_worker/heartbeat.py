@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import subprocess
 
 from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
@@ -15,15 +16,52 @@ from relay_api.models import WorkerHeartbeat
 FORGET_AFTER = dt.timedelta(days=1)
 
 
-def beat(sessions: sessionmaker[Session], name: str, started_at: dt.datetime, gpus: int = 1) -> None:
-    """Note that worker `name` is alive now, and gives a job `gpus` GPUs (processes)."""
+def beat(
+    sessions: sessionmaker[Session],
+    name: str,
+    started_at: dt.datetime,
+    gpus: int = 1,
+    gpu_memory: int | None = None,
+) -> None:
+    """Note that worker `name` is alive now, and gives a job `gpus` GPUs (processes) of
+    `gpu_memory` bytes each (None: CPU slots, no GPU)."""
     now = utcnow()
     with sessions() as session:
         row = session.get(WorkerHeartbeat, name)
         if row is None:
-            session.add(WorkerHeartbeat(name=name, started_at=started_at, seen_at=now, gpus=gpus))
+            session.add(
+                WorkerHeartbeat(
+                    name=name, started_at=started_at, seen_at=now, gpus=gpus, gpu_memory=gpu_memory
+                )
+            )
             session.execute(delete(WorkerHeartbeat).where(WorkerHeartbeat.seen_at < now - FORGET_AFTER))
         else:
             row.seen_at = now
             row.gpus = gpus
+            row.gpu_memory = gpu_memory
         session.commit()
+
+
+def gpu_memory(visible: str | None) -> int | None:
+    """Bytes of the smallest GPU this host shows its jobs (CUDA_VISIBLE_DEVICES when set), from
+    nvidia-smi, which leaves CUDA uninitialised in this process (its pool processes fork from it
+    and must initialise CUDA themselves). None when the host has no NVIDIA GPU."""
+    try:
+        listed = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sizes: dict[str, int] = {}
+    for line in listed.splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) == 3 and parts[2].isdigit():
+            mebibytes = int(parts[2]) * 2**20
+            sizes[parts[0]] = sizes[parts[1]] = mebibytes
+    wanted = [d.strip() for d in visible.split(",") if d.strip()] if visible else list(sizes)
+    shown = [sizes[d] for d in wanted if d in sizes]
+    return min(shown) if shown else None

@@ -28,7 +28,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from relay.catalog import STRATEGIES
+from relay.catalog import STRATEGIES, auto_strategy
 from relay_engine.distributed.group import World
 from relay_engine.errors import ConfigError
 from relay_engine.models import FlowOutputs, Pi05Batch, Pi05Policy
@@ -42,7 +42,7 @@ def choose_strategy(requested: str, finetune: str) -> Strategy:
     if requested not in STRATEGIES:
         raise ConfigError(f"bad strategy: {requested!r} (must be one of {', '.join(STRATEGIES)})")
     if requested == "auto":
-        return "fsdp" if finetune == "full" else "ddp"
+        return cast(Strategy, auto_strategy(finetune))
     return cast(Strategy, requested)
 
 

@@ -12,48 +12,35 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relay.catalog import ACTION_DIM, ACTION_HORIZON
+
+# The sizes are defined once, torch-free, in the SDK (the API's memory plan reads them too).
+from relay.pi05_layout import (
+    BYTE_VOCAB_SIZE,
+    GEMMA_2B,
+    GEMMA_300M,
+    GEMMA_DUMMY,
+    NAMED_SIZES,
+    PALIGEMMA_VOCAB_SIZE,
+    SIGLIP_SO400M_224,
+    SIGLIP_TINY,
+    GemmaSize,
+    VisionSize,
+)
 from relay_engine.errors import ConfigError
 
-PALIGEMMA_VOCAB_SIZE = 257_152
-# Byte-level vocabulary: 0 pad, 1 bos, 2 eos, then the 256 byte values.
-BYTE_VOCAB_SIZE = 3 + 256
-
-
-@dataclass(frozen=True)
-class VisionSize:
-    """A SigLIP vision tower."""
-
-    width: int
-    depth: int
-    mlp_dim: int
-    num_heads: int
-    patch_size: int
-    image_size: int
-
-    @property
-    def tokens_per_image(self) -> int:
-        return (self.image_size // self.patch_size) ** 2
-
-
-@dataclass(frozen=True)
-class GemmaSize:
-    """A Gemma decoder (openpi's `gemma.Config`)."""
-
-    width: int
-    depth: int
-    mlp_dim: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-
-
-SIGLIP_SO400M_224 = VisionSize(
-    width=1152, depth=27, mlp_dim=4304, num_heads=16, patch_size=14, image_size=224
-)
-GEMMA_2B = GemmaSize(width=2048, depth=18, mlp_dim=16_384, num_heads=8, num_kv_heads=1, head_dim=256)
-GEMMA_300M = GemmaSize(width=1024, depth=18, mlp_dim=4096, num_heads=8, num_kv_heads=1, head_dim=256)
-GEMMA_DUMMY = GemmaSize(width=64, depth=4, mlp_dim=128, num_heads=8, num_kv_heads=1, head_dim=16)
-SIGLIP_TINY = VisionSize(width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=8, image_size=32)
+__all__ = [
+    "BYTE_VOCAB_SIZE",
+    "GEMMA_2B",
+    "GEMMA_300M",
+    "GEMMA_DUMMY",
+    "PALIGEMMA_VOCAB_SIZE",
+    "SIGLIP_SO400M_224",
+    "SIGLIP_TINY",
+    "GemmaSize",
+    "Pi05Config",
+    "VisionSize",
+    "named_config",
+]
 
 
 @dataclass(frozen=True)
@@ -110,28 +97,16 @@ class Pi05Config:
 
 def named_config(name: str, *, action_horizon: int = ACTION_HORIZON, seed: int = 0) -> Pi05Config:
     """The config of a base model by name (relay.catalog.MODELS)."""
-    if name == "pi05":
+    sizes = NAMED_SIZES.get(name)
+    if sizes is not None:
         return Pi05Config(
-            model="pi05",
-            vision=SIGLIP_SO400M_224,
-            language=GEMMA_2B,
-            expert=GEMMA_300M,
-            vocab_size=PALIGEMMA_VOCAB_SIZE,
-            tokenizer="paligemma",
-            max_token_len=200,
-            action_horizon=action_horizon,
-            seed=seed,
-        )
-    if name == "pi05-tiny":
-        return Pi05Config(
-            model="pi05-tiny",
-            vision=SIGLIP_TINY,
-            language=GEMMA_DUMMY,
-            expert=GEMMA_DUMMY,
-            vocab_size=BYTE_VOCAB_SIZE,
-            tokenizer="bytes",
-            # Bytes are longer than SentencePiece tokens: 32 state values take up to 128.
-            max_token_len=256,
+            model=name,
+            vision=sizes.vision,
+            language=sizes.language,
+            expert=sizes.expert,
+            vocab_size=sizes.vocab_size,
+            tokenizer=sizes.tokenizer,
+            max_token_len=sizes.max_token_len,
             action_horizon=action_horizon,
             seed=seed,
         )

@@ -1,7 +1,8 @@
 """`relay models`: the base models, and what a recipe would train on one.
 
 `info` builds the model on PyTorch's meta device (shapes only: no weights, no download, no
-memory), applies the tuning settings and counts. It needs the engine extra.
+memory), applies the tuning settings and counts. It needs the engine extra, except `--memory` on
+a named model: the memory plan is arithmetic on the model's sizes (relay.memory_plan).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from relay.catalog import (
     TARGETS,
 )
 from relay.cli._extras import require
+from relay.memory_plan import plan_named
+from relay.pi05_layout import NAMED_SIZES
 from relay.sft.config import BATCH_SIZE_MAX, GPUS_MAX
 
 app = typer.Typer(help="Base models, and what a recipe trains on them.", no_args_is_help=True)
@@ -76,6 +79,23 @@ def info(
         if problem:
             _fail(problem)
     chosen = [t.strip() for item in targets for t in item.split(",") if t.strip()] if targets else None
+    if memory and name in NAMED_SIZES:
+        # Pure arithmetic on the named model's sizes: no engine needed (the API plans the same way).
+        try:
+            named = plan_named(
+                name,
+                finetune=finetune,
+                targets=chosen,
+                lora_rank=lora_rank,
+                batch_size=batch_size,
+                gpus=gpus,
+                strategy=strategy,
+            )
+        except ValueError as error:
+            _fail(str(error))
+        assert named is not None
+        _print_plan(named.to_dict(), json_output)
+        return
     models = require("relay_engine.models")
     tuning = require("relay_engine.tuning")
     errors = require("relay_engine.errors")
