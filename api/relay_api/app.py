@@ -26,7 +26,7 @@ from relay import __version__
 from relay.sft.config import SFTConfig
 from relay_api import console, routes, session_routes, states
 from relay_api.channel import api_channel
-from relay_api.db import is_outage, read_session_factory, session_factory
+from relay_api.db import api_pool_sizes, is_outage, read_session_factory, session_factory
 from relay_api.enqueued import EnqueuedNotes
 from relay_api.errors import APIProblem, database_unavailable, error_body
 from relay_api.files import ChecksumCache
@@ -65,10 +65,13 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
         redoc_url=None,
     )
     app.state.settings = settings
-    app.state.sessions = session_factory(settings)
-    app.state.readers = read_session_factory(settings)
+    # Two pools within the process's db_pool_size: transactions, and autocommit reads.
+    transactions, reads = api_pool_sizes(settings.db_pool_size)
+    app.state.db_sessions = session_factory(settings, transactions)
+    app.state.readers = read_session_factory(settings, reads)
+    app.state.read_engine = app.state.readers.kw["bind"]
     app.state.publisher = publisher or Publisher(settings)
-    app.state.enqueued = EnqueuedNotes(app.state.sessions)
+    app.state.enqueued = EnqueuedNotes(app.state.db_sessions)
     app.state.keys = KeyCache(settings.auth_cache_seconds)
     app.state.checksums = ChecksumCache()
     app.state.channel = api_channel(settings)
@@ -98,8 +101,8 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
 
     @app.get("/healthz", tags=["health"], summary="Whether the API can reach its database")
     def healthz() -> dict[str, str]:
-        with app.state.readers() as session:
-            session.execute(text("SELECT 1"))
+        with app.state.readers() as db:
+            db.execute(text("SELECT 1"))
         return {"status": "ok"}
 
     return app

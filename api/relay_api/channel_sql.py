@@ -40,7 +40,7 @@ def _backoff(wait: float) -> float:
 class SqlApiChannel(ApiChannel):
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.sessions = session_factory(settings)
+        self.db_sessions = session_factory(settings)
 
     async def append(self, session_id: str, seq: int, request_id: str, payload: bytes) -> bool:
         try:
@@ -49,21 +49,19 @@ class SqlApiChannel(ApiChannel):
             raise ChannelUnavailable(str(error)) from error
 
     def _append(self, session_id: str, seq: int, request_id: str, payload: bytes) -> bool:
-        with self.sessions() as session:
-            waiting = session.scalar(
+        with self.db_sessions() as db:
+            waiting = db.scalar(
                 select(func.count())
                 .select_from(messages)
                 .where(messages.c.session_id == session_id, messages.c.kind == CALL)
             )
             if (waiting or 0) >= self.settings.session_max_pending_calls:
                 raise TooManyPending(session_id)
-            newest = session.scalar(
-                select(func.max(messages.c.seq)).where(messages.c.session_id == session_id)
-            )
+            newest = db.scalar(select(func.max(messages.c.seq)).where(messages.c.session_id == session_id))
             if newest is not None and seq <= newest:  # already queued (and perhaps run): a retry
                 return False
             try:
-                session.execute(
+                db.execute(
                     insert(messages).values(
                         session_id=session_id,
                         kind=CALL,
@@ -73,7 +71,7 @@ class SqlApiChannel(ApiChannel):
                         created_at=utcnow(),
                     )
                 )
-                session.commit()
+                db.commit()
             except IntegrityError:
                 return False
         return True
@@ -94,8 +92,8 @@ class SqlApiChannel(ApiChannel):
             wait = _backoff(wait)
 
     def _result(self, session_id: str, seq: int) -> bytes | None:
-        with self.sessions() as session:
-            found = session.execute(
+        with self.db_sessions() as db:
+            found = db.execute(
                 select(messages.c.seq, messages.c.payload)
                 .where(messages.c.session_id == session_id, messages.c.kind == RESULT, messages.c.seq >= seq)
                 .order_by(messages.c.seq)
@@ -114,7 +112,7 @@ class SqlApiChannel(ApiChannel):
 class SqlWorkerChannel(WorkerChannel):
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.sessions = session_factory(settings)
+        self.db_sessions = session_factory(settings)
 
     def next_call(self, session_id: str, after: int, block_seconds: float) -> QueuedCall | None:
         try:
@@ -126,8 +124,8 @@ class SqlWorkerChannel(WorkerChannel):
         deadline = time.monotonic() + block_seconds
         wait = FIRST_WAIT
         while True:
-            with self.sessions() as session:
-                found = session.execute(
+            with self.db_sessions() as db:
+                found = db.execute(
                     select(messages.c.seq, messages.c.request_id, messages.c.payload)
                     .where(
                         messages.c.session_id == session_id, messages.c.kind == CALL, messages.c.seq > after
@@ -149,8 +147,8 @@ class SqlWorkerChannel(WorkerChannel):
             raise ChannelUnavailable(str(error)) from error
 
     def _put_result(self, session_id: str, seq: int, payload: bytes) -> None:
-        with self.sessions() as session:
-            session.execute(
+        with self.db_sessions() as db:
+            db.execute(
                 insert(messages).values(
                     session_id=session_id,
                     kind=RESULT,
@@ -160,23 +158,21 @@ class SqlWorkerChannel(WorkerChannel):
                     created_at=utcnow(),
                 )
             )
-            session.execute(
+            db.execute(
                 delete(messages).where(
                     messages.c.session_id == session_id, messages.c.kind == CALL, messages.c.seq == seq
                 )
             )
             if seq % 500 == 0:
-                self._expire(session)
-            session.commit()
+                self._expire(db)
+            db.commit()
 
     def clear(self, session_id: str) -> None:
-        with self.sessions() as session:
-            session.execute(
-                delete(messages).where(messages.c.session_id == session_id, messages.c.kind == CALL)
-            )
-            self._expire(session)
-            session.commit()
+        with self.db_sessions() as db:
+            db.execute(delete(messages).where(messages.c.session_id == session_id, messages.c.kind == CALL))
+            self._expire(db)
+            db.commit()
 
-    def _expire(self, session: Session) -> None:
+    def _expire(self, db: Session) -> None:
         expired = utcnow() - dt.timedelta(seconds=self.settings.session_result_seconds)
-        session.execute(delete(messages).where(messages.c.kind == RESULT, messages.c.created_at < expired))
+        db.execute(delete(messages).where(messages.c.kind == RESULT, messages.c.created_at < expired))

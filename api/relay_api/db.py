@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import orjson
-from sqlalchemy import CursorResult, DateTime, Engine, Result, create_engine, event, text
+from sqlalchemy import Connection, CursorResult, DateTime, Engine, Result, create_engine, event, text
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
@@ -19,6 +19,10 @@ from sqlalchemy.types import TypeDecorator
 from relay_api.settings import Settings
 
 T = TypeVar("T")
+
+# What the API's queries run on: an ORM session (requests that write in a transaction, the worker),
+# or a bare connection (requests that only read, or write one statement: see read_engine).
+Db = Session | Connection
 
 
 def utcnow() -> dt.datetime:
@@ -46,10 +50,16 @@ class Base(DeclarativeBase):
     pass
 
 
-def make_engine(url: str, pool_size: int = 10) -> Engine:
+def make_engine(url: str, pool_size: int = 10, isolation_level: str | None = None) -> Engine:
+    # `isolation_level` is set once per connection, when it is made (per checkout would cost CPU on
+    # every request).
+    options: dict[str, Any] = {"isolation_level": isolation_level} if isolation_level else {}
     if url.startswith("sqlite"):
         engine = create_engine(
-            url, connect_args={"check_same_thread": False, "timeout": 30}, json_deserializer=orjson.loads
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            json_deserializer=orjson.loads,
+            **options,
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
@@ -64,6 +74,7 @@ def make_engine(url: str, pool_size: int = 10) -> Engine:
         pool_timeout=30,
         json_deserializer=orjson.loads,
         connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS},
+        **options,
     )
     _ping_when_idle(engine)
     return engine
@@ -116,32 +127,54 @@ def _sqlite_pragmas(connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-_factories: dict[tuple[int, str], sessionmaker[Session]] = {}
+_factories: dict[tuple[int, str, int], sessionmaker[Session]] = {}
+_read_engines: dict[tuple[int, str, int], Engine] = {}
+_read_factories: dict[tuple[int, str, int], sessionmaker[Session]] = {}
 _factories_lock = threading.Lock()
 
 
-def session_factory(settings: Settings) -> sessionmaker[Session]:
-    """One engine per process and URL (a forked worker child builds its own; pools do not survive fork)."""
-    key = (os.getpid(), settings.database_url)
+def session_factory(settings: Settings, pool_size: int | None = None) -> sessionmaker[Session]:
+    """One engine per process, URL and pool size (`db_pool_size` unless given); a forked worker
+    child builds its own, since pools do not survive fork."""
+    size = pool_size or settings.db_pool_size
+    key = (os.getpid(), settings.database_url, size)
     with _factories_lock:
         factory = _factories.get(key)
         if factory is None:
-            engine = make_engine(settings.database_url, settings.db_pool_size)
+            engine = make_engine(settings.database_url, size)
             factory = _factories[key] = sessionmaker(engine, expire_on_commit=False)
         return factory
 
 
-def read_session_factory(settings: Settings) -> sessionmaker[Session]:
-    """Sessions whose statements each commit on their own: a read costs one round trip, with no
-    BEGIN and ROLLBACK around it. For requests that only read; each statement sees the latest commits."""
-    key = (os.getpid(), "read:" + settings.database_url)
+def read_engine(settings: Settings, pool_size: int | None = None) -> Engine:
+    """An engine per process, URL and pool size whose statements each commit on their own: a read
+    costs one round trip, with no BEGIN and ROLLBACK around it, and sees the latest commits. For
+    requests that only read, or write a single statement. A pool of its own, whose connections stay
+    in autocommit: switching a shared pool's connection on each checkout cost every request CPU."""
+    size = pool_size or settings.db_pool_size
+    key = (os.getpid(), settings.database_url, size)
     with _factories_lock:
-        factory = _factories.get(key)
-    if factory is None:
-        engine = session_factory(settings).kw["bind"].execution_options(isolation_level="AUTOCOMMIT")
-        with _factories_lock:
-            factory = _factories.setdefault(key, sessionmaker(engine, expire_on_commit=False))
-    return factory
+        engine = _read_engines.get(key)
+        if engine is None:
+            engine = _read_engines[key] = make_engine(
+                settings.database_url, size, isolation_level="AUTOCOMMIT"
+            )
+        return engine
+
+
+def read_session_factory(settings: Settings, pool_size: int | None = None) -> sessionmaker[Session]:
+    """ORM sessions on read_engine."""
+    engine = read_engine(settings, pool_size)
+    key = (os.getpid(), settings.database_url, pool_size or settings.db_pool_size)
+    with _factories_lock:
+        return _read_factories.setdefault(key, sessionmaker(engine, expire_on_commit=False))
+
+
+def api_pool_sizes(pool_size: int) -> tuple[int, int]:
+    """How an API process splits its `db_pool_size` connections: (transactions, reads). Most requests
+    only read (or write one statement); transactions (a cancel, a session's close) are the few."""
+    transactions = max(1, pool_size // 4)
+    return transactions, max(1, pool_size - transactions)
 
 
 _CLOCK_REFRESH_SECONDS = 60.0

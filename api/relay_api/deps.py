@@ -1,4 +1,4 @@
-"""Typed dependencies of the routes: the settings, a database session, the calling user."""
+"""Typed dependencies of the routes: the settings, a database session (`db`), the calling user."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -33,36 +34,25 @@ async def get_enqueued_notes(request: Request) -> EnqueuedNotes:
     return notes
 
 
-async def get_session(request: Request) -> AsyncIterator[Session]:
-    """A session for a request that writes: statements run in a transaction the route commits."""
-    async for session in _session(request.app.state.sessions):
-        yield session
+async def get_db(request: Request) -> AsyncIterator[Session]:
+    """A database session for a request that writes: statements run in a transaction the route commits."""
+    async for db in _db(request.app.state.db_sessions):
+        yield db
 
 
-async def get_read_session(request: Request) -> AsyncIterator[Session]:
-    """A session for a request that only reads (autocommit: no BEGIN or ROLLBACK round trips)."""
-    async for session in _session(request.app.state.readers):
-        yield session
-
-
-async def _session(factory: sessionmaker[Session]) -> AsyncIterator[Session]:
-    session = factory()  # connects lazily, in the route's thread
+async def _db(factory: sessionmaker[Session]) -> AsyncIterator[Session]:
+    db = factory()  # connects lazily, in the route's thread
     try:
-        yield session
+        yield db
     finally:
-        if session.in_transaction():
-            await run_in_threadpool(session.close)  # a rollback is a round trip: not on the loop
+        if db.in_transaction():
+            await run_in_threadpool(db.close)  # a rollback is a round trip: not on the loop
         else:
-            session.close()
+            db.close()
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-SessionDep = Annotated[Session, Depends(get_session)]
-ReadSessionDep = Annotated[Session, Depends(get_read_session)]
-# A write that is one statement (a create's INSERT) is atomic by itself: in a session whose
-# statements each commit on their own it costs one round trip instead of three (BEGIN, the
-# statement, COMMIT).
-OneStatementSessionDep = ReadSessionDep
+DbDep = Annotated[Session, Depends(get_db)]
 PublisherDep = Annotated[Publisher, Depends(get_publisher)]
 EnqueuedNotesDep = Annotated[EnqueuedNotes, Depends(get_enqueued_notes)]
 
@@ -80,3 +70,17 @@ async def current_user(
 
 
 CurrentUser = Annotated[int, Depends(current_user)]
+
+
+def read_db(request: Request) -> Connection:
+    """A database connection for a request that only reads, or writes one statement (a create's
+    INSERT is atomic by itself): each statement commits on its own, so a read or that write costs
+    one round trip instead of three (BEGIN, the statement, COMMIT or ROLLBACK). Use it in the
+    route's body, ``with read_db(request) as db:``; the block's end hands the connection back to
+    the pool in the route's thread, before the response is sent.
+
+    Not a dependency, and a connection rather than an ORM session, on purpose: these are the API's
+    busiest routes, and FastAPI's generator dependencies and the session's bookkeeping cost each
+    request more CPU than its query (docs/benchmarks.md)."""
+    engine: Engine = request.app.state.read_engine
+    return engine.connect()

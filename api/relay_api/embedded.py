@@ -80,14 +80,14 @@ def _check_port_free(host: str, port: int) -> None:
 def _local_key(settings: Settings) -> str:
     """The key saved by a previous start if it still works, else a new one for the local user."""
     saved = _config.resolve().api_key
-    with session_factory(settings)() as session:
+    with session_factory(settings)() as db:
         if saved:
-            known = session.scalar(
+            known = db.scalar(
                 select(ApiKey.id).where(ApiKey.key_hash == keys.hash_key(saved), ApiKey.revoked_at.is_(None))
             )
             if known is not None:
                 return saved
-        return keys.create_key(session, LOCAL_USER).key
+        return keys.create_key(db, LOCAL_USER).key
 
 
 class WorkerProcess:

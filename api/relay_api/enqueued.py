@@ -24,8 +24,8 @@ BATCH_SECONDS = 0.05
 
 
 class EnqueuedNotes:
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
-        self._sessions = sessions
+    def __init__(self, db_sessions: sessionmaker[Session]) -> None:
+        self._db_sessions = db_sessions
         self._pending: queue.Queue[str | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="relay-enqueued-notes", daemon=True)
         self._thread.start()
@@ -55,7 +55,7 @@ class EnqueuedNotes:
             except queue.Empty:
                 pass
             try:
-                with self._sessions() as session:
-                    fine_tunes.mark_enqueued(session, batch)
+                with self._db_sessions() as db:
+                    fine_tunes.mark_enqueued(db, batch)
             except Exception:  # the reconciler publishes these jobs again; a duplicate is harmless
                 log.warning("could not note %d jobs as enqueued", len(batch), exc_info=True)

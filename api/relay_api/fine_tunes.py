@@ -14,13 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, select, text, update
+import orjson
+from sqlalchemy import bindparam, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from relay.memory_plan import GB, MemoryPlan, gpu_shortfall, plan_named
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
-from relay_api.db import rows_changed, utcnow
+from relay_api.db import Db, rows_changed, utcnow
 from relay_api.errors import APIProblem, not_found
 from relay_api.idempotency import insert_once, request_hash
 from relay_api.metrics import WORKER_MISSED_BEATS
@@ -37,7 +38,11 @@ def new_job_id() -> str:
 
 
 def iso(moment: dt.datetime | None) -> str | None:
-    return None if moment is None else moment.isoformat().replace("+00:00", "Z")
+    """ISO 8601 as `datetime.isoformat` writes it, with `Z` for UTC. Written by orjson, at a fifth of
+    isoformat's CPU: a page of 100 events has 100 to write."""
+    if moment is None:
+        return None
+    return orjson.dumps(moment, option=orjson.OPT_UTC_Z)[1:-1].decode()
 
 
 def job_object(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -103,14 +108,15 @@ class LiveWorker:
     gpu_memory: int | None  # bytes of each of those GPUs; None: CPU slots
 
 
-def live_workers(session: Session, reconcile_seconds: float) -> list[LiveWorker]:
+_LIVE_WORKERS = select(worker_heartbeats.c.gpus, worker_heartbeats.c.gpu_memory).where(
+    worker_heartbeats.c.seen_at >= bindparam("horizon")
+)
+
+
+def live_workers(db: Db, reconcile_seconds: float) -> list[LiveWorker]:
     """The workers alive now, per their heartbeats."""
     horizon = utcnow() - dt.timedelta(seconds=WORKER_MISSED_BEATS * reconcile_seconds)
-    rows = session.execute(
-        select(worker_heartbeats.c.gpus, worker_heartbeats.c.gpu_memory).where(
-            worker_heartbeats.c.seen_at >= horizon
-        )
-    )
+    rows = db.execute(_LIVE_WORKERS, {"horizon": horizon})
     return [LiveWorker(int(gpus), None if memory is None else int(memory)) for gpus, memory in rows]
 
 
@@ -119,7 +125,7 @@ def gpu_count(number: int) -> str:
     return f"{number} GPU" if number == 1 else f"{number} GPUs"
 
 
-def place_on_workers(session: Session, config: SFTConfig, reconcile_seconds: float) -> SFTConfig:
+def place_on_workers(db: Db, config: SFTConfig, reconcile_seconds: float) -> SFTConfig:
     """Fill in `gpus` where the service chooses it, and refuse a job no worker could ever run.
 
     A full fine-tune without `gpus` gets all the GPUs of the largest live worker (1 when none is
@@ -128,7 +134,7 @@ def place_on_workers(session: Session, config: SFTConfig, reconcile_seconds: flo
     does not fit enough of the live workers' GPUs (check_memory). With no live worker nothing is
     known, so nothing is refused: the job waits for workers.
     """
-    workers = live_workers(session, reconcile_seconds)
+    workers = live_workers(db, reconcile_seconds)
     if config.gpus is None:
         largest = max((w.gpus for w in workers), default=1)
         config = config.model_copy(update={"gpus": min(largest, config.batch_size)})
@@ -221,7 +227,7 @@ def check_memory(config: SFTConfig, workers: list[LiveWorker]) -> None:
 
 
 def create(
-    session: Session, user_id: int, config: SFTConfig, idempotency_key: str | None
+    db: Db, user_id: int, config: SFTConfig, idempotency_key: str | None
 ) -> tuple[dict[str, Any], bool]:
     """Insert a queued job and commit; returns (row, replayed). The same Idempotency-Key with the
     same config returns the job it created before; with a different config, 409."""
@@ -255,73 +261,114 @@ def create(
             "cancel_requested_at": None,
         }
 
-    return insert_once(session, fine_tunes, user_id, idempotency_key, digest, new_row, "fine-tune")
+    return insert_once(db, fine_tunes, user_id, idempotency_key, digest, new_row, "fine-tune")
 
 
-def mark_enqueued(session: Session, job_ids: str | list[str]) -> None:
+def mark_enqueued(db: Session, job_ids: str | list[str]) -> None:
     """Note that these jobs' messages reached the broker (see relay_api.enqueued)."""
     ids = [job_ids] if isinstance(job_ids, str) else job_ids
-    if session.get_bind().dialect.name == "postgresql":
+    if db.get_bind().dialect.name == "postgresql":
         # Losing this note in a crash only means the reconciler publishes the job again, so it need
         # not wait for the disk (the job's own row did).
-        session.execute(text("SET LOCAL synchronous_commit = off"))
-    session.execute(
+        db.execute(text("SET LOCAL synchronous_commit = off"))
+    db.execute(
         update(fine_tunes)
         .where(fine_tunes.c.id.in_(ids), fine_tunes.c.enqueued_at.is_(None))
         .values(enqueued_at=utcnow())
     )
-    session.commit()
+    db.commit()
 
 
-def get(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
-    """The caller's job `job_id`; another user's job is as absent as a job that never existed."""
-    row = (
-        session.execute(select(fine_tunes).where(fine_tunes.c.id == job_id, fine_tunes.c.user_id == user_id))
-        .mappings()
-        .first()
+# The statements of the busiest routes are built once, with their values bound at execution:
+# SQLAlchemy memoizes a statement's cache key, so a request skips building the expression and
+# hashing it (a fifth of a short read's CPU).
+_CALLERS_JOB = select(fine_tunes).where(
+    fine_tunes.c.id == bindparam("job_id"), fine_tunes.c.user_id == bindparam("user_id")
+)
+# The columns job_object reads: retrieve and list convert no others (a job row has 22).
+SHOWN_COLUMNS = tuple(
+    fine_tunes.c[name]
+    for name in (
+        "id",
+        "status",
+        "step",
+        "loss",
+        "error",
+        "output_dir",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "attempt",
+        "lease_until",
+        "config",
     )
-    _end_read(session)
+)
+_CALLERS_JOB_SHOWN = _CALLERS_JOB.with_only_columns(*SHOWN_COLUMNS)
+# The columns event_object reads: a page of 100 events converts no others.
+_EVENT_COLUMNS = tuple(fine_tune_events.c[name] for name in ("id", "created_at", "step", "kind", "data"))
+_EVENT_KEYS = tuple(column.name for column in _EVENT_COLUMNS)
+_CALLERS_EVENTS = (
+    select(*_EVENT_COLUMNS)
+    .where(
+        fine_tune_events.c.job_id == bindparam("job_id"),
+        fine_tune_events.c.id > bindparam("after"),
+        select(fine_tunes.c.id)
+        .where(fine_tunes.c.id == bindparam("job_id"), fine_tunes.c.user_id == bindparam("user_id"))
+        .exists(),
+    )
+    .order_by(fine_tune_events.c.id)
+    .limit(bindparam("limit"))
+)
+
+
+def get(db: Db, user_id: int, job_id: str, shown_only: bool = False) -> dict[str, Any]:
+    """The caller's job `job_id` (only its SHOWN_COLUMNS if `shown_only`); another user's job is as
+    absent as a job that never existed."""
+    query = _CALLERS_JOB_SHOWN if shown_only else _CALLERS_JOB
+    row = db.execute(query, {"job_id": job_id, "user_id": user_id}).mappings().first()
+    _end_read(db)
     if row is None:
         raise not_found(job_id)
     return dict(row)
 
 
-def _end_read(session: Session) -> None:
+def _end_read(db: Db) -> None:
     # End a read's transaction here, in the route's thread, so its connection goes back to the pool
     # before the response is sent (and the request's teardown has no round trip to make).
-    session.rollback()
+    db.rollback()
 
 
-def list_page(
-    session: Session, user_id: int, after: str | None, limit: int
-) -> tuple[list[dict[str, Any]], bool]:
+def list_page(db: Db, user_id: int, after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
     """The caller's jobs, newest first, starting after the job `after`; and whether more follow."""
-    return newest_first(session, fine_tunes, user_id, after, limit, "fine-tunes")
+    return newest_first(db, fine_tunes, user_id, after, limit, "fine-tunes", SHOWN_COLUMNS)
 
 
 def events_page(
-    session: Session, user_id: int, job_id: str, after: int | None, limit: int
+    db: Db, user_id: int, job_id: str, after: int | None, limit: int
 ) -> tuple[list[dict[str, Any]], bool]:
     """The caller's job's events after event id `after`, oldest first; and whether more follow.
 
     One round trip when there are events: the ownership check rides in the same statement. Only an
     empty page looks the job up on its own, to tell "none yet" from "no such job" (a 404)."""
-    owned = select(fine_tunes.c.id).where(fine_tunes.c.id == job_id, fine_tunes.c.user_id == user_id)
-    query = select(fine_tune_events).where(fine_tune_events.c.job_id == job_id, owned.exists())
-    if after is not None:
-        query = query.where(fine_tune_events.c.id > after)
-    rows = session.execute(query.order_by(fine_tune_events.c.id).limit(limit + 1)).all()
-    _end_read(session)
+    values = {
+        "job_id": job_id,
+        "user_id": user_id,
+        "after": 0 if after is None else after,  # event ids start at 1
+        "limit": limit + 1,
+    }
+    rows = db.execute(_CALLERS_EVENTS, values).all()
+    _end_read(db)
     if not rows:
-        get(session, user_id, job_id)
-    return [row._asdict() for row in rows[:limit]], len(rows) > limit
+        get(db, user_id, job_id)
+    # zip: a tenth of the CPU of Row._asdict, which builds a key view per row
+    return [dict(zip(_EVENT_KEYS, row, strict=True)) for row in rows[:limit]], len(rows) > limit
 
 
-def cancel(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
+def cancel(db: Session, user_id: int, job_id: str) -> dict[str, Any]:
     """Cancel: a queued job ends `cancelled` now; a running one becomes `cancel_requested` and its
     worker stops it at the next step. Asking again is harmless; a completed or failed job is 409."""
     for _ in range(5):
-        row = get(session, user_id, job_id)
+        row = get(db, user_id, job_id)
         now = utcnow()
         if row["status"] in (st.CANCEL_REQUESTED, st.CANCELLED):
             return row
@@ -335,14 +382,14 @@ def cancel(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
             )
         if row["status"] == st.QUEUED:
             moved = rows_changed(
-                session.execute(
+                db.execute(
                     update(fine_tunes)
                     .where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.QUEUED)
                     .values(status=st.CANCELLED, cancel_requested_at=now, finished_at=now, updated_at=now)
                 )
             )
             if moved:
-                session.execute(
+                db.execute(
                     insert(fine_tune_events).values(
                         job_id=job_id,
                         step=row["step"],
@@ -354,14 +401,14 @@ def cancel(session: Session, user_id: int, job_id: str) -> dict[str, Any]:
                 )
         else:  # running
             moved = rows_changed(
-                session.execute(
+                db.execute(
                     update(fine_tunes)
                     .where(fine_tunes.c.id == job_id, fine_tunes.c.status == st.RUNNING)
                     .values(status=st.CANCEL_REQUESTED, cancel_requested_at=now, updated_at=now)
                 )
             )
-        session.commit()
+        db.commit()
         if moved:
-            return get(session, user_id, job_id)
+            return get(db, user_id, job_id)
         # A worker moved the job meanwhile (claimed or finished it): look again.
     raise APIProblem(409, f"fine-tune {job_id} kept changing; try again", param="id", code="conflict")

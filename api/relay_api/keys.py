@@ -31,17 +31,17 @@ def check_user_name(name: str) -> str:
     return name
 
 
-def get_or_create_user(session: Session, name: str) -> User:
+def get_or_create_user(db: Session, name: str) -> User:
     check_user_name(name)
-    user = session.scalar(select(User).where(User.name == name))
+    user = db.scalar(select(User).where(User.name == name))
     if user is not None:
         return user
     try:
-        with session.begin_nested():
+        with db.begin_nested():
             user = User(name=name)
-            session.add(user)
+            db.add(user)
     except IntegrityError:  # created meanwhile by someone else
-        user = session.scalar(select(User).where(User.name == name))
+        user = db.scalar(select(User).where(User.name == name))
         assert user is not None
     return user
 
@@ -53,19 +53,19 @@ class NewKey:
     prefix: str
 
 
-def create_key(session: Session, user_name: str) -> NewKey:
+def create_key(db: Session, user_name: str) -> NewKey:
     """Create a key for `user_name` (and the user if new), and commit. Only the result holds the key."""
-    user = get_or_create_user(session, user_name)
+    user = get_or_create_user(db, user_name)
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     prefix = key[: len(KEY_PREFIX) + 6]
-    session.add(ApiKey(user_id=user.id, key_hash=hash_key(key), prefix=prefix))
-    session.commit()
+    db.add(ApiKey(user_id=user.id, key_hash=hash_key(key), prefix=prefix))
+    db.commit()
     return NewKey(user=user.name, key=key, prefix=prefix)
 
 
-def list_keys(session: Session) -> list[tuple[str, str, str, str | None]]:
+def list_keys(db: Session) -> list[tuple[str, str, str, str | None]]:
     """(user, key prefix, created_at, revoked_at) for every key."""
-    rows = session.execute(
+    rows = db.execute(
         select(User.name, ApiKey.prefix, ApiKey.created_at, ApiKey.revoked_at)
         .join(User, User.id == ApiKey.user_id)
         .order_by(User.name, ApiKey.id)
@@ -80,7 +80,7 @@ class AmbiguousKey(ValueError):
     """A prefix that names keys of more than one user, or several keys: revoking all would be a guess."""
 
 
-def revoke_keys(session: Session, key_or_prefix: str, user_name: str | None = None) -> int:
+def revoke_keys(db: Session, key_or_prefix: str, user_name: str | None = None) -> int:
     """Revoke a key, given whole or by the prefix `relay keys list` shows (of `user_name`'s keys, if
     given); returns how many were revoked (0 or 1). A prefix that matches several active keys is
     refused (AmbiguousKey): a prefix is shown for reading, and two keys may share one."""
@@ -92,7 +92,7 @@ def revoke_keys(session: Session, key_or_prefix: str, user_name: str | None = No
     active = active.where(match, ApiKey.revoked_at.is_(None))
     if user_name is not None:
         active = active.where(User.name == user_name)
-    found = session.execute(active).all()
+    found = db.execute(active).all()
     if len(found) > 1:
         owners = ", ".join(sorted({name for _, name in found}))
         raise AmbiguousKey(
@@ -101,8 +101,8 @@ def revoke_keys(session: Session, key_or_prefix: str, user_name: str | None = No
         )
     if not found:
         return 0
-    session.execute(update(ApiKey).where(ApiKey.id == found[0][0]).values(revoked_at=utcnow()))
-    session.commit()
+    db.execute(update(ApiKey).where(ApiKey.id == found[0][0]).values(revoked_at=utcnow()))
+    db.commit()
     return 1
 
 
@@ -120,13 +120,13 @@ class KeyCache:
             known = self._known.get(hash_key(key))
         return known[0] if known is not None and known[1] > time.monotonic() else None
 
-    def look_up(self, session: Session, key: str) -> int | None:
+    def look_up(self, db: Session, key: str) -> int | None:
         """The user of an active key, from the database (and remembered)."""
         digest = hash_key(key)
-        user_id = session.scalar(
+        user_id = db.scalar(
             select(api_keys.c.user_id).where(api_keys.c.key_hash == digest, api_keys.c.revoked_at.is_(None))
         )
-        session.rollback()  # end the read here, in this thread
+        db.rollback()  # end the read here, in this thread
         if user_id is not None and self.ttl > 0:
             with self._lock:
                 if len(self._known) > 10_000:

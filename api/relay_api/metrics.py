@@ -135,20 +135,20 @@ class ServiceCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         now = utcnow()
-        with self.readers() as session:
-            yield from self._jobs(session, now)
-            yield from self._sessions(session)
-            yield from self._workers(session, now)
-            yield from self._running_jobs(session)
+        with self.readers() as db:
+            yield from self._jobs(db, now)
+            yield from self._sessions(db)
+            yield from self._workers(db, now)
+            yield from self._running_jobs(db)
 
-    def _jobs(self, session: Session, now: dt.datetime) -> Iterator[Metric]:
-        counts = _counts(session, fine_tunes.c.status)
+    def _jobs(self, db: Session, now: dt.datetime) -> Iterator[Metric]:
+        counts = _counts(db, fine_tunes.c.status)
         jobs = GaugeMetricFamily("relay_fine_tunes", "Fine-tune jobs by status.", labels=["status"])
         for status in job_status.STATUSES:
             jobs.add_metric([status], counts.get(status, 0))
         yield jobs
 
-        oldest = session.execute(
+        oldest = db.execute(
             select(func.min(fine_tunes.c.created_at)).where(fine_tunes.c.status == job_status.QUEUED)
         ).scalar()
         yield GaugeMetricFamily(
@@ -162,8 +162,8 @@ class ServiceCollector(Collector):
             value=0.0 if oldest is None else max(0.0, (now - oldest).total_seconds()),
         )
 
-    def _sessions(self, session: Session) -> Iterator[Metric]:
-        counts = _counts(session, training_sessions.c.status)
+    def _sessions(self, db: Session) -> Iterator[Metric]:
+        counts = _counts(db, training_sessions.c.status)
         family = GaugeMetricFamily(
             "relay_training_sessions", "Training sessions by status.", labels=["status"]
         )
@@ -171,9 +171,9 @@ class ServiceCollector(Collector):
             family.add_metric([status], counts.get(status, 0))
         yield family
 
-    def _workers(self, session: Session, now: dt.datetime) -> Iterator[Metric]:
+    def _workers(self, db: Session, now: dt.datetime) -> Iterator[Metric]:
         horizon = now - dt.timedelta(seconds=WORKER_MISSED_BEATS * self.settings.reconcile_seconds)
-        alive = session.execute(
+        alive = db.execute(
             select(func.count()).select_from(worker_heartbeats).where(worker_heartbeats.c.seen_at >= horizon)
         ).scalar()
         yield GaugeMetricFamily(
@@ -182,9 +182,9 @@ class ServiceCollector(Collector):
             value=alive or 0,
         )
 
-    def _running_jobs(self, session: Session) -> Iterator[Metric]:
+    def _running_jobs(self, db: Session) -> Iterator[Metric]:
         running = (
-            session.execute(
+            db.execute(
                 select(fine_tunes.c.id).where(
                     fine_tunes.c.status.in_((job_status.RUNNING, job_status.CANCEL_REQUESTED))
                 )
@@ -199,20 +199,20 @@ class ServiceCollector(Collector):
             labels=["job"],
         )
         for job_id in running:
-            metrics = _latest_event(session, job_id, "metrics")
+            metrics = _latest_event(db, job_id, "metrics")
             for field, family in figures.items():
                 value = metrics.get(field) if metrics else None
                 if isinstance(value, int | float):
                     family.add_metric([job_id], float(value))
-            checkpoint = _latest_event(session, job_id, "checkpoint")
+            checkpoint = _latest_event(db, job_id, "checkpoint")
             if checkpoint and isinstance(checkpoint.get("seconds"), int | float):
                 checkpoints.add_metric([job_id], float(checkpoint["seconds"]))
         yield from figures.values()
         yield checkpoints
 
 
-def _latest_event(session: Session, job_id: str, kind: str) -> dict[str, Any] | None:
-    data = session.execute(
+def _latest_event(db: Session, job_id: str, kind: str) -> dict[str, Any] | None:
+    data = db.execute(
         select(fine_tune_events.c.data)
         .where(fine_tune_events.c.job_id == job_id, fine_tune_events.c.kind == kind)
         .order_by(fine_tune_events.c.id.desc())
@@ -221,7 +221,7 @@ def _latest_event(session: Session, job_id: str, kind: str) -> dict[str, Any] | 
     return data if isinstance(data, dict) else None
 
 
-def _counts(session: Session, status: Any) -> dict[str, int]:
+def _counts(db: Session, status: Any) -> dict[str, int]:
     """Rows per value of the `status` column."""
-    rows = session.execute(select(status, func.count()).group_by(status)).all()
+    rows = db.execute(select(status, func.count()).group_by(status)).all()
     return {str(value): int(count) for value, count in rows}

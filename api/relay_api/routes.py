@@ -21,12 +21,11 @@ from relay.sft.config import SFTConfig
 from relay_api import fine_tunes, schemas
 from relay_api.deps import (
     CurrentUser,
+    DbDep,
     EnqueuedNotesDep,
-    OneStatementSessionDep,
     PublisherDep,
-    ReadSessionDep,
-    SessionDep,
     SettingsDep,
+    read_db,
 )
 from relay_api.errors import APIProblem
 from relay_api.files import listing, pin, resolve, unpin
@@ -48,7 +47,7 @@ router = APIRouter(prefix="/v1/fine-tunes", tags=["fine-tunes"], responses=schem
 def create_fine_tune(
     config: Annotated[SFTConfig, Body()],
     user: CurrentUser,
-    session: OneStatementSessionDep,
+    request: Request,
     publisher: PublisherDep,
     notes: EnqueuedNotesDep,
     settings: SettingsDep,
@@ -63,14 +62,14 @@ def create_fine_tune(
             param="dataset_name",
             code="invalid_value",
         )
-    config = fine_tunes.place_on_workers(session, config, settings.reconcile_seconds)
-    row, replayed = fine_tunes.create(session, user, config, idempotency_key)
+    with read_db(request) as db:  # the INSERT is one statement, atomic by itself
+        config = fine_tunes.place_on_workers(db, config, settings.reconcile_seconds)
+        row, replayed = fine_tunes.create(db, user, config, idempotency_key)
     if not replayed:
         try:
             publisher.fine_tune(row["id"])
             notes.note(row["id"])
         except Exception:  # the row is the truth: the reconciler publishes it later
-            session.rollback()
             log.warning("could not publish %s now; the reconciler will", row["id"], exc_info=True)
     headers = {"idempotent-replayed": "true"} if replayed else None
     return JSONResponse(fine_tunes.job_object(row), headers=headers)
@@ -81,18 +80,21 @@ def create_fine_tune(
 )
 def list_fine_tunes(
     user: CurrentUser,
-    session: ReadSessionDep,
+    request: Request,
     after: PageAfter = None,
     limit: PageLimit = 20,
 ) -> Response:
-    rows, has_more = fine_tunes.list_page(session, user, after, limit)
+    with read_db(request) as db:
+        rows, has_more = fine_tunes.list_page(db, user, after, limit)
     data = [fine_tunes.job_object(r) for r in rows]
     return JSONResponse({"object": "list", "data": data, "has_more": has_more})
 
 
 @router.get("/{job_id}", summary="Retrieve a fine-tune", responses={200: {"model": schemas.FineTuneOut}})
-def retrieve_fine_tune(job_id: JobId, user: CurrentUser, session: ReadSessionDep) -> Response:
-    return JSONResponse(fine_tunes.job_object(fine_tunes.get(session, user, job_id)))
+def retrieve_fine_tune(job_id: JobId, user: CurrentUser, request: Request) -> Response:
+    with read_db(request) as db:
+        job = fine_tunes.get(db, user, job_id, shown_only=True)
+    return JSONResponse(fine_tunes.job_object(job))
 
 
 @router.post(
@@ -103,9 +105,9 @@ def retrieve_fine_tune(job_id: JobId, user: CurrentUser, session: ReadSessionDep
         409: {"model": schemas.ErrorOut, "description": "The job already completed or failed."},
     },
 )
-def cancel_fine_tune(job_id: JobId, user: CurrentUser, session: SessionDep) -> Response:
+def cancel_fine_tune(job_id: JobId, user: CurrentUser, db: DbDep) -> Response:
     """A queued job is cancelled at once; a running one becomes `cancel_requested` and stops within a step."""
-    return JSONResponse(fine_tunes.job_object(fine_tunes.cancel(session, user, job_id)))
+    return JSONResponse(fine_tunes.job_object(fine_tunes.cancel(db, user, job_id)))
 
 
 @router.get(
@@ -133,7 +135,6 @@ def fine_tune_events_route(
     job_id: JobId,
     request: Request,
     user: CurrentUser,
-    session: ReadSessionDep,
     settings: SettingsDep,
     after: EventAfter = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 20,
@@ -141,27 +142,29 @@ def fine_tune_events_route(
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> Response:
     if stream or "text/event-stream" in request.headers.get("accept", ""):
-        fine_tunes.get(session, user, job_id)  # 404 unless it is the caller's
+        with read_db(request) as db:
+            fine_tunes.get(db, user, job_id)  # 404 unless it is the caller's
         start = after
         resume_after = event_id_from_header(last_event_id)
         if resume_after is not None:
             start = max(start or 0, resume_after)
-        sessions = request.app.state.readers
+        db_sessions = request.app.state.readers
         return EventSourceResponse(
-            _follow(sessions, job_id, start, settings.events_poll_seconds, request), ping=15
+            _follow(db_sessions, job_id, start, settings.events_poll_seconds, request), ping=15
         )
-    rows, has_more = fine_tunes.events_page(session, user, job_id, after, limit)  # 404 unless the caller's
+    with read_db(request) as db:
+        rows, has_more = fine_tunes.events_page(db, user, job_id, after, limit)  # 404 unless the caller's
     data = [fine_tunes.event_object(r) for r in rows]
     return JSONResponse({"object": "list", "data": data, "has_more": has_more})
 
 
 async def _follow(
-    sessions: Any, job_id: str, after: int | None, poll: float, request: Request
+    db_sessions: Any, job_id: str, after: int | None, poll: float, request: Request
 ) -> AsyncIterator[dict[str, str]]:
     """Events as they are written, until the job has ended and every event was sent."""
     last = after
     while True:
-        status, rows = await run_in_threadpool(_status_and_events, sessions, job_id, last)
+        status, rows = await run_in_threadpool(_status_and_events, db_sessions, job_id, last)
         for row in rows:
             last = row["id"]
             yield {"id": str(row["id"]), "data": json.dumps(fine_tunes.event_object(row))}
@@ -175,10 +178,10 @@ async def _follow(
         await asyncio.sleep(poll)
 
 
-def _status_and_events(sessions: Any, job_id: str, after: int | None) -> tuple[str, list[dict[str, Any]]]:
+def _status_and_events(db_sessions: Any, job_id: str, after: int | None) -> tuple[str, list[dict[str, Any]]]:
     # The status first: every event of an ended job was committed before its final status.
-    with sessions() as session:
-        status = session.execute(
+    with db_sessions() as db:
+        status = db.execute(
             fine_tunes_table.select()
             .with_only_columns(fine_tunes_table.c.status)
             .where(fine_tunes_table.c.id == job_id)
@@ -186,17 +189,16 @@ def _status_and_events(sessions: Any, job_id: str, after: int | None) -> tuple[s
         query = fine_tune_events.select().where(fine_tune_events.c.job_id == job_id)
         if after is not None:
             query = query.where(fine_tune_events.c.id > after)
-        rows = session.execute(query.order_by(fine_tune_events.c.id).limit(500)).mappings().all()
+        rows = db.execute(query.order_by(fine_tune_events.c.id).limit(500)).mappings().all()
     return status, [dict(r) for r in rows]
 
 
 @router.get("/{job_id}/files", summary="A fine-tune's files", responses={200: {"model": schemas.FileList}})
-def list_files(
-    job_id: JobId, request: Request, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep
-) -> Response:
+def list_files(job_id: JobId, request: Request, user: CurrentUser, settings: SettingsDep) -> Response:
     """The output (once completed: model.safetensors, config.json, norm_stats.json) and the checkpoints,
     each with its size and sha256."""
-    job = fine_tunes.get(session, user, job_id)
+    with read_db(request) as db:
+        job = fine_tunes.get(db, user, job_id)
     checksums = request.app.state.checksums
     return JSONResponse({"object": "list", "data": listing(job, settings.job_dir(job_id), checksums)})
 
@@ -217,10 +219,10 @@ def download_file(
     path: str,
     request: Request,
     user: CurrentUser,
-    session: ReadSessionDep,
     settings: SettingsDep,
 ) -> Response:
-    job = fine_tunes.get(session, user, job_id)
+    with read_db(request) as db:
+        job = fine_tunes.get(db, user, job_id)
     work_dir = settings.job_dir(job_id)
     full, sha256 = resolve(job, work_dir, path)
     served, done = full, None

@@ -24,7 +24,7 @@ from relay.training import wire
 from relay.training.config import SessionConfig
 from relay_api import schemas, sessions
 from relay_api.channel import ApiChannel, ChannelUnavailable, ResultGone, TooManyPending
-from relay_api.deps import CurrentUser, PublisherDep, ReadSessionDep, SessionDep, SettingsDep
+from relay_api.deps import CurrentUser, DbDep, PublisherDep, SettingsDep, read_db
 from relay_api.errors import APIProblem
 from relay_api.openapi import inline_schema
 from relay_api.params import CallNumber, CallNumberHeader, IdempotencyKey, PageAfter, PageLimit, SessionId
@@ -50,7 +50,7 @@ router = APIRouter(prefix="/v1/sessions", tags=["training sessions"], responses=
 )
 def create_session(
     user: CurrentUser,
-    session: SessionDep,
+    db: DbDep,
     publisher: PublisherDep,
     settings: SettingsDep,
     body: Annotated[Any, Body(include_in_schema=False)] = None,
@@ -61,14 +61,14 @@ def create_session(
         config = SessionConfig.parse(body)
     except ConfigError as error:
         raise APIProblem(400, error.message, param=error.param, code=error.code) from None
-    row, replayed = sessions.create(session, user, config, idempotency_key)
+    row, replayed = sessions.create(db, user, config, idempotency_key)
     if not replayed:
         try:
             publisher.session(row["id"])
         except Exception as error:
             log.warning("could not publish session %s", row["id"], exc_info=True)
             sessions.end_unpublished(
-                session, row["id"], f"the service's queue is unreachable ({error}); try again"
+                db, row["id"], f"the service's queue is unreachable ({error}); try again"
             )
             raise APIProblem(
                 503,
@@ -84,12 +84,13 @@ def create_session(
 )
 def list_sessions(
     user: CurrentUser,
-    session: ReadSessionDep,
+    request: Request,
     settings: SettingsDep,
     after: PageAfter = None,
     limit: PageLimit = 20,
 ) -> Response:
-    rows, has_more = sessions.list_page(session, user, after, limit)
+    with read_db(request) as db:
+        rows, has_more = sessions.list_page(db, user, after, limit)
     data = [sessions.session_object(r, settings) for r in rows]
     return JSONResponse({"object": "list", "data": data, "has_more": has_more})
 
@@ -97,31 +98,27 @@ def list_sessions(
 @router.get(
     "/{session_id}", summary="Retrieve a training session", responses={200: {"model": schemas.SessionOut}}
 )
-def retrieve_session(
-    session_id: SessionId, user: CurrentUser, session: SessionDep, settings: SettingsDep
-) -> Response:
-    row = sessions.end_if_worker_lost(session, sessions.get(session, user, session_id))
+def retrieve_session(session_id: SessionId, user: CurrentUser, db: DbDep, settings: SettingsDep) -> Response:
+    row = sessions.end_if_worker_lost(db, sessions.get(db, user, session_id))
     return JSONResponse(sessions.session_object(row, settings))
 
 
 @router.post(
     "/{session_id}/heartbeat", summary="Keep a session open", responses={200: {"model": schemas.SessionOut}}
 )
-def heartbeat(
-    session_id: SessionId, user: CurrentUser, session: SessionDep, settings: SettingsDep
-) -> Response:
+def heartbeat(session_id: SessionId, user: CurrentUser, db: DbDep, settings: SettingsDep) -> Response:
     """The SDK sends one every 30 s (at most a quarter of the idle timeout) while a session is open."""
-    return JSONResponse(sessions.session_object(sessions.heartbeat(session, user, session_id), settings))
+    return JSONResponse(sessions.session_object(sessions.heartbeat(db, user, session_id), settings))
 
 
 @router.post(
     "/{session_id}/close", summary="Close a training session", responses={200: {"model": schemas.SessionOut}}
 )
 def close_session(
-    session_id: SessionId, request: Request, user: CurrentUser, session: SessionDep, settings: SettingsDep
+    session_id: SessionId, request: Request, user: CurrentUser, db: DbDep, settings: SettingsDep
 ) -> Response:
     """A starting session ends at once; a ready one once its worker has run the calls sent before."""
-    row, _ = sessions.request_close(session, user, session_id)
+    row, _ = sessions.request_close(db, user, session_id)
     request.app.state.ready_sessions.note(row)
     return JSONResponse(sessions.session_object(row, settings))
 
@@ -199,7 +196,7 @@ async def call_result(
     """The outcome of call `seq`: its value, or its error with a category (`user` for a problem in
     the call, such as a malformed datum; `server` otherwise) and the id of the request that sent it."""
     settings: Settings = request.app.state.settings
-    factory: sessionmaker[Session] = request.app.state.sessions
+    factory: sessionmaker[Session] = request.app.state.db_sessions
     channel: ApiChannel = request.app.state.channel
     await _cached_row(request, user, session_id)  # 404 unless the caller's
     deadline = time.monotonic() + wait
@@ -245,15 +242,15 @@ async def _cached_row(request: Request, user: int, session_id: str) -> dict[str,
     cache: sessions.ReadyCache = request.app.state.ready_sessions
     row = cache.get(user, session_id)
     if row is None:
-        row = await run_in_threadpool(_live_row, request.app.state.sessions, user, session_id)
+        row = await run_in_threadpool(_live_row, request.app.state.db_sessions, user, session_id)
         cache.note(row)
     return row
 
 
 def _live_row(factory: sessionmaker[Session], user: int, session_id: str) -> dict[str, Any]:
     """The caller's session, ended in `error` first if its worker is gone."""
-    with factory() as session:
-        return sessions.end_if_worker_lost(session, sessions.get(session, user, session_id))
+    with factory() as db:
+        return sessions.end_if_worker_lost(db, sessions.get(db, user, session_id))
 
 
 def _not_taking_calls(row: dict[str, Any]) -> APIProblem:

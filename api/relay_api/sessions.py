@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from relay.training import status as st
 from relay.training.config import SessionConfig, with_current_names
-from relay_api.db import rows_changed, utcnow
+from relay_api.db import Db, rows_changed, utcnow
 from relay_api.errors import APIProblem
 from relay_api.fine_tunes import iso
 from relay_api.idempotency import insert_once, request_hash
@@ -42,7 +42,7 @@ def new_session_id() -> str:
 
 def session_object(row: Mapping[str, Any], settings: Settings) -> dict[str, Any]:
     """A session as the API shows it (schemas.SessionOut, the one definition of its shape)."""
-    session = {
+    shown = {
         "id": row["id"],
         "object": "training_session",
         "status": row["status"],
@@ -58,7 +58,7 @@ def session_object(row: Mapping[str, Any], settings: Settings) -> dict[str, Any]
         "ready_at": iso(row["ready_at"]),
         "ended_at": iso(row["ended_at"]),
     }
-    return SessionOut.model_validate(session).model_dump(mode="json")
+    return SessionOut.model_validate(shown).model_dump(mode="json")
 
 
 def not_found(session_id: str) -> APIProblem:
@@ -66,7 +66,7 @@ def not_found(session_id: str) -> APIProblem:
 
 
 def create(
-    session: Session, user_id: int, config: SessionConfig, idempotency_key: str | None
+    db: Session, user_id: int, config: SessionConfig, idempotency_key: str | None
 ) -> tuple[dict[str, Any], bool]:
     """Insert a starting session and commit; returns (row, replayed). The same Idempotency-Key
     with the same config returns the session it created before; with a different one, 409."""
@@ -97,27 +97,25 @@ def create(
             "saved_states": 0,
         }
 
-    return insert_once(session, table, user_id, idempotency_key, digest, new_row, "session")
+    return insert_once(db, table, user_id, idempotency_key, digest, new_row, "session")
 
 
-def get(session: Session, user_id: int, session_id: str) -> dict[str, Any]:
+def get(db: Db, user_id: int, session_id: str) -> dict[str, Any]:
     """The caller's session; another user's is as absent as one that never existed."""
     row = (
-        session.execute(select(table).where(table.c.id == session_id, table.c.user_id == user_id))
+        db.execute(select(table).where(table.c.id == session_id, table.c.user_id == user_id))
         .mappings()
         .first()
     )
-    session.rollback()  # end the read here, in the route's thread
+    db.rollback()  # end the read here, in the route's thread
     if row is None:
         raise not_found(session_id)
     return dict(row)
 
 
-def list_page(
-    session: Session, user_id: int, after: str | None, limit: int
-) -> tuple[list[dict[str, Any]], bool]:
+def list_page(db: Db, user_id: int, after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
     """The caller's sessions, newest first, starting after the session `after`."""
-    return newest_first(session, table, user_id, after, limit, "sessions")
+    return newest_first(db, table, user_id, after, limit, "sessions")
 
 
 def worker_lost(row: Mapping[str, Any], now: dt.datetime | None = None) -> bool:
@@ -131,27 +129,27 @@ def worker_lost(row: Mapping[str, Any], now: dt.datetime | None = None) -> bool:
     )
 
 
-def end_if_worker_lost(session: Session, row: dict[str, Any]) -> dict[str, Any]:
+def end_if_worker_lost(db: Session, row: dict[str, Any]) -> dict[str, Any]:
     """End a session whose worker is gone (its lease lapsed) in `error`; return the row as it is now."""
     if not worker_lost(row):
         return row
     now = utcnow()
     moved = rows_changed(
-        session.execute(
+        db.execute(
             update(table)
             .where(table.c.id == row["id"], table.c.status.in_(st.LIVE), table.c.lease_until < now)
             .values(status=st.ERROR, error=WORKER_LOST, ended_at=now, updated_at=now, lease_until=None)
         )
     )
-    session.commit()
+    db.commit()
     if moved:
         return {**row, "status": st.ERROR, "error": WORKER_LOST, "ended_at": now, "lease_until": None}
-    return _reread(session, row)
+    return _reread(db, row)
 
 
-def _reread(session: Session, row: Mapping[str, Any]) -> dict[str, Any]:
-    fresh = session.execute(select(table).where(table.c.id == row["id"])).mappings().one()
-    session.rollback()
+def _reread(db: Session, row: Mapping[str, Any]) -> dict[str, Any]:
+    fresh = db.execute(select(table).where(table.c.id == row["id"])).mappings().one()
+    db.rollback()
     return dict(fresh)
 
 
@@ -182,27 +180,27 @@ class ReadyCache:
                 self._rows.pop(row["id"], None)
 
 
-def heartbeat(session: Session, user_id: int, session_id: str) -> dict[str, Any]:
+def heartbeat(db: Session, user_id: int, session_id: str) -> dict[str, Any]:
     """The client is alive: note the contact, and answer with the session (its status)."""
     now = utcnow()
-    session.execute(
+    db.execute(
         update(table)
         .where(table.c.id == session_id, table.c.user_id == user_id, table.c.status.in_(st.LIVE))
         .values(last_contact_at=now)
     )
-    session.commit()
-    return end_if_worker_lost(session, get(session, user_id, session_id))
+    db.commit()
+    return end_if_worker_lost(db, get(db, user_id, session_id))
 
 
-def request_close(session: Session, user_id: int, session_id: str) -> tuple[dict[str, Any], bool]:
+def request_close(db: Session, user_id: int, session_id: str) -> tuple[dict[str, Any], bool]:
     """Close: a starting session ends now; a ready one ends once its worker has run the calls
     before the close (its channel carries a close marker after them). Returns (row, whether the
     worker must be told). Closing again is harmless."""
-    row = get(session, user_id, session_id)
+    row = get(db, user_id, session_id)
     now = utcnow()
     if row["status"] == st.STARTING:
         moved = rows_changed(
-            session.execute(
+            db.execute(
                 update(table)
                 .where(table.c.id == session_id, table.c.status == st.STARTING)
                 .values(
@@ -214,27 +212,27 @@ def request_close(session: Session, user_id: int, session_id: str) -> tuple[dict
                 )
             )
         )
-        session.commit()
+        db.commit()
         if moved:
-            return get(session, user_id, session_id), False
-        row = get(session, user_id, session_id)  # it became ready meanwhile
+            return get(db, user_id, session_id), False
+        row = get(db, user_id, session_id)  # it became ready meanwhile
     if row["status"] == st.READY and row["close_requested_at"] is None:
-        session.execute(
+        db.execute(
             update(table)
             .where(table.c.id == session_id, table.c.close_requested_at.is_(None))
             .values(close_requested_at=now, updated_at=now)
         )
-        session.commit()
-        return get(session, user_id, session_id), True
+        db.commit()
+        return get(db, user_id, session_id), True
     return row, False
 
 
-def end_unpublished(session: Session, session_id: str, reason: str) -> None:
+def end_unpublished(db: Session, session_id: str, reason: str) -> None:
     """The queue could not be reached: end the session now rather than leave it starting."""
     now = utcnow()
-    session.execute(
+    db.execute(
         update(table)
         .where(table.c.id == session_id, table.c.status == st.STARTING)
         .values(status=st.ERROR, error=reason, ended_at=now, updated_at=now)
     )
-    session.commit()
+    db.commit()

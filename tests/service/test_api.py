@@ -5,6 +5,7 @@ stay queued for as long as a test needs."""
 from __future__ import annotations
 
 import concurrent.futures
+import datetime as dt
 import json
 import re
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from relay_api.app import create_app
+from relay_api.fine_tunes import iso
 from relay_api.models import FineTune, FineTuneEvent
 from tests.sdk.test_config import BAD_CONFIGS
 from tests.service.stack import PARKED_QUEUE, Stack
@@ -315,3 +317,17 @@ def test_a_shared_server_can_refuse_local_dataset_directories(stack: Stack, alic
             assert response.status_code == 400 and response.json()["error"]["param"] == "dataset_name"
             assert "does not read local directories" in response.json()["error"]["message"]
         assert shared.post("/v1/fine-tunes", json=GOOD, headers=alice).status_code == 200
+
+
+def test_times_are_written_as_isoformat_writes_them() -> None:
+    """iso() writes with orjson for speed; it must write what `isoformat` (with Z for UTC) wrote."""
+    moments = [
+        dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC),  # no microseconds: none written
+        dt.datetime(2026, 1, 2, 3, 4, 5, 7, tzinfo=dt.UTC),
+        dt.datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC),
+        dt.datetime(2026, 6, 1, 12, 0, 0, 120000, tzinfo=dt.timezone(dt.timedelta(hours=2))),
+        dt.datetime(2026, 6, 1, 12, 0, 0),  # naive: no offset
+    ]
+    for moment in moments:
+        assert iso(moment) == moment.isoformat().replace("+00:00", "Z")
+    assert iso(None) is None
