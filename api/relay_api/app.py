@@ -5,6 +5,7 @@ Run it with ``uvicorn --factory relay_api.app:create_app`` (settings from RELAY_
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import re
@@ -52,6 +53,8 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.gc_freeze:
+            freeze_startup_objects()
         yield
         app.state.enqueued.close()
         await app.state.channel.aclose()
@@ -106,6 +109,22 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
         return {"status": "ok"}
 
     return app
+
+
+def freeze_startup_objects() -> None:
+    """Leave what the process holds once started out of the cyclic garbage collector's work.
+
+    An API process holds some 150,000 container objects once its modules are imported, and a
+    full collection walks every one while holding the GIL: every request in flight waits for it
+    (about 0.1 s on our bench machine). Objects made after the freeze are collected as before;
+    the frozen ones are never freed, which costs nothing here since they live as long as the
+    process. Collecting first keeps startup's garbage out of the frozen set. Once per process:
+    a second app in the same process (tests build many) would freeze the first one's leftovers.
+    """
+    if gc.get_freeze_count():
+        return
+    gc.collect()
+    gc.freeze()
 
 
 def _answer(

@@ -97,6 +97,10 @@ class Settings(BaseSettings):
     # Serve /metrics (Prometheus): off by default on a shared server, since it tells anyone who can
     # reach it how busy the service is; the embedded server turns it on.
     metrics: bool = False
+    # Move the objects alive once the API has started (its modules, the app) out of the cyclic
+    # garbage collector's generations (gc.freeze), so that a full collection during a request
+    # walks only what requests made, not the whole process: see docs/service.md.
+    gc_freeze: bool = True
 
     @field_validator("home", mode="before")
     @classmethod
