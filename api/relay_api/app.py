@@ -119,8 +119,8 @@ def freeze_startup_objects() -> None:
     (0.1 to 0.18 s on our bench machine). Objects made after the freeze are collected as before;
     a frozen one that later becomes cyclic garbage is never freed, but nearly all of them are
     modules and the app, which live as long as the process. Collecting first keeps startup's
-    garbage out of the frozen set. Once per process:
-    a second app in the same process (tests build many) would freeze the first one's leftovers.
+    garbage out of the frozen set. Once per process: a second app in the same process (tests
+    build many) would freeze the first one's leftovers.
     """
     if gc.get_freeze_count():
         return
