@@ -95,6 +95,12 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=12, help="episodes per variant")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--balance-padding",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="weigh the robot's columns' error as much as the padding columns' (the shipped file: no)",
+    )
     parser.add_argument("--save-every", type=int, default=500, help="also write the weights every N steps")
     parser.add_argument(
         "--stop-at",
@@ -116,6 +122,7 @@ def main() -> None:
         )
 
         policy = build_policy("pi05-tiny", seed=args.seed)
+        policy.config = policy.config.replace(balance_padding=args.balance_padding)
         model = apply_tuning(policy, "full", None, 32, None)
         learner = Learner(model, seed=args.seed)
         order = BatchOrder(len(family), args.batch_size, args.seed, span_epochs=True)
@@ -149,7 +156,8 @@ def main() -> None:
             log_every=50,
             after_step=after_step,
         )
-        policy.config = policy.config.replace(tuning=None, robot_action_dim=None)
+        # The base's config says nothing about how a fine-tune of it weighs its loss.
+        policy.config = policy.config.replace(tuning=None, robot_action_dim=None, balance_padding=True)
         write_output(model, args.out, None)
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "save_every")}
     record = {

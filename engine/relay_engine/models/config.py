@@ -62,6 +62,9 @@ class Pi05Config:
     # metadata for whoever serves the weights. The rest are padding, trained towards zero like
     # openpi's, so every sampler integrates all columns alike (see Pi05Policy.sample_actions).
     robot_action_dim: int | None = None
+    # Whether training weighs the robot's own columns' error as much as all padding columns' together
+    # (see flow_matching_loss). Training only: the weights sample the same either way.
+    balance_padding: bool = True
     # Seeds the initial weights of a model built without pretrained ones.
     seed: int = 0
     # How the weights were tuned (finetune, lora_rank, targets...): metadata, not structure.

@@ -292,12 +292,31 @@ def sample_flow_time(batch_size: int, generator: torch.Generator | None = None) 
     return uniform.pow(1.0 / 1.5) * 0.999 + 0.001
 
 
-def flow_matching_loss(outputs: FlowOutputs, batch: Pi05Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, per_sample): each sample's mean squared error over its valid steps and action
-    dims, and their mean weighted by the samples' weights, sum(w_i * l_i) / sum(w_i)."""
+def flow_matching_loss(
+    outputs: FlowOutputs, batch: Pi05Batch, *, balance_padding: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, per_sample): each sample's squared error over its valid steps, and their mean
+    weighted by the samples' weights, sum(w_i * l_i) / sum(w_i).
+
+    Every column is trained, the padding columns beyond the robot's width towards their zero
+    targets (as openpi does, so that any Euler sampler integrates the weights alike). With
+    `balance_padding`, a sample's error is the mean over its robot's columns plus the mean over
+    the padding columns: a 2-column robot's own error then counts as much as the 30 easy padding
+    columns together, instead of a fifteenth of them, which is what lets a small model learn to
+    look (docs/models.md). Without it, or when the robot fills every column, it is the plain mean
+    over all columns."""
     error = (outputs.velocity.float() - outputs.target.float()).square()
     mask = batch.action_mask.to(device=error.device, dtype=error.dtype)
-    per_sample = (error * mask).sum(dim=(1, 2)) / mask.sum(dim=(1, 2)).clamp_min(1.0)
+    if balance_padding and batch.action_width is not None:
+        columns = torch.arange(error.shape[-1], device=error.device)
+        robot = columns[None, None, :] < batch.action_width.to(error.device)[:, None, None]
+        parts = [mask * robot, mask * ~robot]
+        per_sample = sum(
+            (error * part).sum(dim=(1, 2)) / part.sum(dim=(1, 2)).clamp_min(1.0) for part in parts
+        )
+    else:
+        per_sample = (error * mask).sum(dim=(1, 2)) / mask.sum(dim=(1, 2)).clamp_min(1.0)
+    assert isinstance(per_sample, torch.Tensor)
     weights = batch.weights.to(device=error.device, dtype=error.dtype)
     total = weights.sum()
     loss = (weights * per_sample).sum() / torch.where(total > 0, total, torch.ones_like(total))

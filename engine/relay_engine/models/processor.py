@@ -38,6 +38,9 @@ class Pi05Batch:
     # weights as they were trained.
     action_mask: torch.Tensor
     weights: torch.Tensor  # (B,) float32, in the loss's weighted mean
+    # (B,) int64: how many of the 32 columns are each sample's robot's own (its action_dim); the
+    # rest are padding. None: all of them (see flow_matching_loss and Pi05Config.balance_padding).
+    action_width: torch.Tensor | None = None
     # Which camera slots any sample uses, known when collating so that the model can skip an
     # unused slot's tokens without asking the device. None: the model works it out.
     cameras_in_use: tuple[bool, ...] | None = None
@@ -103,6 +106,7 @@ class Pi05Collator:
         actions = np.zeros((count, horizon, width), dtype=np.float32)
         action_mask = np.zeros((count, horizon, width), dtype=bool)
         weights = np.ones(count, dtype=np.float32)
+        action_width = np.full(count, width, dtype=np.int64)
         prompts = []
         for row, sample in enumerate(samples):
             label = f"{item} {row}"
@@ -112,7 +116,7 @@ class Pi05Collator:
                 image_mask[row, slot] = True
             prompts.append(format_prompt(str(sample.get("prompt", "")), _state(label, sample)))
             if sample.get("actions") is not None:
-                _fill_actions(label, sample, actions[row], action_mask[row])
+                action_width[row] = _fill_actions(label, sample, actions[row], action_mask[row])
             weights[row] = _weight(label, sample)
         tokens, token_mask = tokenize_prompts(self.tokenizer, prompts, config.max_token_len)
         return Pi05Batch(
@@ -123,6 +127,7 @@ class Pi05Collator:
             actions=torch.from_numpy(actions),
             action_mask=torch.from_numpy(action_mask),
             weights=torch.from_numpy(weights),
+            action_width=torch.from_numpy(action_width),
             cameras_in_use=tuple(bool(x) for x in image_mask.any(0)),
         )
 
@@ -156,7 +161,8 @@ def _state(label: str, sample: Sample) -> np.ndarray:
     return state[:state_dim]
 
 
-def _fill_actions(label: str, sample: Sample, out: np.ndarray, mask: np.ndarray) -> None:
+def _fill_actions(label: str, sample: Sample, out: np.ndarray, mask: np.ndarray) -> int:
+    """Write the sample's chunk and its valid steps' mask; returns the robot's action width."""
     horizon, width = out.shape
     chunk = np.asarray(sample["actions"], dtype=np.float32)
     if chunk.ndim != 2 or chunk.shape[0] != horizon or chunk.shape[1] > width:
@@ -174,6 +180,7 @@ def _fill_actions(label: str, sample: Sample, out: np.ndarray, mask: np.ndarray)
     if valid_steps.shape != (horizon,):
         raise EngineError(f"{label}: action_is_pad must have shape ({horizon},), got {valid_steps.shape}")
     mask[:] = valid_steps[:, None]
+    return action_dim
 
 
 def _weight(label: str, sample: Sample) -> float:

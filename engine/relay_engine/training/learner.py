@@ -68,6 +68,7 @@ class Learner:
         parallel: Parallel | None = None,
     ) -> None:
         self.model = model
+        self.balance_padding = model.config.balance_padding
         self.device = torch.device(device)
         # Set up (DDP or FSDP) before the optimizer sees the parameters: FSDP replaces them by shards.
         self.parallel = parallel
@@ -130,7 +131,7 @@ class Learner:
         self._mode(training=True)
         batch = batch.to(self.device)
         outputs = self._flow_outputs(batch, train=True)
-        loss, per_sample = flow_matching_loss(outputs, batch)
+        loss, per_sample = flow_matching_loss(outputs, batch, balance_padding=self.balance_padding)
         weight = batch.weights.sum()
         (loss * weight).backward()
         if self.parallel is not None:

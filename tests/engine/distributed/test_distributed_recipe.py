@@ -89,12 +89,18 @@ def assert_same_weights(expected_dir: Path, actual_dir: Path, *, noise_share: fl
     actual = load_file(str(actual_dir / "model.safetensors"))
     assert expected.keys() == actual.keys()
     off = total = 0
+    where: list[str] = []
     for name, tensor in expected.items():
         difference = (actual[name] - tensor).abs()
         assert float(difference.max()) <= 2 * LEARNING_RATE * STEPS, name
-        off += int((difference > TOLERANCE).sum())
+        differing = int((difference > TOLERANCE).sum())
+        if differing:
+            where.append(f"{name} ({differing}, up to {float(difference.max()):.2e})")
+        off += differing
         total += tensor.numel()
-    assert off <= noise_share * total, f"{off} of {total} weights differ by more than {TOLERANCE}"
+    assert off <= noise_share * total, (
+        f"{off} of {total} weights differ by more than {TOLERANCE}: {', '.join(where)}"
+    )
 
 
 def assert_same_losses(expected: list[dict[str, Any]], actual: list[dict[str, Any]], steps: range) -> None:
@@ -232,7 +238,9 @@ def test_the_trainer_under_torchrun_trains_as_one_process(runs: dict[str, Any]) 
     alone_losses, two = runs["trainer"]
     assert two["result"]["steps"] == 2
     assert two["losses"] == pytest.approx(alone_losses, abs=TOLERANCE)
-    assert_same_weights(runs["root"] / "trainer-1", runs["root"] / "trainer-2")
+    # A handful of weights with a near-zero gradient (one element of time_mlp_in, measured) may
+    # take AdamW's noise step; see assert_same_weights.
+    assert_same_weights(runs["root"] / "trainer-1", runs["root"] / "trainer-2", noise_share=1e-5)
 
 
 def test_the_strategy_can_be_chosen(runs: dict[str, Any]) -> None:

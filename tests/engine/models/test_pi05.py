@@ -117,11 +117,16 @@ def test_loss_masks_padded_steps_trains_padding_columns_and_weights_samples(poli
     target[:, 7:, :] = 100.0
     target[0, :7, :4] = 2.0  # sample 0: 4 of its 32 columns err by 2, the rest by 1
     outputs = FlowOutputs(velocity=velocity, target=target, x_t=velocity, noise=velocity, time=torch.zeros(3))
-    loss, per_sample = flow_matching_loss(outputs, batch)
+    loss, per_sample = flow_matching_loss(outputs, batch, balance_padding=False)
     first = (4 * 4.0 + 28 * 1.0) / 32
     torch.testing.assert_close(per_sample, torch.tensor([first, 1.0, 1.0]))
     torch.testing.assert_close(loss, torch.tensor((1 * first + 3 * 1.0 + 0 * 1.0) / 4.0))
     assert batch.action_mask.sum() == 3 * 7 * 32
+    # Balanced (the default): the robot's 4 columns' mean plus the 28 padding columns' mean.
+    loss, per_sample = flow_matching_loss(outputs, batch)
+    torch.testing.assert_close(per_sample, torch.tensor([4.0 + 1.0, 2.0, 2.0]))
+    torch.testing.assert_close(loss, torch.tensor((1 * 5.0 + 3 * 2.0 + 0 * 2.0) / 4.0))
+    assert batch.action_width is not None and batch.action_width.tolist() == [4, 4, 4]
 
 
 def test_sampling_reuses_the_prefix(policy: Pi05Policy) -> None:

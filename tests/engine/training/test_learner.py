@@ -111,8 +111,15 @@ def test_a_custom_loss_equal_to_the_built_in_one_gives_the_same_gradients(
     outputs = custom.forward_for_custom_loss(batch)
     # What the client does: its own loss on a leaf copy of the velocity, then d(loss)/d(velocity).
     velocity = outputs.velocity.detach().requires_grad_(True)
-    error = (velocity - outputs.target).square() * batch.action_mask
-    per_sample = error.sum(dim=(1, 2)) / batch.action_mask.sum(dim=(1, 2))
+    # The built-in loss: the mean over the robot's own columns plus the mean over the padding ones.
+    assert batch.action_width is not None
+    robot = torch.arange(32)[None, None, :] < batch.action_width[:, None, None]
+    error = (velocity - outputs.target).square()
+    per_sample = sum(
+        (error * part).sum(dim=(1, 2)) / part.sum(dim=(1, 2))
+        for part in (batch.action_mask & robot, batch.action_mask & ~robot)
+    )
+    assert isinstance(per_sample, torch.Tensor)
     loss = per_sample.mean()
     loss.backward()
     custom.backward_custom(outputs, batch, velocity.grad, loss.item(), per_sample.detach().tolist())

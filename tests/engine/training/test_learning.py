@@ -3,7 +3,7 @@ saw (the orange dot; orange is held out of its pretraining), against the blind b
 the training frames' mean chunk) and the base before tuning, on held-out episodes.
 
 The demo runs the full-size version (examples/demo.py); this one is shorter and seeded. Measured:
-blind 0.0180, base 0.1200, tuned 0.0336. Fine-tuning improves on the base by 3.6x, which is what
+blind 0.0180, base 0.1200, tuned 0.0341. Fine-tuning improves on the base by 3.5x, which is what
 this checks; it does not yet beat the blind baseline (see docs/getting-started.md), so that is
 printed, not asserted.
 """
