@@ -164,13 +164,18 @@ def check_memory(config: SFTConfig, workers: list[LiveWorker]) -> None:
 
     Each of the job's `gpus` processes holds the plan's per-GPU bytes, whichever hosts run it: one
     worker with enough slots, or a gang of several. So the job fits when the workers whose GPUs
-    hold the plan have its `gpus` together; a worker with CPU slots (no GPU memory reported) holds
-    anything. The error names the field to change: `gpus` when more GPUs would share it (or fewer
+    hold the plan have its `gpus` together. Workers with CPU slots (no GPU memory reported) hold
+    anything, and run the job when they have its `gpus` together; their slots are not added to
+    GPUs (a cluster of both kinds is a test's, and the other workers' beats then decide nothing
+    here). The error names the field to change: `gpus` when more GPUs would share it (or fewer
     would fit on the GPUs large enough), else `batch_size` when a smaller batch would, else
     `finetune` when LoRA would, else `model`."""
+    gpus = config.gpus or 1
+    if sum(w.gpus for w in workers if w.gpu_memory is None) >= gpus:
+        return
+    workers = [w for w in workers if w.gpu_memory is not None]
     if not workers:
         return
-    gpus = config.gpus or 1
 
     def plan(batch_size: int, processes: int, finetune: str) -> MemoryPlan | None:
         return plan_named(
@@ -183,7 +188,7 @@ def check_memory(config: SFTConfig, workers: list[LiveWorker]) -> None:
         )
 
     def slots_holding(candidate: MemoryPlan) -> int:
-        return sum(w.gpus for w in workers if w.gpu_memory is None or candidate.total <= w.gpu_memory)
+        return sum(w.gpus for w in workers if w.gpu_memory is not None and candidate.total <= w.gpu_memory)
 
     def fits(candidate: MemoryPlan | None, processes: int) -> bool:
         return candidate is None or slots_holding(candidate) >= processes

@@ -33,13 +33,16 @@ def batch(first: int, count: int) -> list[types.Datum]:
 
 
 def flow_matching_loss(data: Sequence[types.Datum], outputs: dict[str, Any]) -> tuple[Any, dict[str, float]]:
-    """The built-in loss, written as a custom one: each datum's mean squared error over every
-    action column (the padding columns' targets are zeros, as openpi trains them), then the mean
-    weighted by the datums' weights."""
+    """The built-in loss, written as a custom one: each datum's mean squared error over the robot's
+    own action columns plus that over the padding columns (whose targets are zeros, as openpi
+    trains them), then the mean weighted by the datums' weights."""
     import torch
 
     error = (outputs["velocity"] - outputs["target"]).square()  # (B, H, 32)
-    per_datum = error.mean(dim=(1, 2))
+    widths = [np.asarray(item.actions).shape[1] for item in data]
+    per_datum = torch.stack(
+        [row[:, :width].mean() + row[:, width:].mean() for row, width in zip(error, widths, strict=True)]
+    )
     weights = torch.tensor([float(item.weight) for item in data])
     loss = (weights * per_datum).sum() / weights.sum()
     return loss, {"same_as_builtin": loss.item()}

@@ -126,10 +126,19 @@ def test_a_gang_must_fit_the_gpus_of_the_hosts_that_would_form_it(
     assert place(stack, full_pi05(gpus=16)).gpus == 16
 
 
-def test_a_cpu_host_in_a_gang_holds_anything(stack: Stack, gpu_workers: list[str]) -> None:
-    gpu_worker(stack, gpu_workers, gpus=8, gpu_memory=80 * GB)
+def test_cpu_hosts_hold_anything_they_have_the_slots_for(stack: Stack, gpu_workers: list[str]) -> None:
+    gpu_worker(stack, gpu_workers, gpus=8, gpu_memory=None)
     gpu_worker(stack, gpu_workers, gpus=8, gpu_memory=None)
     assert place(stack, full_pi05(gpus=16)).gpus == 16
+
+
+def test_cpu_slots_are_not_added_to_gpus() -> None:
+    # 8 GPUs that hold the plan beside 8 CPU slots: neither kind has the job's 16 alone.
+    with pytest.raises(APIProblem) as refused:
+        check_memory(
+            full_pi05(gpus=16), [LiveWorker(gpus=8, gpu_memory=80 * GB), LiveWorker(gpus=8, gpu_memory=None)]
+        )
+    assert refused.value.param == "gpus"
 
 
 @pytest.mark.slow
@@ -206,10 +215,6 @@ def test_a_gangs_refusal_names_the_setting_that_would_make_it_fit(
 
 def test_a_gang_that_its_hosts_gpus_hold_is_accepted() -> None:
     check_memory(full_pi05(gpus=16), [LiveWorker(gpus=8, gpu_memory=16 * GB)] * 2)
-    # CPU slots report no memory: they hold anything, beside GPUs that hold the plan.
-    check_memory(
-        full_pi05(gpus=16), [LiveWorker(gpus=8, gpu_memory=16 * GB), LiveWorker(gpus=8, gpu_memory=None)]
-    )
     # A gang of 16 from hosts of 8, 4 and 4 GPUs, one host too small to take part.
     hosts = [LiveWorker(gpus=8, gpu_memory=24 * GB), LiveWorker(gpus=4, gpu_memory=24 * GB)]
     check_memory(full_pi05(gpus=16), [*hosts, hosts[1], LiveWorker(gpus=8, gpu_memory=8 * GB)])
