@@ -203,7 +203,7 @@ def test_a_killed_host_ends_the_group_and_the_job_resumes_on_a_new_gang(
     assert attempts in (2, 3)
     events = job.events()
     resumed = next(e for e in events if e.get("event") == "resumed")
-    assert resumed["attempt"] == 2 and resumed["step"] >= last_checkpoint
+    assert resumed["attempt"] >= 2 and resumed["step"] >= last_checkpoint
     assert [e["step"] for e in events if "grad_norm" in e] == [10, 20, 30, 40]
     with stack.sessions() as session:
         rounds = session.scalars(select(FineTuneHost.round).where(FineTuneHost.job_id == job.id)).all()
