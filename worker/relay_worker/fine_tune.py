@@ -203,6 +203,13 @@ def run_fine_tune(
 
     `publish` wakes another worker up for the job (a gang that still misses hosts)."""
     settings = settings or get_settings()
+    if shutdown.under_way():
+        # A worker on its way out would give the job straight back, and take the next delivery
+        # again: leave it to the others, and make sure one of them hears of it.
+        if publish is not None:
+            time.sleep(1.0)
+            publish(job_id)
+        return "not claimed: this worker is shutting down"
     db_sessions = session_factory(settings)
     gpus = lifecycle.requested_gpus(db_sessions, job_id)
     gang: Gang | None = None
