@@ -112,7 +112,7 @@ def test_a_job_of_two_hosts_runs_as_one_group_and_learns_what_one_process_does(
     assert sorted((seat.round, seat.seat, seat.processes) for seat in seats) == [(1, 0, 1), (1, 1, 1)]
     assert len({seat.worker for seat in seats}) == 2
     assert len({seat.endpoint for seat in seats}) == 1
-    launch = stack.settings.job_dir(gang.id) / "launch"
+    launch = stack.settings.job_dir(gang.id) / "launch" / "attempt-1"
     assert sorted(path.name for path in (launch / "host-0").glob("rank-*.pid")) + sorted(
         path.name for path in (launch / "host-1").glob("rank-*.pid")
     ) in (["rank-0.pid", "rank-1.pid"], ["rank-1.pid", "rank-0.pid"])
@@ -180,7 +180,7 @@ def test_a_killed_host_ends_the_group_and_the_job_resumes_on_a_new_gang(
     job = train(config(dataset, gpus=2, steps=40), client=client)
     checkpoints = lambda: [e["step"] for e in job.events() if e.get("event") == "checkpoint"]  # noqa: E731
     wait_for(checkpoints, 300, "the job's first checkpoint", every=0.1)
-    launch = stack.settings.job_dir(job.id) / "launch"
+    launch = stack.settings.job_dir(job.id) / "launch" / "attempt-1"
     rank0_seat = 0 if (launch / "host-0" / "rank-0.pid").exists() else 1
     with stack.sessions() as session:
         seats = {
@@ -197,13 +197,13 @@ def test_a_killed_host_ends_the_group_and_the_job_resumes_on_a_new_gang(
 
     job.wait(poll=1, timeout=600)
     assert job.status == "completed" and job.step == 40, job.to_dict()
-    # One attempt is lost to the kill. In the whole suite, on a loaded machine, the job once took a
-    # third attempt (not seen alone, and not yet explained); it still resumed from its checkpoint.
+    # One attempt is lost to the kill. (The first attempt's launcher on the surviving host may still
+    # be winding down while the second runs: launch directories are per attempt, so it cannot stop it.)
     attempts = job.to_dict()["attempts"]
-    assert attempts in (2, 3)
+    assert attempts == 2
     events = job.events()
     resumed = next(e for e in events if e.get("event") == "resumed")
-    assert resumed["attempt"] >= 2 and resumed["step"] >= last_checkpoint
+    assert resumed["attempt"] == 2 and resumed["step"] >= last_checkpoint
     assert [e["step"] for e in events if "grad_norm" in e] == [10, 20, 30, 40]
     with stack.sessions() as session:
         rounds = session.scalars(select(FineTuneHost.round).where(FineTuneHost.job_id == job.id)).all()

@@ -404,7 +404,9 @@ def _rendezvous(settings: Settings, gang: Gang) -> Rendezvous:
         serves=gang.seat.seat == 0,
         join_timeout_seconds=settings.gang_wait_seconds,
         local_addr=settings.worker_address,
-        name=f"host-{gang.seat.seat}",
+        # Per attempt: a launcher of an older attempt that is still winding down (its peer died)
+        # must not touch this attempt's stop file.
+        name=f"attempt-{gang.claim.attempt}/host-{gang.seat.seat}",
     )
 
 
