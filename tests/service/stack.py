@@ -186,6 +186,9 @@ class Stack:
             "RELAY_METRICS": "true",
             # A gang's rendezvous (tests/service/test_gang_jobs.py): every "host" is this machine.
             "RELAY_WORKER_ADDRESS": "127.0.0.1",
+            # A gang that cannot form holds a worker this long (300 s by default): a gang job left
+            # behind by a failed test must not hold the shared worker from every later test.
+            "RELAY_GANG_WAIT_SECONDS": "60",
         }
         self.settings = Settings(
             **{
@@ -233,6 +236,13 @@ class Stack:
                 self._worker.start()
                 self._worker.wait_ready()
             return self._worker
+
+    def stop_worker(self) -> None:
+        """Stop the shared worker (the next `worker()` starts it again): a test that must know which
+        workers read the jobs' queue."""
+        with self._lock:
+            if self._worker is not None:
+                self._worker.stop()
 
     def start_standby_worker(self, **settings: str) -> WorkerProcess:
         """A second worker, starting now (not waited for); `adopt` makes it the shared one.

@@ -10,6 +10,8 @@ mid-run ends the whole group, and the job resumes on a new gang from its last ch
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,11 +22,15 @@ from safetensors.torch import load_file
 from sqlalchemy import func, select
 
 from relay._http import Client
+from relay.sft import status as st
 from relay.sft.config import SFTConfig
 from relay.sft.job import FineTuneJob
 from relay.sft.train import train
+from relay_api import fine_tunes
+from relay_api.db import utcnow
+from relay_api.errors import APIProblem
 from relay_api.fine_tunes import live_workers
-from relay_api.models import FineTuneHost
+from relay_api.models import FineTune, FineTuneHost
 from tests.service.stack import ApiServer, Stack, WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
@@ -36,13 +42,44 @@ STEPS = 10
 
 @pytest.fixture(scope="module")
 def two_hosts(stack: Stack) -> Iterator[list[WorkerProcess]]:
-    """Two workers of one slot each, on the jobs' queue."""
+    """Two workers of one slot each, and no other worker on the jobs' queue: the shared worker (one
+    slot too) would take gang seats, and the tests must know which hosts hold them."""
+    stack.stop_worker()
     hosts = [stack.start_standby_worker(RELAY_WORKER_SLOTS="1") for _ in range(2)]
     for host in hosts:
         host.wait_ready()
     yield hosts
     for host in hosts:
         host.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_gang_job_outlives_its_test(stack: Stack) -> Iterator[None]:
+    """Cancel what a test left unfinished (it failed, say), while its hosts still run: a gang job
+    left queued would hold a one-slot worker in a gang that never forms, test after test."""
+    since = utcnow() - dt.timedelta(seconds=1)
+    yield
+    with stack.sessions() as session:
+        left = session.execute(
+            select(FineTune.id, FineTune.user_id).where(
+                FineTune.created_at >= since, FineTune.status.not_in(st.TERMINAL)
+            )
+        ).all()
+        for job_id, user_id in left:
+            with contextlib.suppress(APIProblem):
+                fine_tunes.cancel(session, user_id, job_id)
+
+    def unfinished() -> int:
+        with stack.sessions() as session:
+            ids = [job_id for job_id, _ in left]
+            return len(
+                session.scalars(
+                    select(FineTune.id).where(FineTune.id.in_(ids), FineTune.status.not_in(st.TERMINAL))
+                ).all()
+            )
+
+    if left:
+        wait_for(lambda: unfinished() == 0, 120, "the cancelled jobs to end")
 
 
 @pytest.fixture
