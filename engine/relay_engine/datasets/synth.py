@@ -10,8 +10,9 @@ dot in the image (and read the prompt when there are several tasks).
   mixes of that same offset, so every action dimension needs the target too.
 - cameras: the first camera sees the plane from `top_view` (centre and zoom; by default the
   whole plane); the others are "wrist" views centred on the gripper at `wrist_zoom`. The dot's
-  radius is a tenth of the plane, so it stays visible after a policy resizes the image to a few
-  dozen pixels.
+  radius is a fifth of the plane's width (0.4 in [-1, 1]), so it spans several patches once a
+  policy resizes the image to a few dozen pixels (pi05-tiny's vision tower sees 32 px in 8 px
+  patches and did not learn to find a dot half that size).
 - variants: which colours are the tasks (`colours`), `distractors` (extra dots of colours no task
   names), camera placement (`top_view`, `wrist_zoom`) and the widths make a family of related
   tasks; the pi05-tiny base is pretrained on many of them (scripts/pretrain_tiny.py), and the
@@ -35,7 +36,7 @@ DEFAULT_CAMERAS: dict[str, tuple[int, int]] = {
 }
 # Fraction of the remaining offset covered per frame: about 95% of the way in 20 frames.
 GAIN = 0.15
-DOT_RADIUS = 0.2  # in plane units, the plane being [-1, 1]^2
+DOT_RADIUS = 0.4  # in plane units, the plane being [-1, 1]^2
 RING_RADIUS = 0.16
 WRIST_ZOOM = 2.0
 

@@ -57,6 +57,12 @@ def _rng_file(directory: Path, rank: int) -> Path:
     return directory / RNG_DIR / f"rank-{rank:05d}.pt"
 
 
+def _alone() -> bool:
+    """One process and no process group: DCP then reads and writes without collectives (and
+    without warning, on every checkpoint, that it assumed so)."""
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized())
+
+
 def save_sharded(
     store: CheckpointStore,
     step: int,
@@ -74,7 +80,11 @@ def save_sharded(
         model_state, optimizer_state = get_state_dict(
             learner.model, learner.optimizer, options=TRAINABLE_ONLY
         )
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp / STATE_DIR)
+        dcp.save(
+            {"model": model_state, "optimizer": optimizer_state},
+            checkpoint_id=tmp / STATE_DIR,
+            no_dist=_alone(),
+        )
         rng_path = _rng_file(tmp, _rank(parallel))
         rng_path.parent.mkdir(exist_ok=True)
         torch.save(learner.rng_state(), rng_path)
@@ -101,11 +111,12 @@ def load_sharded(directory: Path, learner: Learner, parallel: Parallel | None) -
     # Every trainable weight must be there. Moments may be missing: a weight no pass reaches (the
     # language model's last norm) has none after a run of one process, while DDP and FSDP give it
     # zero gradients and so zero moments, which is what a missing one starts as here.
-    dcp.load({"model": model_state}, checkpoint_id=directory / STATE_DIR)
+    dcp.load({"model": model_state}, checkpoint_id=directory / STATE_DIR, no_dist=_alone())
     dcp.load(
         {"optimizer": optimizer_state},
         checkpoint_id=directory / STATE_DIR,
         planner=DefaultLoadPlanner(allow_partial_load=True),
+        no_dist=_alone(),
     )
     set_state_dict(
         learner.model,

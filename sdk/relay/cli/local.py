@@ -239,6 +239,11 @@ def evaluate(
     model: str = typer.Option(..., help="A base model name (pi05-tiny) or an output directory."),
     dataset: str = typer.Option(..., help="A Hub dataset repo id or a local dataset directory."),
     episodes: str | None = typer.Option(None, help="Evaluate on these episodes only, like 40-49."),
+    blind_from: str | None = typer.Option(
+        None,
+        help="Also score the blind baseline: always the mean chunk of these (training) episodes, "
+        "like 0-39. A policy that looks must beat it.",
+    ),
     batch_size: int = typer.Option(32, help="Frames per sampling batch."),
     num_steps: int = typer.Option(10, help="Euler steps of the sampler."),
     seed: int = typer.Option(0, help="Seeds the sampler's noise."),
@@ -268,12 +273,26 @@ def evaluate(
         result = evaluation.evaluate_actions(
             policy, data, list(indices), batch_size=batch_size, num_steps=num_steps, seed=seed
         )
-    except errors.EngineError as error:
+        blind = None
+        if blind_from is not None:
+            training = data.indices_of_episodes(parse_episodes(blind_from))
+            blind = evaluation.blind_baseline(data, training, data, list(indices)).mse
+    except (errors.EngineError, ValueError) as error:
         fail(str(error))
     if json_output:
-        print(json.dumps({"mse": result.mse, "frames": result.samples}))
-    else:
-        print(f"action MSE {result.mse:.4f} (normalized units) over {result.samples} frames")
+        print(json.dumps({"mse": result.mse, "frames": result.samples, "blind_mse": blind}))
+        return
+    print(f"action MSE {result.mse:.4f} (normalized units) over {result.samples} frames")
+    if blind is not None:
+        better = ""
+        if result.mse > 0:
+            ratio = blind / result.mse
+            better = (
+                f": the model is {ratio:.2f}x better"
+                if ratio >= 1
+                else f": the model is {1 / ratio:.2f}x worse"
+            )
+        print(f"blind baseline {blind:.4f} (always the mean chunk of episodes {blind_from}){better}")
 
 
 def _evaluate_relational(

@@ -97,10 +97,11 @@ def test_task_variants_change_what_the_cameras_see(tmp_path: Path) -> None:
     # The top camera's placement: a shifted, zoomed view shows the dot elsewhere, and larger.
     rng = np.random.default_rng(0)
     dot, background = np.array([[0.3, 0.0]]), np.array([120, 120, 120])
-    plain = render((64, 64), np.zeros(2), dot, ["red"], background, wrist=False, noise=0, rng=rng)
+    gripper = np.array([-0.8, 0.8])  # its ring out of the way of the dot
+    plain = render((64, 64), gripper, dot, ["red"], background, wrist=False, noise=0, rng=rng)
     moved = render(
         (64, 64),
-        np.zeros(2),
+        gripper,
         dot,
         ["red"],
         background,

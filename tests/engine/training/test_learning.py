@@ -2,10 +2,10 @@
 saw (the orange dot; orange is held out of its pretraining), against the blind baseline (always
 the training frames' mean chunk) and the base before tuning, on held-out episodes.
 
-The demo runs the full-size version (examples/demo.py); this one is shorter and seeded. Measured:
-blind 0.0180, base 0.1200, tuned 0.0341. Fine-tuning improves on the base by 3.5x, which is what
-this checks; it does not yet beat the blind baseline (see docs/getting-started.md), so that is
-printed, not asserted.
+The demo runs the full-size version (examples/demo.py: 1,500 steps on 400 episodes, 3.1x better
+than blind); this one is shorter and seeded: 800 steps on 160 episodes. Measured: blind 0.0386,
+base 0.0544, tuned 0.0270 (1.43x better than blind). It checks that the tuned model beats both
+the base and the blind baseline on episodes it never trained on.
 """
 
 from __future__ import annotations
@@ -18,17 +18,29 @@ from relay_engine.models import load_policy
 from relay_engine.recipe import Recipe, run_recipe
 from relay_engine.training.evaluate import blind_baseline, evaluate_actions
 
-TRAIN_EPISODES = list(range(24))
-HELD_OUT_EPISODES = list(range(24, 30))
-STEPS = 80
+TRAIN_EPISODES = list(range(160))
+HELD_OUT_EPISODES = list(range(160, 180))
+STEPS = 800
 
 
-def test_fine_tuning_the_base_on_an_unseen_task_improves_on_the_base(tmp_path: Path) -> None:
+def test_fine_tuning_the_base_on_an_unseen_task_beats_the_base_and_the_blind_baseline(
+    tmp_path: Path,
+) -> None:
     dataset_path = write_synthetic_dataset(
-        tmp_path / "orange", episodes=30, episode_length=(30, 40), colours=["orange"], seed=11
+        tmp_path / "orange",
+        episodes=len(TRAIN_EPISODES) + len(HELD_OUT_EPISODES),
+        episode_length=(20, 30),
+        cameras={"observation.images.top": (64, 64)},
+        colours=["orange"],
+        seed=0,
     )
     config = SFTConfig(
-        model="pi05-tiny", dataset_name=str(dataset_path), batch_size=16, learning_rate=1e-3, steps=STEPS
+        model="pi05-tiny",
+        dataset_name=str(dataset_path),
+        finetune="full",
+        batch_size=16,
+        learning_rate=1e-3,
+        steps=STEPS,
     )
     recipe = Recipe.from_config(config, episodes=TRAIN_EPISODES, num_workers=0)
     result = run_recipe(
@@ -47,3 +59,4 @@ def test_fine_tuning_the_base_on_an_unseen_task_improves_on_the_base(tmp_path: P
     tuned = evaluate_actions(load_policy(str(result.output_dir)), dataset, held_out).mse
     print(f"held-out action MSE: blind {blind:.4f}, base {base:.4f}, tuned {tuned:.4f}")
     assert tuned < base
+    assert tuned < blind, f"tuned {tuned:.4f} does not beat the blind baseline {blind:.4f}"

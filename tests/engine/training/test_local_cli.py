@@ -66,11 +66,13 @@ def test_local_train_prints_events_resumes_and_the_output_evaluates(
         str(synthetic_dataset_path),
         "--episodes",
         "0-1",
+        "--blind-from",
+        "2-3",
         "--json",
     )
     assert evaluated.returncode == 0, evaluated.stderr
     result = json.loads(evaluated.stdout)
-    assert result["mse"] > 0 and result["frames"] > 0
+    assert result["mse"] > 0 and result["frames"] > 0 and result["blind_mse"] > 0
 
 
 @pytest.mark.parametrize(
