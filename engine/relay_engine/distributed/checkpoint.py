@@ -17,9 +17,11 @@ A run on one process with no group writes the same layout, so it can be resumed 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +59,13 @@ def _rng_file(directory: Path, rank: int) -> Path:
     return directory / RNG_DIR / f"rank-{rank:05d}.pt"
 
 
-def _alone() -> bool:
-    """One process and no process group: DCP then reads and writes without collectives (and
-    without warning, on every checkpoint, that it assumed so)."""
-    return not (torch.distributed.is_available() and torch.distributed.is_initialized())
+@contextlib.contextmanager
+def _single_process_quietly() -> Iterator[None]:
+    """DCP without a process group reads and writes as one process, and says so in a UserWarning
+    on every call; a one-process run checkpoints without collectives by design."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
 
 
 def save_sharded(
@@ -80,11 +85,8 @@ def save_sharded(
         model_state, optimizer_state = get_state_dict(
             learner.model, learner.optimizer, options=TRAINABLE_ONLY
         )
-        dcp.save(
-            {"model": model_state, "optimizer": optimizer_state},
-            checkpoint_id=tmp / STATE_DIR,
-            no_dist=_alone(),
-        )
+        with _single_process_quietly():
+            dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp / STATE_DIR)
         rng_path = _rng_file(tmp, _rank(parallel))
         rng_path.parent.mkdir(exist_ok=True)
         torch.save(learner.rng_state(), rng_path)
@@ -111,13 +113,13 @@ def load_sharded(directory: Path, learner: Learner, parallel: Parallel | None) -
     # Every trainable weight must be there. Moments may be missing: a weight no pass reaches (the
     # language model's last norm) has none after a run of one process, while DDP and FSDP give it
     # zero gradients and so zero moments, which is what a missing one starts as here.
-    dcp.load({"model": model_state}, checkpoint_id=directory / STATE_DIR, no_dist=_alone())
-    dcp.load(
-        {"optimizer": optimizer_state},
-        checkpoint_id=directory / STATE_DIR,
-        planner=DefaultLoadPlanner(allow_partial_load=True),
-        no_dist=_alone(),
-    )
+    with _single_process_quietly():
+        dcp.load({"model": model_state}, checkpoint_id=directory / STATE_DIR)
+        dcp.load(
+            {"optimizer": optimizer_state},
+            checkpoint_id=directory / STATE_DIR,
+            planner=DefaultLoadPlanner(allow_partial_load=True),
+        )
     set_state_dict(
         learner.model,
         learner.optimizer,

@@ -30,6 +30,11 @@ from relay_engine.training.checkpoint import POINTER, CheckpointStore, write_ato
 STEPS = 4
 CHECKPOINT_EVERY = 2
 TOLERANCE = 1e-5
+# Gradient norms after a few AdamW steps: one process and two round differently (their matmuls run
+# on different thread counts), and Adam turns that into small weight differences. Seen: 2.1e-5
+# relative at step 3 in one whole-suite run, under 1e-5 in others. A wrong reduction (a rank's
+# samples weighed wrongly) is off by percents.
+GRAD_NORM_TOLERANCE = 1e-4
 LEARNING_RATE = 1e-3
 # Full fine-tuning's share of weights where AdamW turns rounding noise into steps (see assert_same_weights).
 FULL_NOISE_SHARE = 1e-3
@@ -110,7 +115,7 @@ def assert_same_losses(expected: list[dict[str, Any]], actual: list[dict[str, An
     assert sorted(got) == list(steps)
     for step in steps:
         assert got[step]["loss"] == pytest.approx(by_step[step]["loss"], abs=TOLERANCE), f"step {step}"
-        assert got[step]["grad_norm"] == pytest.approx(by_step[step]["grad_norm"], rel=TOLERANCE), (
+        assert got[step]["grad_norm"] == pytest.approx(by_step[step]["grad_norm"], rel=GRAD_NORM_TOLERANCE), (
             f"step {step}"
         )
 
