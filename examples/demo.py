@@ -27,12 +27,12 @@ PORT = int(os.environ.get("RELAY_DEMO_PORT", "8765"))
 # the tiny base's vision tower has to learn the new colour, which LoRA on the action expert cannot.
 STEPS = 1500
 BATCH_SIZE = 16
-LEARNING_RATE = 1e-3
+LEARNING_RATE = 2e-3
 # Enough episodes that the gripper's state cannot tell them apart: a policy that learned them by
 # heart would fail on the held-out ones; this one has to find the dot.
 EPISODES = 400
 HELD_OUT_EPISODES = 40
-CAMERAS = {"observation.images.top": (64, 64)}
+CAMERAS = {"observation.images.top": (64, 64), "observation.images.wrist": (64, 64)}
 
 
 def start_server() -> subprocess.Popen[bytes]:
@@ -74,7 +74,7 @@ def main() -> None:
     held_out_dir = write_synthetic_dataset(
         HOME / "orange-dot-held-out", episodes=HELD_OUT_EPISODES, seed=1, **task
     )
-    print(f"dataset: {dataset_dir} ({EPISODES} episodes, a top camera, 2-D state and action)")
+    print(f"dataset: {dataset_dir} ({EPISODES} episodes, a top and a wrist camera, 2-D state and action)")
     print(f"held-out episodes: {held_out_dir} ({HELD_OUT_EPISODES} more, never trained on)")
 
     print("starting relay server ...", flush=True)
