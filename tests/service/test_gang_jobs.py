@@ -59,27 +59,19 @@ def no_gang_job_outlives_its_test(stack: Stack) -> Iterator[None]:
     left queued would hold a one-slot worker in a gang that never forms, test after test."""
     since = utcnow() - dt.timedelta(seconds=1)
     yield
+    unfinished = FineTune.created_at >= since, FineTune.status.not_in(st.TERMINAL)
     with stack.sessions() as session:
-        left = session.execute(
-            select(FineTune.id, FineTune.user_id).where(
-                FineTune.created_at >= since, FineTune.status.not_in(st.TERMINAL)
-            )
-        ).all()
+        left = session.execute(select(FineTune.id, FineTune.user_id).where(*unfinished)).all()
         for job_id, user_id in left:
             with contextlib.suppress(APIProblem):
                 fine_tunes.cancel(session, user_id, job_id)
 
-    def unfinished() -> int:
+    def still_running() -> int:
         with stack.sessions() as session:
-            ids = [job_id for job_id, _ in left]
-            return len(
-                session.scalars(
-                    select(FineTune.id).where(FineTune.id.in_(ids), FineTune.status.not_in(st.TERMINAL))
-                ).all()
-            )
+            return session.scalar(select(func.count()).select_from(FineTune).where(*unfinished)) or 0
 
     if left:
-        wait_for(lambda: unfinished() == 0, 120, "the cancelled jobs to end")
+        wait_for(lambda: still_running() == 0, 120, "the cancelled jobs to end")
 
 
 @pytest.fixture
