@@ -1,4 +1,4 @@
-"""A job's files: the output (model.safetensors, config.json, norm_stats.json) and its checkpoints.
+"""A job's files: the output (model.safetensors, configs, processors, norm stats) and its checkpoints.
 
 Paths are relative to the job's work directory and always start with ``output/`` or
 ``checkpoints/``; nothing else in the data directory can be named. The output's sha256 is recorded

@@ -195,7 +195,7 @@ def _status_and_events(db_sessions: Any, job_id: str, after: int | None) -> tupl
 
 @router.get("/{job_id}/files", summary="A fine-tune's files", responses={200: {"model": schemas.FileList}})
 def list_files(job_id: JobId, request: Request, user: CurrentUser, settings: SettingsDep) -> Response:
-    """The output (once completed: model.safetensors, config.json, norm_stats.json) and the checkpoints,
+    """The output (once completed: model.safetensors, configs, processors, norm stats) and the checkpoints,
     each with its size and sha256."""
     with read_db(request) as db:
         job = fine_tunes.get(db, user, job_id)

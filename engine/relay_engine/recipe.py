@@ -272,7 +272,7 @@ def _run(
 
     whole = gathered_policy(model, parallel)
     if whole is not None:
-        write_output(whole, output_dir, dataset.norm_stats.to_json())
+        write_output(whole, output_dir, dataset)
     if parallel is not None:
         parallel.barrier()  # the output is whole before any process reports completion
     return RecipeResult(

@@ -170,10 +170,13 @@ def test_fine_tunes_commands(
 
     listing = run("fine-tunes", "download", job_id, "--dir", str(tmp_path / "weights"))
     assert "model.safetensors" in listing
-    assert {p.name for p in (tmp_path / "weights").iterdir()} == {
+    assert {p.name for p in (tmp_path / "weights").iterdir()} >= {
         "model.safetensors",
         "config.json",
+        "relay_config.json",
         "norm_stats.json",
+        "policy_preprocessor.json",
+        "policy_postprocessor.json",
     }
 
     finished = runner.invoke(app, ["fine-tunes", "cancel", job_id], env=env)

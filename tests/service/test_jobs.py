@@ -88,11 +88,23 @@ def test_a_job_runs_to_completion_with_its_events_and_files(
 
     files = {f["path"]: f for f in job.files(checkpoints=True)}
     outputs = {p for p in files if p.startswith("output/")}
-    assert outputs == {"output/model.safetensors", "output/config.json", "output/norm_stats.json"}
+    assert outputs == {
+        f"output/{name}"
+        for name in (
+            "model.safetensors",
+            "config.json",
+            "relay_config.json",
+            "norm_stats.json",
+            "policy_preprocessor.json",
+            "policy_preprocessor_step_3_normalizer_processor.safetensors",
+            "policy_postprocessor.json",
+            "policy_postprocessor_step_0_unnormalizer_processor.safetensors",
+        )
+    }
     assert any(p.startswith("checkpoints/step-00000020/") for p in files)
 
     target = job.download(tmp_path / "weights")
-    for name in ("model.safetensors", "config.json", "norm_stats.json"):
+    for name in ("model.safetensors", "config.json", "relay_config.json", "norm_stats.json"):
         local = target / name
         assert sha256(local) == files[f"output/{name}"]["sha256"]
         assert local.stat().st_size == files[f"output/{name}"]["bytes"]

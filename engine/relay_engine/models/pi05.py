@@ -44,6 +44,7 @@ from relay_engine.models.layers import (
     posemb_sincos,
     rope_tables,
 )
+from relay_engine.models.lerobot_files import RobotFeatures
 from relay_engine.models.processor import Pi05Batch, Pi05Collator
 from relay_engine.models.tokenizer import Tokenizer
 from relay_engine.modules import ModuleSequence
@@ -406,11 +407,12 @@ class Pi05Policy(nn.Module):
             x = x + dt * velocity
         return x
 
-    def save_pretrained(self, directory: str | Path) -> None:
-        """model.safetensors (lerobot's names, any adapters merged) and config.json."""
+    def save_pretrained(self, directory: str | Path, features: RobotFeatures | None = None) -> None:
+        """model.safetensors (lerobot's names, any adapters merged), relay_config.json, and lerobot's
+        config.json (with the robot's cameras, state and action as its features, when given)."""
         from relay_engine.models.weights import save_policy
 
-        save_policy(self, Path(directory))
+        save_policy(self, Path(directory), features)
 
 
 def _randn(shape: tuple[int, ...] | torch.Size, generator: torch.Generator | None) -> torch.Tensor:

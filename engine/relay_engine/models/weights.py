@@ -25,10 +25,14 @@ from torch import nn
 from relay.catalog import ACTION_HORIZON, MODELS
 from relay_engine.errors import ConfigError
 from relay_engine.models.config import Pi05Config, named_config
+from relay_engine.models.lerobot_files import RobotFeatures, write_lerobot_config
 from relay_engine.models.pi05 import Pi05Policy
 
 WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
+# Relay's description of the model. config.json beside it is lerobot's (models.lerobot_files); outputs
+# written before that split kept Relay's description in config.json, and are still read.
+CONFIG_FILE = "relay_config.json"
+OLD_CONFIG_FILE = "config.json"
 CONFIG_FORMAT = "relay-pi05"
 BASE_REPO = {"pi05": "lerobot/pi05_base"}
 # The pi05-tiny base ships inside the package: pretrained on synthetic tasks by
@@ -122,9 +126,13 @@ def load_policy(
 def _read_config(directory: Path, seed: int) -> Pi05Config:
     path = directory / CONFIG_FILE
     if not path.is_file():
+        path = directory / OLD_CONFIG_FILE
+    if not path.is_file():
         if (directory / WEIGHTS_FILE).is_file():
             return named_config("pi05", seed=seed)  # a bare lerobot/openpi pi05 weights file
-        raise ConfigError(f"{directory}: no {CONFIG_FILE}; cannot tell which model this is")
+        raise ConfigError(
+            f"{directory}: no {CONFIG_FILE} or {OLD_CONFIG_FILE}; cannot tell which model this is"
+        )
     try:
         data: dict[str, Any] = json.loads(path.read_text())
     except json.JSONDecodeError as error:
@@ -155,8 +163,9 @@ def _fetch_from_hub(repo: str) -> Path:
 
     try:
         weights = Path(download(WEIGHTS_FILE))
-        with contextlib.suppress(EntryNotFoundError):  # then the weights say pi05 by their shapes
-            download(CONFIG_FILE)
+        for config_file in (CONFIG_FILE, OLD_CONFIG_FILE):  # without either, the weights are pi05's
+            with contextlib.suppress(EntryNotFoundError):
+                download(config_file)
     except Exception as error:  # offline, gated, missing: say which and how to fix it
         raise ConfigError(
             f"cannot get {WEIGHTS_FILE} of {repo} from {endpoint} "
@@ -257,7 +266,9 @@ def exported_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
     return merged
 
 
-def save_policy(policy: Pi05Policy, directory: Path) -> None:
+def save_policy(policy: Pi05Policy, directory: Path, features: RobotFeatures | None = None) -> None:
+    """model.safetensors, Relay's relay_config.json and lerobot's config.json (with the robot's
+    cameras, state and action as its features, when they are known)."""
     directory.mkdir(parents=True, exist_ok=True)
     state = to_lerobot_state_dict(exported_state_dict(policy))
     save_file(
@@ -267,3 +278,4 @@ def save_policy(policy: Pi05Policy, directory: Path) -> None:
     )
     config = {"format": CONFIG_FORMAT, **policy.config.to_dict()}
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    write_lerobot_config(directory, policy.config, features)

@@ -1,4 +1,5 @@
-"""Writing a trained model out: merged weights, config and norm stats."""
+"""Writing a trained model out: merged weights, Relay's and lerobot's configs, norm stats and
+lerobot's processor files."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import uuid
 from pathlib import Path
 
 from relay_engine.models import Pi05Policy
+from relay_engine.models.lerobot_files import DescribesRobot, RobotFeatures, write_processors
 from relay_engine.tuning import merged_policy
 
 
-def write_output(model: Pi05Policy, output_dir: Path, norm_stats_json: str | None) -> None:
-    """Merged weights, config and norm stats, written beside the target and renamed into place.
+def write_output(model: Pi05Policy, output_dir: Path, dataset: DescribesRobot | None) -> None:
+    """Merged weights and configs, plus (given the training dataset) its norm stats in openpi's
+    layout and lerobot's processors, written beside the target and renamed into place.
 
     A new output directory appears whole. Into an existing one (a local run's directory, which
     also holds its checkpoints, or the output of an attempt that finished writing but not
@@ -20,10 +23,13 @@ def write_output(model: Pi05Policy, output_dir: Path, norm_stats_json: str | Non
     """
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = output_dir.with_name(f".{output_dir.name}.{uuid.uuid4().hex}.tmp")
+    features = RobotFeatures.of(dataset) if dataset is not None else None
     try:
-        merged_policy(model).save_pretrained(tmp)
-        if norm_stats_json is not None:
-            (tmp / "norm_stats.json").write_text(norm_stats_json)
+        merged = merged_policy(model)
+        merged.save_pretrained(tmp, features)
+        if dataset is not None and features is not None:
+            (tmp / "norm_stats.json").write_text(dataset.norm_stats.to_json())
+            write_processors(tmp, merged.config, features, dataset.norm_stats)
         if output_dir.exists():
             for path in sorted(tmp.iterdir()):
                 os.replace(path, output_dir / path.name)

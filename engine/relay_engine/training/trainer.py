@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 
@@ -31,6 +31,7 @@ from relay.sft.config import SFTConfig
 from relay_engine.distributed import Parallel, batch_slice, choose_strategy, gathered_policy, join, launched
 from relay_engine.errors import ConfigError
 from relay_engine.models import Pi05Batch, Pi05Policy
+from relay_engine.models.lerobot_files import DescribesRobot
 from relay_engine.training.data import BatchOrder, DataPosition, MapDataset, batch_loader
 from relay_engine.training.export import write_output
 from relay_engine.training.learner import Learner
@@ -180,10 +181,14 @@ class Trainer:
     def _write(self, directory: Path) -> None:
         whole = gathered_policy(self.model, self.parallel)
         if whole is not None:
-            write_output(whole, directory, self._norm_stats_json())
+            write_output(whole, directory, self._robot())
         if self.parallel is not None:
             self.parallel.barrier()
 
-    def _norm_stats_json(self) -> str | None:
-        stats = getattr(self.train_dataset, "norm_stats", None)
-        return stats.to_json() if stats is not None else None
+    def _robot(self) -> DescribesRobot | None:
+        """The training dataset, when it is a robot's (a LeRobot dataset): its stats and features
+        go into the output; any other map-style dataset gives weights and configs only."""
+        dataset = self.train_dataset
+        if all(hasattr(dataset, name) for name in ("norm_stats", "camera_map", "summary")):
+            return cast(DescribesRobot, dataset)
+        return None

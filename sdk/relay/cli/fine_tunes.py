@@ -190,7 +190,7 @@ def download(
     directory: Path | None = typer.Option(None, "--dir", help="Where to put the files (default: ./JOB_ID)."),
     checkpoints: bool = typer.Option(False, "--checkpoints", help="Also download the checkpoints."),
 ) -> None:
-    """Download a completed fine-tune's weights (model.safetensors, config.json, norm_stats.json)."""
+    """Download a completed fine-tune's output: weights, configs, processors and norm stats."""
     with _clear_errors():
         job = sft.retrieve(job_id)
         target = job.download(directory or Path(job_id), checkpoints=checkpoints)

@@ -159,7 +159,7 @@ class FineTuneJob:
         return [f for f in page["data"] if checkpoints or f["path"].startswith("output/")]
 
     def download(self, dir: str | Path, *, checkpoints: bool = False, progress: bool | None = None) -> Path:
-        """Download the trained weights (model.safetensors, config.json, norm_stats.json) into `dir`,
+        """Download the output (model.safetensors, configs, processors, norm stats) into `dir`,
         each checked against its sha256; with `checkpoints`, also checkpoints/. Returns `dir`."""
         if not checkpoints:
             self.refresh()

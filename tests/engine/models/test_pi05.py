@@ -155,8 +155,12 @@ def test_save_and_load_round_trip(policy: Pi05Policy, tmp_path: Path) -> None:
     # What lerobot's pi05 file holds: the embedding as the tied lm_head.
     assert "model.paligemma_with_expert.paligemma.lm_head.weight" in saved
     assert not any(k.endswith("embed_tokens.weight") for k in saved)
-    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    config = json.loads((tmp_path / "out" / "relay_config.json").read_text())
     assert config["model"] == "pi05-tiny" and config["action_horizon"] == 10
+    # Beside it, lerobot's config: its pi05 type, the horizon as its chunk; no robot features are known
+    # without a dataset.
+    lerobot = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert lerobot["type"] == "pi05" and lerobot["chunk_size"] == 10 and lerobot["input_features"] == {}
     loaded = load_policy(tmp_path / "out")
     for (name, a), b in zip(policy.state_dict().items(), loaded.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
@@ -196,7 +200,10 @@ def test_load_errors_name_the_problem(tmp_path: Path) -> None:
     save_file(weights, str(tmp_path / "out" / "model.safetensors"))
     with pytest.raises(ConfigError, match="1 missing"):
         load_policy(tmp_path / "out")
-    # Weights without a config.json are taken for lerobot's pi05, which these are not.
+    # Weights with only lerobot's config.json, or none, are taken for lerobot's pi05, which these are not.
+    (tmp_path / "out" / "relay_config.json").unlink()
+    with pytest.raises(ConfigError, match="does not fit pi05"):
+        load_policy(tmp_path / "out")
     (tmp_path / "out" / "config.json").unlink()
     with pytest.raises(ConfigError, match="does not fit pi05"):
         load_policy(tmp_path / "out")
@@ -212,6 +219,7 @@ def test_loads_from_the_hub(policy: Pi05Policy, tmp_path: Path, monkeypatch: pyt
         assert sorted(hub.downloads) == [
             "someone/tiny-pick/config.json",
             "someone/tiny-pick/model.safetensors",
+            "someone/tiny-pick/relay_config.json",
         ]
         with pytest.raises(ConfigError, match=r"cannot get model\.safetensors of someone/missing"):
             load_policy("someone/missing")

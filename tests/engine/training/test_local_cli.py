@@ -48,6 +48,8 @@ def test_local_train_prints_events_resumes_and_the_output_evaluates(
     assert {p.name for p in tmp_path.iterdir()} >= {
         "model.safetensors",
         "config.json",
+        "relay_config.json",
+        "policy_preprocessor.json",
         "norm_stats.json",
         "checkpoints",
     }

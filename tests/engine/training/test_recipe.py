@@ -103,11 +103,20 @@ def test_events_and_output_of_a_completed_run(
     assert events[-1] == {"step": 25, "event": "finished"}
 
     output = result.output_dir
-    assert sorted(p.name for p in output.iterdir()) == ["config.json", "model.safetensors", "norm_stats.json"]
+    assert sorted(p.name for p in output.iterdir()) == [
+        "config.json",  # lerobot's
+        "model.safetensors",
+        "norm_stats.json",
+        "policy_postprocessor.json",
+        "policy_postprocessor_step_0_unnormalizer_processor.safetensors",
+        "policy_preprocessor.json",
+        "policy_preprocessor_step_3_normalizer_processor.safetensors",
+        "relay_config.json",
+    ]
     assert json.loads((output / "norm_stats.json").read_text()) == json.loads(
         synthetic_dataset.norm_stats.to_json()
     )
-    config = json.loads((output / "config.json").read_text())
+    config = json.loads((output / "relay_config.json").read_text())
     assert config["model"] == "pi05-tiny" and config["tuning"]["finetune"] == "lora"
 
     # The output reloads through the constructor that loads base models, and differs from the base.
