@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import api_scale
 import httpx
 import psycopg
 import redis
@@ -149,24 +150,46 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def route_workloads(url: str, key: str, job_id: str, suffix: str = "") -> dict[str, Workload]:
+    """The service's routes as workloads: create, retrieve, list (20), a job's events (100), its files."""
+    headers = {"authorization": f"Bearer {key}"}
+    config = {"model": "pi05-tiny", "dataset_name": "bench/dataset", "steps": 10, "batch_size": 2}
+    return {
+        "create" + suffix: (url, lambda c, i: c.post("/v1/fine-tunes", json=config, headers=headers)),
+        "retrieve" + suffix: (url, lambda c, i: c.get(f"/v1/fine-tunes/{job_id}", headers=headers)),
+        "list" + suffix: (url, lambda c, i: c.get("/v1/fine-tunes", params={"limit": 20}, headers=headers)),
+        "events (100)" + suffix: (
+            url,
+            lambda c, i: c.get(f"/v1/fine-tunes/{job_id}/events", params={"limit": 100}, headers=headers),
+        ),
+        "files" + suffix: (url, lambda c, i: c.get(f"/v1/fine-tunes/{job_id}/files", headers=headers)),
+    }
+
+
 def api_latency(
     env: dict[str, str], key: str, job_id: str, per_client: int, rounds: int
 ) -> dict[str, dict[str, float]]:
-    headers = {"authorization": f"Bearer {key}"}
-    config = {"model": "pi05-tiny", "dataset_name": "bench/dataset", "steps": 10, "batch_size": 2}
     bare = Served("bench_api:bare_app", env, app_dir=ROOT / "bench")
     relay = Served("relay_api.app:create_app", {**env, "RELAY_FINE_TUNE_QUEUE": PARKED_QUEUE})
-    workloads: dict[str, tuple[str, Callable[[httpx.AsyncClient, int], Awaitable[httpx.Response]]]] = {
+    workloads: dict[str, Workload] = {
         "bare (def)": (bare.url, lambda c, i: c.get("/bare")),
         "bare (async def)": (bare.url, lambda c, i: c.get("/bare-async")),
-        "create": (relay.url, lambda c, i: c.post("/v1/fine-tunes", json=config, headers=headers)),
-        "retrieve": (relay.url, lambda c, i: c.get(f"/v1/fine-tunes/{job_id}", headers=headers)),
-        "list": (relay.url, lambda c, i: c.get("/v1/fine-tunes", params={"limit": 20}, headers=headers)),
-        "events (100)": (
-            relay.url,
-            lambda c, i: c.get(f"/v1/fine-tunes/{job_id}/events", params={"limit": 100}, headers=headers),
-        ),
+        **route_workloads(relay.url, key, job_id),
     }
+    try:
+        return take_turns(workloads, {bare.url: bare, relay.url: relay}, per_client, rounds)
+    finally:
+        bare.stop()
+        relay.stop()
+
+
+Workload = tuple[str, Callable[[httpx.AsyncClient, int], Awaitable[httpx.Response]]]
+
+
+def take_turns(
+    workloads: dict[str, Workload], servers: dict[str, Served], per_client: int, rounds: int
+) -> dict[str, dict[str, float]]:
+    """p50, p99 and the server's CPU per request of each workload (name -> (server URL, request))."""
     # The workloads take turns, `rounds` times, and each one's percentiles are over all its rounds:
     # a busy spell on the shared machine then lands on every workload alike, not on one of them.
     # The server's CPU time per request is a steadier figure than latency on a busy machine.
@@ -180,15 +203,13 @@ def api_latency(
     try:
         for _ in range(rounds):
             for name, (url, request) in workloads.items():
-                server = bare if url == bare.url else relay
+                server = servers[url]
                 before = server.cpu_seconds()
                 latencies[name] += asyncio.run(measure(url, request, max(1, per_client // rounds)))
                 cpu_seconds[name] += server.cpu_seconds() - before
                 gc.collect()
     finally:
         gc.enable()
-        bare.stop()
-        relay.stop()
     return {
         name: {
             "p50_ms": 1000 * percentile(values, 0.5),
@@ -322,15 +343,114 @@ def fresh_service(database: str, redis_url: str, prefix: str) -> tuple[Path, dic
     return home, env, settings, key
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--requests", type=int, default=40, help="requests per client per workload")
-    parser.add_argument("--rounds", type=int, default=4, help="turns each workload takes (requests split)")
-    parser.add_argument("--jobs", type=int, default=10, help="jobs for POST -> running (0: skip that part)")
-    args = parser.parse_args()
+SCALE_GOAL = 1.5  # a route's p99 on the large database over the same route's on the small one
 
+
+def scale_report(args: argparse.Namespace) -> None:
+    """Part 3: the routes on 100 jobs and on 100,000 jobs with 10 M events, their turns interleaved;
+    then the claim wait with 1 to 8 workers on the large database."""
+    small = fresh_service(DATABASE + "_small", REDIS_URL, "relay-bench-small-")
+    small_job, small_user = seed_bench_job(small[2], small[0])
+    api_scale.seed_user_jobs(plain_url(small[2].database_url), small_user, 99)
+    large = fresh_service(DATABASE + "_large", REDIS_URL, "relay-bench-large-")
+    large_job, large_user = seed_bench_job(large[2], large[0])
+    api_scale.seed_user_jobs(plain_url(large[2].database_url), large_user, 99)
+    seeded = api_scale.seed_others(plain_url(large[2].database_url), args.users)
+    print(
+        f"3. Scale: the large database holds {seeded['jobs']:,} jobs of {args.users + 1:,} users and "
+        f"{seeded['events']:,} events ({seeded['bytes'] / 1e9:.2f} GB, seeded in {seeded['seconds']:.0f} s); "
+        f"the small one 100 jobs of 1 user. {CLIENTS} clients; load average {os.getloadavg()[0]:.1f}"
+    )
+    servers = [
+        Served("relay_api.app:create_app", {**env, "RELAY_FINE_TUNE_QUEUE": PARKED_QUEUE})
+        for env in (small[1], large[1])
+    ]
+    small_routes = route_workloads(servers[0].url, small[3], small_job, " @100")
+    large_routes = route_workloads(servers[1].url, large[3], large_job, " @100k")
+    # Each route on the small database, then on the large one, before the next route.
+    workloads = dict(
+        pair for pairs in zip(small_routes.items(), large_routes.items(), strict=True) for pair in pairs
+    )
+    try:
+        latency = take_turns(workloads, {s.url: s for s in servers}, args.requests, args.rounds)
+    finally:
+        for server in servers:
+            server.stop()
+    print(f"(load average {os.getloadavg()[0]:.1f} at the end)")
+    print(f"{'route':14}{'p99 ms @100':>13}{'p99 ms @100k':>14}{'ratio':>8}{'CPU ms @100':>13}{'@100k':>8}")
+    ratios = {}
+    for name in small_routes:
+        route = name.removesuffix(" @100")
+        few, many = latency[name], latency[route + " @100k"]
+        ratios[route] = many["p99_ms"] / few["p99_ms"]
+        print(
+            f"{route:14}{few['p99_ms']:13.1f}{many['p99_ms']:14.1f}{ratios[route]:8.2f}"
+            f"{few['server_cpu_ms']:13.2f}{many['server_cpu_ms']:8.2f}"
+        )
+    print(f"goal: every ratio at most {SCALE_GOAL}; worst {max(ratios.values()):.2f}")
+    counts = tuple(int(n) for n in args.workers.split(","))
+    waits = claim_wait_report(large[1], large[3], large[0], args.jobs or 5, counts)
+    out = ROOT / "bench" / "out"
+    out.mkdir(exist_ok=True)
+    report = {"seeded": seeded, "latency": latency, "p99_ratios": ratios, "claim_wait_median_s": waits}
+    (out / "bench_api_scale.json").write_text(json.dumps(report, indent=2))
+    for name in (DATABASE + "_small", DATABASE + "_large"):
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    for home, *_ in (small, large):
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def claim_wait_report(
+    env: dict[str, str], key: str, home: Path, jobs: int, counts: tuple[int, ...]
+) -> dict[int, float]:
+    """The median wait from created_at to started_at of a job, one at a time, with 1 to 8 workers
+    reading the queue, on the large database."""
+    from relay._http import Client
+    from relay_engine.datasets import write_synthetic_dataset
+
+    dataset = write_synthetic_dataset(home / "dataset", episodes=2, episode_length=20)
+    relay = Served("relay_api.app:create_app", env)
+    client = Client(relay.url, key)
+    config = {"model": "pi05-tiny", "dataset_name": str(dataset), "batch_size": 1, "steps": 100_000}
+
+    def start(count: int) -> list[Worker]:
+        # One torch thread each: eight workers share two cores, and only the claim is timed.
+        return [Worker(env, home / f"worker-{count}-{i}.log", threads=1) for i in range(count)]
+
+    def stop(workers: list[Worker]) -> None:
+        for worker in workers:
+            worker.stop()
+
+    def one_job() -> float:
+        job = client.request("POST", "/v1/fine-tunes", json_body=config)
+        wait_until(client, job["id"], {"running"}, timeout=600)
+        job = client.request("GET", f"/v1/fine-tunes/{job['id']}")
+        client.request("POST", f"/v1/fine-tunes/{job['id']}/cancel")
+        wait_until(client, job["id"], {"cancelled"}, timeout=300)
+        return _seconds_between(job["created_at"], job["started_at"])
+
+    try:
+        waits = api_scale.claim_waits(start, stop, one_job, counts, jobs)
+    finally:
+        client.close()
+        relay.stop()
+    print(
+        f"\nA queued job's wait to be claimed (median of {jobs}, created_at to started_at), large database:"
+    )
+    for count, wait in waits.items():
+        print(f"{count} worker(s): {wait:.3f} s ({wait / waits[counts[0]]:.2f}x the wait with {counts[0]})")
+    return waits
+
+
+def plain_url(database_url: str) -> str:
+    """A SQLAlchemy URL as psycopg takes it."""
+    return database_url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def seed_bench_job(settings: Any, home: Path) -> tuple[str, int]:
+    """A completed job of the user `bench` with 100 events, written as a worker writes them, for
+    retrieve, events and files; its id and the user's."""
     from sqlalchemy import select
 
     from relay.sft.config import SFTConfig
@@ -339,11 +459,9 @@ def main() -> None:
     from relay_api.models import User
     from relay_worker import lifecycle
 
-    home, env, settings, key = fresh_service(DATABASE, REDIS_URL, "relay-bench-")
     sessions = session_factory(settings)
     with sessions() as session:
         user_id = session.execute(select(User.id).where(User.name == "bench")).scalar_one()
-        # A job with 100 events, as a worker writes them, for retrieve and events.
         row, _ = create(session, user_id, SFTConfig(model="pi05-tiny", dataset_name="bench/dataset"), None)
         mark_enqueued(session, row["id"])
     claim = lifecycle.claim(sessions, settings, row["id"], "bench")
@@ -356,12 +474,34 @@ def main() -> None:
             {"step": step, "loss": 0.5, "grad_norm": 1.0, "lr": 2e-5, "skipped": 0.0},
         )
     lifecycle.complete(sessions, claim, 1000, 0.5, str(home / "nowhere"), {})
+    sessions.kw["bind"].dispose()
+    return row["id"], user_id
 
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=40, help="requests per client per workload")
+    parser.add_argument("--rounds", type=int, default=4, help="turns each workload takes (requests split)")
+    parser.add_argument("--jobs", type=int, default=10, help="jobs for POST -> running (0: skip that part)")
+    parser.add_argument(
+        "--scale", action="store_true", help="only part 3: 100 jobs against 100,000 jobs and 10 M events"
+    )
+    parser.add_argument("--users", type=int, default=api_scale.USERS, help="--scale: users beside bench")
+    parser.add_argument("--workers", default="1,2,4,8", help="--scale: worker counts for the claim wait")
+    args = parser.parse_args()
+    if args.scale:
+        scale_report(args)
+        return
+
+    home, env, settings, key = fresh_service(DATABASE, REDIS_URL, "relay-bench-")
+    job_id, _ = seed_bench_job(settings, home)
     print(
         f"1. API latency: {CLIENTS} concurrent clients x {args.requests} requests in {args.rounds} "
         f"rounds; loopback; 1 uvicorn; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
-    latency = api_latency(env, key, row["id"], args.requests, args.rounds)
+    latency = api_latency(env, key, job_id, args.requests, args.rounds)
     print(f"(load average {os.getloadavg()[0]:.1f} at the end)")
     base = latency["bare (def)"]
     base_async = latency["bare (async def)"]
@@ -386,7 +526,6 @@ def main() -> None:
     (out / "bench_api.json").write_text(
         json.dumps({"latency": latency, "post_to_running": running}, indent=2)
     )
-    sessions.kw["bind"].dispose()
     with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
     redis.Redis.from_url(REDIS_URL).flushdb()
