@@ -50,7 +50,8 @@ class TrainingArguments:
     max_steps: int | None = None
     per_device_train_batch_size: int = 8
     gradient_accumulation_steps: int = 1
-    learning_rate: float = SFTConfig.default("learning_rate")
+    # None: the model's default, as a recipe's (SFTConfig.default(field, model); pi05-tiny's differ).
+    learning_rate: float | None = None
     weight_decay: float = _ADAM.weight_decay
     max_grad_norm: float = _ADAM.grad_clip_norm
     seed: int = 42
@@ -58,7 +59,7 @@ class TrainingArguments:
     # "torch" runs eagerly; "triton" compiles forward and backward with torch.compile
     # (TorchInductor's Triton kernels), which needs CUDA.
     training_backend: Literal["torch", "triton"] = "torch"
-    finetune: Literal["lora", "full"] = SFTConfig.default("finetune")
+    finetune: Literal["lora", "full"] | None = None
     lora_rank: int = SFTConfig.default("lora_rank")
     lora_alpha: float | None = None
     targets: list[str] | None = None
@@ -79,7 +80,7 @@ class TrainingArguments:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"bad {name}: {value} (must be at least 1)")
-        if self.learning_rate <= 0:
+        if self.learning_rate is not None and self.learning_rate <= 0:
             raise ConfigError(f"bad learning_rate: {self.learning_rate} (must be > 0)")
         if self.save_strategy not in ("no", "epoch"):
             raise ConfigError(f"bad save_strategy: {self.save_strategy!r} (must be 'no' or 'epoch')")
@@ -103,12 +104,18 @@ class Trainer:
         summary = getattr(getattr(train_dataset, "dataset", train_dataset), "summary", None)
         if summary is not None:  # a LeRobot dataset (or a Subset of one) knows the robot's action width
             model.config = model.config.replace(robot_action_dim=summary.action_dim)
-        self.model = apply_tuning(model, args.finetune, args.targets, args.lora_rank, args.lora_alpha)
+        # The settings left to the model's default, resolved where a recipe resolves them.
+        own = model.config.model
+        self.learning_rate: float = (
+            SFTConfig.default("learning_rate", own) if args.learning_rate is None else args.learning_rate
+        )
+        self.finetune: str = SFTConfig.default("finetune", own) if args.finetune is None else args.finetune
+        self.model = apply_tuning(model, self.finetune, args.targets, args.lora_rank, args.lora_alpha)
         if args.training_backend == "triton":
             # Compiling flow_outputs compiles its forward graph and, through AOTAutograd, the backward.
             self.model.flow_outputs = torch.compile(self.model.flow_outputs)  # type: ignore[method-assign]
         self.parallel = (
-            Parallel(self.model, self.world, choose_strategy(args.strategy, args.finetune))
+            Parallel(self.model, self.world, choose_strategy(args.strategy, self.finetune))
             if self.world is not None
             else None
         )
@@ -162,9 +169,9 @@ class Trainer:
             next_step_batches,
             state=LoopState(),
             total_steps=total_steps,
-            learning_rate_at=lambda step: learning_rate(step, total_steps, args.learning_rate),
+            learning_rate_at=lambda step: learning_rate(step, total_steps, self.learning_rate),
             adam=AdamParams(
-                learning_rate=args.learning_rate,
+                learning_rate=self.learning_rate,
                 weight_decay=args.weight_decay,
                 grad_clip_norm=args.max_grad_norm,
             ),

@@ -55,15 +55,18 @@ def create(
         "or a local directory.",
     ),
     batch_size: int | None = typer.Option(
-        None, help=f"Samples per step, 1 to {BATCH_SIZE_MAX} (default {SFTConfig.default('batch_size')})."
+        None,
+        help=f"Samples per step, 1 to {BATCH_SIZE_MAX} (default {SFTConfig.default_text('batch_size')}).",
     ),
     learning_rate: float | None = typer.Option(
-        None, help=f"Peak learning rate (default {SFTConfig.default('learning_rate')})."
+        None, help=f"Peak learning rate (default {SFTConfig.default_text('learning_rate')})."
     ),
     steps: int | None = typer.Option(
         None, help=f"Optimizer steps, 1 to {STEPS_MAX:,} (default {SFTConfig.default('steps')})."
     ),
-    finetune: str | None = typer.Option(None, help="lora (default) or full."),
+    finetune: str | None = typer.Option(
+        None, help=f"lora or full (default {SFTConfig.default_text('finetune')})."
+    ),
     lora_rank: int | None = typer.Option(
         None, help=f"LoRA rank, 1 to {LORA_RANK_MAX} (default {SFTConfig.default('lora_rank')})."
     ),

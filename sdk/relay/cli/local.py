@@ -62,18 +62,20 @@ def train(
     task: str | None = typer.Option(None, help="rt-j models: the database's task to train on."),
     steps: int = typer.Option(SFTConfig.default("steps"), help=f"Optimizer steps, 1 to {STEPS_MAX:,}."),
     output_dir: Path = typer.Option(..., help="Where checkpoints and the merged model go."),
-    batch_size: int = typer.Option(
-        SFTConfig.default("batch_size"), help=f"Samples per step, 1 to {BATCH_SIZE_MAX}."
+    # No default here for the settings whose default depends on the model (SFTConfig fills them in).
+    batch_size: int | None = typer.Option(
+        None,
+        help=f"Samples per step, 1 to {BATCH_SIZE_MAX} (default {SFTConfig.default_text('batch_size')}).",
     ),
-    learning_rate: float = typer.Option(
-        SFTConfig.default("learning_rate"), help="The peak learning rate, after warmup."
+    learning_rate: float | None = typer.Option(
+        None,
+        help=f"The peak learning rate, after warmup (default {SFTConfig.default_text('learning_rate')}).",
     ),
-    # No default here: SFTConfig's depends on the model's family (pi05: lora, rank 32; rt-j: full).
     finetune: str | None = typer.Option(
-        None, help=f"lora or full [default: {SFTConfig.default('finetune')}; rt-j models: full]."
+        None, help=f"lora or full (default {SFTConfig.default_text('finetune')}; rt-j models: full)."
     ),
     lora_rank: int | None = typer.Option(
-        None, help=f"LoRA rank, 1 to {LORA_RANK_MAX} [default: {SFTConfig.default('lora_rank')}]."
+        None, help=f"LoRA rank, 1 to {LORA_RANK_MAX} (default {SFTConfig.default('lora_rank')})."
     ),
     lora_alpha: float | None = typer.Option(None, help="LoRA alpha (default: the rank)."),
     targets: list[str] | None = typer.Option(
@@ -121,6 +123,8 @@ def train(
 
     try:
         given: dict[str, Any] = {
+            "batch_size": batch_size,
+            "learning_rate": learning_rate,
             "finetune": finetune,
             "lora_rank": lora_rank,
             "lora_alpha": lora_alpha,
@@ -131,8 +135,6 @@ def train(
         config = SFTConfig(
             model=model,
             dataset_name=dataset_name(dataset),
-            batch_size=batch_size,
-            learning_rate=learning_rate,
             steps=steps,
             **{field: value for field, value in given.items() if value is not None},
         )
