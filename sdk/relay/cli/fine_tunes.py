@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from relay import sft
+from relay._format import duration_text, number_text
 from relay.catalog import LORA_RANK_MAX
 from relay.cli._common import dataset_name, err, fail, parse_pairs, show_record, split_targets, status_text
 from relay.cli.watch import watch_events
@@ -142,7 +143,7 @@ def list_(
             job.id,
             status_text(job.status),
             f"{job.step}/{job.steps}",
-            _loss(job.loss),
+            number_text(job.loss),
             job.model,
             job.dataset_name,
             job.name or "",
@@ -180,11 +181,11 @@ def events(
     with _clear_errors():
         job = sft.retrieve(job_id)
         if follow and not as_json and out.is_terminal:  # piped: the plain lines below
-            watch_events(job, job.follow(after), lambda event: _print_event(event, False), out)
+            watch_events(job, job.follow(after), lambda event: _print_event(event, False, job.steps), out)
             return
         stream = job.follow(after) if follow else iter(job.events(after))
         for event in stream:
-            _print_event(event, as_json)
+            _print_event(event, as_json, job.steps)
 
 
 @app.command()
@@ -208,18 +209,18 @@ def _show_job(job: FineTuneJob, as_json: bool) -> None:
     show_record(record, as_json)
 
 
-def _print_event(event: Event, as_json: bool) -> None:
+def _print_event(event: Event, as_json: bool, steps: int) -> None:
     if as_json:
         print(json.dumps({"id": event.id, "created_at": event.created_at, **event}), flush=True)
         return
     if "event" not in event:
         line = (
-            f"id {event.id:>6}  step {event['step']:>6}  loss {_loss(event.get('loss'))}"
-            f"  grad_norm {_num(event.get('grad_norm'))}  lr {_num(event.get('lr'), '.2e')}"
-            f"  skipped {_num(event.get('skipped'), '.0%')}"
+            f"id {event.id:>6}  step {event['step']:>6}  loss {number_text(event.get('loss'))}"
+            f"  grad_norm {number_text(event.get('grad_norm'))}  lr {number_text(event.get('lr'))}"
+            f"  skipped {_share(event.get('skipped'))}  {_pace(event, steps)}"
         )
     else:
-        details = "  ".join(f"{k} {v}" for k, v in event.items() if k not in ("step", "event"))
+        details = "  ".join(f"{k} {_value(v)}" for k, v in event.items() if k not in ("step", "event"))
         line = f"id {event.id:>6}  step {event['step']:>6}  {event['event']}" + (
             f"  {details}" if details else ""
         )
@@ -231,9 +232,19 @@ def _print_event(event: Event, as_json: bool) -> None:
 LOSS_LABEL = "loss (10-step mean)"
 
 
-def _loss(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
+def _pace(event: Event, steps: int) -> str:
+    """A metrics event's rate (the engine's, over its 10 steps) and the time left at it."""
+    rate = event.get("steps_per_second")
+    if not isinstance(rate, int | float) or rate <= 0:
+        return "- steps/s"
+    left = max(0, steps - int(event["step"])) / rate
+    return f"{number_text(rate, 3)} steps/s, {duration_text(left)} left"
 
 
-def _num(value: Any, spec: str = ".3f") -> str:
-    return "-" if value is None else format(value, spec)
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _value(value: Any) -> str:
+    """An event's detail: a float to 4 significant digits (a checkpoint's seconds), the rest as is."""
+    return number_text(value) if isinstance(value, float) else str(value)

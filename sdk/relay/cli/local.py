@@ -12,6 +12,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from relay._format import number_text
 from relay._progress import ProgressReport
 from relay.catalog import LORA_RANK_MAX, RELATIONAL_MODELS, STRATEGIES
 from relay.cli._common import dataset_name, fail, parse_pairs, split_targets
@@ -179,8 +180,8 @@ def train(
             return
         if "loss" in event:
             detail = (
-                f"loss {_number(event['loss'], '.4f')} (10-step mean)  "
-                f"grad_norm {_number(event['grad_norm'], '.3f')}  lr {event['lr']:.2e}"
+                f"loss {number_text(event['loss'])} (10-step mean)  "
+                f"grad_norm {number_text(event['grad_norm'])}  lr {number_text(event['lr'])}"
             )
             report.update(event["step"], detail)
             if event["skipped"]:
@@ -227,13 +228,9 @@ def train(
         print(json.dumps(summary), flush=True)
     else:
         console.print(
-            f"completed {result.step} steps, loss {_number(window_loss, '.4f')} (mean of the last 10 steps); "
+            f"completed {result.step} steps, loss {number_text(window_loss)} (mean of the last 10 steps); "
             f"model in {result.output_dir}"
         )
-
-
-def _number(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 @app.command("eval")

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from relay._format import size_text
 from relay.cli._common import fail, show_record, status_text
 from relay.errors import APIError
 from relay.training import ServiceClient
@@ -104,7 +105,7 @@ def states(as_json: bool = typer.Option(False, "--json", help="Print JSON lines.
             state.get("base_model") or "?",
             _method(state),
             ", ".join(state.get("targets") or []),
-            _size(state["bytes"]),
+            size_text(state["bytes"]),
             (state.get("saved_at") or "")[:19],
         )
     out.print(table)
@@ -117,14 +118,3 @@ def _method(record: dict[str, Any]) -> str:
     if record.get("finetune") == "lora" and rank is not None:
         return f"lora r{rank}"
     return str(record.get("finetune") or "?")
-
-
-def _size(count: int) -> str:
-    if count < 1000:
-        return f"{count} B"
-    value = float(count)
-    for unit in ("KB", "MB", "GB"):
-        value /= 1000
-        if value < 1000 or unit == "GB":
-            break
-    return f"{value:,.1f} {unit}"

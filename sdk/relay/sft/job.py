@@ -9,6 +9,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from relay import _http
+from relay._format import number_text
 from relay._progress import ProgressReport
 from relay.sft import status as job_status
 from relay.sft.config import SFTConfig
@@ -121,7 +122,7 @@ class FineTuneJob:
             while True:
                 self.refresh()
                 if report is not None:
-                    loss = "" if self.loss is None else f"loss {self.loss:.4f} (mean of the last 10 steps)"
+                    loss = "" if self.loss is None else f"loss {number_text(self.loss)} (10-step mean)"
                     report.update(self.step or 0, loss, description=f"{self.id} {self.status}")
                 if self.done:
                     break
