@@ -12,18 +12,17 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from relay._format import size_text
-from relay.cli._common import fail
+from relay.cli._common import console, fail, show_table
 from relay.cli._extras import require
 
 app = typer.Typer(
     help="The frame indexes of datasets in the cache: show them (the default) or prune them.",
     invoke_without_command=True,
 )
-_out = Console()
+_out = console()
 
 CacheDirOption = Annotated[
     Path | None, typer.Option(help="The cache [default: RELAY_CACHE_DIR or ~/.cache/relay].")
@@ -47,7 +46,7 @@ def show(ctx: typer.Context, cache_dir: CacheDirOption = None) -> None:
     for entry in reversed(found):
         used = dt.datetime.fromtimestamp(entry.last_used).isoformat(sep=" ", timespec="seconds")
         table.add_row(entry.dataset, size_text(entry.bytes), used, entry.path.name)
-    _out.print(table)
+    show_table(table, _out)
     total = sum(entry.bytes for entry in found)
     shown_limit = size_text(limit) if limit else "none"
     _out.print(f"{len(found)} indexes, {size_text(total)} in {cache / 'frames'}; limit {shown_limit}")

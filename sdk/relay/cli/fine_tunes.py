@@ -10,25 +10,34 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from relay import sft
 from relay._format import duration_text, number_text
 from relay.catalog import LORA_RANK_MAX
-from relay.cli._common import dataset_name, err, fail, parse_pairs, show_record, split_targets, status_text
+from relay.cli._common import (
+    console,
+    dataset_name,
+    err,
+    fail,
+    parse_pairs,
+    show_record,
+    show_table,
+    split_targets,
+    status_text,
+)
 from relay.cli.watch import watch_events
 from relay.errors import APIError, ConfigError
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
-from relay.sft.job import Event, FineTuneJob
+from relay.sft.job import Event, FineTuneJob, interrupted_note
 from relay.sft.train import train
 
 app = typer.Typer(
     help="Recipe jobs on Relay's GPUs: create, list, retrieve, cancel, events, download.",
     no_args_is_help=True,
 )
-out = Console()
+out = console()
 
 
 @contextmanager
@@ -39,8 +48,21 @@ def _clear_errors() -> Iterator[None]:
     except ConfigError as error:  # a broken rule is a usage error: exit 2, as typer's own are
         err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    except typer.Exit:  # click's Exit is a RuntimeError: an exit already chosen stays as chosen
+        raise
     except (APIError, RuntimeError, TimeoutError) as error:
         fail(str(error))
+
+
+@contextmanager
+def _exit_on_interrupt(job_id: str, said: bool = False) -> Iterator[None]:
+    """Ctrl-C while following a job: a line on what it leaves (unless `said`), exit status 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not said:
+            err.print(interrupted_note(job_id), highlight=False, markup=False)
+        raise typer.Exit(130) from None
 
 
 @app.command()
@@ -116,7 +138,8 @@ def create(
         config = SFTConfig.parse(fields)
         job = train(config, idempotency_key=idempotency_key)
         if wait:
-            job.wait(poll=5, progress=not as_json)
+            with _exit_on_interrupt(job.id, said=True):  # job.wait() says what Ctrl-C leaves
+                job.wait(poll=5, progress=not as_json)
         _show_job(job, as_json)
 
 
@@ -125,7 +148,7 @@ def list_(
     limit: int = typer.Option(20, min=1, help="How many, newest first."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines."),
 ) -> None:
-    """Your fine-tunes, newest first."""
+    """Your fine-tunes, newest first (--json: one JSON object a line, for scripts)."""
     with _clear_errors():
         jobs = sft.list_jobs(limit=limit)
     if as_json:
@@ -149,7 +172,7 @@ def list_(
             job.name or "",
             (job.to_dict().get("created_at") or "")[:19],
         )
-    out.print(table)
+    show_table(table, out, json_hint=True)
 
 
 @app.command()
@@ -180,12 +203,13 @@ def events(
     on a terminal, a live progress bar and loss sparkline under them."""
     with _clear_errors():
         job = sft.retrieve(job_id)
-        if follow and not as_json and out.is_terminal:  # piped: the plain lines below
-            watch_events(job, job.follow(after), lambda event: _print_event(event, False, job.steps), out)
-            return
-        stream = job.follow(after) if follow else iter(job.events(after))
-        for event in stream:
-            _print_event(event, as_json, job.steps)
+        with _exit_on_interrupt(job.id):
+            if follow and not as_json and out.is_terminal:  # piped: the plain lines below
+                watch_events(job, job.follow(after), lambda event: _print_event(event, False, job.steps), out)
+                return
+            stream = job.follow(after) if follow else iter(job.events(after))
+            for event in stream:
+                _print_event(event, as_json, job.steps)
 
 
 @app.command()

@@ -10,11 +10,11 @@ from types import FrameType
 from typing import Any
 
 import typer
-from rich.console import Console
 
 from relay._format import number_text
 from relay._progress import ProgressReport
 from relay.catalog import LORA_RANK_MAX, RELATIONAL_MODELS, STRATEGIES
+from relay.cli._common import console as make_console
 from relay.cli._common import dataset_name, fail, parse_pairs, split_targets
 from relay.cli._extras import require
 from relay.cli._launch import Launch, rank, run_launched
@@ -23,7 +23,7 @@ from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 app = typer.Typer(
     help="Train and evaluate on this machine, with the same engine the service runs.", no_args_is_help=True
 )
-console = Console(stderr=True)
+console = make_console(stderr=True)
 
 
 def parse_episodes(spec: str | None) -> list[int] | None:

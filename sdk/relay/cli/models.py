@@ -11,7 +11,6 @@ import json
 from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from relay.catalog import (
@@ -24,6 +23,7 @@ from relay.catalog import (
     STRATEGIES,
     TARGETS,
 )
+from relay.cli._common import console
 from relay.cli._extras import require
 from relay.memory_plan import plan_named
 from relay.pi05_layout import NAMED_SIZES
@@ -31,8 +31,8 @@ from relay.sft.config import BATCH_SIZE_MAX, GPUS_MAX, SFTConfig
 
 app = typer.Typer(help="Base models, and what a recipe trains on them.", no_args_is_help=True)
 
-_out = Console()
-_err = Console(stderr=True)
+_out = console()
+_err = console(stderr=True)
 
 
 @app.command("list")

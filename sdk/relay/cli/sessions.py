@@ -8,11 +8,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from relay._format import size_text
-from relay.cli._common import fail, show_record, status_text
+from relay.cli._common import console, fail, show_record, show_table, status_text
 from relay.errors import APIError
 from relay.training import ServiceClient
 
@@ -20,7 +19,7 @@ app = typer.Typer(
     help="Training-loop sessions (relay.training): list, show, close; and the states they saved.",
     no_args_is_help=True,
 )
-out = Console()
+out = console()
 
 
 @contextmanager
@@ -66,7 +65,7 @@ def list_(
             str(session.get("saved_states", "-")),
             (session.get("created_at") or "")[:16].replace("T", " "),
         )
-    out.print(table)
+    show_table(table, out, json_hint=True)
 
 
 @app.command()
@@ -108,7 +107,7 @@ def states(as_json: bool = typer.Option(False, "--json", help="Print JSON lines.
             size_text(state["bytes"]),
             (state.get("saved_at") or "")[:19],
         )
-    out.print(table)
+    show_table(table, out, json_hint=True)
 
 
 def _method(record: dict[str, Any]) -> str:

@@ -19,6 +19,15 @@ CONFIG_FIELDS: tuple[str, ...] = tuple(SFTConfig.model_fields)
 EVENTS_PAGE = 1000
 
 
+def interrupted_note(job_id: str) -> str:
+    """What Ctrl-C while waiting on a job leaves: the job itself runs on, on the service."""
+    return (
+        f"interrupted: fine-tune {job_id} keeps running on the service. "
+        f"Follow it again: relay fine-tunes events {job_id} --follow; "
+        f"cancel it: relay fine-tunes cancel {job_id}"
+    )
+
+
 class Event(dict[str, Any]):
     """One event as the engine reports it (``{"step": 10, "loss": 0.21, ...}``), with the API's ``id``
     (the cursor for ``events(after=...)``) and ``created_at`` as attributes."""
@@ -110,6 +119,9 @@ class FineTuneJob:
     ) -> FineTuneJob:
         """Block until the job is completed or cancelled; raise RuntimeError if it failed.
 
+        Ctrl-C (KeyboardInterrupt) stops the wait, not the job: it says so on stderr, with how to
+        follow and cancel the job, and the KeyboardInterrupt goes on to the caller.
+
         Polls at most every `poll` seconds, and sooner while the wait is young (a quarter of the time
         waited so far, at least half a second), so a short job returns promptly. Shows progress on
         stderr: a bar on a terminal, else a plain line every few seconds (RELAY_PROGRESS_SECONDS);
@@ -130,6 +142,12 @@ class FineTuneJob:
                     raise TimeoutError(f"fine-tune {self.id} is still {self.status} after {timeout} s")
                 waited = time.monotonic() - started
                 time.sleep(min(poll, max(0.5, waited / 4)))
+        except KeyboardInterrupt:
+            if report is not None:
+                report.close()
+                report = None
+            print(interrupted_note(self.id), file=sys.stderr, flush=True)
+            raise
         finally:
             if report is not None:
                 report.close()

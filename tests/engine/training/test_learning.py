@@ -4,7 +4,7 @@ the training frames' mean chunk) and the base before tuning, on held-out episode
 
 The demo runs the full-size version (examples/demo.py: 1,500 steps on 400 episodes, 3.4x better
 than blind); this one is shorter and seeded: 800 steps on 160 episodes, both cameras, every weight
-at 2e-3. Measured: blind 0.0386, base 0.0444, tuned 0.0206 (1.87x better than blind). It checks
+at 2e-3. Measured (one thread): blind 0.0386, base 0.0444, tuned 0.0201 (1.92x better than blind). It checks
 that the tuned model beats both the base and the blind baseline on episodes it never trained on.
 
 The second test is the bar for pi05-tiny's own defaults (catalog.MODEL_DEFAULTS): a recipe that
