@@ -53,11 +53,11 @@ class Rate:
             return None
         return (self._latest[0] - self._origin[0]) / (self._latest[1] - self._origin[1])
 
-    def text(self, step: int, total: int) -> str:
+    def text(self, step: int, total: int, unit: str = "step") -> str:
         rate = self.per_second()
         if rate is None or rate <= 0:
-            return "- steps/s"
-        shown = f"{rate:.3g} steps/s"
+            return f"- {unit}s/s"
+        shown = f"{rate:.3g} {unit}s/s"
         return shown if step >= total else f"{shown}, {duration_text((total - step) / rate)} left"
 
 
@@ -76,8 +76,10 @@ class ProgressReport:
         live: bool | None = None,
         every: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        unit: str = "step",
     ) -> None:
         self.description = description
+        self.unit = unit  # what is counted: "step 10/100", "12 steps/s"
         self.clock = clock  # a parameter so a test can step time without sleeping
         self.total = total
         self.stream = stream if stream is not None else sys.stderr
@@ -127,16 +129,16 @@ class ProgressReport:
             self._line(self.clock())
 
     def _with_rate(self, detail: str) -> str:
-        rate = self.rate.text(self._step, self.total)
+        rate = self.rate.text(self._step, self.total, self.unit)
         return f"{detail}  {rate}" if detail else rate
 
     def _format(self) -> str:
         detail = f"  {self._detail}" if self._detail else ""
-        return f"{self.description}  step {self._step}/{self.total}{detail}"
+        return f"{self.description}  {self.unit} {self._step}/{self.total}{detail}"
 
     def _line(self, now: float) -> None:
         text = self._format()
-        rate = self.rate.text(self._step, self.total)
+        rate = self.rate.text(self._step, self.total, self.unit)
         print(f"{text}  {rate}  {duration_text(now - self.started)}", file=self.stream, flush=True)
         self._last_line_at, self._last_line = now, text
 

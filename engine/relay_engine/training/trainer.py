@@ -20,12 +20,15 @@ trains under DDP or FSDP (`strategy`), and rank 0 alone writes the output.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
+from relay._format import number_text
+from relay._progress import ProgressReport
 from relay.optimizer import AdamParams
 from relay.sft.config import SFTConfig
 from relay_engine.distributed import Parallel, batch_slice, choose_strategy, gathered_policy, join, launched
@@ -34,7 +37,7 @@ from relay_engine.models import Pi05Batch, Pi05Policy
 from relay_engine.training.data import BatchOrder, DataPosition, MapDataset, batch_loader
 from relay_engine.training.export import write_output
 from relay_engine.training.learner import Learner
-from relay_engine.training.loop import Event, LoopState, run_loop
+from relay_engine.training.loop import Event, LoopResult, LoopState, run_loop
 from relay_engine.training.schedule import learning_rate
 from relay_engine.tuning import apply_tuning
 
@@ -64,6 +67,9 @@ class TrainingArguments:
     lora_alpha: float | None = None
     targets: list[str] | None = None
     logging_steps: int = 10
+    # Hugging Face's name: True turns off the progress shown on stderr (a bar on a terminal, lines
+    # otherwise, every logging_steps).
+    disable_tqdm: bool = False
     dataloader_num_workers: int = 0
     # Under torchrun: auto (fsdp for full, ddp for lora), ddp or fsdp.
     strategy: str = "auto"
@@ -164,7 +170,30 @@ class Trainer:
             if args.save_strategy == "epoch" and position.offset == 0 and position.epoch > 0:
                 self._write(output_dir / f"checkpoint-epoch-{position.epoch}")
 
-        result = run_loop(
+        report = None if args.disable_tqdm or rank != 0 else ProgressReport("training", total_steps)
+
+        def on_event(event: Event) -> None:
+            self.events.append(event)
+            if report is not None and "loss" in event:
+                report.update(int(event["step"]), f"loss {number_text(float(event['loss']))}")
+
+        try:
+            result = self._run(next_step_batches, total_steps, after_step, on_event)
+        finally:
+            if report is not None:
+                report.close()
+        self._write(output_dir)
+        return {"train_loss": sum(self.losses) / len(self.losses), "steps": result.step}
+
+    def _run(
+        self,
+        next_step_batches: Callable[[], list[Any]],
+        total_steps: int,
+        after_step: Callable[[LoopState], None],
+        on_event: Callable[[Event], None],
+    ) -> LoopResult:
+        args = self.args
+        return run_loop(
             self.learner,
             next_step_batches,
             state=LoopState(),
@@ -175,14 +204,12 @@ class Trainer:
                 weight_decay=args.weight_decay,
                 grad_clip_norm=args.max_grad_norm,
             ),
-            on_event=self.events.append,
+            on_event=on_event,
             should_stop=lambda: False,
             log_every=args.logging_steps,
             on_batch_loss=self.losses.append,
             after_step=after_step,
         )
-        self._write(output_dir)
-        return {"train_loss": sum(self.losses) / len(self.losses), "steps": result.step}
 
     def _write(self, directory: Path) -> None:
         whole = gathered_policy(self.model, self.parallel)

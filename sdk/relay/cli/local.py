@@ -269,9 +269,25 @@ def evaluate(
         evaluation.with_norm_stats(data, Path(model).expanduser())
         selected = parse_episodes(episodes)
         indices = data.indices_of_episodes(selected) if selected is not None else range(len(data))
-        result = evaluation.evaluate_actions(
-            policy, data, list(indices), batch_size=batch_size, num_steps=num_steps, seed=seed
+        # Sampling takes minutes on a CPU: progress on stderr, as `relay local train` shows it.
+        report = (
+            None
+            if json_output
+            else ProgressReport("evaluating", len(indices), stream=sys.stderr, unit="frame")
         )
+        try:
+            result = evaluation.evaluate_actions(
+                policy,
+                data,
+                list(indices),
+                batch_size=batch_size,
+                num_steps=num_steps,
+                seed=seed,
+                on_batch=report.update if report is not None else None,
+            )
+        finally:
+            if report is not None:
+                report.close()
         blind = None
         if blind_from is not None:
             training = data.indices_of_episodes(parse_episodes(blind_from))
