@@ -28,7 +28,7 @@ RELATIONAL_SESSION_PROBLEMS: tuple[str, ...] = get_args(RelationalSessionProblem
 # the one place they are declared (SFTConfig fills them in, SFTConfig.default(field, model) reads
 # them, `relay models info` shows them). pi05-tiny's: LoRA on the action expert cannot teach the
 # tiny base's vision tower what it never saw, and pi05's 2.5e-5, right for 3 billion weights,
-# barely moves 2 million; every weight at 2e-3 learns (docs/getting-started.md). 16 samples a
+# barely moves its 512,000; every weight at 2e-3 learns (docs/getting-started.md). 16 samples a
 # step is what a CPU trains in a fraction of a second; 128 is a GPU's batch.
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "pi05-tiny": {"finetune": "full", "learning_rate": 2e-3, "batch_size": 16},
