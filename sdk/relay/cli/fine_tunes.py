@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from relay import sft
-from relay._format import duration_text, number_text
+from relay._format import duration_text, number_text, size_text
 from relay.catalog import LORA_RANK_MAX
 from relay.cli._common import (
     console,
@@ -223,7 +223,8 @@ def download(
         job = sft.retrieve(job_id)
         target = job.download(directory or Path(job_id), checkpoints=checkpoints)
     for path in sorted(p for p in target.rglob("*") if p.is_file()):
-        out.print(f"{path}  {path.stat().st_size:,} bytes", highlight=False, soft_wrap=True)
+        size = path.stat().st_size
+        out.print(f"{path}  {size_text(size)} ({size:,} bytes)", highlight=False, soft_wrap=True)
 
 
 def _show_job(job: FineTuneJob, as_json: bool) -> None:
