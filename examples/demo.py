@@ -100,15 +100,16 @@ def say_if_slow(job: Any) -> None:
 
 def say_it_runs_on(job: Any, server: subprocess.Popen[bytes]) -> None:
     """Ctrl-C while the job trains: the server and the job run on; say how to follow, cancel, stop."""
-    print(
-        f"\nthe demo's server keeps running (pid {server.pid}, data in {HOME}); in another shell:\n"
-        f"  export RELAY_HOME={HOME}\n"
-        f"  relay fine-tunes events {job.id} --follow    # follow the job again\n"
-        f"  relay fine-tunes cancel {job.id}             # cancel it\n"
-        f"  kill {server.pid}".ljust(len(f"  relay fine-tunes cancel {job.id}") + 13)
-        + "# stop the server",
-        file=sys.stderr,
-    )
+    commands = [
+        (f"export RELAY_HOME={HOME}", ""),
+        (f"relay fine-tunes events {job.id} --follow", "follow the job again"),
+        (f"relay fine-tunes cancel {job.id}", "cancel it"),
+        (f"kill {server.pid}", "stop the server"),
+    ]
+    width = max(len(command) for command, why in commands if why) + 4
+    lines = [f"  {command.ljust(width)}# {why}" if why else f"  {command}" for command, why in commands]
+    head = f"\nthe demo's server keeps running (pid {server.pid}, data in {HOME}); in another shell:"
+    print("\n".join([head, *lines]), file=sys.stderr)
 
 
 def main() -> None:
