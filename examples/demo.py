@@ -3,10 +3,14 @@ base never saw, a fine-tune through the SDK, the merged weights downloaded, and 
 held-out action error of the blind baseline, the base and the fine-tuned model side by side.
 
     python examples/demo.py            # a few minutes on 2 CPU cores
+    RELAY_DEMO_STEPS=500 python examples/demo.py   # shorter, on a slow or busy machine
 
 It starts `relay server` (SQLite, a broker that needs no server, one worker) with its data in
 ./.relay-demo, prints the web console's address and key so you can watch the job's loss fall in a
-browser, and stops the server at the end (on a terminal, once you press Enter).
+browser, and stops the server at the end (on a terminal, once you press Enter). It measures this
+machine's step rate over the job's first steps and says so if the run will take far longer than on
+a quiet 2-core machine. Ctrl-C while the job trains leaves the server and its job running, and
+says how to follow, cancel and stop them.
 """
 
 from __future__ import annotations
@@ -25,7 +29,11 @@ HOME = Path(".relay-demo").absolute()
 PORT = int(os.environ.get("RELAY_DEMO_PORT", "8765"))
 # The fine-tune: sized for about two minutes on 2 CPU cores. Every weight trains (finetune="full"):
 # the tiny base's vision tower has to learn the new colour, which LoRA on the action expert cannot.
-STEPS = 1500
+STEPS = int(os.environ.get("RELAY_DEMO_STEPS", "1500"))
+# A quiet 2-core machine trains the demo's job at about this rate (1,500 steps in about 2 minutes);
+# a run projected to take more than SLOW_FACTOR times as long is called out, with how to shorten it.
+QUIET_STEPS_PER_SECOND = 12.5
+SLOW_FACTOR = 2.0
 BATCH_SIZE = 16
 LEARNING_RATE = 2e-3
 # Enough episodes that the gripper's state cannot tell them apart: a policy that learned them by
@@ -42,6 +50,7 @@ def start_server() -> subprocess.Popen[bytes]:
         [sys.executable, "-m", "relay.cli", "server", "--port", str(PORT)],
         stdout=open(HOME / "server.log", "wb"),  # noqa: SIM115 - the server outlives this block
         stderr=subprocess.STDOUT,
+        start_new_session=True,  # Ctrl-C in the terminal reaches the demo, not its server and job
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -58,6 +67,49 @@ def start_server() -> subprocess.Popen[bytes]:
         time.sleep(0.5)
     server.terminate()
     sys.exit(f"relay server did not start in 2 minutes; see {HOME / 'server.log'}")
+
+
+def measured_rate(job: Any) -> float | None:
+    """The job's steps per second over its first metrics windows (the engine's own measure), once
+    it has trained 20 steps; None if it ended first."""
+    while not job.refresh().done:
+        rates = [e["steps_per_second"] for e in job.events() if e.get("step", 0) >= 20 and "loss" in e]
+        if rates:
+            return float(rates[0])
+        time.sleep(1)
+    return None
+
+
+def say_if_slow(job: Any) -> None:
+    """Measure the first steps; a run that will take far longer than on a quiet 2-core machine says
+    so, with the time it expects and the setting that shortens it."""
+    print("measuring this machine's step rate over the first 20 steps ...", flush=True)
+    rate = measured_rate(job)
+    if rate is None or rate <= 0:
+        return
+    expected, quiet = STEPS / rate, STEPS / QUIET_STEPS_PER_SECOND
+    print(f"{rate:.3g} steps/s: {STEPS:,} steps will take about {expected / 60:.0f} min", flush=True)
+    if expected > SLOW_FACTOR * quiet:
+        print(
+            f"slower than a quiet 2-core machine (about {quiet / 60:.0f} min there): this one is busy or "
+            f"small. RELAY_DEMO_STEPS=500 bash scripts/demo.sh takes about {500 / rate / 60:.0f} min "
+            "(fewer steps learn less: the table will show by how much)",
+            flush=True,
+        )
+
+
+def say_it_runs_on(job: Any, server: subprocess.Popen[bytes]) -> None:
+    """Ctrl-C while the job trains: the server and the job run on; say how to follow, cancel, stop."""
+    commands = [
+        (f"export RELAY_HOME={HOME}", ""),
+        (f"relay fine-tunes events {job.id} --follow", "follow the job again"),
+        (f"relay fine-tunes cancel {job.id}", "cancel it"),
+        (f"kill {server.pid}", "stop the server"),
+    ]
+    width = max(len(command) for command, why in commands if why) + 4
+    lines = [f"  {command.ljust(width)}# {why}" if why else f"  {command}" for command, why in commands]
+    head = f"\nthe demo's server keeps running (pid {server.pid}, data in {HOME}); in another shell:"
+    print("\n".join([head, *lines]), file=sys.stderr)
 
 
 def main() -> None:
@@ -79,6 +131,7 @@ def main() -> None:
 
     print("starting relay server ...", flush=True)
     server = start_server()
+    keep_server = False  # Ctrl-C while the job trains leaves it, and the server, running
     try:
         # 2. A recipe job through the SDK, as docs/recipe-jobs.md shows it.
         from relay.sft.config import SFTConfig
@@ -101,7 +154,13 @@ def main() -> None:
         print(f"\nwatch it in a browser: open {local.base_url}/ and sign in with the API key")
         print(f"    {local.api_key}")
         print(f"(the loss curve grows as the job trains; the key is also in {HOME / 'client.json'})\n")
-        job.wait(poll=1)  # progress on stderr: a bar on a terminal, a line every few seconds otherwise
+        try:
+            say_if_slow(job)
+            job.wait(poll=1)  # progress on stderr: a bar on a terminal, plain lines otherwise
+        except KeyboardInterrupt:
+            keep_server = True
+            say_it_runs_on(job, server)
+            sys.exit(130)
         print(f"{job.status} at step {job.step}, loss {job.loss:.4f} (mean of the last 10 steps)")
 
         # 3. The merged weights.
@@ -110,8 +169,9 @@ def main() -> None:
         if sys.stdin.isatty():
             input(f"\nthe console stays up at {local.base_url}/ until you press Enter ")
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        if not keep_server:
+            server.terminate()
+            server.wait(timeout=30)
 
     # 4. Did fine-tuning work? Sampled chunks on the held-out episodes against the dataset's, beside
     #    the blind baseline (always the training frames' mean chunk) and the base before tuning.

@@ -49,8 +49,11 @@ def serve(host: str, port: int, log: Callable[[str], None] = print) -> None:
 
     worker = WorkerProcess(settings, home / "worker.log")
     worker.start()
-    log(f"Relay is serving at {base_url}: open it for the console (API docs: {base_url}/docs)")
-    log(f"data: {home}; API key for user '{LOCAL_USER}' in {key_file} (the SDK and CLI read it from there)")
+    log(f"Relay is serving at {base_url}")
+    log(f"console: {base_url}/ (sign in with the key below); API docs: {base_url}/docs")
+    # The local user's own key on their own machine: printed, so the console can be opened at once.
+    log(f"API key for user '{LOCAL_USER}': {key}")
+    log(f"data: {home}; the key is saved in {key_file}, where the SDK and CLI read it")
     log(f"worker log: {worker.log_path}; press Ctrl-C to stop")
     # uvicorn re-raises the signal that stopped it once it is done; make SIGTERM an exception here so
     # the worker is stopped too (SIGINT is already KeyboardInterrupt).

@@ -1,8 +1,12 @@
-"""Progress of a long run, for a person watching a terminal or reading a log.
+"""Progress of a long run, for a person watching a terminal or reading a log: the one helper that
+`job.wait()`, `relay local train|eval`, `relay fine-tunes events --follow` (piped) and the local
+Trainer report through.
 
-On a terminal: a rich progress bar. Anywhere else (output piped to a file, CI, `nohup`): a plain
-line every few seconds, so a long run never looks hung. `RELAY_PROGRESS_SECONDS` sets the
-interval (default 5).
+On a terminal: a rich progress bar. Anywhere else (output piped to a file, CI, `nohup`): plain
+lines, one when something changed (the step, the status, the loss) but at most one every
+`RELAY_PROGRESS_SECONDS` (default 5), and while nothing changes one every 10 s, so a long run
+never looks hung and a slow one does not repeat itself. Every line and the bar show the rate
+(steps/s) and the time left.
 """
 
 from __future__ import annotations
@@ -10,9 +14,14 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
+from relay._format import duration_text
+
 DEFAULT_EVERY = 5.0
+# With nothing new to say, a line this often (or every RELAY_PROGRESS_SECONDS, if longer).
+HEARTBEAT_SECONDS = 10.0
 
 
 def line_interval() -> float:
@@ -22,9 +31,34 @@ def line_interval() -> float:
         return DEFAULT_EVERY
 
 
-def _elapsed(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+class Rate:
+    """Steps per second since the step first moved (a queue or a warm-up before it does not count),
+    and the time left at that rate."""
+
+    def __init__(self) -> None:
+        self._last_step: int | None = None
+        self._origin: tuple[int, float] | None = None
+        self._latest: tuple[int, float] | None = None
+
+    def add(self, step: int, now: float) -> None:
+        if self._last_step is not None and step != self._last_step:
+            if self._origin is None:
+                self._origin = (step, now)
+            else:
+                self._latest = (step, now)
+        self._last_step = step
+
+    def per_second(self) -> float | None:
+        if self._origin is None or self._latest is None or self._latest[1] <= self._origin[1]:
+            return None
+        return (self._latest[0] - self._origin[0]) / (self._latest[1] - self._origin[1])
+
+    def text(self, step: int, total: int, unit: str = "step") -> str:
+        rate = self.per_second()
+        if rate is None or rate <= 0:
+            return f"- {unit}s/s"
+        shown = f"{rate:.3g} {unit}s/s"
+        return shown if step >= total else f"{shown}, {duration_text((total - step) / rate)} left"
 
 
 class ProgressReport:
@@ -41,12 +75,17 @@ class ProgressReport:
         stream: IO[str] | None = None,
         live: bool | None = None,
         every: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        unit: str = "step",
     ) -> None:
         self.description = description
+        self.unit = unit  # what is counted: "step 10/100", "12 steps/s"
+        self.clock = clock  # a parameter so a test can step time without sleeping
         self.total = total
         self.stream = stream if stream is not None else sys.stderr
         self.every = line_interval() if every is None else every
-        self.started = time.monotonic()
+        self.started = clock()
+        self.rate = Rate()
         self._last_line_at: float | None = None
         self._last_line: str | None = None
         self._step = 0
@@ -57,15 +96,24 @@ class ProgressReport:
             self._bar = _Bar(description, total, self.stream)
 
     def update(self, step: int, detail: str = "", description: str | None = None) -> None:
+        now = self.clock()
         self._step, self._detail = step, detail
+        self.rate.add(step, now)
         if description is not None:
             self.description = description
         if self._bar is not None:
-            self._bar.update(step, detail, self.description)
+            self._bar.update(step, self._with_rate(detail), self.description)
             return
-        now = time.monotonic()
-        if self._last_line_at is None or now - self._last_line_at >= self.every or step >= self.total:
+        if self._line_due(now):
             self._line(now)
+
+    def _line_due(self, now: float) -> bool:
+        if self._last_line_at is None:
+            return True
+        since = now - self._last_line_at
+        if self._format() != self._last_line:
+            return since >= self.every or self._step >= self.total
+        return since >= max(HEARTBEAT_SECONDS, self.every)
 
     def note(self, message: str) -> None:
         """A one-off message (resumed, a skipped step...), above the bar or as its own line."""
@@ -78,15 +126,20 @@ class ProgressReport:
         if self._bar is not None:
             self._bar.stop()
         elif self._last_line != self._format():
-            self._line(time.monotonic())
+            self._line(self.clock())
+
+    def _with_rate(self, detail: str) -> str:
+        rate = self.rate.text(self._step, self.total, self.unit)
+        return f"{detail}  {rate}" if detail else rate
 
     def _format(self) -> str:
         detail = f"  {self._detail}" if self._detail else ""
-        return f"{self.description}  step {self._step}/{self.total}{detail}"
+        return f"{self.description}  {self.unit} {self._step}/{self.total}{detail}"
 
     def _line(self, now: float) -> None:
         text = self._format()
-        print(f"{text}  {_elapsed(now - self.started)}", file=self.stream, flush=True)
+        rate = self.rate.text(self._step, self.total, self.unit)
+        print(f"{text}  {rate}  {duration_text(now - self.started)}", file=self.stream, flush=True)
         self._last_line_at, self._last_line = now, text
 
 

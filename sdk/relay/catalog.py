@@ -6,7 +6,7 @@ which maps each target name to modules of the model (``relay_engine.tuning.targe
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 # `pi05` is the real model (about 3.35B parameters, a GPU); `pi05-tiny` runs the same code at
 # tiny sizes, for CPUs, the demo and the tests.
@@ -22,6 +22,22 @@ SESSION_MODELS: tuple[str, ...] = RECIPE_MODELS
 # The problem types an RT-J session trains: its task loss is BCE (binary) or Huber (regression).
 RelationalSessionProblem = Literal["binary", "regression"]
 RELATIONAL_SESSION_PROBLEMS: tuple[str, ...] = get_args(RelationalSessionProblem)
+
+
+# A model's own defaults, where the spec's (SFTConfig's field defaults, pi05's) would not train it:
+# the one place they are declared (SFTConfig fills them in, SFTConfig.default(field, model) reads
+# them, `relay models info` shows them). pi05-tiny's: LoRA on the action expert cannot teach the
+# tiny base's vision tower what it never saw, and pi05's 2.5e-5, right for 3 billion weights,
+# barely moves its 512,000; every weight at 2e-3 learns (docs/getting-started.md). 16 samples a
+# step is what a CPU trains in a fraction of a second; 128 is a GPU's batch.
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "pi05-tiny": {"finetune": "full", "learning_rate": 2e-3, "batch_size": 16},
+}
+
+
+def model_defaults(model: object) -> dict[str, Any]:
+    """The settings whose default is the model's own; empty where the spec's defaults hold."""
+    return dict(MODEL_DEFAULTS.get(model, {})) if isinstance(model, str) else {}
 
 
 def is_relational(model: str) -> bool:

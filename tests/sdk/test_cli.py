@@ -7,19 +7,26 @@ import os
 import pty
 import re
 import select
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
 from typer.testing import CliRunner
 
+from relay._http import Client
 from relay.cli import app
+from relay.cli._common import JSON_HINT
 from relay.cli.watch import BLOCKS
+from relay.sft.config import SFTConfig
+from relay.sft.job import interrupted_note
+from relay.sft.train import train
 from relay.training import ServiceClient
-from tests.service.stack import Stack, WorkerProcess
+from tests.service.stack import Stack, WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -233,3 +240,73 @@ def test_sessions_commands(
     refused = runner.invoke(app, ["sessions", "close", session_id], env=other)
     assert refused.exit_code == 1 and "404" in refused.output and "Traceback" not in refused.output
     service.close()
+
+
+def relay_process(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """`relay ARGS` running, its stdout and stderr pipes (a script's, not a terminal)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "relay.cli", *args],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def first_line(process: subprocess.Popen[str], stream: IO[str] | None, timeout: float) -> str:
+    """The first line `process` writes to `stream` (its stdout or stderr pipe), within `timeout`."""
+    assert stream is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([stream], [], [], 0.5)
+        if ready:
+            return stream.readline()
+        assert process.poll() is None, process.communicate()
+    raise AssertionError(f"no line from {process.args} in {timeout} s")
+
+
+def interrupted(process: subprocess.Popen[str], job_id: str) -> None:
+    """Ctrl-C, as a terminal sends it (SIGINT): exit 130, no traceback, and what it leaves."""
+    process.send_signal(signal.SIGINT)
+    _, said = process.communicate(timeout=60)
+    assert process.returncode == 130 and "Traceback" not in said, said
+    assert interrupted_note(job_id) in " ".join(said.split()), said
+
+
+def test_piped_tables_and_ctrl_c_while_following_a_running_job(
+    stack: Stack, worker: WorkerProcess, user: tuple[str, str], dataset: Path, tmp_path: Path
+) -> None:
+    # COLUMNS empty: a pipe, as a script's, with no terminal width to follow.
+    env = {
+        "RELAY_BASE_URL": stack.api_url,
+        "RELAY_API_KEY": user[1],
+        "RELAY_HOME": str(tmp_path),
+        "COLUMNS": "",
+    }
+    # Long enough to be running whenever the signals come; cancelled at the end.
+    long_job = SFTConfig(model="pi05-tiny", dataset_name=str(dataset), batch_size=2, steps=100_000)
+    job = train(long_job, client=Client(stack.api_url, user[1]))
+    wait_for(lambda: job.refresh().status == "running", 120, "the job to run")
+
+    # Piped, a table is as wide as its values (no `runni…`, the whole dataset path) and says --json.
+    listed = relay("fine-tunes", "list", env=env)
+    row = next(line for line in listed.stdout.splitlines() if job.id in line)
+    assert "running" in row and str(dataset) in row and "…" not in listed.stdout, listed.stdout
+    assert JSON_HINT in listed.stderr
+
+    follow = relay_process("fine-tunes", "events", job.id, "--follow", env=env)
+    line = first_line(follow, follow.stdout, 120)  # the first metrics event, with the rate and time left
+    assert "step     10  loss" in line and "steps/s, " in line and " left" in line, line
+    interrupted(follow, job.id)
+
+    # `create --wait` of a second job (queued behind the first): the same, said by job.wait().
+    create = ["--model", "pi05-tiny", "--dataset", str(dataset), "--batch-size", "2", "--steps", "100000"]
+    wait = relay_process("fine-tunes", "create", *create, "--wait", env=env)
+    second = first_line(wait, wait.stderr, 60).split()[0]  # "ft-... queued  step 0/100000  ..."
+    interrupted(wait, second)
+
+    # The jobs ran on, and the command the note gives cancels them.
+    assert job.refresh().status == "running"
+    for job_id in (job.id, second):
+        cancelled = relay("fine-tunes", "cancel", job_id, "--json", env=env)
+        assert json.loads(cancelled.stdout)["status"] in ("cancel_requested", "cancelled"), cancelled.stderr

@@ -63,6 +63,31 @@ def test_defaults_follow_the_choices_made() -> None:
     assert SFTConfig(**BASE, lora_rank=8, lora_alpha=16).lora_alpha == 16.0
 
 
+def test_a_model_with_defaults_of_its_own_gets_them_for_the_fields_left_out() -> None:
+    tiny = {"model": "pi05-tiny", "dataset_name": "lerobot/pusht_image"}
+    config = SFTConfig(**tiny)
+    assert (config.finetune, config.learning_rate, config.batch_size) == ("full", 2e-3, 16)
+    assert config.targets == ["all"] and config.gpus is None  # full's gpus: the service's choice
+    # SFTConfig.default answers the same, per model; without a model, the spec's (pi05's).
+    assert [SFTConfig.default(f, "pi05-tiny") for f in ("finetune", "learning_rate", "batch_size")] == [
+        "full",
+        2e-3,
+        16,
+    ]
+    assert (SFTConfig.default("learning_rate"), SFTConfig.default("learning_rate", "pi05")) == (
+        2.5e-5,
+        2.5e-5,
+    )
+    # What is given wins; a stored job's config (every field spelled out) reads back unchanged.
+    chosen = SFTConfig(**tiny, finetune="lora", learning_rate=1e-4, batch_size=8)
+    assert (chosen.finetune, chosen.learning_rate, chosen.batch_size) == ("lora", 1e-4, 8)
+    assert chosen.targets == list(catalog.DEFAULT_LORA_TARGETS)
+    assert SFTConfig.parse(chosen.model_dump()) == chosen and SFTConfig.parse(config.model_dump()) == config
+    # The JSON schema (the API's, the console's form) carries them beside the spec's default.
+    schema = SFTConfig.model_json_schema()["properties"]["learning_rate"]
+    assert (schema["default"], schema["x-model-defaults"]) == (2.5e-5, {"pi05-tiny": 2e-3})
+
+
 def test_limits_are_inclusive() -> None:
     for fields in (
         {"batch_size": 1},

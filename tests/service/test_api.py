@@ -71,13 +71,14 @@ def test_create_answers_at_once_with_the_queued_job(parked: TestClient, alice: d
     assert job["status"] == "queued" and job["step"] == 0 and job["loss"] is None and job["error"] is None
     assert job["output_dir"] is None
     assert (job["model"], job["batch_size"], job["steps"], job["name"]) == ("pi05-tiny", 4, 20, "first")
+    # pi05-tiny's own defaults (catalog.MODEL_DEFAULTS), stored and echoed as the values it trains with.
     assert (job["learning_rate"], job["finetune"], job["lora_rank"], job["lora_alpha"]) == (
-        2.5e-5,
-        "lora",
+        2e-3,
+        "full",
         32,
         32.0,
     )
-    assert job["targets"] == ["action_expert.attn", "action_expert.mlp", "heads"] and job["cameras"] is None
+    assert job["targets"] == ["all"] and job["cameras"] is None
     again = parked.get(f"/v1/fine-tunes/{job['id']}", headers=alice).json()
     assert again == job
 

@@ -60,7 +60,14 @@ def alive(pid: int) -> bool:
 
 def config(dataset: Path, **fields: object) -> SFTConfig:
     return SFTConfig(
-        **{"model": "pi05-tiny", "dataset_name": str(dataset), "batch_size": 4, "gpus": 2, **fields}
+        **{
+            "model": "pi05-tiny",
+            "dataset_name": str(dataset),
+            "batch_size": 4,
+            "gpus": 2,
+            "finetune": "lora",
+            **fields,
+        }
     )
 
 

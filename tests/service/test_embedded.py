@@ -4,6 +4,7 @@ results through SQLite), and stopping it stops its worker."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -59,8 +60,12 @@ def test_relay_server_runs_a_job_end_to_end(
                 return False
 
         wait_for(up, 120, "relay server to answer", every=0.3)
-        assert f"Relay is serving at {url}" in (tmp_path / "server.out").read_text()
+        printed = (tmp_path / "server.out").read_text()
+        assert f"Relay is serving at {url}" in printed and f"console: {url}/ " in printed
         assert (home / "relay.db").is_file() and (home / "client.json").is_file()
+        # The key itself, the one the client file holds, so the console can be signed in to at once.
+        key = json.loads((home / "client.json").read_text())["api_key"]
+        assert f"API key for user 'local': {key}\n" in printed
 
         monkeypatch.delenv("RELAY_BASE_URL", raising=False)
         monkeypatch.delenv("RELAY_API_KEY", raising=False)

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.slow
 
 
 def tiny(dataset: Path, **fields: object) -> SFTConfig:
-    return SFTConfig(**{"model": "pi05-tiny", "dataset_name": str(dataset), "batch_size": 2, **fields})
+    return SFTConfig(
+        **{"model": "pi05-tiny", "dataset_name": str(dataset), "batch_size": 2, "finetune": "lora", **fields}
+    )
 
 
 def user_id(stack: Stack, key: str) -> int:

@@ -114,6 +114,7 @@ def config(dataset: Path, **fields: object) -> SFTConfig:
             "batch_size": 4,
             "steps": STEPS,
             "learning_rate": 1e-3,
+            "finetune": "lora",  # these tests are of DDP gangs, not of pi05-tiny's default (full)
             **fields,
         }
     )

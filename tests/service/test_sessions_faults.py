@@ -4,11 +4,15 @@ is killed. The stack's sessions idle out after 4 s and leases last 3 s, so each 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
+from relay._http import Client
 from relay.errors import RequestFailedError
+from relay.sft.config import SFTConfig
+from relay.sft.train import train
 from relay.training import ServiceClient, types
 from tests.service.sessions_data import batch
 from tests.service.stack import Stack, WorkerProcess, wait_for
@@ -37,6 +41,33 @@ def test_a_session_no_worker_takes_times_out_with_a_clear_error_and_is_ended(
         ("closed", "closed by its client before it was ready")
     ]
     service.close()
+
+
+def test_a_session_waiting_for_the_only_worker_names_the_job_that_holds_it(
+    stack: Stack,
+    user: tuple[str, str],
+    worker: WorkerProcess,
+    dataset: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    client = Client(stack.api_url, user[1])
+    job = train(
+        SFTConfig(model="pi05-tiny", dataset_name=str(dataset), batch_size=2, steps=100_000), client=client
+    )
+    try:
+        wait_for(lambda: job.refresh().status == "running", 120, "the job to hold the worker")
+        service = ServiceClient(stack.api_url, user[1], start_timeout=3.0)
+        with pytest.raises(
+            TimeoutError, match=rf"none is running; held by your fine-tune {job.id} \(running, step"
+        ):
+            service.create_lora_training_client("pi05-tiny")
+        service.close()
+        # stderr is no terminal here: the wait said it in a line too.
+        assert (
+            f"waiting for a free worker; held by your fine-tune {job.id} (running" in capsys.readouterr().err
+        )
+    finally:
+        job.cancel()
 
 
 def test_a_silent_client_loses_its_session_and_a_heartbeating_one_keeps_it(

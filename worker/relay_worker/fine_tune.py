@@ -14,9 +14,11 @@ the job (a cancel) until their processes end.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import math
 import os
+import re
 import socket
 import threading
 import time
@@ -412,14 +414,26 @@ def _rendezvous(settings: Settings, gang: Gang) -> Rendezvous:
 
 def public_message(message: str, settings: Settings) -> str:
     """An error message for the job's owner: the service's own paths (its data directory, the dataset
-    cache) are named, not spelled out; the worker's log keeps them whole."""
-    places = [(settings.jobs_dir, "<jobs>"), (settings.home, "<data dir>")]
+    cache) are named in words, not spelled out; the worker's log keeps them whole. What follows such
+    a path inside it is kept, as `(at datasets/...)`, since that part names the user's own data."""
+    places = [
+        (settings.jobs_dir, "the service's jobs directory"),
+        (settings.home, "the service's data directory"),
+    ]
     if settings.dataset_cache_dir is not None:
-        places.insert(0, (settings.dataset_cache_dir, "<dataset cache>"))
-    places.append((cache_dir_or_default(None), "<dataset cache>"))
+        places.insert(0, (settings.dataset_cache_dir, "the service's dataset cache"))
+    places.append((cache_dir_or_default(None), "the service's dataset cache"))
     for path, name in places:
-        message = message.replace(str(path.expanduser().absolute()), name)
+        # The path (not a longer name it begins), and the rest of a path under it (up to a quote,
+        # a space or a bracket).
+        pattern = re.escape(str(path.expanduser().absolute())) + r"(?![\w-])(/[^\s'\"(),:;]*)?"
+        message = re.sub(pattern, functools.partial(_named, name), message)
     return message
+
+
+def _named(name: str, found: re.Match[str]) -> str:
+    inside = (found.group(1) or "").strip("/")
+    return f"{name} (at {inside})" if inside else name
 
 
 def _last_checkpoint_step(work_dir: Path) -> int | None:

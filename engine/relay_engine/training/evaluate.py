@@ -3,7 +3,7 @@ blind baseline to judge that by."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,11 +42,13 @@ def evaluate_actions(
     batch_size: int = 32,
     num_steps: int = 10,
     seed: int = 0,
+    on_batch: Callable[[int], None] | None = None,
 ) -> EvalResult:
     """Sample a chunk for each frame in `indices` and compare it with the dataset's chunk.
 
     Padded steps past an episode's end and the padding columns are left out. The sampler's noise
-    comes from `seed`, so two evaluations of one policy agree exactly.
+    comes from `seed`, so two evaluations of one policy agree exactly. `on_batch(frames_done)`
+    after each batch, for progress.
     """
     policy.eval()
     device = next(policy.parameters()).device
@@ -62,6 +64,8 @@ def evaluate_actions(
             error = (predicted[row, :, :width].numpy() - actions) ** 2
             squared_error += float(error[mask].sum())
             count += int(mask.sum())
+        if on_batch is not None:
+            on_batch(start + len(samples))
     return EvalResult(mse=squared_error / max(count, 1), samples=len(indices))
 
 

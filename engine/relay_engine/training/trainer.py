@@ -20,12 +20,15 @@ trains under DDP or FSDP (`strategy`), and rank 0 alone writes the output.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
 import torch
 
+from relay._format import number_text
+from relay._progress import ProgressReport
 from relay.optimizer import AdamParams
 from relay.sft.config import SFTConfig
 from relay_engine.distributed import Parallel, batch_slice, choose_strategy, gathered_policy, join, launched
@@ -35,7 +38,7 @@ from relay_engine.models.lerobot_files import DescribesRobot
 from relay_engine.training.data import BatchOrder, DataPosition, MapDataset, batch_loader
 from relay_engine.training.export import write_output
 from relay_engine.training.learner import Learner
-from relay_engine.training.loop import Event, LoopState, run_loop
+from relay_engine.training.loop import Event, LoopResult, LoopState, run_loop
 from relay_engine.training.schedule import learning_rate
 from relay_engine.tuning import apply_tuning
 
@@ -51,7 +54,8 @@ class TrainingArguments:
     max_steps: int | None = None
     per_device_train_batch_size: int = 8
     gradient_accumulation_steps: int = 1
-    learning_rate: float = SFTConfig.default("learning_rate")
+    # None: the model's default, as a recipe's (SFTConfig.default(field, model); pi05-tiny's differ).
+    learning_rate: float | None = None
     weight_decay: float = _ADAM.weight_decay
     max_grad_norm: float = _ADAM.grad_clip_norm
     seed: int = 42
@@ -59,11 +63,14 @@ class TrainingArguments:
     # "torch" runs eagerly; "triton" compiles forward and backward with torch.compile
     # (TorchInductor's Triton kernels), which needs CUDA.
     training_backend: Literal["torch", "triton"] = "torch"
-    finetune: Literal["lora", "full"] = SFTConfig.default("finetune")
+    finetune: Literal["lora", "full"] | None = None
     lora_rank: int = SFTConfig.default("lora_rank")
     lora_alpha: float | None = None
     targets: list[str] | None = None
     logging_steps: int = 10
+    # Hugging Face's name: True turns off the progress shown on stderr (a bar on a terminal, lines
+    # otherwise, every logging_steps).
+    disable_tqdm: bool = False
     dataloader_num_workers: int = 0
     # Under torchrun: auto (fsdp for full, ddp for lora), ddp or fsdp.
     strategy: str = "auto"
@@ -80,7 +87,7 @@ class TrainingArguments:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"bad {name}: {value} (must be at least 1)")
-        if self.learning_rate <= 0:
+        if self.learning_rate is not None and self.learning_rate <= 0:
             raise ConfigError(f"bad learning_rate: {self.learning_rate} (must be > 0)")
         if self.save_strategy not in ("no", "epoch"):
             raise ConfigError(f"bad save_strategy: {self.save_strategy!r} (must be 'no' or 'epoch')")
@@ -104,12 +111,18 @@ class Trainer:
         summary = getattr(getattr(train_dataset, "dataset", train_dataset), "summary", None)
         if summary is not None:  # a LeRobot dataset (or a Subset of one) knows the robot's action width
             model.config = model.config.replace(robot_action_dim=summary.action_dim)
-        self.model = apply_tuning(model, args.finetune, args.targets, args.lora_rank, args.lora_alpha)
+        # The settings left to the model's default, resolved where a recipe resolves them.
+        own = model.config.model
+        self.learning_rate: float = (
+            SFTConfig.default("learning_rate", own) if args.learning_rate is None else args.learning_rate
+        )
+        self.finetune: str = SFTConfig.default("finetune", own) if args.finetune is None else args.finetune
+        self.model = apply_tuning(model, self.finetune, args.targets, args.lora_rank, args.lora_alpha)
         if args.training_backend == "triton":
             # Compiling flow_outputs compiles its forward graph and, through AOTAutograd, the backward.
             self.model.flow_outputs = torch.compile(self.model.flow_outputs)  # type: ignore[method-assign]
         self.parallel = (
-            Parallel(self.model, self.world, choose_strategy(args.strategy, args.finetune))
+            Parallel(self.model, self.world, choose_strategy(args.strategy, self.finetune))
             if self.world is not None
             else None
         )
@@ -158,25 +171,46 @@ class Trainer:
             if args.save_strategy == "epoch" and position.offset == 0 and position.epoch > 0:
                 self._write(output_dir / f"checkpoint-epoch-{position.epoch}")
 
-        result = run_loop(
+        report = None if args.disable_tqdm or rank != 0 else ProgressReport("training", total_steps)
+
+        def on_event(event: Event) -> None:
+            self.events.append(event)
+            if report is not None and "loss" in event:
+                report.update(int(event["step"]), f"loss {number_text(float(event['loss']))}")
+
+        try:
+            result = self._run(next_step_batches, total_steps, after_step, on_event)
+        finally:
+            if report is not None:
+                report.close()
+        self._write(output_dir)
+        return {"train_loss": sum(self.losses) / len(self.losses), "steps": result.step}
+
+    def _run(
+        self,
+        next_step_batches: Callable[[], list[Any]],
+        total_steps: int,
+        after_step: Callable[[LoopState], None],
+        on_event: Callable[[Event], None],
+    ) -> LoopResult:
+        args = self.args
+        return run_loop(
             self.learner,
             next_step_batches,
             state=LoopState(),
             total_steps=total_steps,
-            learning_rate_at=lambda step: learning_rate(step, total_steps, args.learning_rate),
+            learning_rate_at=lambda step: learning_rate(step, total_steps, self.learning_rate),
             adam=AdamParams(
-                learning_rate=args.learning_rate,
+                learning_rate=self.learning_rate,
                 weight_decay=args.weight_decay,
                 grad_clip_norm=args.max_grad_norm,
             ),
-            on_event=self.events.append,
+            on_event=on_event,
             should_stop=lambda: False,
             log_every=args.logging_steps,
             on_batch_loss=self.losses.append,
             after_step=after_step,
         )
-        self._write(output_dir)
-        return {"train_loss": sum(self.losses) / len(self.losses), "steps": result.step}
 
     def _write(self, directory: Path) -> None:
         whole = gathered_policy(self.model, self.parallel)

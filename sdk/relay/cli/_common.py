@@ -1,8 +1,9 @@
-"""What the CLI's command groups share: error output and argument parsing."""
+"""What the CLI's command groups share: error output, tables and argument parsing."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -11,8 +12,34 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-err = Console(stderr=True)
-out = Console()
+# Off a terminal (piped, redirected) rich would squeeze everything into 80 columns and cut values
+# short; there output is as wide as its content instead (COLUMNS, when set, still rules).
+PIPED_WIDTH = 100_000
+
+
+def console(stderr: bool = False) -> Console:
+    """The CLI's console: a terminal's width on a terminal, the content's width anywhere else."""
+    made = Console(stderr=stderr)
+    if made.is_terminal or os.environ.get("COLUMNS"):
+        return made
+    return Console(stderr=stderr, width=PIPED_WIDTH)
+
+
+err = console(stderr=True)
+out = console()
+JSON_HINT = "(--json prints this as JSON, one object a line, for scripts)"
+
+
+def show_table(table: Table, on: Console | None = None, json_hint: bool = False) -> None:
+    """Print a table whose values are never cut: a column too narrow wraps (folds) its values.
+    Off a terminal, a table of a command that has --json says so on stderr."""
+    shown = on or out
+    for column in table.columns:
+        column.no_wrap, column.overflow = False, "fold"
+    shown.print(table)
+    if json_hint and not shown.is_terminal:
+        err.print(JSON_HINT, style="dim", highlight=False)
+
 
 _STATUS_STYLE = {
     "completed": "green",
@@ -79,4 +106,4 @@ def show_record(record: dict[str, Any], as_json: bool) -> None:
             else (json.dumps(value) if isinstance(value, list | dict) else escape(str(value)))
         )
         table.add_row(f"[bold]{key}[/bold]", shown)
-    out.print(table)
+    show_table(table, json_hint=True)

@@ -12,25 +12,21 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from relay.cli._common import fail
+from relay._format import size_text
+from relay.cli._common import console, fail, show_table
 from relay.cli._extras import require
 
 app = typer.Typer(
     help="The frame indexes of datasets in the cache: show them (the default) or prune them.",
     invoke_without_command=True,
 )
-_out = Console()
+_out = console()
 
 CacheDirOption = Annotated[
     Path | None, typer.Option(help="The cache [default: RELAY_CACHE_DIR or ~/.cache/relay].")
 ]
-
-
-def _gib(size: int) -> str:
-    return f"{size / (1 << 30):.2f} GB"
 
 
 @app.callback()
@@ -49,18 +45,20 @@ def show(ctx: typer.Context, cache_dir: CacheDirOption = None) -> None:
     table = Table("dataset", "size", "last used", "index")
     for entry in reversed(found):
         used = dt.datetime.fromtimestamp(entry.last_used).isoformat(sep=" ", timespec="seconds")
-        table.add_row(entry.dataset, _gib(entry.bytes), used, entry.path.name)
-    _out.print(table)
+        table.add_row(entry.dataset, size_text(entry.bytes), used, entry.path.name)
+    show_table(table, _out)
     total = sum(entry.bytes for entry in found)
-    shown_limit = _gib(limit) if limit else "none"
-    _out.print(f"{len(found)} indexes, {_gib(total)} in {cache / 'frames'}; limit {shown_limit}")
+    shown_limit = size_text(limit) if limit else "none"
+    _out.print(f"{len(found)} indexes, {size_text(total)} in {cache / 'frames'}; limit {shown_limit}")
 
 
 @app.command()
 def prune(
     max_gb: Annotated[
         float | None,
-        typer.Option(help="Keep at most this many GB [default: the limit, RELAY_FRAME_CACHE_MAX_BYTES]."),
+        typer.Option(
+            help="Keep at most this many GB (10^9 bytes) (default: the limit, RELAY_FRAME_CACHE_MAX_BYTES)."
+        ),
     ] = None,
     cache_dir: CacheDirOption = None,
 ) -> None:
@@ -71,7 +69,7 @@ def prune(
     if max_gb is not None and max_gb < 0:
         fail(f"bad --max-gb: {max_gb} (must be 0 or more)")
     try:
-        limit = int(max_gb * (1 << 30)) if max_gb is not None else frame_cache.limit_bytes()
+        limit = int(max_gb * 1e9) if max_gb is not None else frame_cache.limit_bytes()
     except ValueError as error:
         fail(str(error))
     if max_gb == 0:
@@ -79,6 +77,6 @@ def prune(
     else:
         removed = frame_cache.prune(cache, limit)
     for entry in removed:
-        _out.print(f"removed the index of {entry.dataset} ({_gib(entry.bytes)})")
+        _out.print(f"removed the index of {entry.dataset} ({size_text(entry.bytes)})")
     left = frame_cache.entries(cache)
-    _out.print(f"{len(removed)} removed; {len(left)} left, {_gib(sum(e.bytes for e in left))}")
+    _out.print(f"{len(removed)} removed; {len(left)} left, {size_text(sum(e.bytes for e in left))}")

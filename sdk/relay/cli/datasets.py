@@ -12,20 +12,19 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from relay.cli._common import dataset_name, fail, parse_pairs
+from relay.cli._common import console, dataset_name, fail, parse_pairs
 from relay.cli._extras import require
 
 app = typer.Typer(
     help="Check LeRobot v2.1 datasets, print their norm stats, write synthetic ones.", no_args_is_help=True
 )
 
-_out = Console()
-_err = Console(stderr=True)
+_out = console()
+_err = console(stderr=True)
 
 DatasetArg = Annotated[
     str, typer.Argument(help="A Hub dataset repo id (revision v2.1), a local directory or a file:// URL.")

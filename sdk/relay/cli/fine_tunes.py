@@ -10,24 +10,34 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from relay import sft
+from relay._format import duration_text, number_text, size_text
 from relay.catalog import LORA_RANK_MAX
-from relay.cli._common import dataset_name, err, fail, parse_pairs, show_record, split_targets, status_text
+from relay.cli._common import (
+    console,
+    dataset_name,
+    err,
+    fail,
+    parse_pairs,
+    show_record,
+    show_table,
+    split_targets,
+    status_text,
+)
 from relay.cli.watch import watch_events
 from relay.errors import APIError, ConfigError
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
-from relay.sft.job import Event, FineTuneJob
+from relay.sft.job import Event, FineTuneJob, interrupted_note
 from relay.sft.train import train
 
 app = typer.Typer(
     help="Recipe jobs on Relay's GPUs: create, list, retrieve, cancel, events, download.",
     no_args_is_help=True,
 )
-out = Console()
+out = console()
 
 
 @contextmanager
@@ -38,8 +48,21 @@ def _clear_errors() -> Iterator[None]:
     except ConfigError as error:  # a broken rule is a usage error: exit 2, as typer's own are
         err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    except typer.Exit:  # click's Exit is a RuntimeError: an exit already chosen stays as chosen
+        raise
     except (APIError, RuntimeError, TimeoutError) as error:
         fail(str(error))
+
+
+@contextmanager
+def _exit_on_interrupt(job_id: str, said: bool = False) -> Iterator[None]:
+    """Ctrl-C while following a job: a line on what it leaves (unless `said`), exit status 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not said:
+            err.print(interrupted_note(job_id), highlight=False, markup=False)
+        raise typer.Exit(130) from None
 
 
 @app.command()
@@ -55,15 +78,18 @@ def create(
         "or a local directory.",
     ),
     batch_size: int | None = typer.Option(
-        None, help=f"Samples per step, 1 to {BATCH_SIZE_MAX} (default {SFTConfig.default('batch_size')})."
+        None,
+        help=f"Samples per step, 1 to {BATCH_SIZE_MAX} (default {SFTConfig.default_text('batch_size')}).",
     ),
     learning_rate: float | None = typer.Option(
-        None, help=f"Peak learning rate (default {SFTConfig.default('learning_rate')})."
+        None, help=f"Peak learning rate (default {SFTConfig.default_text('learning_rate')})."
     ),
     steps: int | None = typer.Option(
         None, help=f"Optimizer steps, 1 to {STEPS_MAX:,} (default {SFTConfig.default('steps')})."
     ),
-    finetune: str | None = typer.Option(None, help="lora (default) or full."),
+    finetune: str | None = typer.Option(
+        None, help=f"lora or full (default {SFTConfig.default_text('finetune')})."
+    ),
     lora_rank: int | None = typer.Option(
         None, help=f"LoRA rank, 1 to {LORA_RANK_MAX} (default {SFTConfig.default('lora_rank')})."
     ),
@@ -112,7 +138,8 @@ def create(
         config = SFTConfig.parse(fields)
         job = train(config, idempotency_key=idempotency_key)
         if wait:
-            job.wait(poll=5, progress=not as_json)
+            with _exit_on_interrupt(job.id, said=True):  # job.wait() says what Ctrl-C leaves
+                job.wait(poll=5, progress=not as_json)
         _show_job(job, as_json)
 
 
@@ -121,7 +148,7 @@ def list_(
     limit: int = typer.Option(20, min=1, help="How many, newest first."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines."),
 ) -> None:
-    """Your fine-tunes, newest first."""
+    """Your fine-tunes, newest first (--json: one JSON object a line, for scripts)."""
     with _clear_errors():
         jobs = sft.list_jobs(limit=limit)
     if as_json:
@@ -139,13 +166,13 @@ def list_(
             job.id,
             status_text(job.status),
             f"{job.step}/{job.steps}",
-            _loss(job.loss),
+            number_text(job.loss),
             job.model,
             job.dataset_name,
             job.name or "",
             (job.to_dict().get("created_at") or "")[:19],
         )
-    out.print(table)
+    show_table(table, out, json_hint=True)
 
 
 @app.command()
@@ -176,12 +203,13 @@ def events(
     on a terminal, a live progress bar and loss sparkline under them."""
     with _clear_errors():
         job = sft.retrieve(job_id)
-        if follow and not as_json and out.is_terminal:  # piped: the plain lines below
-            watch_events(job, job.follow(after), lambda event: _print_event(event, False), out)
-            return
-        stream = job.follow(after) if follow else iter(job.events(after))
-        for event in stream:
-            _print_event(event, as_json)
+        with _exit_on_interrupt(job.id):
+            if follow and not as_json and out.is_terminal:  # piped: the plain lines below
+                watch_events(job, job.follow(after), lambda event: _print_event(event, False, job.steps), out)
+                return
+            stream = job.follow(after) if follow else iter(job.events(after))
+            for event in stream:
+                _print_event(event, as_json, job.steps)
 
 
 @app.command()
@@ -195,7 +223,8 @@ def download(
         job = sft.retrieve(job_id)
         target = job.download(directory or Path(job_id), checkpoints=checkpoints)
     for path in sorted(p for p in target.rglob("*") if p.is_file()):
-        out.print(f"{path}  {path.stat().st_size:,} bytes", highlight=False, soft_wrap=True)
+        size = path.stat().st_size
+        out.print(f"{path}  {size_text(size)} ({size:,} bytes)", highlight=False, soft_wrap=True)
 
 
 def _show_job(job: FineTuneJob, as_json: bool) -> None:
@@ -205,18 +234,18 @@ def _show_job(job: FineTuneJob, as_json: bool) -> None:
     show_record(record, as_json)
 
 
-def _print_event(event: Event, as_json: bool) -> None:
+def _print_event(event: Event, as_json: bool, steps: int) -> None:
     if as_json:
         print(json.dumps({"id": event.id, "created_at": event.created_at, **event}), flush=True)
         return
     if "event" not in event:
         line = (
-            f"id {event.id:>6}  step {event['step']:>6}  loss {_loss(event.get('loss'))}"
-            f"  grad_norm {_num(event.get('grad_norm'))}  lr {_num(event.get('lr'), '.2e')}"
-            f"  skipped {_num(event.get('skipped'), '.0%')}"
+            f"id {event.id:>6}  step {event['step']:>6}  loss {number_text(event.get('loss'))}"
+            f"  grad_norm {number_text(event.get('grad_norm'))}  lr {number_text(event.get('lr'))}"
+            f"  skipped {_share(event.get('skipped'))}  {_pace(event, steps)}"
         )
     else:
-        details = "  ".join(f"{k} {v}" for k, v in event.items() if k not in ("step", "event"))
+        details = "  ".join(f"{k} {_value(v)}" for k, v in event.items() if k not in ("step", "event"))
         line = f"id {event.id:>6}  step {event['step']:>6}  {event['event']}" + (
             f"  {details}" if details else ""
         )
@@ -228,9 +257,19 @@ def _print_event(event: Event, as_json: bool) -> None:
 LOSS_LABEL = "loss (10-step mean)"
 
 
-def _loss(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
+def _pace(event: Event, steps: int) -> str:
+    """A metrics event's rate (the engine's, over its 10 steps) and the time left at it."""
+    rate = event.get("steps_per_second")
+    if not isinstance(rate, int | float) or rate <= 0:
+        return "- steps/s"
+    left = max(0, steps - int(event["step"])) / rate
+    return f"{number_text(rate, 3)} steps/s, {duration_text(left)} left"
 
 
-def _num(value: Any, spec: str = ".3f") -> str:
-    return "-" if value is None else format(value, spec)
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _value(value: Any) -> str:
+    """An event's detail: a float to 4 significant digits (a checkpoint's seconds), the rest as is."""
+    return number_text(value) if isinstance(value, float) else str(value)

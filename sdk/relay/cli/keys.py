@@ -8,11 +8,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from relay.cli._common import err, fail
+from relay.cli._common import err, fail, show_table
 from relay.cli._extras import require
 
 app = typer.Typer(
@@ -50,7 +49,7 @@ def list_() -> None:
     table = Table("user", "key", "created", "revoked")
     for user, prefix, created, revoked in rows:
         table.add_row(user, prefix + "...", created[:19], (revoked or "")[:19])
-    Console().print(table)
+    show_table(table)
 
 
 @app.command()

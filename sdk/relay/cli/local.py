@@ -10,10 +10,11 @@ from types import FrameType
 from typing import Any
 
 import typer
-from rich.console import Console
 
+from relay._format import number_text
 from relay._progress import ProgressReport
 from relay.catalog import LORA_RANK_MAX, RELATIONAL_MODELS, STRATEGIES
+from relay.cli._common import console as make_console
 from relay.cli._common import dataset_name, fail, parse_pairs, split_targets
 from relay.cli._extras import require
 from relay.cli._launch import Launch, rank, run_launched
@@ -22,7 +23,7 @@ from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 app = typer.Typer(
     help="Train and evaluate on this machine, with the same engine the service runs.", no_args_is_help=True
 )
-console = Console(stderr=True)
+console = make_console(stderr=True)
 
 
 def parse_episodes(spec: str | None) -> list[int] | None:
@@ -62,18 +63,20 @@ def train(
     task: str | None = typer.Option(None, help="rt-j models: the database's task to train on."),
     steps: int = typer.Option(SFTConfig.default("steps"), help=f"Optimizer steps, 1 to {STEPS_MAX:,}."),
     output_dir: Path = typer.Option(..., help="Where checkpoints and the merged model go."),
-    batch_size: int = typer.Option(
-        SFTConfig.default("batch_size"), help=f"Samples per step, 1 to {BATCH_SIZE_MAX}."
+    # No default here for the settings whose default depends on the model (SFTConfig fills them in).
+    batch_size: int | None = typer.Option(
+        None,
+        help=f"Samples per step, 1 to {BATCH_SIZE_MAX} (default {SFTConfig.default_text('batch_size')}).",
     ),
-    learning_rate: float = typer.Option(
-        SFTConfig.default("learning_rate"), help="The peak learning rate, after warmup."
+    learning_rate: float | None = typer.Option(
+        None,
+        help=f"The peak learning rate, after warmup (default {SFTConfig.default_text('learning_rate')}).",
     ),
-    # No default here: SFTConfig's depends on the model's family (pi05: lora, rank 32; rt-j: full).
     finetune: str | None = typer.Option(
-        None, help=f"lora or full [default: {SFTConfig.default('finetune')}; rt-j models: full]."
+        None, help=f"lora or full (default {SFTConfig.default_text('finetune')}; rt-j models: full)."
     ),
     lora_rank: int | None = typer.Option(
-        None, help=f"LoRA rank, 1 to {LORA_RANK_MAX} [default: {SFTConfig.default('lora_rank')}]."
+        None, help=f"LoRA rank, 1 to {LORA_RANK_MAX} (default {SFTConfig.default('lora_rank')})."
     ),
     lora_alpha: float | None = typer.Option(None, help="LoRA alpha (default: the rank)."),
     targets: list[str] | None = typer.Option(
@@ -121,6 +124,8 @@ def train(
 
     try:
         given: dict[str, Any] = {
+            "batch_size": batch_size,
+            "learning_rate": learning_rate,
             "finetune": finetune,
             "lora_rank": lora_rank,
             "lora_alpha": lora_alpha,
@@ -131,8 +136,6 @@ def train(
         config = SFTConfig(
             model=model,
             dataset_name=dataset_name(dataset),
-            batch_size=batch_size,
-            learning_rate=learning_rate,
             steps=steps,
             **{field: value for field, value in given.items() if value is not None},
         )
@@ -177,8 +180,8 @@ def train(
             return
         if "loss" in event:
             detail = (
-                f"loss {_number(event['loss'], '.4f')} (10-step mean)  "
-                f"grad_norm {_number(event['grad_norm'], '.3f')}  lr {event['lr']:.2e}"
+                f"loss {number_text(event['loss'])} (10-step mean)  "
+                f"grad_norm {number_text(event['grad_norm'])}  lr {number_text(event['lr'])}"
             )
             report.update(event["step"], detail)
             if event["skipped"]:
@@ -225,13 +228,9 @@ def train(
         print(json.dumps(summary), flush=True)
     else:
         console.print(
-            f"completed {result.step} steps, loss {_number(window_loss, '.4f')} (mean of the last 10 steps); "
+            f"completed {result.step} steps, loss {number_text(window_loss)} (mean of the last 10 steps); "
             f"model in {result.output_dir}"
         )
-
-
-def _number(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 @app.command("eval")
@@ -270,9 +269,25 @@ def evaluate(
         evaluation.with_norm_stats(data, Path(model).expanduser())
         selected = parse_episodes(episodes)
         indices = data.indices_of_episodes(selected) if selected is not None else range(len(data))
-        result = evaluation.evaluate_actions(
-            policy, data, list(indices), batch_size=batch_size, num_steps=num_steps, seed=seed
+        # Sampling takes minutes on a CPU: progress on stderr, as `relay local train` shows it.
+        report = (
+            None
+            if json_output
+            else ProgressReport("evaluating", len(indices), stream=sys.stderr, unit="frame")
         )
+        try:
+            result = evaluation.evaluate_actions(
+                policy,
+                data,
+                list(indices),
+                batch_size=batch_size,
+                num_steps=num_steps,
+                seed=seed,
+                on_batch=report.update if report is not None else None,
+            )
+        finally:
+            if report is not None:
+                report.close()
         blind = None
         if blind_from is not None:
             training = data.indices_of_episodes(parse_episodes(blind_from))

@@ -11,7 +11,6 @@ import json
 from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from relay.catalog import (
@@ -24,15 +23,16 @@ from relay.catalog import (
     STRATEGIES,
     TARGETS,
 )
+from relay.cli._common import console
 from relay.cli._extras import require
 from relay.memory_plan import plan_named
 from relay.pi05_layout import NAMED_SIZES
-from relay.sft.config import BATCH_SIZE_MAX, GPUS_MAX
+from relay.sft.config import BATCH_SIZE_MAX, GPUS_MAX, SFTConfig
 
 app = typer.Typer(help="Base models, and what a recipe trains on them.", no_args_is_help=True)
 
-_out = Console()
-_err = Console(stderr=True)
+_out = console()
+_err = console(stderr=True)
 
 
 @app.command("list")
@@ -52,7 +52,9 @@ def info(
     name: Annotated[
         str, typer.Argument(help=f"{', '.join((*MODELS, *RELATIONAL_MODELS))}, or an output directory.")
     ],
-    finetune: Annotated[str, typer.Option(help="lora or full.")] = "lora",
+    finetune: Annotated[
+        str | None, typer.Option(help="lora or full [default: the model's recipe default].")
+    ] = None,
     lora_rank: Annotated[int, typer.Option(help=f"LoRA rank, 1 to {LORA_RANK_MAX}.")] = LORA_RANK_DEFAULT,
     lora_alpha: Annotated[float | None, typer.Option(help="LoRA alpha [default: the rank].")] = None,
     targets: Annotated[
@@ -72,6 +74,7 @@ def info(
     if name in RELATIONAL_MODELS:
         _relational_info(name, json_output)
         return
+    finetune = finetune or SFTConfig.default("finetune", name)
     if finetune not in FINETUNE_METHODS:
         _fail(f"--finetune must be one of {', '.join(FINETUNE_METHODS)}, got {finetune!r}")
     if memory:
@@ -121,11 +124,20 @@ def info(
         "total_params": counts["all"]["params"],
         "trainable_params": counts["all"]["trainable"],
         "modules": {target: row for target, row in counts.items() if target != "all"},
+        "recipe_defaults": recipe_defaults(policy.config.model),
     }
     if json_output:
         _out.print_json(json.dumps(report))
         return
     _print_report(report, chosen is None)
+
+
+def recipe_defaults(model: str) -> dict[str, Any]:
+    """What a recipe on `model` trains with when it gives none of these (SFTConfig.default)."""
+    return {field: SFTConfig.default(field, model) for field in RECIPE_DEFAULT_FIELDS}
+
+
+RECIPE_DEFAULT_FIELDS = ("finetune", "learning_rate", "batch_size", "steps")
 
 
 def _print_report(report: dict[str, Any], defaulted: bool) -> None:
@@ -146,6 +158,8 @@ def _print_report(report: dict[str, Any], defaulted: bool) -> None:
         f"trainable: [bold]{report['trainable_params']:,}[/bold] of {report['total_params']:,} weights "
         f"({share:.2%})"
     )
+    defaults = ", ".join(f"{field} {value}" for field, value in report["recipe_defaults"].items())
+    _out.print(f"a recipe's defaults on {report['model']}: {defaults}")
 
 
 def _relational_info(name: str, json_output: bool) -> None:

@@ -8,10 +8,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from relay.cli._common import fail, show_record, status_text
+from relay._format import size_text
+from relay.cli._common import console, fail, show_record, show_table, status_text
 from relay.errors import APIError
 from relay.training import ServiceClient
 
@@ -19,7 +19,7 @@ app = typer.Typer(
     help="Training-loop sessions (relay.training): list, show, close; and the states they saved.",
     no_args_is_help=True,
 )
-out = Console()
+out = console()
 
 
 @contextmanager
@@ -65,7 +65,7 @@ def list_(
             str(session.get("saved_states", "-")),
             (session.get("created_at") or "")[:16].replace("T", " "),
         )
-    out.print(table)
+    show_table(table, out, json_hint=True)
 
 
 @app.command()
@@ -104,10 +104,10 @@ def states(as_json: bool = typer.Option(False, "--json", help="Print JSON lines.
             state.get("base_model") or "?",
             _method(state),
             ", ".join(state.get("targets") or []),
-            _size(state["bytes"]),
+            size_text(state["bytes"]),
             (state.get("saved_at") or "")[:19],
         )
-    out.print(table)
+    show_table(table, out, json_hint=True)
 
 
 def _method(record: dict[str, Any]) -> str:
@@ -117,14 +117,3 @@ def _method(record: dict[str, Any]) -> str:
     if record.get("finetune") == "lora" and rank is not None:
         return f"lora r{rank}"
     return str(record.get("finetune") or "?")
-
-
-def _size(count: int) -> str:
-    if count < 1000:
-        return f"{count} B"
-    value = float(count)
-    for unit in ("KB", "MB", "GB"):
-        value /= 1000
-        if value < 1000 or unit == "GB":
-            break
-    return f"{value:,.1f} {unit}"

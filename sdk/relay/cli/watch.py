@@ -5,6 +5,7 @@ and a sparkline of the loss so far. Piped output never gets here: it stays plain
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from rich.console import Console, Group, RenderableType
@@ -13,6 +14,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from relay._format import number_text
 from relay.cli._common import status_text
 from relay.sft import status as job_status
 from relay.sft.job import Event, FineTuneJob
@@ -24,6 +26,9 @@ STATUS_AFTER = {
     "cancelled": job_status.CANCELLED,
     "error": job_status.ERROR,
 }
+# How often the live panel asks the API for the job's status: a job leaves `queued` with no event
+# (its first metrics come 10 steps later, minutes for a large model), and the panel must say so.
+STATUS_REFRESH_SECONDS = 5.0
 
 
 def sparkline(values: Sequence[float], width: int) -> str:
@@ -65,6 +70,12 @@ class LossPanel:
         elif kind in STATUS_AFTER:
             self.status = STATUS_AFTER[kind]
 
+    def update_from(self, job: FineTuneJob) -> None:
+        """The job as the API reports it now; an end already seen in the events stays."""
+        if self.status not in job_status.TERMINAL:
+            self.status = job.status
+        self.step = max(self.step, job.step or 0)
+
     def __rich__(self) -> RenderableType:
         grid = Table.grid(padding=(0, 1))
         grid.add_column(no_wrap=True)
@@ -75,9 +86,9 @@ class LossPanel:
         if self.losses:
             line = Text.assemble(
                 ("loss ", "bold"),
-                f"{self.losses[-1]:.4f} ",
+                f"{number_text(self.losses[-1])} ",
                 (sparkline(self.losses, 60), "cyan"),
-                f" min {min(self.losses):.4f}",
+                f" min {number_text(min(self.losses))}",
             )
         else:
             line = Text("loss - (no metrics yet)", style="dim")
@@ -85,13 +96,32 @@ class LossPanel:
 
 
 def watch_events(
-    job: FineTuneJob, events: Iterable[Event], print_event: Callable[[Event], None], console: Console
+    job: FineTuneJob,
+    events: Iterable[Event],
+    print_event: Callable[[Event], None],
+    console: Console,
+    refresh_every: float = STATUS_REFRESH_SECONDS,
 ) -> LossPanel:
-    """Print each event (through `print_event`, on `console`) above a live panel until `events` ends."""
+    """Print each event (through `print_event`, on `console`) above a live panel until `events` ends;
+    the job's status is asked for every `refresh_every` seconds meanwhile."""
     panel = LossPanel(job)
+    stop = threading.Event()
+    poller = threading.Thread(target=_keep_status, args=(job, panel, stop, refresh_every), daemon=True)
     with Live(panel, console=console, refresh_per_second=8, transient=False) as live:
-        for event in events:
-            panel.add(event)
-            print_event(event)
-            live.refresh()
+        poller.start()
+        try:
+            for event in events:
+                panel.add(event)
+                print_event(event)
+                live.refresh()
+        finally:
+            stop.set()
     return panel
+
+
+def _keep_status(job: FineTuneJob, panel: LossPanel, stop: threading.Event, every: float) -> None:
+    while not stop.wait(every):
+        try:
+            panel.update_from(job.refresh())
+        except Exception:  # a missed refresh leaves the status as it was; the stream reports failures
+            continue

@@ -7,7 +7,7 @@ answers with the same messages, so a rule is written once. A broken rule reads l
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
@@ -83,6 +83,10 @@ class SFTConfig(CheckedConfig):
 
     The one declaration of a recipe's defaults: the engine's Recipe is built from a validated
     SFTConfig, and `relay local train`'s options take their defaults from here (``SFTConfig.default``).
+    The field defaults are the spec's (pi05's); a model with defaults of its own
+    (``catalog.MODEL_DEFAULTS``: pi05-tiny's finetune, learning_rate and batch_size) gets those for
+    the fields a config leaves out, filled in before validation, so a stored job holds the values
+    it trains with.
     """
 
     RULES: ClassVar[dict[str, str]] = RULES
@@ -90,6 +94,7 @@ class SFTConfig(CheckedConfig):
         "model": catalog.RECIPE_MODELS,
         "finetune": catalog.FINETUNE_METHODS,
     }
+    MODEL_DEFAULTS: ClassVar[dict[str, dict[str, Any]]] = catalog.MODEL_DEFAULTS
     WHAT: ClassVar[str] = "SFTConfig"
     BODY_MESSAGE: ClassVar[str] = "the config must be an object with the recipe's fields"
 
@@ -116,6 +121,25 @@ class SFTConfig(CheckedConfig):
         Annotated[int, Field(strict=True, ge=1, le=GPUS_MAX), BeforeValidator(whole_float_to_int)] | None
     ) = None
     task: str | None = Field(None, min_length=1, max_length=TASK_MAX, pattern=PLAIN_TEXT_PATTERN)
+
+    @classmethod
+    def default(cls, field: str, model: str | None = None) -> Any:
+        """A field's default for `model` (without one: the spec's, pi05's)."""
+        return catalog.model_defaults(model).get(field, super().default(field))
+
+    @classmethod
+    def default_text(cls, field: str) -> str:
+        """A field's defaults for a help text: the spec's, then each model's own ("128; pi05-tiny: 16")."""
+        own = [f"{m}: {d[field]}" for m, d in cls.MODEL_DEFAULTS.items() if field in d]
+        return "; ".join([str(cls.default(field)), *own])
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_defaults(cls, data: Any) -> Any:
+        # The model's own defaults fill the fields left out; a field given (even null) is kept.
+        if not isinstance(data, dict):
+            return data
+        return {**catalog.model_defaults(data.get("model")), **data}
 
     @field_validator("model")
     @classmethod

@@ -9,6 +9,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from relay import _http
+from relay._format import number_text
 from relay._progress import ProgressReport
 from relay.sft import status as job_status
 from relay.sft.config import SFTConfig
@@ -16,6 +17,15 @@ from relay.sft.config import SFTConfig
 FINE_TUNES = "/v1/fine-tunes"
 CONFIG_FIELDS: tuple[str, ...] = tuple(SFTConfig.model_fields)
 EVENTS_PAGE = 1000
+
+
+def interrupted_note(job_id: str) -> str:
+    """What Ctrl-C while waiting on a job leaves: the job itself runs on, on the service."""
+    return (
+        f"interrupted: fine-tune {job_id} keeps running on the service. "
+        f"Follow it again: relay fine-tunes events {job_id} --follow; "
+        f"cancel it: relay fine-tunes cancel {job_id}"
+    )
 
 
 class Event(dict[str, Any]):
@@ -109,6 +119,9 @@ class FineTuneJob:
     ) -> FineTuneJob:
         """Block until the job is completed or cancelled; raise RuntimeError if it failed.
 
+        Ctrl-C (KeyboardInterrupt) stops the wait, not the job: it says so on stderr, with how to
+        follow and cancel the job, and the KeyboardInterrupt goes on to the caller.
+
         Polls at most every `poll` seconds, and sooner while the wait is young (a quarter of the time
         waited so far, at least half a second), so a short job returns promptly. Shows progress on
         stderr: a bar on a terminal, else a plain line every few seconds (RELAY_PROGRESS_SECONDS);
@@ -121,7 +134,7 @@ class FineTuneJob:
             while True:
                 self.refresh()
                 if report is not None:
-                    loss = "" if self.loss is None else f"loss {self.loss:.4f} (mean of the last 10 steps)"
+                    loss = "" if self.loss is None else f"loss {number_text(self.loss)} (10-step mean)"
                     report.update(self.step or 0, loss, description=f"{self.id} {self.status}")
                 if self.done:
                     break
@@ -129,6 +142,12 @@ class FineTuneJob:
                     raise TimeoutError(f"fine-tune {self.id} is still {self.status} after {timeout} s")
                 waited = time.monotonic() - started
                 time.sleep(min(poll, max(0.5, waited / 4)))
+        except KeyboardInterrupt:
+            if report is not None:
+                report.close()
+                report = None
+            print(interrupted_note(self.id), file=sys.stderr, flush=True)
+            raise
         finally:
             if report is not None:
                 report.close()

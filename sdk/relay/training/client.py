@@ -21,7 +21,7 @@ import numpy as np
 from relay import _http
 from relay.catalog import ACTION_HORIZON, LORA_RANK_DEFAULT, RelationalSessionProblem
 from relay.codec import Codec
-from relay.errors import RequestFailedError
+from relay.errors import APIError, RequestFailedError
 from relay.training import types
 from relay.training._calls import SESSIONS, CallStream, failed
 from relay.training.config import SessionConfig, check_name
@@ -150,6 +150,35 @@ class ServiceClient:
         self._http.close()
 
 
+# Where a waiting session looks for what holds the workers: your own running jobs and live sessions.
+FINE_TUNES = "/v1/fine-tunes"
+HOLDERS_LOOKED_AT = 20
+HOLDERS_EVERY_SECONDS = 10.0
+
+
+def _holders(http: _http.Client, session_id: str) -> str:
+    """What of yours holds a worker now ("fine-tune ft-... (running, step 40/1500)"), for the wait
+    message; on a shared service other users' work may hold them too, which the API does not show."""
+    try:
+        jobs = http.request("GET", FINE_TUNES, params={"limit": HOLDERS_LOOKED_AT})["data"]
+        sessions = http.request("GET", SESSIONS, params={"limit": HOLDERS_LOOKED_AT})["data"]
+    except (APIError, RuntimeError):  # only a message: the wait goes on without it
+        return ""
+    held = [
+        f"fine-tune {j['id']} (running, step {j['step']}/{j['steps']})"
+        for j in jobs
+        if j["status"] == "running"
+    ]
+    held += [
+        f"session {s['id']} ({s['status']})"
+        for s in sessions
+        if s["id"] != session_id and s["status"] == READY
+    ]
+    return (
+        f"; held by your {', '.join(held)}" if held else "; none of yours holds one (other users' work may)"
+    )
+
+
 def _wait_until_ready(
     http: _http.Client, session: dict[str, Any], timeout: float, progress: bool | None
 ) -> dict[str, Any]:
@@ -158,17 +187,22 @@ def _wait_until_ready(
     spinner = _Spinner() if show else None
     phase_started = started = time.monotonic()
     worker = None
+    holders, holders_at = "", -HOLDERS_EVERY_SECONDS
     try:
         while session["status"] == STARTING:
             if session.get("worker") != worker:  # a worker took it: the model loads now
                 worker, phase_started = session.get("worker"), time.monotonic()
             waited = time.monotonic() - phase_started
+            if worker is None and time.monotonic() - holders_at >= HOLDERS_EVERY_SECONDS:
+                holders, holders_at = _holders(http, session["id"]), time.monotonic()
+                if spinner is None and progress is not False:  # no terminal: a line each look-up
+                    print(f"session {session['id']}: waiting for a free worker{holders}", file=sys.stderr)
             if waited > timeout:
                 if worker is None:
                     raise TimeoutError(
                         f"no worker took session {session['id']} within {timeout:.0f} s: every worker is "
-                        "busy with other fine-tunes or sessions, or none is running. Try again later, or "
-                        "wait longer with ServiceClient(start_timeout=...)"
+                        f"busy with other fine-tunes or sessions, or none is running{holders}. Try again "
+                        "later, or wait longer with ServiceClient(start_timeout=...)"
                     )
                 raise TimeoutError(
                     f"session {session['id']}: {session['base_model']} did not finish loading on {worker} "
@@ -176,7 +210,7 @@ def _wait_until_ready(
                 )
             if spinner is not None:
                 doing = (
-                    "waiting for a free worker"
+                    f"waiting for a free worker{holders}"
                     if worker is None
                     else f"loading {session['base_model']} on {worker}"
                 )

@@ -89,7 +89,7 @@ def test_relay_cache_shows_and_prunes(synthetic: Path, cache_dir: Path) -> None:
     shown = runner.invoke(app, ["cache", "--cache-dir", str(cache_dir)])
     assert shown.exit_code == 0, shown.output
     said = " ".join(shown.output.split())  # rich wraps the line where the cache's path is long
-    assert "1 indexes" in said and "limit 64.00 GB" in said
+    assert "1 indexes" in said and "limit 68.7 GB" in said
     pruned = runner.invoke(app, ["cache", "prune", "--max-gb", "0", "--cache-dir", str(cache_dir)])
     assert pruned.exit_code == 0, pruned.output
     assert "1 removed" in pruned.output and indexes(cache_dir) == []

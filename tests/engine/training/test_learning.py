@@ -4,13 +4,25 @@ the training frames' mean chunk) and the base before tuning, on held-out episode
 
 The demo runs the full-size version (examples/demo.py: 1,500 steps on 400 episodes, 3.4x better
 than blind); this one is shorter and seeded: 800 steps on 160 episodes, both cameras, every weight
-at 2e-3. Measured: blind 0.0386, base 0.0444, tuned 0.0206 (1.87x better than blind). It checks
+at 2e-3. Measured (one thread): blind 0.0386, base 0.0444, tuned 0.0201 (1.92x better than blind). It checks
 that the tuned model beats both the base and the blind baseline on episodes it never trained on.
+
+The second test is the bar for pi05-tiny's own defaults (catalog.MODEL_DEFAULTS): a recipe that
+names nothing but the model, the dataset and 1,000 steps, on `relay datasets synth --episodes
+200`, must end at most 0.6x the blind baseline's held-out error.
+
+Both run on one torch thread: seeded runs repeat only at a fixed thread count (matmuls split
+across threads round differently), and one thread is also the quickest on a shared 2-core machine.
+Nothing here is timed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+import torch
 
 from relay.sft.config import SFTConfig
 from relay_engine.datasets import open_dataset, write_synthetic_dataset
@@ -21,6 +33,41 @@ from relay_engine.training.evaluate import blind_baseline, evaluate_actions
 TRAIN_EPISODES = list(range(160))
 HELD_OUT_EPISODES = list(range(160, 180))
 STEPS = 800
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def train_and_score(
+    config: SFTConfig, train_episodes: list[int], held_out_episodes: list[int], root: Path
+) -> dict[str, float]:
+    """Held-out action MSE of the blind baseline, the base and the tuned model, as `relay local eval
+    --blind-from` computes them."""
+    recipe = Recipe.from_config(config, episodes=train_episodes, num_workers=0)
+    result = run_recipe(
+        recipe,
+        root / "run",
+        on_event=lambda e: None,
+        should_stop=lambda: False,
+        dataset_cache_dir=root / "cache",
+    )
+    dataset = open_dataset(config.dataset_name, cache_dir=root / "cache")
+    train = dataset.indices_of_episodes(train_episodes).tolist()
+    held_out = dataset.indices_of_episodes(held_out_episodes).tolist()
+    scores = {
+        "blind": blind_baseline(dataset, train, dataset, held_out).mse,
+        "base": evaluate_actions(load_policy(config.model), dataset, held_out).mse,
+        "tuned": evaluate_actions(load_policy(str(result.output_dir)), dataset, held_out).mse,
+    }
+    print("held-out action MSE: " + ", ".join(f"{name} {mse:.4f}" for name, mse in scores.items()))
+    return scores
 
 
 def test_fine_tuning_the_base_on_an_unseen_task_beats_the_base_and_the_blind_baseline(
@@ -41,21 +88,20 @@ def test_fine_tuning_the_base_on_an_unseen_task_beats_the_base_and_the_blind_bas
         learning_rate=2e-3,
         steps=STEPS,
     )
-    recipe = Recipe.from_config(config, episodes=TRAIN_EPISODES, num_workers=0)
-    result = run_recipe(
-        recipe,
-        tmp_path / "run",
-        on_event=lambda e: None,
-        should_stop=lambda: False,
-        dataset_cache_dir=tmp_path / "cache",
-    )
-
-    dataset = open_dataset(str(dataset_path), cache_dir=tmp_path / "cache")
-    train = dataset.indices_of_episodes(TRAIN_EPISODES).tolist()
-    held_out = dataset.indices_of_episodes(HELD_OUT_EPISODES).tolist()
-    blind = blind_baseline(dataset, train, dataset, held_out).mse
-    base = evaluate_actions(load_policy("pi05-tiny"), dataset, held_out).mse
-    tuned = evaluate_actions(load_policy(str(result.output_dir)), dataset, held_out).mse
-    print(f"held-out action MSE: blind {blind:.4f}, base {base:.4f}, tuned {tuned:.4f}")
+    scores = train_and_score(config, TRAIN_EPISODES, HELD_OUT_EPISODES, tmp_path)
+    tuned, base, blind = scores["tuned"], scores["base"], scores["blind"]
     assert tuned < base
     assert tuned < blind, f"tuned {tuned:.4f} does not beat the blind baseline {blind:.4f}"
+
+
+def test_pi05_tiny_learns_at_its_own_defaults_to_0_6x_the_blind_error(tmp_path: Path) -> None:
+    # `relay datasets synth ./d --episodes 200` (its defaults: 30 to 60 frames, both cameras, seed
+    # 0); the last 40 episodes are held out. Only the model, the dataset and the steps are given.
+    dataset_path = write_synthetic_dataset(tmp_path / "synth", episodes=200, seed=0)
+    config = SFTConfig(model="pi05-tiny", dataset_name=str(dataset_path), steps=1000)
+    assert (config.finetune, config.learning_rate, config.batch_size) == ("full", 2e-3, 16)
+    scores = train_and_score(config, list(range(160)), list(range(160, 200)), tmp_path)
+    # Measured (1 thread, torch 2.13.0 CPU): blind 0.0289, tuned 0.0125, 0.43x. The bar is 0.6x
+    # (issue 16); the 28% headroom is for another torch build's rounding (seeded, the same build
+    # repeats the figures), not for a weaker default.
+    assert scores["tuned"] <= 0.6 * scores["blind"], scores

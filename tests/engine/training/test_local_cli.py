@@ -75,6 +75,11 @@ def test_local_train_prints_events_resumes_and_the_output_evaluates(
     assert evaluated.returncode == 0, evaluated.stderr
     result = json.loads(evaluated.stdout)
     assert result["mse"] > 0 and result["frames"] > 0 and result["blind_mse"] > 0
+    # Without --json, piped: progress lines on stderr while it samples, in the piped-progress style.
+    shown = relay("local", "eval", "--model", str(tmp_path), "--dataset", str(synthetic_dataset_path))
+    assert shown.returncode == 0 and shown.stdout.startswith("action MSE "), shown.stderr
+    last = shown.stderr.splitlines()[-1]
+    assert re.match(r"evaluating  frame (\d+)/\1  ", last) and "frames/s" in last, shown.stderr
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,12 @@ STEPS = 12
 def recipe_for(dataset: Path, **changes: Any) -> Recipe:
     """A recipe of SFTConfig's fields and the engine's settings; `changes` may override either."""
     config: dict[str, Any] = dict(
-        model="pi05-tiny", dataset_name=str(dataset), batch_size=4, learning_rate=1e-3, steps=STEPS
+        model="pi05-tiny",
+        dataset_name=str(dataset),
+        batch_size=4,
+        learning_rate=1e-3,
+        steps=STEPS,
+        finetune="lora",  # LoRA's adapters merged into the output are part of what these tests check
     )
     engine: dict[str, Any] = dict(
         checkpoint_every=4,
@@ -147,17 +152,17 @@ def test_a_bad_dataset_fails_before_training(tmp_path: Path, dataset_cache: Path
 def test_a_recipe_is_a_validated_sftconfig_whose_fingerprint_predates_that() -> None:
     # A stored job's config (a mapping) is validated as an SFTConfig: same messages, same defaults.
     with pytest.raises(ConfigError, match=r"bad steps: 0 \(must be an integer from 1 to 100,000\)") as bad:
-        Recipe.from_config({"model": "pi05-tiny", "dataset_name": "lerobot/pusht_image", "steps": 0})
+        Recipe.from_config({"model": "pi05", "dataset_name": "lerobot/pusht_image", "steps": 0})
     assert bad.value.param == "steps" and isinstance(bad.value, EngineError)
 
     recipe = Recipe.from_config(
-        {"model": "pi05-tiny", "dataset_name": "lerobot/pusht_image", "name": "first"}, seed=3
+        {"model": "pi05", "dataset_name": "lerobot/pusht_image", "name": "first"}, seed=3
     )
-    assert recipe.config == SFTConfig(model="pi05-tiny", dataset_name="lerobot/pusht_image", name="first")
+    assert recipe.config == SFTConfig(model="pi05", dataset_name="lerobot/pusht_image", name="first")
     # Checkpoints written when Recipe spelled out SFTConfig's fields itself still resume: the
     # fingerprint hashes the same flat settings as then.
     flat = {
-        "model": "pi05-tiny",
+        "model": "pi05",
         "dataset_name": "lerobot/pusht_image",
         "batch_size": 128,
         "learning_rate": 2.5e-5,

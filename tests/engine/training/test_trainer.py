@@ -73,3 +73,29 @@ def test_the_triton_backend_needs_cuda(tmp_path: Path, synthetic_dataset: LeRobo
 def test_bad_arguments_name_the_field(changes: dict, message: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=message):
         TrainingArguments(output_dir=str(tmp_path), **changes)
+
+
+def test_the_trainer_takes_the_models_own_defaults_where_its_arguments_give_none(tmp_path: Path) -> None:
+    # pi05-tiny's defaults (catalog.MODEL_DEFAULTS) are not the spec's (pi05's); the Trainer
+    # resolves them as a recipe does, and explicit arguments still win.
+    tiny = load_policy("pi05-tiny")
+    left_out = Trainer(
+        model=tiny, args=TrainingArguments(output_dir=str(tmp_path), max_steps=1), train_dataset=[]
+    )
+    assert (left_out.learning_rate, left_out.finetune) == (2e-3, "full")
+    given = TrainingArguments(output_dir=str(tmp_path), max_steps=1, learning_rate=1e-4, finetune="lora")
+    chosen = Trainer(model=load_policy("pi05-tiny"), args=given, train_dataset=[])
+    assert (chosen.learning_rate, chosen.finetune) == (1e-4, "lora")
+
+
+def test_train_shows_progress_on_stderr_unless_disabled(
+    synthetic_dataset: LeRobotDataset, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # stderr is no terminal here: plain lines, the last one the end, with the rate.
+    args = TrainingArguments(output_dir=str(tmp_path / "a"), max_steps=20, per_device_train_batch_size=2)
+    Trainer(model=load_policy("pi05-tiny"), args=args, train_dataset=synthetic_dataset).train()
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("training  step 20/20  loss ") and "steps/s" in last, last
+    quiet = TrainingArguments(output_dir=str(tmp_path / "b"), max_steps=2, disable_tqdm=True)
+    Trainer(model=load_policy("pi05-tiny"), args=quiet, train_dataset=synthetic_dataset).train()
+    assert capsys.readouterr().err == ""

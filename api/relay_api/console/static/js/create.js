@@ -84,22 +84,31 @@ export async function createView(ctx) {
 function plain(schema) {
   if (schema.anyOf) {
     const branch = schema.anyOf.find((item) => item.type !== "null") || {};
-    return { ...branch, description: schema.description, default: schema.default, title: schema.title };
+    return { ...branch, description: schema.description, default: schema.default, title: schema.title, "x-model-defaults": schema["x-model-defaults"] };
   }
   return schema;
+}
+
+// "lora (pi05-tiny: full)": the spec's default, then each model's own (the schema's x-model-defaults).
+function defaultText(schema) {
+  const own = Object.entries(schema["x-model-defaults"] || {}).map(([model, value]) => `${model}: ${value}`);
+  return own.length ? `${schema.default} (${own.join("; ")})` : String(schema.default);
 }
 
 function inputFor(field, schema, required) {
   const common = { id: `field-${field}`, name: field };
   if (schema.enum) {
-    const options = schema.enum.map((choice) => h("option", { value: choice, selected: choice === schema.default }, choice));
-    return h("select", common, required ? h("option", { value: "" }, "choose…") : null, ...options);
+    // A field whose default depends on the model offers "default", sending nothing, so the API fills it in.
+    const byModel = schema["x-model-defaults"] !== undefined;
+    const options = schema.enum.map((choice) => h("option", { value: choice, selected: !byModel && choice === schema.default }, choice));
+    const first = required ? h("option", { value: "" }, "choose…") : byModel ? h("option", { value: "" }, `default: ${defaultText(schema)}`) : null;
+    return h("select", common, first, ...options);
   }
   if (schema.type === "object") {
     return h("textarea", { ...common, placeholder: '{"base_0_rgb": "observation.images.top"}' });
   }
   const placeholder =
-    schema.type === "array" ? "comma-separated (default: the method's)" : schema.default !== undefined && schema.default !== null ? String(schema.default) : "";
+    schema.type === "array" ? "comma-separated (default: the method's)" : schema.default !== undefined && schema.default !== null ? defaultText(schema) : "";
   return h("input", { ...common, type: "text", placeholder, inputmode: schema.type === "integer" || schema.type === "number" ? "decimal" : null });
 }
 

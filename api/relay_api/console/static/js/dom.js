@@ -33,12 +33,13 @@ export function number(value, digits = 4) {
   return Number(value.toPrecision(digits)).toString();
 }
 
+// Decimal units (1 MB = 1,000,000 bytes), as the CLI writes them (relay._format.size_text).
 export function bytes(count) {
-  const units = ["B", "KB", "MB", "GB", "TB"];
+  const units = ["B", "kB", "MB", "GB", "TB"];
   let value = count;
   let unit = 0;
-  while (value >= 1024 && unit < units.length - 1) {
-    value /= 1024;
+  while (Number(value.toFixed(1)) >= 1000 && unit < units.length - 1) {
+    value /= 1000;
     unit++;
   }
   return unit === 0 ? `${count} B` : `${value.toFixed(1)} ${units[unit]}`;
