@@ -140,7 +140,13 @@ def runs(
         ("lora-fsdp", replace(lora, strategy="fsdp"), root / "lora-fsdp-2", None),
         ("full-1to2", full, root / "full-1to2", None),
     ]
-    trainer_args = {"max_steps": 2, "learning_rate": LEARNING_RATE, "seed": 5, "logging_steps": 1}
+    trainer_args = {
+        "max_steps": 2,
+        "learning_rate": LEARNING_RATE,
+        "finetune": "lora",  # pi05-tiny's own default is full; this test is of LoRA under DDP
+        "seed": 5,
+        "logging_steps": 1,
+    }
     plan = {
         "cache": str(dataset_cache),
         "trainer": {
