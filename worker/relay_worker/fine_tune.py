@@ -278,9 +278,11 @@ def _train(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeep
     work_dir = settings.job_dir(claim.job_id)
     work_dir.mkdir(parents=True, exist_ok=True)
     # The claim's fencing token says no older attempt owns the job: what it left half-written is litter.
+    # The store removes only this attempt's temporaries and older ones, never a newer attempt's: this
+    # attempt may have been frozen past its lease and be tidying while its successor writes.
     # Of a gang, seat 0 tidies before its launch (no process runs before every host has joined), and
     # only rank 0's host after: another host's processes may end before rank 0 renamed its last write.
-    checkpoints = CheckpointStore(work_dir / "checkpoints")
+    checkpoints = CheckpointStore(work_dir / "checkpoints", attempt=claim.attempt)
     if gang is None or gang.seat.seat == 0:
         for leftover in checkpoints.remove_temporaries():
             log.info("%s: removed %s, left by an interrupted checkpoint write", claim.job_id, leftover.name)
@@ -332,7 +334,9 @@ def _run(
         on_event(resumed)
     role.on_known = on_role
     try:
-        recipe = Recipe.from_config(claim.config, checkpoint_every=settings.checkpoint_every)
+        recipe = Recipe.from_config(
+            claim.config, checkpoint_every=settings.checkpoint_every, attempt=claim.attempt
+        )
         processes = gang.seat.processes if gang is not None else int(claim.config.get("gpus") or 1)
         if gang is not None or processes > 1:
             launched = run_on_processes(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -30,6 +31,9 @@ FREE_SPACE_MARGIN = 1.1
 # With this little left after a failed write, the disk is taken to be full (torch reports a full
 # disk as "unexpected pos ...", not as ENOSPC).
 NEARLY_FULL_BYTES = 16 << 20
+# A temporary directory's name says which attempt (of a service's job) writes it: `.tmp-a3-step-...`.
+# Names without one (`.tmp-step-...`) are of attempt 0: a local run, or a store older than the naming.
+_TMP_ATTEMPT = re.compile(r"\.tmp-a(\d+)-")
 
 
 def _bytes_under(path: Path) -> int:
@@ -54,6 +58,12 @@ def _disk_full_message(root: Path, needed: int, free: int, before: bool) -> str:
     )
 
 
+def temporary_attempt(name: str) -> int:
+    """The attempt that writes the temporary directory `name` (0 when its name does not say)."""
+    found = _TMP_ATTEMPT.match(name)
+    return int(found.group(1)) if found else 0
+
+
 def _fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -74,11 +84,15 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 class CheckpointStore:
-    """The checkpoints of one run, in `root`, named `step-00001000` and so on."""
+    """The checkpoints of one run, in `root`, named `step-00001000` and so on.
 
-    def __init__(self, root: Path, keep_last: int = 2) -> None:
+    `attempt` is the writer's fencing token (a service job's attempt; 0 for a local run): it names
+    this writer's temporary directories, so that tidying up can spare those of a newer attempt."""
+
+    def __init__(self, root: Path, keep_last: int = 2, attempt: int = 0) -> None:
         self.root = Path(root)
         self.keep_last = keep_last
+        self.attempt = attempt
 
     @staticmethod
     def name_of(step: int) -> str:
@@ -105,7 +119,7 @@ class CheckpointStore:
         free = shutil.disk_usage(self.root).free
         if needed is not None and free < needed * FREE_SPACE_MARGIN:
             raise DiskFullError(_disk_full_message(self.root, needed, free, before=True))
-        tmp = self.root / f".tmp-{self.name_of(step)}-{uuid.uuid4().hex}"
+        tmp = self.root / f".tmp-a{self.attempt}-{self.name_of(step)}-{uuid.uuid4().hex}"
         tmp.mkdir()
         return tmp
 
@@ -194,12 +208,19 @@ class CheckpointStore:
         return None if latest is None else _bytes_under(latest)
 
     def remove_temporaries(self) -> list[Path]:
-        """Remove every leftover of an interrupted write, however young. Only for a caller that knows
-        no other writer is at work on this store (a worker that has just claimed the job, whose
-        fencing token says no older attempt still owns it; or the end of a run)."""
+        """Remove the leftovers of interrupted writes of this attempt and of older ones, however
+        young; never a newer attempt's. Attempts are fencing tokens: an older attempt may still be
+        at work (a frozen worker that has not yet noticed it lost the job), but its writes no longer
+        count, so removing them is safe. A newer attempt's temporaries are the live writes of the job's
+        owner, and this attempt may be the frozen one that woke up: whatever the order in which the
+        two run, sparing every higher number is what keeps the owner's write whole."""
         if not self.root.is_dir():
             return []
-        removed = [path for path in self.root.iterdir() if path.name.startswith(".tmp-")]
+        removed = [
+            path
+            for path in self.root.iterdir()
+            if path.name.startswith(".tmp-") and temporary_attempt(path.name) <= self.attempt
+        ]
         for path in removed:
             shutil.rmtree(path, ignore_errors=True)
         return removed
