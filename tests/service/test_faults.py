@@ -7,7 +7,11 @@ import contextlib
 import datetime as dt
 import os
 import signal
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -275,3 +279,46 @@ def test_a_worker_frozen_past_its_lease_leaves_its_successors_checkpoint_alone(
         for started in workers:
             signal_worker(started, signal.SIGCONT)
             started.stop()
+
+
+@contextlib.contextmanager
+def small_disk(size: str) -> Iterator[Path]:
+    """A tmpfs of `size` (smaller than one checkpoint); skipped where this machine cannot mount one."""
+    if sys.platform != "linux" or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root on Linux; the disk-full check needs a small disk")
+    mount_point = Path(tempfile.mkdtemp(prefix="relay-small-disk-"))
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)]
+    mounted = subprocess.run(mount, capture_output=True, text=True)
+    if mounted.returncode != 0:
+        mount_point.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+        mount_point.rmdir()
+
+
+def test_a_disk_that_fills_during_the_first_checkpoint_ends_the_job_once_saying_so(
+    stack: Stack, dataset: Path
+) -> None:
+    """The first checkpoint has no earlier one to size the free-space check by, so it starts, and
+    the disk fills while torch writes it: torch raises a CheckpointException (a BaseException)."""
+    with small_disk("1m") as disk:  # a pi05-tiny checkpoint takes about 2.4 MB
+        stack.stop_worker()  # the job must reach the worker whose jobs directory is on the small disk
+        worker = stack.start_standby_worker(RELAY_HOME=str(disk))
+        client = Client(stack.api_url, stack.new_user()[1], max_retries=0)
+        try:
+            worker.wait_ready()
+            job = train(tiny(dataset, steps=20), client=client)
+            with pytest.raises(RuntimeError, match=r"no space left on device at <jobs>/ft-\w+/checkpoints"):
+                job.wait(poll=0.5, timeout=300)
+            assert job.status == "error"
+            assert "the disk filled up while writing a checkpoint" in (job.error or "")
+            assert job.to_dict()["attempts"] == 1  # not retried: the same disk would fail the same way
+            events = job.events()
+            assert [e["event"] for e in events if e.get("event") in ("retry", "error")] == ["error"]
+            assert not checkpoint_steps(stack, job.id)
+        finally:
+            client.close()
+            worker.stop()
