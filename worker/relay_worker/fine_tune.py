@@ -36,6 +36,7 @@ from relay_engine.training.checkpoint import CheckpointStore
 from relay_worker import gang as gangs
 from relay_worker import lifecycle, shutdown
 from relay_worker.gang import Gang
+from relay_worker.journal import EventJournal
 from relay_worker.launched import Rendezvous, Role, run_on_processes
 from relay_worker.lifecycle import Claim, FencedOut
 
@@ -260,10 +261,14 @@ def _join_gang(
 
 def _give_back_after_outage(db_sessions: Any, settings: Settings, claim: Claim, reason: str) -> str:
     """The database was away as long as the lease: say why this attempt ended, once it is back
-    (unless the reconciler has handed the job on already), without counting it against the job."""
+    (unless a newer attempt owns the job by then), without counting it against the job.
+
+    Tried until the database answers, however long the outage: a job whose hand-back never lands
+    looks like one whose worker died, which counts. Only this worker's shutdown ends the wait (the
+    reconcilers then wait a lease after the database is back before judging the job; see
+    relay_worker.app)."""
     log.warning("%s: attempt %d stopped: %s", claim.job_id, claim.attempt, reason)
-    deadline = time.monotonic() + settings.lease_seconds
-    while time.monotonic() < deadline:
+    while not shutdown.under_way():
         try:
             lifecycle.hand_back(db_sessions, claim, reason)
             return "given back after a database outage"
@@ -271,7 +276,7 @@ def _give_back_after_outage(db_sessions: Any, settings: Settings, claim: Claim, 
             if not is_outage(error):
                 raise
             time.sleep(min(1.0, settings.heartbeat_seconds))
-    return "stopped by a database outage"
+    return "stopped by a database outage; the worker shut down before the database was back"
 
 
 def _train(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper, gang: Gang | None) -> str:
@@ -307,11 +312,14 @@ def _run(
     # The job's `loss` is the latest metrics event's: the mean over its window of steps, never
     # one step's loss, so the job and its events show one quantity.
     window_loss: dict[str, Any] = {}
+    journal = EventJournal(work_dir)
 
     def on_event(event: dict[str, Any]) -> None:
         if "loss" in event:
             window_loss["loss"] = event["loss"]
-        keeper.add_event(_plain(event))
+        plain = _plain(event)
+        journal.append(plain)  # first: should the database be away until this attempt stops
+        keeper.add_event(plain)
 
     def end(operation: Callable[[], T]) -> T:
         keeper.flush()
@@ -323,15 +331,23 @@ def _run(
         if resumed_from is not None:
             resumed = {"step": resumed_from, "event": "resumed", "attempt": claim.attempt}
 
+    def report_resume() -> None:
+        """What an earlier attempt noted but never wrote (a database outage stopped it), up to the
+        checkpoint this one resumes from; then that it resumed."""
+        if resumed is not None:
+            for event in journal.between(claim.step, resumed["step"]):
+                keeper.add_event(event)
+            on_event(resumed)
+
     def on_role(main: bool) -> None:
         """A gang's host learns whether it holds rank 0: it writes the job from then on, or only watches."""
         if not main:
             keeper.follow()
-        elif resumed is not None:
-            on_event(resumed)
+        else:
+            report_resume()
 
-    if gang is None and resumed is not None:
-        on_event(resumed)
+    if gang is None:
+        report_resume()
     role.on_known = on_role
     try:
         recipe = Recipe.from_config(

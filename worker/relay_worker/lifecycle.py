@@ -333,12 +333,18 @@ def reconcile(
     settings: Settings,
     publish: Callable[[str], None],
     broker_started_at: dt.datetime | None = None,
+    judge_silent_leases: bool = True,
 ) -> ReconcileReport:
     """One pass of the reconciler; safe to run from many workers at once (each change is conditional).
 
     `broker_started_at`: when the broker (Redis) last started. A job handed to the broker before
     then may have been lost with a restart that kept nothing, so it is published again at once
-    rather than after `republish_seconds`."""
+    rather than after `republish_seconds`.
+
+    `judge_silent_leases`: False just after a database outage. A lease that lapsed then, without its
+    worker saying why, may be a worker that the outage stopped and that is giving the job back right
+    now (not counted against the job); judging it a lost worker would count it. Jobs given back
+    with a reason are handed on either way."""
     report = ReconcileReport([], [], [], [])
     now = database_now(db_sessions)
     lapsed = or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now)
@@ -413,6 +419,8 @@ def reconcile(
             publish(job_id)
             report.published.append(job_id)
 
+    if not judge_silent_leases:
+        expired = [row for row in expired if row.last_failure is not None]
     for job_id, attempt, failed, step, last_failure in [*expired, *exhausted]:
         reason = last_failure or f"the worker of attempt {attempt} stopped responding (killed or lost)"
         if failed >= settings.max_attempts:
