@@ -216,9 +216,9 @@ def run_fine_tune(
     gang: Gang | None = None
     claim: Claim | None
     if gpus is not None and gpus > settings.worker_slots:
-        gang = _join_gang(settings, db_sessions, job_id, publish)
+        gang = _join_gang(settings, db_sessions, job_id, gpus, publish)
         if gang is None:
-            return "no gang: the job is taken, ended, or its hosts were given back"
+            return "no gang: the job is taken or ended, its gang cannot form now, or it gave up"
         claim = gang.claim
     else:
         claim = lifecycle.claim(db_sessions, settings, job_id, worker_name())
@@ -239,9 +239,23 @@ def run_fine_tune(
 
 
 def _join_gang(
-    settings: Settings, db_sessions: Any, job_id: str, publish: Callable[[str], None] | None
+    settings: Settings, db_sessions: Any, job_id: str, gpus: int, publish: Callable[[str], None] | None
 ) -> Gang | None:
-    """Take a seat in the job's gang and wait for the rest of its hosts; None if it did not start."""
+    """Take a seat in the job's gang and wait for the rest of its hosts; None if it did not start.
+
+    No seat when the gang cannot form (the live workers have too few slots; the job is parked until
+    they have), nor while this host backs off after its gang gave up: a seat would hold this worker
+    from jobs it can run."""
+    if gangs.backing_off(job_id):
+        log.info("%s: this host's gang for the job gave up a moment ago; leaving it to others", job_id)
+        return None
+    slots = gangs.live_slots(db_sessions, settings)
+    if slots < gpus:
+        gangs.park(db_sessions, job_id)
+        log.info(
+            "%s: the live workers have %d slot(s) of the %d its gang needs; it waits", job_id, slots, gpus
+        )
+        return None
     taken = gangs.take_seat(db_sessions, settings, job_id, worker_name())
     if taken is None:
         return None

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from relay.sft import status as st
 from relay_api.db import database_now, rows_changed, with_retries
-from relay_api.fine_tunes import stored_kind
+from relay_api.fine_tunes import live_workers, stored_kind
 from relay_api.models import fine_tune_events, fine_tunes
 from relay_api.settings import Settings
 
@@ -353,9 +353,11 @@ def reconcile(
         # or handed over long ago, and the message may be gone (a Redis restart).
         grace = now - dt.timedelta(seconds=min(settings.reconcile_seconds, 5.0))
         stale = _republish_before(settings, now, broker_started_at)
-        waiting = (
-            db.execute(
-                select(fine_tunes.c.id).where(
+        slots = max(settings.worker_slots, sum(w.gpus for w in live_workers(db, settings.reconcile_seconds)))
+        waiting = [
+            job_id
+            for job_id, config in db.execute(
+                select(fine_tunes.c.id, fine_tunes.c.config).where(
                     or_(
                         fine_tunes.c.status == st.QUEUED,
                         and_(fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until.is_(None)),
@@ -367,9 +369,9 @@ def reconcile(
                     ),
                 )
             )
-            .scalars()
-            .all()
-        )
+            # A job whose gang the live workers cannot form waits until they can (relay_worker.gang).
+            if int(config.get("gpus") or 1) <= slots
+        ]
         # Running, but its worker stopped renewing the lease (killed, lost, or gave it back).
         expired = db.execute(
             select(
