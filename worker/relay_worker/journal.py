@@ -36,11 +36,16 @@ class EventJournal:
         """Note one event (JSON-ready). After a checkpoint's event the file is flushed to disk: the
         events before a checkpoint must outlive the machine as the checkpoint does."""
         line = json.dumps(event, separators=(",", ":")) + "\n"
-        with open(self.path, "a", encoding="utf-8") as file:
-            file.write(line)
-            if event.get("event") == "checkpoint":
-                file.flush()
-                os.fsync(file.fileno())
+        try:
+            with open(self.path, "a", encoding="utf-8") as file:
+                file.write(line)
+                if event.get("event") == "checkpoint":
+                    file.flush()
+                    os.fsync(file.fileno())
+        except OSError as error:
+            # A safety net for outages, not a reason to fail a job: a full disk is the checkpoint's
+            # to report, in its own words; the event still goes to the database.
+            log.warning("%s: could not note an event (%s)", self.path, error)
 
     def between(self, first_step: int, last_step: int) -> list[dict[str, Any]]:
         """The noted events of steps `first_step` to `last_step`, in the order they were noted."""
