@@ -74,6 +74,9 @@ class Recipe:
     device: str = "auto"
     # How a run of many processes shares the model: auto (FSDP for full, DDP for LoRA), ddp or fsdp.
     strategy: str = "auto"
+    # The service job's attempt (its fencing token; 0 for a local run). It names this run's temporary
+    # checkpoint directories, so that an older attempt's tidying never removes this one's writes.
+    attempt: int = 0
 
     @classmethod
     def from_config(cls, config: SFTConfig | Mapping[str, Any], **engine_settings: Any) -> Recipe:
@@ -198,7 +201,7 @@ def _run(
     parallel = Parallel(model, world, strategy) if world is not None else None
     learner = Learner(model, seed=recipe.seed, device=device, parallel=parallel)
 
-    store = CheckpointStore(work_dir / "checkpoints")
+    store = CheckpointStore(work_dir / "checkpoints", attempt=recipe.attempt)
     state, position = LoopState(), DataPosition()
     resumed_from = None
     latest = store.latest()

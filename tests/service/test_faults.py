@@ -3,7 +3,15 @@ got, a job out of attempts, and writes from an attempt that no longer owns its j
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +25,7 @@ from relay_api import fine_tunes
 from relay_api.db import utcnow
 from relay_api.models import FineTune, FineTuneEvent
 from relay_worker import lifecycle
-from tests.service.stack import Stack, wait_for
+from tests.service.stack import Stack, WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -200,3 +208,119 @@ def test_an_attempt_that_lost_its_job_cannot_write(stack: Stack, dataset: Path) 
         assert final is not None and (final.status, final.step, final.error) == ("completed", 10, None)
         steps = session.scalars(select(FineTuneEvent.step).where(FineTuneEvent.job_id == row["id"])).all()
     assert steps == [10]
+
+
+def worker_owning(workers: list[WorkerProcess], owner: str) -> WorkerProcess:
+    """The worker whose pool process is `owner` (host:pid, a job's lease owner)."""
+    pid = int(owner.rsplit(":", 1)[1])
+    return next(w for w in workers if w.process is not None and os.getpgid(pid) == w.process.pid)
+
+
+def signal_worker(worker: WorkerProcess, signum: signal.Signals) -> None:
+    """SIGSTOP or SIGCONT to the worker and its pool process at once, as a frozen (then thawed) VM."""
+    assert worker.process is not None
+    os.killpg(worker.process.pid, signum)
+
+
+def temporaries(stack: Stack, job_id: str, since: float) -> list[Path]:
+    """The job's temporary checkpoint directories made after `since` (a time.time())."""
+    root = stack.settings.job_dir(job_id) / "checkpoints"
+    found = []
+    for path in root.iterdir() if root.is_dir() else []:
+        with contextlib.suppress(FileNotFoundError):  # a write that was sealed meanwhile
+            if path.name.startswith(".tmp-") and path.stat().st_ctime > since:
+                found.append(path)
+    return found
+
+
+def test_a_worker_frozen_past_its_lease_leaves_its_successors_checkpoint_alone(
+    stack: Stack, dataset: Path
+) -> None:
+    """The frozen attempt wakes while its successor is in the middle of a checkpoint write and tidies
+    up as it stops: the successor's temporary directory must survive, and its save with it."""
+    stack.stop_worker()  # the two workers below must be the only ones to read the jobs' queue
+    lease = {"RELAY_LEASE_SECONDS": "10"}  # (the successor is held still for a few seconds below)
+    workers = [stack.start_standby_worker(**lease) for _ in range(2)]
+    for started in workers:
+        started.wait_ready()
+    client = Client(stack.api_url, stack.new_user()[1], max_retries=0)
+    try:
+        job = train(tiny(dataset, steps=80), client=client)
+        wait_for(lambda: checkpoint_steps(stack, job.id), 300, "the job's first checkpoint", every=0.05)
+        with stack.sessions() as session:
+            owner = session.scalar(select(FineTune.lease_owner).where(FineTune.id == job.id))
+        frozen = worker_owning(workers, owner or "")
+        successor = next(w for w in workers if w is not frozen)
+        signal_worker(frozen, signal.SIGSTOP)
+        frozen_at = time.time()  # what the frozen worker had begun to write is older
+        wait_for(lambda: job.refresh().to_dict()["attempts"] == 2, 120, "the successor's claim", every=0.1)
+        # Catch the successor in the middle of a checkpoint write (the frozen worker writes nothing).
+        while True:
+            writing = lambda: temporaries(stack, job.id, frozen_at)  # noqa: E731
+            wait_for(writing, 300, "the successor's next checkpoint write", every=0.002)
+            signal_worker(successor, signal.SIGSTOP)
+            caught = writing()
+            if caught:
+                break
+            signal_worker(successor, signal.SIGCONT)  # it finished meanwhile: the next one
+        signal_worker(frozen, signal.SIGCONT)
+        stopped = f"{job.id}: attempt 1 no longer owns the job; stopping"
+        wait_for(lambda: stopped in frozen.log_since_start(), 60, "the thawed worker to stop", every=0.05)
+        surviving = [path for path in caught if path.exists()]
+        signal_worker(successor, signal.SIGCONT)
+        assert surviving == caught, "the fenced-out attempt removed its successor's checkpoint write"
+
+        job.wait(poll=0.5, timeout=300)
+        assert job.status == "completed" and job.step == 80, (job.to_dict(), successor.log_tail())
+        assert job.to_dict()["attempts"] == 2
+        events = job.events()
+        assert [e["attempt"] for e in events if e.get("event") == "retry"] == [2]
+        assert [e["step"] for e in events if e.get("event") == "checkpoint"] == list(range(10, 81, 10))
+    finally:
+        client.close()
+        for started in workers:
+            signal_worker(started, signal.SIGCONT)
+            started.stop()
+
+
+@contextlib.contextmanager
+def small_disk(size: str) -> Iterator[Path]:
+    """A tmpfs of `size` (smaller than one checkpoint); skipped where this machine cannot mount one."""
+    if sys.platform != "linux" or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root on Linux; the disk-full check needs a small disk")
+    mount_point = Path(tempfile.mkdtemp(prefix="relay-small-disk-"))
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)]
+    mounted = subprocess.run(mount, capture_output=True, text=True)
+    if mounted.returncode != 0:
+        mount_point.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+        mount_point.rmdir()
+
+
+def test_a_disk_that_fills_during_the_first_checkpoint_ends_the_job_once_saying_so(
+    stack: Stack, dataset: Path
+) -> None:
+    """The first checkpoint has no earlier one to size the free-space check by, so it starts, and
+    the disk fills while torch writes it: torch raises a CheckpointException (a BaseException)."""
+    with small_disk("1m") as disk:  # a pi05-tiny checkpoint takes about 2.4 MB
+        stack.stop_worker()  # the job must reach the worker whose jobs directory is on the small disk
+        worker = stack.start_standby_worker(RELAY_HOME=str(disk))
+        client = Client(stack.api_url, stack.new_user()[1], max_retries=0)
+        try:
+            worker.wait_ready()
+            job = train(tiny(dataset, steps=20), client=client)
+            with pytest.raises(RuntimeError, match=r"no space left on device at <jobs>/ft-\w+/checkpoints"):
+                job.wait(poll=0.5, timeout=300)
+            assert job.status == "error"
+            assert "the disk filled up while writing a checkpoint" in (job.error or "")
+            assert job.to_dict()["attempts"] == 1  # not retried: the same disk would fail the same way
+            events = job.events()
+            assert [e["event"] for e in events if e.get("event") in ("retry", "error")] == ["error"]
+            assert not checkpoint_steps(stack, job.id)
+        finally:
+            client.close()
+            worker.stop()

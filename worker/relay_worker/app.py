@@ -12,12 +12,13 @@ import datetime as dt
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 import redis
 from celery import signals
 
-from relay_api.db import session_factory, utcnow
+from relay_api.db import is_outage, session_factory, utcnow
 from relay_api.queue import RUN_FINE_TUNE, make_celery
 from relay_api.settings import get_settings
 from relay_worker import heartbeat, session_lifecycle, shutdown
@@ -58,11 +59,17 @@ class Reconciler(threading.Thread):
         name, started_at = worker_name(), utcnow()
         memory = self._gpu_memory()
         self._beat(db_sessions, name, started_at, memory)
+        # Until then, leases that lapsed without a word are not judged: after a database outage, the
+        # workers it stopped need a lease's time to give their jobs back (which does not count).
+        judge_leases_at = 0.0
         while not self.stopping.wait(settings.reconcile_seconds):
             self._beat(db_sessions, name, started_at, memory)
+            judge = time.monotonic() >= judge_leases_at
             try:
-                report = reconcile(db_sessions, settings, publish, self.broker.started_at())
-            except Exception:
+                report = reconcile(db_sessions, settings, publish, self.broker.started_at(), judge)
+            except Exception as error:
+                if is_outage(error):
+                    judge_leases_at = time.monotonic() + settings.lease_seconds + settings.reconcile_seconds
                 log.exception("reconciler pass failed; trying again in %ss", settings.reconcile_seconds)
                 continue
             for kind in ("published", "resumed", "failed", "cancelled"):

@@ -38,6 +38,7 @@ from relay_engine.training.checkpoint import CheckpointStore
 from relay_worker import gang as gangs
 from relay_worker import lifecycle, shutdown
 from relay_worker.gang import Gang
+from relay_worker.journal import EventJournal
 from relay_worker.launched import Rendezvous, Role, run_on_processes
 from relay_worker.lifecycle import Claim, FencedOut
 
@@ -217,9 +218,9 @@ def run_fine_tune(
     gang: Gang | None = None
     claim: Claim | None
     if gpus is not None and gpus > settings.worker_slots:
-        gang = _join_gang(settings, db_sessions, job_id, publish)
+        gang = _join_gang(settings, db_sessions, job_id, gpus, publish)
         if gang is None:
-            return "no gang: the job is taken, ended, or its hosts were given back"
+            return "no gang: the job is taken or ended, its gang cannot form now, or it gave up"
         claim = gang.claim
     else:
         claim = lifecycle.claim(db_sessions, settings, job_id, worker_name())
@@ -240,9 +241,23 @@ def run_fine_tune(
 
 
 def _join_gang(
-    settings: Settings, db_sessions: Any, job_id: str, publish: Callable[[str], None] | None
+    settings: Settings, db_sessions: Any, job_id: str, gpus: int, publish: Callable[[str], None] | None
 ) -> Gang | None:
-    """Take a seat in the job's gang and wait for the rest of its hosts; None if it did not start."""
+    """Take a seat in the job's gang and wait for the rest of its hosts; None if it did not start.
+
+    No seat when the gang cannot form (the live workers have too few slots; the job is parked until
+    they have), nor while this host backs off after its gang gave up: a seat would hold this worker
+    from jobs it can run."""
+    if gangs.backing_off(job_id):
+        log.info("%s: this host's gang for the job gave up a moment ago; leaving it to others", job_id)
+        return None
+    slots = gangs.live_slots(db_sessions, settings)
+    if slots < gpus:
+        gangs.park(db_sessions, job_id)
+        log.info(
+            "%s: the live workers have %d slot(s) of the %d its gang needs; it waits", job_id, slots, gpus
+        )
+        return None
     taken = gangs.take_seat(db_sessions, settings, job_id, worker_name())
     if taken is None:
         return None
@@ -262,10 +277,14 @@ def _join_gang(
 
 def _give_back_after_outage(db_sessions: Any, settings: Settings, claim: Claim, reason: str) -> str:
     """The database was away as long as the lease: say why this attempt ended, once it is back
-    (unless the reconciler has handed the job on already), without counting it against the job."""
+    (unless a newer attempt owns the job by then), without counting it against the job.
+
+    Tried until the database answers, however long the outage: a job whose hand-back never lands
+    looks like one whose worker died, which counts. Only this worker's shutdown ends the wait (the
+    reconcilers then wait a lease after the database is back before judging the job; see
+    relay_worker.app)."""
     log.warning("%s: attempt %d stopped: %s", claim.job_id, claim.attempt, reason)
-    deadline = time.monotonic() + settings.lease_seconds
-    while time.monotonic() < deadline:
+    while not shutdown.under_way():
         try:
             lifecycle.hand_back(db_sessions, claim, reason)
             return "given back after a database outage"
@@ -273,16 +292,18 @@ def _give_back_after_outage(db_sessions: Any, settings: Settings, claim: Claim, 
             if not is_outage(error):
                 raise
             time.sleep(min(1.0, settings.heartbeat_seconds))
-    return "stopped by a database outage"
+    return "stopped by a database outage; the worker shut down before the database was back"
 
 
 def _train(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeeper, gang: Gang | None) -> str:
     work_dir = settings.job_dir(claim.job_id)
     work_dir.mkdir(parents=True, exist_ok=True)
     # The claim's fencing token says no older attempt owns the job: what it left half-written is litter.
+    # The store removes only this attempt's temporaries and older ones, never a newer attempt's: this
+    # attempt may have been frozen past its lease and be tidying while its successor writes.
     # Of a gang, seat 0 tidies before its launch (no process runs before every host has joined), and
     # only rank 0's host after: another host's processes may end before rank 0 renamed its last write.
-    checkpoints = CheckpointStore(work_dir / "checkpoints")
+    checkpoints = CheckpointStore(work_dir / "checkpoints", attempt=claim.attempt)
     if gang is None or gang.seat.seat == 0:
         for leftover in checkpoints.remove_temporaries():
             log.info("%s: removed %s, left by an interrupted checkpoint write", claim.job_id, leftover.name)
@@ -307,11 +328,14 @@ def _run(
     # The job's `loss` is the latest metrics event's: the mean over its window of steps, never
     # one step's loss, so the job and its events show one quantity.
     window_loss: dict[str, Any] = {}
+    journal = EventJournal(work_dir)
 
     def on_event(event: dict[str, Any]) -> None:
         if "loss" in event:
             window_loss["loss"] = event["loss"]
-        keeper.add_event(_plain(event))
+        plain = _plain(event)
+        journal.append(plain)  # first: should the database be away until this attempt stops
+        keeper.add_event(plain)
 
     def end(operation: Callable[[], T]) -> T:
         keeper.flush()
@@ -323,18 +347,28 @@ def _run(
         if resumed_from is not None:
             resumed = {"step": resumed_from, "event": "resumed", "attempt": claim.attempt}
 
+    def report_resume() -> None:
+        """What an earlier attempt noted but never wrote (a database outage stopped it), up to the
+        checkpoint this one resumes from; then that it resumed."""
+        if resumed is not None:
+            for event in journal.between(claim.step, resumed["step"]):
+                keeper.add_event(event)
+            on_event(resumed)
+
     def on_role(main: bool) -> None:
         """A gang's host learns whether it holds rank 0: it writes the job from then on, or only watches."""
         if not main:
             keeper.follow()
-        elif resumed is not None:
-            on_event(resumed)
+        else:
+            report_resume()
 
-    if gang is None and resumed is not None:
-        on_event(resumed)
+    if gang is None:
+        report_resume()
     role.on_known = on_role
     try:
-        recipe = Recipe.from_config(claim.config, checkpoint_every=settings.checkpoint_every)
+        recipe = Recipe.from_config(
+            claim.config, checkpoint_every=settings.checkpoint_every, attempt=claim.attempt
+        )
         processes = gang.seat.processes if gang is not None else int(claim.config.get("gpus") or 1)
         if gang is not None or processes > 1:
             launched = run_on_processes(

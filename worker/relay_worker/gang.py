@@ -8,7 +8,14 @@ Seat 0 serves the launcher's c10d rendezvous; its endpoint is written in every s
 
 If the seats do not add up within `gang_wait_seconds` of the first, the first host to notice
 deletes them all: the hosts go back to other work, and the job stays queued (the give-back is not
-a failed attempt). Each step is a short transaction that locks the job's row, so seats, the start
+a failed attempt). Such a host then leaves the job alone for `gang_wait_seconds` (the wake-ups it
+sent would seat it again at once, holding it from every other job); the reconciler publishes the
+job again later.
+
+No host takes a seat while the live workers (their heartbeats) have fewer slots than the job needs:
+the gang could not form, and a seat would only hold a worker from jobs it can run. The job is
+parked instead (queued, with no message in the broker), and the reconciler publishes it once the
+live workers could hold it. Each step is a short transaction that locks the job's row, so seats, the start
 and the give-back never cross.
 """
 
@@ -27,6 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from relay.sft import status as st
 from relay_api.db import database_now, rows_changed, with_retries
+from relay_api.fine_tunes import live_workers
 from relay_api.models import fine_tune_hosts, fine_tunes
 from relay_api.settings import Settings
 from relay_worker.lifecycle import LIVE, Claim, claimable
@@ -34,6 +42,48 @@ from relay_worker.lifecycle import LIVE, Claim, claimable
 log = logging.getLogger("relay_worker")
 
 POLL_SECONDS = 0.2
+# Per process: job -> when this host may take a seat in its gang again, after its gang gave up.
+_backing_off: dict[str, float] = {}
+
+
+def live_slots(db_sessions: sessionmaker[Session], settings: Settings) -> int:
+    """The slots of the live workers (heartbeats), this one's included (its beat may be late)."""
+
+    def run() -> int:
+        with db_sessions() as db:
+            slots = sum(worker.gpus for worker in live_workers(db, settings.reconcile_seconds))
+        return max(slots, settings.worker_slots)
+
+    return with_retries(run)
+
+
+def park(db_sessions: sessionmaker[Session], job_id: str) -> None:
+    """Note that the job waiting for a gang has no message in the broker (this one is consumed):
+    the reconciler publishes it again once the live workers could hold it."""
+
+    def run() -> None:
+        with db_sessions() as db:
+            db.execute(
+                update(fine_tunes)
+                .where(
+                    fine_tunes.c.id == job_id,
+                    fine_tunes.c.status.in_((st.QUEUED, st.RUNNING)),
+                    fine_tunes.c.lease_until.is_(None),
+                )
+                .values(enqueued_at=None)
+            )
+            db.commit()
+
+    with_retries(run)
+
+
+def backing_off(job_id: str) -> bool:
+    """Whether this host's gang for the job gave up a moment ago, so it should not sit again yet."""
+    until = _backing_off.get(job_id)
+    if until is not None and time.monotonic() >= until:
+        del _backing_off[job_id]
+        return False
+    return until is not None
 
 
 @dataclass(frozen=True)
@@ -161,6 +211,8 @@ def wait_for_gang(
         if look == "forming" and not give_up():
             time.sleep(POLL_SECONDS)
             continue
+        if look != "forming":  # the gang is not coming (or the job moved on): not again soon
+            _backing_off[seat.job_id] = time.monotonic() + settings.gang_wait_seconds
         if look != "gone":
             reason = "this worker shuts down" if look == "forming" else look
             if with_retries(lambda: give_back(db_sessions, seat)):

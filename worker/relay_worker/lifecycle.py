@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from relay.sft import status as st
 from relay_api.db import database_now, rows_changed, with_retries
-from relay_api.fine_tunes import stored_kind
+from relay_api.fine_tunes import live_workers, stored_kind
 from relay_api.models import fine_tune_events, fine_tunes
 from relay_api.settings import Settings
 
@@ -333,12 +333,18 @@ def reconcile(
     settings: Settings,
     publish: Callable[[str], None],
     broker_started_at: dt.datetime | None = None,
+    judge_silent_leases: bool = True,
 ) -> ReconcileReport:
     """One pass of the reconciler; safe to run from many workers at once (each change is conditional).
 
     `broker_started_at`: when the broker (Redis) last started. A job handed to the broker before
     then may have been lost with a restart that kept nothing, so it is published again at once
-    rather than after `republish_seconds`."""
+    rather than after `republish_seconds`.
+
+    `judge_silent_leases`: False just after a database outage. A lease that lapsed then, without its
+    worker saying why, may be a worker that the outage stopped and that is giving the job back right
+    now (not counted against the job); judging it a lost worker would count it. Jobs given back
+    with a reason are handed on either way."""
     report = ReconcileReport([], [], [], [])
     now = database_now(db_sessions)
     lapsed = or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now)
@@ -347,9 +353,11 @@ def reconcile(
         # or handed over long ago, and the message may be gone (a Redis restart).
         grace = now - dt.timedelta(seconds=min(settings.reconcile_seconds, 5.0))
         stale = _republish_before(settings, now, broker_started_at)
-        waiting = (
-            db.execute(
-                select(fine_tunes.c.id).where(
+        slots = max(settings.worker_slots, sum(w.gpus for w in live_workers(db, settings.reconcile_seconds)))
+        waiting = [
+            job_id
+            for job_id, config in db.execute(
+                select(fine_tunes.c.id, fine_tunes.c.config).where(
                     or_(
                         fine_tunes.c.status == st.QUEUED,
                         and_(fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until.is_(None)),
@@ -361,9 +369,9 @@ def reconcile(
                     ),
                 )
             )
-            .scalars()
-            .all()
-        )
+            # A job whose gang the live workers cannot form waits until they can (relay_worker.gang).
+            if int(config.get("gpus") or 1) <= slots
+        ]
         # Running, but its worker stopped renewing the lease (killed, lost, or gave it back).
         expired = db.execute(
             select(
@@ -413,6 +421,8 @@ def reconcile(
             publish(job_id)
             report.published.append(job_id)
 
+    if not judge_silent_leases:
+        expired = [row for row in expired if row.last_failure is not None]
     for job_id, attempt, failed, step, last_failure in [*expired, *exhausted]:
         reason = last_failure or f"the worker of attempt {attempt} stopped responding (killed or lost)"
         if failed >= settings.max_attempts:

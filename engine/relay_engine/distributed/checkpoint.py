@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -91,9 +90,11 @@ def save_sharded(
         rng_path.parent.mkdir(exist_ok=True)
         torch.save(learner.rng_state(), rng_path)
         _fsync(rng_path)
-    except BaseException:
-        if main:
-            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as error:
+        # DCP reports a failed write as a CheckpointException, a BaseException: the store turns it
+        # into an ordinary error in the writer's words (a full disk into DiskFullError). The partial
+        # directory is rank 0's to remove.
+        store.abandon(tmp, error, remove=main)
         raise
     if parallel is not None:
         parallel.barrier()  # every shard is on disk before rank 0 seals the directory

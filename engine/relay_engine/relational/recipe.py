@@ -116,7 +116,7 @@ def _run(
     learner = RelationalLearner(model.model, problem_type, seed=recipe.seed, device=device)
     torch.manual_seed(recipe.seed)
 
-    store = CheckpointStore(work_dir / "checkpoints")
+    store = CheckpointStore(work_dir / "checkpoints", attempt=recipe.attempt)
     state, position = LoopState(), DataPosition()
     resumed_from = None
     latest = store.latest()

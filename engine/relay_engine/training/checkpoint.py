@@ -11,10 +11,11 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,22 +28,52 @@ POINTER = "latest"
 STALE_TMP_SECONDS = 3600
 # A checkpoint is not started unless the disk has this much more than the last one took.
 FREE_SPACE_MARGIN = 1.1
+# Not failures of a write: a stop asked of the process, which must go on as it is.
+_NOT_WRITE_FAILURES = (KeyboardInterrupt, SystemExit, GeneratorExit)
 # With this little left after a failed write, the disk is taken to be full (torch reports a full
 # disk as "unexpected pos ...", not as ENOSPC).
 NEARLY_FULL_BYTES = 16 << 20
+# A temporary directory's name says which attempt (of a service's job) writes it: `.tmp-a3-step-...`.
+# Names without one (`.tmp-step-...`) are of attempt 0: a local run, or a store older than the naming.
+_TMP_ATTEMPT = re.compile(r"\.tmp-a(\d+)-")
 
 
 def _bytes_under(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    """`error` and what lies under it: its causes and contexts, and the failures each rank reported
+    to torch's CheckpointException (its `failures`: rank -> (exception, traceback))."""
+    seen: set[int] = set()
+    waiting = [error]
+    while waiting:
+        cause = waiting.pop()
+        if id(cause) in seen:
+            continue
+        seen.add(id(cause))
+        yield cause
+        waiting.extend(c for c in (cause.__cause__, cause.__context__) if c is not None)
+        failures = getattr(cause, "failures", None)
+        if isinstance(failures, dict):
+            waiting.extend(f[0] for f in failures.values() if isinstance(f, tuple) and f)
+
+
 def _is_disk_full(error: BaseException, free: int) -> bool:
-    cause: BaseException | None = error
-    while cause is not None:
-        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
-            return True
-        cause = cause.__cause__ or cause.__context__
+    if any(isinstance(c, OSError) and c.errno == errno.ENOSPC for c in _causes(error)):
+        return True
     return free < NEARLY_FULL_BYTES
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    """The deepest failure under `error` (what a rank's writer raised), for a message in its words."""
+    return list(_causes(error))[-1]
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint write failed (not for a full disk). torch's CheckpointException derives from
+    BaseException, which `except Exception` misses: converted here, where checkpoints are written,
+    so that every caller sees the failure as an ordinary error with the writer's own reason."""
 
 
 def _disk_full_message(root: Path, needed: int, free: int, before: bool) -> str:
@@ -52,6 +83,12 @@ def _disk_full_message(root: Path, needed: int, free: int, before: bool) -> str:
         f"no space left on device at {root}: {when} (a checkpoint needs about {needed / gib:.2f} GB, "
         f"{free / gib:.2f} GB free); the last complete checkpoint is kept"
     )
+
+
+def temporary_attempt(name: str) -> int:
+    """The attempt that writes the temporary directory `name` (0 when its name does not say)."""
+    found = _TMP_ATTEMPT.match(name)
+    return int(found.group(1)) if found else 0
 
 
 def _fsync_path(path: Path) -> None:
@@ -74,11 +111,15 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 class CheckpointStore:
-    """The checkpoints of one run, in `root`, named `step-00001000` and so on."""
+    """The checkpoints of one run, in `root`, named `step-00001000` and so on.
 
-    def __init__(self, root: Path, keep_last: int = 2) -> None:
+    `attempt` is the writer's fencing token (a service job's attempt; 0 for a local run): it names
+    this writer's temporary directories, so that tidying up can spare those of a newer attempt."""
+
+    def __init__(self, root: Path, keep_last: int = 2, attempt: int = 0) -> None:
         self.root = Path(root)
         self.keep_last = keep_last
+        self.attempt = attempt
 
     @staticmethod
     def name_of(step: int) -> str:
@@ -92,8 +133,7 @@ class CheckpointStore:
         try:
             write_files(tmp)
         except BaseException as error:
-            self._raise_if_disk_full(tmp, error)
-            shutil.rmtree(tmp, ignore_errors=True)
+            self.abandon(tmp, error)
             raise
         return self.commit(step, tmp, meta)
 
@@ -105,21 +145,32 @@ class CheckpointStore:
         free = shutil.disk_usage(self.root).free
         if needed is not None and free < needed * FREE_SPACE_MARGIN:
             raise DiskFullError(_disk_full_message(self.root, needed, free, before=True))
-        tmp = self.root / f".tmp-{self.name_of(step)}-{uuid.uuid4().hex}"
+        tmp = self.root / f".tmp-a{self.attempt}-{self.name_of(step)}-{uuid.uuid4().hex}"
         tmp.mkdir()
         return tmp
 
-    def _raise_if_disk_full(self, tmp: Path, error: BaseException) -> None:
-        """A write that failed because the disk is full, said in those words (torch says "unexpected
-        pos ..."); the partial directory is removed either way."""
-        if not isinstance(error, Exception):
+    def abandon(self, tmp: Path, error: BaseException, remove: bool = True) -> None:
+        """A write into `tmp` failed with `error`: remove the partial directory (unless not `remove`:
+        another process of the group does), and raise what the caller should see instead, if not
+        `error` itself: DiskFullError when the disk is full (torch says "unexpected pos ..."),
+        CheckpointWriteError for a failure torch raised as a BaseException. A stop (KeyboardInterrupt,
+        SystemExit) and ordinary errors are left as they are."""
+        if isinstance(error, _NOT_WRITE_FAILURES):
+            if remove:
+                shutil.rmtree(tmp, ignore_errors=True)
             return
         written = _bytes_under(tmp) if tmp.exists() else 0
-        free = shutil.disk_usage(self.root).free
-        if _is_disk_full(error, free):
+        free = shutil.disk_usage(self.root).free  # before the partial files' space comes back
+        if remove:
             shutil.rmtree(tmp, ignore_errors=True)
+        if _is_disk_full(error, free):
             needed = max(self._expected_bytes() or 0, written)
             raise DiskFullError(_disk_full_message(self.root, needed, free, before=False)) from error
+        if not isinstance(error, Exception):
+            cause = _root_cause(error)
+            raise CheckpointWriteError(
+                f"the checkpoint write into {self.root} failed: {type(cause).__name__}: {cause}"
+            ) from error
 
     def commit(self, step: int, tmp: Path, meta: dict[str, object]) -> Path:
         """Seal a filled temporary directory: manifest, fsync, rename into place, then the pointer.
@@ -134,7 +185,7 @@ class CheckpointStore:
             try:
                 (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
             except OSError as error:
-                self._raise_if_disk_full(tmp, error)
+                self.abandon(tmp, error)
                 raise
             for path in sorted(tmp.rglob("*"), reverse=True):  # files before their directories
                 _fsync_path(path)
@@ -194,12 +245,19 @@ class CheckpointStore:
         return None if latest is None else _bytes_under(latest)
 
     def remove_temporaries(self) -> list[Path]:
-        """Remove every leftover of an interrupted write, however young. Only for a caller that knows
-        no other writer is at work on this store (a worker that has just claimed the job, whose
-        fencing token says no older attempt still owns it; or the end of a run)."""
+        """Remove the leftovers of interrupted writes of this attempt and of older ones, however
+        young; never a newer attempt's. Attempts are fencing tokens: an older attempt may still be
+        at work (a frozen worker that has not yet noticed it lost the job), but its writes no longer
+        count, so removing them is safe. A newer attempt's temporaries are the live writes of the job's
+        owner, and this attempt may be the frozen one that woke up: whatever the order in which the
+        two run, sparing every higher number is what keeps the owner's write whole."""
         if not self.root.is_dir():
             return []
-        removed = [path for path in self.root.iterdir() if path.name.startswith(".tmp-")]
+        removed = [
+            path
+            for path in self.root.iterdir()
+            if path.name.startswith(".tmp-") and temporary_attempt(path.name) <= self.attempt
+        ]
         for path in removed:
             shutil.rmtree(path, ignore_errors=True)
         return removed

@@ -119,3 +119,14 @@ def test_leftovers_of_interrupted_writes_are_removed_when_asked(tmp_path: Path) 
     assert young.exists()  # a save leaves a young one alone: its writer may be at work
     assert store.remove_temporaries() == [young]
     assert not young.exists() and store.latest() == tmp_path / "step-00000020"
+
+
+def test_an_attempt_removes_its_own_and_older_temporaries_but_never_a_newer_attempts(tmp_path: Path) -> None:
+    older, own, newer = (tmp_path / f".tmp-a{n}-step-00000020-abc" for n in (1, 2, 3))
+    unnamed = tmp_path / ".tmp-step-00000020-abc"  # a local run's, or one from before the naming
+    for path in (older, own, newer, unnamed):
+        path.mkdir()
+    store = CheckpointStore(tmp_path, attempt=2)
+    assert sorted(store.remove_temporaries()) == sorted([older, own, unnamed])
+    assert newer.exists()  # the live write of the attempt that owns the job now
+    assert store.begin(30).name.startswith(".tmp-a2-step-00000030-")

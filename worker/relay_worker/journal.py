@@ -1,0 +1,64 @@
+"""A job's events on disk, beside its checkpoints, so that none is lost to a database outage.
+
+Every event the engine reports is appended here (one JSON line) before the lease keeper writes it
+to the database. An attempt stopped by an outage cannot write what it buffered, and the next
+attempt resumes from the last checkpoint, past those events: so the next attempt writes them from
+here, those from the step the job last reported up to the checkpoint it resumes from (later steps
+run again and report again). The database keeps one event per (job, step, kind), so an event
+written twice (by two attempts, or by the replay and the original) is stored once.
+
+The journal lives in the job's directory, which every attempt of the job reads (its checkpoints do
+too). A line is written with one `write` in append mode, so lines of two attempts (a frozen one
+that woke up) never interleave; a line cut short by a crash is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("relay_worker")
+
+JOURNAL = "events.jsonl"
+# Reported again by whichever attempt reaches the end, so never replayed: a replayed one would come
+# before the new attempt's `resumed`.
+NOT_REPLAYED = frozenset({"finished"})
+
+
+class EventJournal:
+    def __init__(self, work_dir: Path) -> None:
+        self.path = Path(work_dir) / JOURNAL
+
+    def append(self, event: dict[str, Any]) -> None:
+        """Note one event (JSON-ready). After a checkpoint's event the file is flushed to disk: the
+        events before a checkpoint must outlive the machine as the checkpoint does."""
+        line = json.dumps(event, separators=(",", ":")) + "\n"
+        try:
+            with open(self.path, "a", encoding="utf-8") as file:
+                file.write(line)
+                if event.get("event") == "checkpoint":
+                    file.flush()
+                    os.fsync(file.fileno())
+        except OSError as error:
+            # A safety net for outages, not a reason to fail a job: a full disk is the checkpoint's
+            # to report, in its own words; the event still goes to the database.
+            log.warning("%s: could not note an event (%s)", self.path, error)
+
+    def between(self, first_step: int, last_step: int) -> list[dict[str, Any]]:
+        """The noted events of steps `first_step` to `last_step`, in the order they were noted."""
+        if not self.path.is_file():
+            return []
+        events = []
+        for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                event = json.loads(line)
+                step = int(event["step"])
+            except (ValueError, KeyError, TypeError):
+                log.warning("%s: skipped a line cut short: %.80s", self.path, line)
+                continue
+            if first_step <= step <= last_step and event.get("event") not in NOT_REPLAYED:
+                events.append(event)
+        return events
