@@ -332,3 +332,11 @@ def test_a_second_retry_at_the_same_step_is_its_own_event(
     retries = [(e["event"], e["attempt"]) for e in events if e.get("event") == "retry"]
     assert retries == [("retry", 2), ("retry", 3)]  # both reported, the repeat once
     parked.post(f"/v1/fine-tunes/{job['id']}/cancel", headers=alice)
+
+
+def test_more_gpus_than_samples_is_400_naming_gpus(parked: TestClient, alice: dict[str, str]) -> None:
+    body = {**GOOD, "batch_size": 4, "gpus": 8}
+    error = error_of(parked.post("/v1/fine-tunes", json=body, headers=alice), 400)
+    assert error["param"] == "gpus" and error["code"] == "invalid_value"
+    rule = "must be at most batch_size, 4: each GPU needs at least one sample"
+    assert error["message"] == f"bad gpus: 8 ({rule})"

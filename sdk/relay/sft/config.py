@@ -203,5 +203,12 @@ class SFTConfig(CheckedConfig):
         if self.gpus is None and self.finetune == "lora":
             self.gpus = 1  # full's default depends on the workers' hosts: the service fills it in
         if self.gpus is not None and self.gpus > self.batch_size:
-            raise ValueError(f"bad gpus: {self.gpus} ({RULES['gpus']}, {self.batch_size})")
+            # A ConfigError, not a ValueError: raised after the fields are validated, pydantic
+            # would name no field for a ValueError.
+            raise ConfigError(
+                f"bad gpus: {self.gpus} (must be at most batch_size, {self.batch_size}: each GPU needs "
+                "at least one sample)",
+                "gpus",
+                "invalid_value",
+            )
         return self
