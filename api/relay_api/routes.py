@@ -203,6 +203,21 @@ def list_files(job_id: JobId, request: Request, user: CurrentUser, settings: Set
     return JSONResponse({"object": "list", "data": listing(job, settings.job_dir(job_id), checksums)})
 
 
+_FILE_HEADERS = {
+    "content-length": {"schema": {"type": "integer"}, "description": "The file's size in bytes."},
+    "x-checksum-sha256": {"schema": {"type": "string"}, "description": "The file's sha256, in hex."},
+    "repr-digest": {"schema": {"type": "string"}, "description": "The same sha256, as RFC 9530 writes it."},
+}
+
+
+# HEAD answers what GET would, without the body (Starlette's FileResponse sends headers only): a
+# client learns a file's size and sha256 before it downloads, or checks a copy it has.
+@router.head(
+    "/{job_id}/files/{path:path}",
+    summary="A file's size and sha256, without the file",
+    response_class=FileResponse,
+    responses={200: {"description": "The headers a download would have; no body.", "headers": _FILE_HEADERS}},
+)
 @router.get(
     "/{job_id}/files/{path:path}",
     summary="Download a file",
@@ -210,7 +225,8 @@ def list_files(job_id: JobId, request: Request, user: CurrentUser, settings: Set
     responses={
         200: {
             "description": "The file. `x-checksum-sha256` (and `repr-digest`) carry its sha256; "
-            "send `Range: bytes=N-` to resume a download."
+            "send `Range: bytes=N-` to resume a download.",
+            "headers": _FILE_HEADERS,
         },
     },
 )

@@ -3,6 +3,7 @@ that reached the database or Redis, empty Idempotency-Keys, ambiguous key prefix
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import os
@@ -290,7 +291,7 @@ def test_a_405_lists_every_method_the_path_takes(parked: TestClient, alice: dict
     for method, path, allowed in [
         ("DELETE", "/v1/fine-tunes", "GET, POST"),
         ("GET", "/v1/fine-tunes/ft-1/cancel", "POST"),
-        ("POST", "/v1/fine-tunes/ft-1/files/checkpoints/a/b", "GET"),
+        ("POST", "/v1/fine-tunes/ft-1/files/checkpoints/a/b", "GET, HEAD"),
     ]:
         response = parked.request(method, path, headers=alice)
         assert response.status_code == 405 and response.headers.get_list("allow") == [allowed], (
@@ -340,3 +341,30 @@ def test_more_gpus_than_samples_is_400_naming_gpus(parked: TestClient, alice: di
     assert error["param"] == "gpus" and error["code"] == "invalid_value"
     rule = "must be at most batch_size, 4: each GPU needs at least one sample"
     assert error["message"] == f"bad gpus: 8 ({rule})"
+
+
+def test_head_on_a_file_gives_its_size_and_sha256_without_the_body(
+    stack: Stack, alice: dict[str, str]
+) -> None:
+    from relay_engine.training.checkpoint import CheckpointStore
+
+    url = stack.parked_api_url
+    job = httpx.post(f"{url}/v1/fine-tunes", json=GOOD, headers=alice).json()
+    store = CheckpointStore(stack.settings.job_dir(job["id"]) / "checkpoints", keep_last=2)
+    payload = os.urandom(300_000)
+    store.save(0, lambda directory: (directory / "weights.bin").write_bytes(payload), {})
+    listed = httpx.get(f"{url}/v1/fine-tunes/{job['id']}/files", headers=alice).json()["data"]
+    path = next(f["path"] for f in listed if f["path"].endswith("weights.bin"))
+    digest = hashlib.sha256(payload)
+    head = httpx.head(f"{url}/v1/fine-tunes/{job['id']}/files/{path}", headers=alice)
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["content-length"] == str(len(payload))
+    assert head.headers["x-checksum-sha256"] == digest.hexdigest()
+    assert head.headers["repr-digest"] == f"sha-256=:{base64.b64encode(digest.digest()).decode()}:"
+    get = httpx.get(f"{url}/v1/fine-tunes/{job['id']}/files/{path}", headers=alice)
+    assert get.content == payload and get.headers["x-checksum-sha256"] == head.headers["x-checksum-sha256"]
+    missing = httpx.head(f"{url}/v1/fine-tunes/{job['id']}/files/checkpoints/none/x.bin", headers=alice)
+    assert (
+        missing.status_code == 404
+        and httpx.head(f"{url}/v1/fine-tunes/{job['id']}/files/{path}").status_code == 401
+    )
