@@ -132,6 +132,16 @@ class SessionConfig(CheckedConfig):
         return self
 
 
+STATE_ADDRESS_PREFIX = "relay://states/"
+
+
+def state_address(name: str) -> str:
+    """How a saved state is shown to its owner: ``relay://states/<name>``, an address in their own
+    account. Where it lies on the service's disk is the service's business (and a client that was
+    shown it might take it for something it could read)."""
+    return STATE_ADDRESS_PREFIX + name
+
+
 def check_name(name: Any, what: str = "name") -> str:
     """A name for saved weights or a saved state, which becomes a directory name on the server.
 
