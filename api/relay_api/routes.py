@@ -15,7 +15,6 @@ from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from relay.dataset_names import names_local_directory
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
 from relay_api import fine_tunes, schemas
@@ -27,7 +26,6 @@ from relay_api.deps import (
     SettingsDep,
     read_db,
 )
-from relay_api.errors import APIProblem
 from relay_api.files import listing, pin, resolve, unpin
 from relay_api.models import fine_tune_events
 from relay_api.models import fine_tunes as fine_tunes_table
@@ -54,16 +52,11 @@ def create_fine_tune(
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Accept a recipe and answer at once with the job (`queued`); a worker picks it up."""
-    if not settings.local_datasets and names_local_directory(config.dataset_name):
-        raise APIProblem(
-            400,
-            f"bad dataset_name: {json.dumps(config.dataset_name)} (this server does not read local "
-            "directories; name a LeRobot dataset on the Hugging Face Hub, such as lerobot/pusht_image)",
-            param="dataset_name",
-            code="invalid_value",
-        )
+    fine_tunes.check_dataset(config.dataset_name, settings)
     with read_db(request) as db:  # the INSERT is one statement, atomic by itself
-        config = fine_tunes.place_on_workers(db, config, settings.reconcile_seconds)
+        config = fine_tunes.place_on_workers(
+            db, config, settings.reconcile_seconds, cpu_full_size=settings.allow_cpu_full_size
+        )
         row, replayed = fine_tunes.create(db, user, config, idempotency_key)
     if not replayed:
         try:

@@ -32,6 +32,13 @@ class Settings(BaseSettings):
     # Whether a job may name a directory on the workers' disks as its dataset (an absolute path,
     # ~/..., ./... or file://). Right for a laptop; off for a shared service (docker-compose.yml).
     local_datasets: bool = True
+    # Whether the API sees the disk its workers read datasets from (the embedded server does; so
+    # does a service whose API mounts the workers' volumes). Then a job naming a local dataset
+    # directory that is not there is refused when it is created, not failed by its worker.
+    api_shares_workers_disk: bool = False
+    # Whether workers without GPUs may take a job of a model sized for GPUs (pi05, 3.35 B weights:
+    # relay.catalog.GPU_SIZED_MODELS). Off, the API refuses one while every live worker is such.
+    allow_cpu_full_size: bool = False
 
     fine_tune_queue: str = "relay.fine-tunes"
     # Steps between a job's checkpoints: what a lost worker can cost at most.

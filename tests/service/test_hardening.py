@@ -368,3 +368,29 @@ def test_head_on_a_file_gives_its_size_and_sha256_without_the_body(
         missing.status_code == 404
         and httpx.head(f"{url}/v1/fine-tunes/{job['id']}/files/{path}").status_code == 401
     )
+
+
+def test_a_local_dataset_that_is_not_there_is_refused_where_the_api_sees_the_workers_disk(
+    stack: Stack, alice: dict[str, str]
+) -> None:
+    missing = stack.root / "datasets" / "never-written"
+    recipe = {**GOOD, "dataset_name": str(missing)}
+    settings = stack.settings.model_copy(
+        update={"api_shares_workers_disk": True, "fine_tune_queue": PARKED_QUEUE}
+    )
+    with TestClient(create_app(settings)) as api:
+        for name in (str(missing), missing.as_uri()):  # one rule of what is local: relay.dataset_names
+            error = error_of(
+                api.post("/v1/fine-tunes", json={**recipe, "dataset_name": name}, headers=alice), 400
+            )
+            assert error["param"] == "dataset_name" and error["code"] == "invalid_value"
+            assert f"{missing} does not exist on the workers' disk" in error["message"]
+        there = api.post(
+            "/v1/fine-tunes", json={**recipe, "dataset_name": str(stack.dataset())}, headers=alice
+        )
+        assert there.status_code == 200, there.text
+        hub = api.post("/v1/fine-tunes", json=GOOD, headers=alice)  # a Hub name: not the API's to look for
+        assert hub.status_code == 200, hub.text
+    # Where the API does not see the workers' disk (the setting's default), it leaves that to the worker.
+    parked = httpx.post(f"{stack.parked_api_url}/v1/fine-tunes", json=recipe, headers=alice)
+    assert parked.status_code == 200, parked.text
