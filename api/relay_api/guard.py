@@ -96,7 +96,8 @@ class BodyTooLarge(HTTPException):
 
 class Guard:
     """ASGI middleware for /v1/: authenticate first (the user id goes to ``scope["state"]``), then
-    hold the body to its limit. A refused request's body is never read, and its connection is closed."""
+    hold the body to its limit. A refused request's body is never read, and its connection is
+    closed; so is the connection of any request answered before its body was read."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -127,20 +128,30 @@ class Guard:
                 await _refuse(scope, receive, send, 400, "bad Content-Length header", "invalid_value")
             return
         received = 0
+        body_read = declared in (None, b"0") and b"transfer-encoding" not in headers
 
         async def counted_receive() -> Message:
-            nonlocal received
+            nonlocal received, body_read
             message_in = await receive()
             if message_in["type"] == "http.request":
                 received += len(message_in.get("body", b""))
                 if received > limit:
                     raise BodyTooLarge(message, code)
+                body_read = body_read or not message_in.get("more_body", False)
             return message_in
 
-        await self.app(scope, counted_receive, send)
+        async def send_closing_if_unread(message_out: Message) -> None:
+            # An answer given before the body was read (a call to a session that is gone): without
+            # "connection: close" uvicorn would read the rest of the body, to reuse the connection.
+            if message_out["type"] == "http.response.start" and not body_read:
+                kept = [(n, v) for n, v in message_out.get("headers", []) if n.lower() != b"connection"]
+                message_out["headers"] = [*kept, (b"connection", b"close")]
+            await send(message_out)
+
+        await self.app(scope, counted_receive, send_closing_if_unread)
 
 
-_READ_HEADERS = (b"authorization", b"content-length")
+_READ_HEADERS = (b"authorization", b"content-length", b"transfer-encoding")
 
 
 async def _refuse(

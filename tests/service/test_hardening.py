@@ -7,6 +7,7 @@ import base64
 import functools
 import hashlib
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -14,6 +15,7 @@ import time
 import typing
 from collections.abc import Iterator
 from pathlib import Path
+from select import select as wait_until_ready
 from typing import Any
 from urllib.parse import quote
 
@@ -394,3 +396,55 @@ def test_a_local_dataset_that_is_not_there_is_refused_where_the_api_sees_the_wor
     # Where the API does not see the workers' disk (the setting's default), it leaves that to the worker.
     parked = httpx.post(f"{stack.parked_api_url}/v1/fine-tunes", json=recipe, headers=alice)
     assert parked.status_code == 200, parked.text
+
+
+def bytes_taken_after_the_answer(url: str, path: str, key: str, size: int) -> tuple[str, int]:
+    """POST `size` bytes (declared) to `path` over a raw socket, sending while reading: the answer's
+    status line, and how many bytes the server still took after it had answered (it stops taking
+    them once it closes the connection). Gives up at 64 MB after the answer: the server reads on."""
+    address = url.removeprefix("http://").split(":")
+    head = (
+        f"POST {path} HTTP/1.1\r\nhost: {address[0]}\r\nauthorization: Bearer {key}\r\n"
+        f"x-relay-seq: 1\r\ncontent-type: application/x-relay-frames\r\ncontent-length: {size}\r\n\r\n"
+    )
+    block = b"\0" * (1 << 16)
+    answer, sent, after = b"", 0, 0
+    with socket.create_connection((address[0], int(address[1])), timeout=30) as connection:
+        connection.sendall(head.encode())
+        while sent < size and after < 64 << 20:
+            readable, writable, _ = wait_until_ready([connection], [connection], [], 30)
+            if readable:
+                try:
+                    received = connection.recv(1 << 16)
+                except ConnectionResetError:
+                    break
+                if not received:
+                    break
+                answer += received
+            if writable:
+                try:
+                    count = connection.send(block[: size - sent])
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+                sent += count
+                after += count if answer else 0
+    return answer.split(b"\r\n", 1)[0].decode(), after
+
+
+def test_a_call_to_a_session_that_is_not_taking_calls_is_answered_without_reading_its_body(
+    stack: Stack, alice: dict[str, str]
+) -> None:
+    url, key = stack.parked_api_url, alice["authorization"].removeprefix("Bearer ")
+    size = 300 << 20  # under RELAY_SESSION_MAX_CALL_BYTES: only the session's state refuses it
+    status, after = bytes_taken_after_the_answer(url, "/v1/sessions/ses-000000000000/calls", key, size)
+    assert status == "HTTP/1.1 404 Not Found" and after < 32 << 20, (status, after)
+    session = httpx.post(f"{url}/v1/sessions", json={"base_model": "pi05-tiny"}, headers=alice).json()
+    status, after = bytes_taken_after_the_answer(url, f"/v1/sessions/{session['id']}/calls", key, size)
+    assert status == "HTTP/1.1 409 Conflict" and after < 32 << 20, (status, after)  # still starting
+    httpx.post(f"{url}/v1/sessions/{session['id']}/close", headers=alice).raise_for_status()
+    status, after = bytes_taken_after_the_answer(url, f"/v1/sessions/{session['id']}/calls", key, size)
+    assert status == "HTTP/1.1 410 Gone" and after < 32 << 20, (status, after)
+    # Over the limit by its Content-Length: refused before a byte of it is read.
+    limit = stack.settings.session_max_call_bytes
+    status, after = bytes_taken_after_the_answer(url, f"/v1/sessions/{session['id']}/calls", key, limit + 1)
+    assert status == "HTTP/1.1 413 Request Entity Too Large" and after < 32 << 20, (status, after)
