@@ -97,7 +97,8 @@ class Settings(BaseSettings):
 
     # How often a live event stream looks for new events.
     events_poll_seconds: float = Field(0.5, gt=0)
-    # How long the API trusts a key it has checked (a revoked key works at most this long after).
+    # How long the API remembers a key it has checked; a revocation anywhere ends that within a
+    # second (relay_api.keys.REVOCATION_CHECK_SECONDS).
     auth_cache_seconds: float = Field(30.0, ge=0)
     # Database connections per process (the API's thread pool runs 40 requests at once at most).
     db_pool_size: int = Field(20, ge=1)

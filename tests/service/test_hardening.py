@@ -26,10 +26,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from relay_api.app import create_app
-from relay_api.keys import AmbiguousKey, revoke_keys
+from relay_api.keys import AmbiguousKey, KeyCache, revoke_keys
 from relay_api.models import ApiKey, FineTune
 from tests.isolation import free_port
-from tests.service.stack import PARKED_QUEUE, Stack, wait_for
+from tests.service.stack import PARKED_QUEUE, ApiServer, Stack, wait_for
 
 GOOD = {"model": "pi05-tiny", "dataset_name": "lerobot/pusht_image", "steps": 20}
 
@@ -448,3 +448,41 @@ def test_a_call_to_a_session_that_is_not_taking_calls_is_answered_without_readin
     limit = stack.settings.session_max_call_bytes
     status, after = bytes_taken_after_the_answer(url, f"/v1/sessions/{session['id']}/calls", key, limit + 1)
     assert status == "HTTP/1.1 413 Request Entity Too Large" and after < 32 << 20, (status, after)
+
+
+def test_a_revoked_key_is_refused_by_every_api_process_within_a_second(stack: Stack) -> None:
+    """Two API processes' worth of apps on one database, each trusting keys it checked for 30 s;
+    the key is revoked by `relay keys revoke`, in a third process."""
+    settings = stack.settings.model_copy(update={"auth_cache_seconds": 30.0})
+    servers = [ApiServer(settings), ApiServer(settings)]
+    try:
+        _, key = stack.new_user()
+        headers = {"authorization": f"Bearer {key}"}
+        for server in servers:  # each checks the key once, and remembers it
+            for _ in range(2):
+                assert httpx.get(f"{server.url}/v1/fine-tunes", headers=headers).status_code == 200
+        revoke = [sys.executable, "-m", "relay.cli", "keys", "revoke", key]
+        subprocess.run(revoke, env={**os.environ, **stack.env_settings}, check=True, capture_output=True)
+        revoked = time.monotonic()
+        # The promise: a request that starts a second after the revocation is refused everywhere.
+        time.sleep(max(0.0, revoked + 1.0 - time.monotonic()))
+        for server in servers:
+            error = error_of(httpx.get(f"{server.url}/v1/fine-tunes", headers=headers), 401)
+            assert error["code"] == "invalid_api_key"
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def test_a_remembered_key_is_trusted_until_the_revocation_count_moves(stack: Stack) -> None:
+    """The cache still spares the database (a hit needs no lookup) until any lookup reads a new
+    revocation count; then a key remembered before it is looked up again."""
+    cache = KeyCache(30.0, check_seconds=3600.0)  # no lapse of the check here: only the count decides
+    (_, key), (_, other) = stack.new_user(), stack.new_user()
+    with stack.sessions() as db:
+        user_id = cache.look_up(db, key)
+        assert user_id is not None and cache.known(key) == user_id
+        assert revoke_keys(db, key) == 1
+        assert cache.known(key) == user_id  # nothing read since: still remembered
+        assert cache.look_up(db, other) is not None  # reads the count, one more than before
+        assert cache.known(key) is None and cache.look_up(db, key) is None
