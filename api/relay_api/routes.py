@@ -69,7 +69,9 @@ def create_fine_tune(
 
 
 @router.get(
-    "", summary="List your fine-tunes, newest first", responses={200: {"model": schemas.FineTuneList}}
+    "",
+    summary="List your fine-tunes, newest first",
+    responses={200: {"model": schemas.FineTuneList}, **schemas.NOT_FOUND},
 )
 def list_fine_tunes(
     user: CurrentUser,
@@ -83,7 +85,11 @@ def list_fine_tunes(
     return JSONResponse({"object": "list", "data": data, "has_more": has_more})
 
 
-@router.get("/{job_id}", summary="Retrieve a fine-tune", responses={200: {"model": schemas.FineTuneOut}})
+@router.get(
+    "/{job_id}",
+    summary="Retrieve a fine-tune",
+    responses={200: {"model": schemas.FineTuneOut}, **schemas.NOT_FOUND},
+)
 def retrieve_fine_tune(job_id: JobId, user: CurrentUser, request: Request) -> Response:
     with read_db(request) as db:
         job = fine_tunes.get(db, user, job_id, shown_only=True)
@@ -96,6 +102,7 @@ def retrieve_fine_tune(job_id: JobId, user: CurrentUser, request: Request) -> Re
     responses={
         200: {"model": schemas.FineTuneOut},
         409: {"model": schemas.ErrorOut, "description": "The job already completed or failed."},
+        **schemas.NOT_FOUND,
     },
 )
 def cancel_fine_tune(job_id: JobId, user: CurrentUser, db: DbDep) -> Response:
@@ -122,6 +129,7 @@ def cancel_fine_tune(job_id: JobId, user: CurrentUser, db: DbDep) -> Response:
             "shaped as EventOut; comment lines keep the connection alive; the last message is "
             "`data: [DONE]`, once the job has ended.",
         },
+        **schemas.NOT_FOUND,
     },
 )
 def fine_tune_events_route(
@@ -186,7 +194,11 @@ def _status_and_events(db_sessions: Any, job_id: str, after: int | None) -> tupl
     return status, [dict(r) for r in rows]
 
 
-@router.get("/{job_id}/files", summary="A fine-tune's files", responses={200: {"model": schemas.FileList}})
+@router.get(
+    "/{job_id}/files",
+    summary="A fine-tune's files",
+    responses={200: {"model": schemas.FileList}, **schemas.NOT_FOUND},
+)
 def list_files(job_id: JobId, request: Request, user: CurrentUser, settings: SettingsDep) -> Response:
     """The output (once completed: model.safetensors, config.json, norm_stats.json) and the checkpoints,
     each with its size and sha256."""
@@ -209,7 +221,10 @@ _FILE_HEADERS = {
     "/{job_id}/files/{path:path}",
     summary="A file's size and sha256, without the file",
     response_class=FileResponse,
-    responses={200: {"description": "The headers a download would have; no body.", "headers": _FILE_HEADERS}},
+    responses={
+        200: {"description": "The headers a download would have; no body.", "headers": _FILE_HEADERS},
+        **schemas.NOT_FOUND,
+    },
 )
 @router.get(
     "/{job_id}/files/{path:path}",
@@ -221,6 +236,7 @@ _FILE_HEADERS = {
             "send `Range: bytes=N-` to resume a download.",
             "headers": _FILE_HEADERS,
         },
+        **schemas.NOT_FOUND,
     },
 )
 def download_file(

@@ -28,6 +28,7 @@ from sqlalchemy import select
 from relay_api.app import create_app
 from relay_api.keys import AmbiguousKey, KeyCache, revoke_keys
 from relay_api.models import ApiKey, FineTune
+from relay_api.openapi import SECURITY_SCHEME
 from tests.isolation import free_port
 from tests.service.stack import PARKED_QUEUE, ApiServer, Stack, wait_for
 
@@ -486,3 +487,28 @@ def test_a_remembered_key_is_trusted_until_the_revocation_count_moves(stack: Sta
         assert cache.known(key) == user_id  # nothing read since: still remembered
         assert cache.look_up(db, other) is not None  # reads the count, one more than before
         assert cache.known(key) is None and cache.look_up(db, key) is None
+
+
+def test_the_document_has_a_bearer_scheme_on_every_v1_operation_and_no_422(
+    parked: TestClient, alice: dict[str, str]
+) -> None:
+    """So /docs has an Authorize button, and lists only the errors the API sends (a broken rule is
+    a 400 in the error body, never FastAPI's 422)."""
+    document = parked.get("/openapi.json").json()
+    assert document["components"]["securitySchemes"] == {"bearer": SECURITY_SCHEME}
+    assert SECURITY_SCHEME["type"] == "http" and SECURITY_SCHEME["scheme"] == "bearer"
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            assert "422" not in operation["responses"], (method, path)
+            names = [p["name"].lower() for p in operation.get("parameters", [])]
+            assert "authorization" not in names, (method, path)  # the scheme says it, not a parameter
+            assert operation.get("security") == ([{"bearer": []}] if path.startswith("/v1/") else None)
+    calls = document["paths"]["/v1/sessions/{session_id}/calls"]["post"]["responses"]
+    assert {"404", "409", "410", "413", "429"} <= set(calls)
+    # The API takes the key as the scheme says (the scheme's name in any case), and no other way.
+    key = alice["authorization"].removeprefix("Bearer ")
+    assert parked.get("/v1/fine-tunes", headers={"authorization": f"bearer {key}"}).status_code == 200
+    for other in (f"Token {key}", key, f"Basic {key}"):
+        assert error_of(parked.get("/v1/fine-tunes", headers={"authorization": other}), 401)
+    assert error_of(parked.get("/v1/fine-tunes", headers={"x-api-key": key}), 401)

@@ -7,12 +7,13 @@ answers with the same messages, so a rule is written once. A broken rule reads l
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from relay import catalog
 from relay._rules import (
+    ABSENT,
     FINETUNE_RULE,
     LORA_ALPHA_RULE,
     LORA_RANK_RULE,
@@ -25,6 +26,7 @@ from relay._rules import (
     LoraRank,
     TargetNames,
     WholeNumber,
+    for_models,
     has_control_characters,
     whole_float_to_int,
 )
@@ -90,6 +92,23 @@ class SFTConfig(CheckedConfig):
         "model": catalog.RECIPE_MODELS,
         "finetune": catalog.FINETUNE_METHODS,
     }
+    # What _fits_the_family checks, for the JSON Schema: a task for rt-j only, and rt-j's limits.
+    SCHEMA_RULES: ClassVar[tuple[dict[str, Any], ...]] = (
+        for_models(catalog.MODELS, {"properties": {"task": ABSENT}}),
+        for_models(
+            catalog.RELATIONAL_MODELS,
+            {
+                "required": ["task"],
+                "properties": {
+                    "task": {"type": "string"},
+                    "finetune": {"const": "full"},
+                    "gpus": {"enum": [1, None]},
+                    "cameras": ABSENT,
+                    "targets": {"anyOf": [ABSENT, {"const": list(catalog.DEFAULT_FULL_TARGETS)}]},
+                },
+            },
+        ),
+    )
     WHAT: ClassVar[str] = "SFTConfig"
     BODY_MESSAGE: ClassVar[str] = "the config must be an object with the recipe's fields"
 
