@@ -268,7 +268,7 @@ def check_memory(config: SFTConfig, workers: list[LiveWorker], *, cpu_full_size:
 
 
 def _too_big_for_cpus(config: SFTConfig) -> APIProblem:
-    """The refusal of a model sized for GPUs when every live worker trains on its CPU."""
+    """The refusal of a job of a model sized for GPUs when every live worker trains on its CPU."""
     planned = plan_named(
         config.model,
         finetune=config.finetune,
@@ -278,21 +278,34 @@ def _too_big_for_cpus(config: SFTConfig) -> APIProblem:
         gpus=config.gpus or 1,
         device="cpu",
     )
-    weights = weight_count(config.model)
-    size = f"{config.model} is sized for GPUs"
-    if weights is not None and planned is not None:
-        size = (
-            f"{config.model} has {weights / 1e9:.2f} B weights; this job's memory plan needs about "
-            f"{planned.total / GB:.0f} GB on a CPU"
-        )
+    return too_big_for_cpus(config.model, "model", planned)
+
+
+def too_big_for_cpus(model: str, param: str, planned: MemoryPlan | None = None) -> APIProblem:
+    """The refusal of `model` (the field `param`) when every live worker trains on its CPU: its size,
+    and the job's memory plan when there is one."""
+    weights = weight_count(model)
+    size = f"{model} is sized for GPUs" if weights is None else f"{model} has {weights / 1e9:.2f} B weights"
+    if planned is not None:
+        size += f"; this job's memory plan needs about {planned.total / GB:.0f} GB on a CPU"
     return APIProblem(
         400,
-        f"bad model: {json.dumps(config.model)} ({size}, and every live worker trains on its CPU: "
-        "train pi05-tiny here, or start a GPU worker; RELAY_ALLOW_CPU_FULL_SIZE=true lets CPU "
+        f"bad {param}: {json.dumps(model)} ({size}, and every live worker trains on its CPU: "
+        "use pi05-tiny here, or start a GPU worker; RELAY_ALLOW_CPU_FULL_SIZE=true lets CPU "
         "workers take it)",
-        param="model",
+        param=param,
         code="no_worker_fits",
     )
+
+
+def check_session_model(db: Db, model: str, settings: Settings) -> None:
+    """Refuse a session of a model sized for GPUs while every live worker trains on its CPU (the
+    rule of check_memory; a session has no batch to plan for)."""
+    if settings.allow_cpu_full_size or model not in catalog.GPU_SIZED_MODELS:
+        return
+    workers = live_workers(db, settings.reconcile_seconds)
+    if workers and all(w.gpu_memory is None for w in workers):
+        raise too_big_for_cpus(model, "base_model")
 
 
 def create(

@@ -22,7 +22,7 @@ from relay.errors import ConfigError
 from relay.training import status as st
 from relay.training import wire
 from relay.training.config import SessionConfig
-from relay_api import schemas, sessions
+from relay_api import fine_tunes, schemas, sessions
 from relay_api.channel import ApiChannel, ChannelUnavailable, ResultGone, TooManyPending
 from relay_api.deps import CurrentUser, DbDep, PublisherDep, SettingsDep, read_db
 from relay_api.errors import APIProblem
@@ -61,6 +61,7 @@ def create_session(
         config = SessionConfig.parse(body)
     except ConfigError as error:
         raise APIProblem(400, error.message, param=error.param, code=error.code) from None
+    fine_tunes.check_session_model(db, config.base_model, settings)
     row, replayed = sessions.create(db, user, config, idempotency_key)
     if not replayed:
         try:

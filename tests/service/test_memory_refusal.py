@@ -151,7 +151,11 @@ def test_cpu_only_workers_refuse_a_model_sized_for_gpus_naming_model(
     headers = {"authorization": f"Bearer {user[1]}"}
     recipe = {"model": "pi05", "dataset_name": "lerobot/pusht_image", "batch_size": 8}
     settings = stack.settings.model_copy(
-        update={"allow_cpu_full_size": False, "fine_tune_queue": PARKED_QUEUE}
+        update={
+            "allow_cpu_full_size": False,
+            "fine_tune_queue": PARKED_QUEUE,
+            "session_queue": PARKED_QUEUE + "-sessions",
+        }
     )
     with TestClient(create_app(settings)) as api:
         refused = api.post("/v1/fine-tunes", json=recipe, headers=headers)
@@ -167,6 +171,13 @@ def test_cpu_only_workers_refuse_a_model_sized_for_gpus_naming_model(
         assert api.get("/v1/fine-tunes", headers=headers).json()["data"] == []  # nothing was created
         tiny = api.post("/v1/fine-tunes", json={**recipe, "model": "pi05-tiny"}, headers=headers)
         assert tiny.status_code == 200, tiny.text
+        # A training session of it, too: the same rule, naming the session's field.
+        session = api.post("/v1/sessions", json={"base_model": "pi05"}, headers=headers)
+        assert session.status_code == 400 and session.json()["error"]["param"] == "base_model", session.text
+        assert "pi05 has 3.35 B weights" in session.json()["error"]["message"]
+        assert api.get("/v1/sessions", headers=headers).json()["data"] == []
+        tiny_session = api.post("/v1/sessions", json={"base_model": "pi05-tiny"}, headers=headers)
+        assert tiny_session.status_code == 200, tiny_session.text
     allowed = httpx.post(f"{stack.parked_api_url}/v1/fine-tunes", json=recipe, headers=headers)
     assert allowed.status_code == 200 and allowed.json()["status"] == "queued", allowed.text
 
