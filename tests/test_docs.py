@@ -4,6 +4,7 @@ notes that the project was built from); what users need is in docs/, in our own 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -31,3 +32,15 @@ def test_no_file_cites_a_path_outside_the_repository() -> None:
             if OUTSIDE.search(line)
         ]
     assert not citing, "\n".join(citing)
+
+
+def test_the_docs_shell_examples_run_programs_a_default_system_has() -> None:
+    """A command substitution in an example (`$(uuidgen)` once) names a program on this machine's
+    PATH (a plain Debian with Python): a reader pasting the example gets no 'command not found'."""
+    missing = []
+    for path in sorted((ROOT / "docs").rglob("*.md")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for program in re.findall(r"\$\(\s*([A-Za-z0-9_.-]+)", line):
+                if shutil.which(program) is None:
+                    missing.append(f"{path.relative_to(ROOT)}:{number}: {program}")
+    assert not missing, "\n".join(missing)

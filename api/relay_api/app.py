@@ -5,6 +5,7 @@ Run it with ``uvicorn --factory relay_api.app:create_app`` (settings from RELAY_
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -25,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relay import __version__
 from relay.sft.config import SFTConfig
-from relay_api import console, routes, session_routes, states
+from relay_api import console, openapi, routes, session_routes, states
 from relay_api.channel import api_channel
 from relay_api.db import api_pool_sizes, is_outage, read_session_factory, session_factory
 from relay_api.enqueued import EnqueuedNotes
@@ -67,6 +68,7 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
         docs_url=None,  # served from the package's own files by relay_api.console
         redoc_url=None,
     )
+    app.openapi = functools.partial(openapi.document, app)  # type: ignore[method-assign]
     app.state.settings = settings
     # Two pools within the process's db_pool_size: transactions, and autocommit reads.
     transactions, reads = api_pool_sizes(settings.db_pool_size)

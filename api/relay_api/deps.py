@@ -59,7 +59,8 @@ EnqueuedNotesDep = Annotated[EnqueuedNotes, Depends(get_enqueued_notes)]
 
 async def current_user(
     request: Request,
-    authorization: Annotated[str | None, Header(description="Bearer <your API key>")] = None,
+    # Documented as the bearer security scheme (relay_api.openapi), not as a parameter.
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> int:
     """The id of the user whose key the request carries; 401 without a valid one. The guard
     (relay_api.guard) has checked it before the body was read; this only reads its answer."""

@@ -37,6 +37,8 @@ def serve(host: str, port: int, log: Callable[[str], None] = print) -> None:
     home = _config.data_dir().expanduser().absolute()
     os.environ["RELAY_HOME"] = str(home)  # the worker process reads the same settings
     os.environ.setdefault("RELAY_METRICS", "true")  # a laptop's /metrics tells no one else anything
+    # The API and its worker read one disk: a dataset directory that is not there is refused at once.
+    os.environ.setdefault("RELAY_API_SHARES_WORKERS_DISK", "true")
     settings = Settings()
     home.mkdir(parents=True, exist_ok=True)
     _check_port_free(host, port)

@@ -18,7 +18,9 @@ import orjson
 from sqlalchemy import bindparam, insert, select, text, update
 from sqlalchemy.orm import Session
 
-from relay.memory_plan import GB, MemoryPlan, gpu_shortfall, plan_named
+from relay import catalog
+from relay.dataset_names import local_dataset_path, names_local_directory
+from relay.memory_plan import GB, MemoryPlan, gpu_shortfall, plan_named, weight_count
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
 from relay_api.db import Db, rows_changed, utcnow
@@ -28,6 +30,7 @@ from relay_api.metrics import WORKER_MISSED_BEATS
 from relay_api.models import fine_tune_events, fine_tunes, worker_heartbeats
 from relay_api.pagination import newest_first
 from relay_api.schemas import FineTuneOut
+from relay_api.settings import Settings
 
 CONFIG_FIELDS: tuple[str, ...] = tuple(SFTConfig.model_fields)
 JOB_ID_PREFIX = "ft-"
@@ -113,6 +116,31 @@ _LIVE_WORKERS = select(worker_heartbeats.c.gpus, worker_heartbeats.c.gpu_memory)
 )
 
 
+def check_dataset(name: str, settings: Settings) -> None:
+    """Refuse a dataset no worker can read: a local directory where the service reads none
+    (RELAY_LOCAL_DATASETS=false), or one that is not there, where the API sees the workers' disk
+    (RELAY_API_SHARES_WORKERS_DISK). Which names are local is relay.dataset_names' one rule."""
+    if not names_local_directory(name):
+        return
+    if not settings.local_datasets:
+        raise _bad_dataset(
+            name,
+            "this server does not read local directories; name a LeRobot dataset on the Hugging Face "
+            "Hub, such as lerobot/pusht_image",
+        )
+    path = local_dataset_path(name)
+    if settings.api_shares_workers_disk and path is not None and not path.exists():
+        raise _bad_dataset(
+            name, f"it names a local directory, and {path} does not exist on the workers' disk"
+        )
+
+
+def _bad_dataset(name: str, rule: str) -> APIProblem:
+    return APIProblem(
+        400, f"bad dataset_name: {json.dumps(name)} ({rule})", param="dataset_name", code="invalid_value"
+    )
+
+
 def live_workers(db: Db, reconcile_seconds: float) -> list[LiveWorker]:
     """The workers alive now, per their heartbeats."""
     horizon = utcnow() - dt.timedelta(seconds=WORKER_MISSED_BEATS * reconcile_seconds)
@@ -125,14 +153,17 @@ def gpu_count(number: int) -> str:
     return f"{number} GPU" if number == 1 else f"{number} GPUs"
 
 
-def place_on_workers(db: Db, config: SFTConfig, reconcile_seconds: float) -> SFTConfig:
+def place_on_workers(
+    db: Db, config: SFTConfig, reconcile_seconds: float, *, cpu_full_size: bool = False
+) -> SFTConfig:
     """Fill in `gpus` where the service chooses it, and refuse a job no worker could ever run.
 
     A full fine-tune without `gpus` gets all the GPUs of the largest live worker (1 when none is
     alive yet). A job of more GPUs than one worker has spans several (a gang); one asking for more
     than all live workers have together is refused, naming `gpus`; so is one whose memory plan
-    does not fit enough of the live workers' GPUs (check_memory). With no live worker nothing is
-    known, so nothing is refused: the job waits for workers.
+    does not fit enough of the live workers' GPUs (check_memory; `cpu_full_size` is
+    RELAY_ALLOW_CPU_FULL_SIZE). With no live worker nothing is known, so nothing is refused: the
+    job waits for workers.
     """
     workers = live_workers(db, reconcile_seconds)
     if config.gpus is None:
@@ -140,7 +171,7 @@ def place_on_workers(db: Db, config: SFTConfig, reconcile_seconds: float) -> SFT
         config = config.model_copy(update={"gpus": min(largest, config.batch_size)})
     else:
         check_gpus(config.gpus, workers)
-    check_memory(config, workers)
+    check_memory(config, workers, cpu_full_size=cpu_full_size)
     return config
 
 
@@ -159,21 +190,26 @@ def check_gpus(gpus: int, workers: list[LiveWorker]) -> None:
         )
 
 
-def check_memory(config: SFTConfig, workers: list[LiveWorker]) -> None:
+def check_memory(config: SFTConfig, workers: list[LiveWorker], *, cpu_full_size: bool = False) -> None:
     """Refuse a job whose memory plan (relay.memory_plan) the live workers' GPUs cannot hold.
 
     Each of the job's `gpus` processes holds the plan's per-GPU bytes, whichever hosts run it: one
     worker with enough slots, or a gang of several. So the job fits when the workers whose GPUs
     hold the plan have its `gpus` together. Workers with CPU slots (no GPU memory reported) hold
-    anything, and run the job when they have its `gpus` together; their slots are not added to
-    GPUs (a cluster of both kinds is a test's, and the other workers' beats then decide nothing
-    here). The error names the field to change: `gpus` when more GPUs would share it (or fewer
-    would fit on the GPUs large enough), else `batch_size` when a smaller batch would, else
-    `finetune` when LoRA would, else `model`."""
+    anything but a model sized for GPUs (catalog.GPU_SIZED_MODELS; unless `cpu_full_size`), and
+    run the job when they have its `gpus` together; their slots are not added to GPUs (a cluster
+    of both kinds is a test's, and the other workers' beats then decide nothing here). The error
+    names the field to change: `gpus` when more GPUs would share it (or fewer would fit on the
+    GPUs large enough), else `batch_size` when a smaller batch would, else `finetune` when LoRA
+    would, else `model` (always `model` when only CPU workers are alive)."""
     gpus = config.gpus or 1
-    if sum(w.gpus for w in workers if w.gpu_memory is None) >= gpus:
+    cpus_take_it = cpu_full_size or config.model not in catalog.GPU_SIZED_MODELS
+    if cpus_take_it and sum(w.gpus for w in workers if w.gpu_memory is None) >= gpus:
         return
+    cpu_only = bool(workers) and all(w.gpu_memory is None for w in workers)
     workers = [w for w in workers if w.gpu_memory is not None]
+    if cpu_only and not cpus_take_it:
+        raise _too_big_for_cpus(config)
     if not workers:
         return
 
@@ -229,6 +265,47 @@ def check_memory(config: SFTConfig, workers: list[LiveWorker]) -> None:
         param=field,
         code="no_worker_fits",
     )
+
+
+def _too_big_for_cpus(config: SFTConfig) -> APIProblem:
+    """The refusal of a job of a model sized for GPUs when every live worker trains on its CPU."""
+    planned = plan_named(
+        config.model,
+        finetune=config.finetune,
+        targets=config.targets,
+        lora_rank=config.lora_rank,
+        batch_size=config.batch_size,
+        gpus=config.gpus or 1,
+        device="cpu",
+    )
+    return too_big_for_cpus(config.model, "model", planned)
+
+
+def too_big_for_cpus(model: str, param: str, planned: MemoryPlan | None = None) -> APIProblem:
+    """The refusal of `model` (the field `param`) when every live worker trains on its CPU: its size,
+    and the job's memory plan when there is one."""
+    weights = weight_count(model)
+    size = f"{model} is sized for GPUs" if weights is None else f"{model} has {weights / 1e9:.2f} B weights"
+    if planned is not None:
+        size += f"; this job's memory plan needs about {planned.total / GB:.0f} GB on a CPU"
+    return APIProblem(
+        400,
+        f"bad {param}: {json.dumps(model)} ({size}, and every live worker trains on its CPU: "
+        "use pi05-tiny here, or start a GPU worker; RELAY_ALLOW_CPU_FULL_SIZE=true lets CPU "
+        "workers take it)",
+        param=param,
+        code="no_worker_fits",
+    )
+
+
+def check_session_model(db: Db, model: str, settings: Settings) -> None:
+    """Refuse a session of a model sized for GPUs while every live worker trains on its CPU (the
+    rule of check_memory; a session has no batch to plan for)."""
+    if settings.allow_cpu_full_size or model not in catalog.GPU_SIZED_MODELS:
+        return
+    workers = live_workers(db, settings.reconcile_seconds)
+    if workers and all(w.gpu_memory is None for w in workers):
+        raise too_big_for_cpus(model, "base_model")
 
 
 def create(

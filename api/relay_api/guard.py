@@ -9,7 +9,9 @@ largest honest request (a batch with its frames, in binary frames).
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -96,7 +98,8 @@ class BodyTooLarge(HTTPException):
 
 class Guard:
     """ASGI middleware for /v1/: authenticate first (the user id goes to ``scope["state"]``), then
-    hold the body to its limit. A refused request's body is never read, and its connection is closed."""
+    hold the body to its limit. A refused request's body is never read; the connection of any
+    request answered before its body was read is closed (see `closing_if_unread`)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -108,39 +111,69 @@ class Guard:
         state = scope["app"].state
         settings: Settings = state.settings
         headers = {name: value for name, value in scope["headers"] if name in _READ_HEADERS}
+        declared = headers.get(b"content-length")
+        body_read = declared in (None, b"0") and b"transfer-encoding" not in headers
+        refusing = closing_if_unread(send, lambda: not body_read)
         authorization = headers.get(b"authorization")
         try:
             user_id = await authenticate(state, authorization.decode("latin-1") if authorization else None)
         except APIProblem as problem:
             await _refuse(
-                scope, receive, send, problem.status, problem.message, problem.code, problem.headers
+                scope, receive, refusing, problem.status, problem.message, problem.code, problem.headers
             )
             return
         scope.setdefault("state", {})["user_id"] = user_id
 
         limit, message, code = body_limit(settings, scope["method"], scope["path"])
-        declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             if declared.isdigit():
-                await _refuse(scope, receive, send, 413, message, code)
+                await _refuse(scope, receive, refusing, 413, message, code)
             else:
-                await _refuse(scope, receive, send, 400, "bad Content-Length header", "invalid_value")
+                await _refuse(scope, receive, refusing, 400, "bad Content-Length header", "invalid_value")
             return
         received = 0
 
         async def counted_receive() -> Message:
-            nonlocal received
+            nonlocal received, body_read
             message_in = await receive()
             if message_in["type"] == "http.request":
                 received += len(message_in.get("body", b""))
                 if received > limit:
                     raise BodyTooLarge(message, code)
+                body_read = body_read or not message_in.get("more_body", False)
             return message_in
 
-        await self.app(scope, counted_receive, send)
+        await self.app(scope, counted_receive, refusing)
 
 
-_READ_HEADERS = (b"authorization", b"content-length")
+_READ_HEADERS = (b"authorization", b"content-length", b"transfer-encoding")
+
+# How long an answer given before its request's body was read waits, sent, before its connection
+# closes. Closing a connection with unread bytes makes the kernel reset it, and a reset drops
+# whatever of the answer is not on the wire yet (seen under load); meanwhile uvicorn reads at most
+# 64 KiB more of the body (its flow control pauses a body no one reads).
+LINGER_SECONDS = 0.1
+
+
+def closing_if_unread(send: Send, unread: Callable[[], bool]) -> Send:
+    """`send`, closing the connection after an answer given while `unread()`: without
+    "connection: close" uvicorn would read the rest of the body (300 MB to a session that is gone)
+    to use the connection again."""
+    closing = False
+
+    async def wrapped(message: Message) -> None:
+        nonlocal closing
+        if message["type"] == "http.response.start" and unread():
+            closing = True
+            kept = [(n, v) for n, v in message.get("headers", []) if n.lower() != b"connection"]
+            message = {**message, "headers": [*kept, (b"connection", b"close")]}
+        elif closing and message["type"] == "http.response.body" and not message.get("more_body"):
+            await send({**message, "more_body": True})
+            await asyncio.sleep(LINGER_SECONDS)
+            message = {"type": "http.response.body", "body": b"", "more_body": False}
+        await send(message)
+
+    return wrapped
 
 
 async def _refuse(
@@ -152,10 +185,6 @@ async def _refuse(
     code: str | None,
     headers: dict[str, str] | None = None,
 ) -> None:
-    # The body stays unread; closing the connection is the only way to be rid of it.
-    response = JSONResponse(
-        error_body(status, message, None, code),
-        status_code=status,
-        headers={**(headers or {}), "connection": "close"},
-    )
+    # The body stays unread: `send` closes the connection, the only way to be rid of it.
+    response = JSONResponse(error_body(status, message, None, code), status_code=status, headers=headers)
     await response(scope, receive, send)

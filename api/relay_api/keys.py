@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 import threading
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -106,30 +107,57 @@ def revoke_keys(db: Session, key_or_prefix: str, user_name: str | None = None) -
     return 1
 
 
-class KeyCache:
-    """Which user a key belongs to, remembered for a little while so a request needs no lookup."""
+# A remembered key is trusted only while a read of the revocation count that started less than
+# this long ago found it unchanged: a key revoked anywhere (another API process, `relay keys
+# revoke`) is refused by every API process within this long, for one small read per this long.
+REVOCATION_CHECK_SECONDS = 0.5
 
-    def __init__(self, ttl_seconds: float) -> None:
+# One statement, so one snapshot: the count of revoked keys (it only grows; nothing deletes keys)
+# and the user of the key, if it is active.
+_LOOK_UP = select(
+    select(func.count(api_keys.c.revoked_at)).scalar_subquery(),
+    select(api_keys.c.user_id)
+    .where(api_keys.c.key_hash == bindparam("digest"), api_keys.c.revoked_at.is_(None))
+    .scalar_subquery(),
+)
+
+
+class KeyCache:
+    """Which user a key belongs to, remembered for up to `ttl` seconds so a request needs no
+    lookup, as long as no key was revoked since it was looked up (see REVOCATION_CHECK_SECONDS)."""
+
+    def __init__(self, ttl_seconds: float, check_seconds: float = REVOCATION_CHECK_SECONDS) -> None:
         self.ttl = ttl_seconds
-        self._known: dict[str, tuple[int, float]] = {}
+        self.check_seconds = check_seconds
+        self._known: dict[str, tuple[int, int, float]] = {}  # digest: (user, revocations, until)
+        self._revocations = -1  # the latest count read
+        self._checked_at = -math.inf  # when the read that found it started (monotonic)
         self._lock = threading.Lock()
 
     def known(self, key: str) -> int | None:
-        """The user of a key checked less than `ttl` seconds ago, without asking the database."""
+        """The user of a key looked up less than `ttl` seconds ago, without asking the database,
+        while the revocation count read less than `check_seconds` ago is the one it was looked up at."""
+        now = time.monotonic()
         with self._lock:
+            if now - self._checked_at > self.check_seconds:
+                return None
             known = self._known.get(hash_key(key))
-        return known[0] if known is not None and known[1] > time.monotonic() else None
+            revocations = self._revocations
+        if known is None or known[1] != revocations or known[2] <= now:
+            return None
+        return known[0]
 
     def look_up(self, db: Session, key: str) -> int | None:
-        """The user of an active key, from the database (and remembered)."""
+        """The user of an active key, from the database (and remembered), with the revocation count."""
         digest = hash_key(key)
-        user_id = db.scalar(
-            select(api_keys.c.user_id).where(api_keys.c.key_hash == digest, api_keys.c.revoked_at.is_(None))
-        )
+        started = time.monotonic()
+        revocations, user_id = db.execute(_LOOK_UP, {"digest": digest}).one()
         db.rollback()  # end the read here, in this thread
-        if user_id is not None and self.ttl > 0:
-            with self._lock:
+        with self._lock:
+            if started >= self._checked_at:  # a slower, older read must not undo a newer one
+                self._revocations, self._checked_at = revocations, started
+            if user_id is not None and self.ttl > 0:
                 if len(self._known) > 10_000:
                     self._known.clear()
-                self._known[digest] = (user_id, time.monotonic() + self.ttl)
+                self._known[digest] = (user_id, revocations, time.monotonic() + self.ttl)
         return user_id

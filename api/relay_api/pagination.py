@@ -52,9 +52,9 @@ def newest_first(
     query = statements.first
     if after is not None:
         cursor = db.execute(statements.cursor, {"user_id": user_id, "after": after}).scalar()
-        if cursor is None:
-            message = f"bad after: {after} (must be the id of one of your {noun})"
-            raise APIProblem(400, message, param="after", code="invalid_value")
+        if cursor is None:  # as for an id in a path: not yours, or not there, is a 404
+            message = f"bad after: {after} (must be the id of one of your {noun}; it names none)"
+            raise APIProblem(404, message, param="after", code="not_found")
         query = statements.after
         values.update(cursor=cursor, after=after)
     result = db.execute(query, values)

@@ -15,7 +15,6 @@ from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from relay.dataset_names import names_local_directory
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
 from relay_api import fine_tunes, schemas
@@ -27,7 +26,6 @@ from relay_api.deps import (
     SettingsDep,
     read_db,
 )
-from relay_api.errors import APIProblem
 from relay_api.files import listing, pin, resolve, unpin
 from relay_api.models import fine_tune_events
 from relay_api.models import fine_tunes as fine_tunes_table
@@ -54,16 +52,11 @@ def create_fine_tune(
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Accept a recipe and answer at once with the job (`queued`); a worker picks it up."""
-    if not settings.local_datasets and names_local_directory(config.dataset_name):
-        raise APIProblem(
-            400,
-            f"bad dataset_name: {json.dumps(config.dataset_name)} (this server does not read local "
-            "directories; name a LeRobot dataset on the Hugging Face Hub, such as lerobot/pusht_image)",
-            param="dataset_name",
-            code="invalid_value",
-        )
+    fine_tunes.check_dataset(config.dataset_name, settings)
     with read_db(request) as db:  # the INSERT is one statement, atomic by itself
-        config = fine_tunes.place_on_workers(db, config, settings.reconcile_seconds)
+        config = fine_tunes.place_on_workers(
+            db, config, settings.reconcile_seconds, cpu_full_size=settings.allow_cpu_full_size
+        )
         row, replayed = fine_tunes.create(db, user, config, idempotency_key)
     if not replayed:
         try:
@@ -76,7 +69,9 @@ def create_fine_tune(
 
 
 @router.get(
-    "", summary="List your fine-tunes, newest first", responses={200: {"model": schemas.FineTuneList}}
+    "",
+    summary="List your fine-tunes, newest first",
+    responses={200: {"model": schemas.FineTuneList}, **schemas.NOT_FOUND},
 )
 def list_fine_tunes(
     user: CurrentUser,
@@ -90,7 +85,11 @@ def list_fine_tunes(
     return JSONResponse({"object": "list", "data": data, "has_more": has_more})
 
 
-@router.get("/{job_id}", summary="Retrieve a fine-tune", responses={200: {"model": schemas.FineTuneOut}})
+@router.get(
+    "/{job_id}",
+    summary="Retrieve a fine-tune",
+    responses={200: {"model": schemas.FineTuneOut}, **schemas.NOT_FOUND},
+)
 def retrieve_fine_tune(job_id: JobId, user: CurrentUser, request: Request) -> Response:
     with read_db(request) as db:
         job = fine_tunes.get(db, user, job_id, shown_only=True)
@@ -103,6 +102,7 @@ def retrieve_fine_tune(job_id: JobId, user: CurrentUser, request: Request) -> Re
     responses={
         200: {"model": schemas.FineTuneOut},
         409: {"model": schemas.ErrorOut, "description": "The job already completed or failed."},
+        **schemas.NOT_FOUND,
     },
 )
 def cancel_fine_tune(job_id: JobId, user: CurrentUser, db: DbDep) -> Response:
@@ -129,6 +129,7 @@ def cancel_fine_tune(job_id: JobId, user: CurrentUser, db: DbDep) -> Response:
             "shaped as EventOut; comment lines keep the connection alive; the last message is "
             "`data: [DONE]`, once the job has ended.",
         },
+        **schemas.NOT_FOUND,
     },
 )
 def fine_tune_events_route(
@@ -193,7 +194,11 @@ def _status_and_events(db_sessions: Any, job_id: str, after: int | None) -> tupl
     return status, [dict(r) for r in rows]
 
 
-@router.get("/{job_id}/files", summary="A fine-tune's files", responses={200: {"model": schemas.FileList}})
+@router.get(
+    "/{job_id}/files",
+    summary="A fine-tune's files",
+    responses={200: {"model": schemas.FileList}, **schemas.NOT_FOUND},
+)
 def list_files(job_id: JobId, request: Request, user: CurrentUser, settings: SettingsDep) -> Response:
     """The output (once completed: model.safetensors, configs, processors, norm stats) and the checkpoints,
     each with its size and sha256."""
@@ -203,6 +208,24 @@ def list_files(job_id: JobId, request: Request, user: CurrentUser, settings: Set
     return JSONResponse({"object": "list", "data": listing(job, settings.job_dir(job_id), checksums)})
 
 
+_FILE_HEADERS = {
+    "content-length": {"schema": {"type": "integer"}, "description": "The file's size in bytes."},
+    "x-checksum-sha256": {"schema": {"type": "string"}, "description": "The file's sha256, in hex."},
+    "repr-digest": {"schema": {"type": "string"}, "description": "The same sha256, as RFC 9530 writes it."},
+}
+
+
+# HEAD answers what GET would, without the body (Starlette's FileResponse sends headers only): a
+# client learns a file's size and sha256 before it downloads, or checks a copy it has.
+@router.head(
+    "/{job_id}/files/{path:path}",
+    summary="A file's size and sha256, without the file",
+    response_class=FileResponse,
+    responses={
+        200: {"description": "The headers a download would have; no body.", "headers": _FILE_HEADERS},
+        **schemas.NOT_FOUND,
+    },
+)
 @router.get(
     "/{job_id}/files/{path:path}",
     summary="Download a file",
@@ -210,8 +233,10 @@ def list_files(job_id: JobId, request: Request, user: CurrentUser, settings: Set
     responses={
         200: {
             "description": "The file. `x-checksum-sha256` (and `repr-digest`) carry its sha256; "
-            "send `Range: bytes=N-` to resume a download."
+            "send `Range: bytes=N-` to resume a download.",
+            "headers": _FILE_HEADERS,
         },
+        **schemas.NOT_FOUND,
     },
 )
 def download_file(

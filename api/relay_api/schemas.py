@@ -92,10 +92,12 @@ class ErrorOut(BaseModel):
     error: ErrorDetail
 
 
-ERRORS: dict[int | str, dict[str, object]] = {
+Responses = dict[int | str, dict[str, Any]]
+
+# What every /v1 route can answer (the routers'); each route adds its own below.
+ERRORS: Responses = {
     400: {"model": ErrorOut, "description": "A bad request: the message names the field and the rule."},
     401: {"model": ErrorOut, "description": "A missing or wrong API key."},
-    404: {"model": ErrorOut, "description": "No such fine-tune among yours."},
     413: {"model": ErrorOut, "description": "The body is over the limit (the message says it)."},
     503: {
         "model": ErrorOut,
@@ -104,8 +106,18 @@ ERRORS: dict[int | str, dict[str, object]] = {
         "headers": {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait."}},
     },
 }
-IDEMPOTENCY_CONFLICT: dict[int | str, dict[str, object]] = {
+IDEMPOTENCY_CONFLICT: Responses = {
     409: {"model": ErrorOut, "description": "The Idempotency-Key was used before with another body."}
+}
+NOT_FOUND: Responses = {
+    404: {"model": ErrorOut, "description": "None of yours has this id (another user's is not found either)."}
+}
+SESSION_ENDED: Responses = {
+    410: {
+        "model": ErrorOut,
+        "description": "The session has ended, or is closing (`session_closed`, `session_error`, "
+        "`worker_lost`; the message says why).",
+    }
 }
 
 

@@ -22,7 +22,7 @@ from relay.errors import ConfigError
 from relay.training import status as st
 from relay.training import wire
 from relay.training.config import SessionConfig
-from relay_api import schemas, sessions
+from relay_api import fine_tunes, schemas, sessions
 from relay_api.channel import ApiChannel, ChannelUnavailable, ResultGone, TooManyPending
 from relay_api.deps import CurrentUser, DbDep, PublisherDep, SettingsDep, read_db
 from relay_api.errors import APIProblem
@@ -61,6 +61,7 @@ def create_session(
         config = SessionConfig.parse(body)
     except ConfigError as error:
         raise APIProblem(400, error.message, param=error.param, code=error.code) from None
+    fine_tunes.check_session_model(db, config.base_model, settings)
     row, replayed = sessions.create(db, user, config, idempotency_key)
     if not replayed:
         try:
@@ -80,7 +81,9 @@ def create_session(
 
 
 @router.get(
-    "", summary="List your training sessions, newest first", responses={200: {"model": schemas.SessionList}}
+    "",
+    summary="List your training sessions, newest first",
+    responses={200: {"model": schemas.SessionList}, **schemas.NOT_FOUND},
 )
 def list_sessions(
     user: CurrentUser,
@@ -96,7 +99,9 @@ def list_sessions(
 
 
 @router.get(
-    "/{session_id}", summary="Retrieve a training session", responses={200: {"model": schemas.SessionOut}}
+    "/{session_id}",
+    summary="Retrieve a training session",
+    responses={200: {"model": schemas.SessionOut}, **schemas.NOT_FOUND},
 )
 def retrieve_session(session_id: SessionId, user: CurrentUser, db: DbDep, settings: SettingsDep) -> Response:
     row = sessions.end_if_worker_lost(db, sessions.get(db, user, session_id))
@@ -104,7 +109,9 @@ def retrieve_session(session_id: SessionId, user: CurrentUser, db: DbDep, settin
 
 
 @router.post(
-    "/{session_id}/heartbeat", summary="Keep a session open", responses={200: {"model": schemas.SessionOut}}
+    "/{session_id}/heartbeat",
+    summary="Keep a session open",
+    responses={200: {"model": schemas.SessionOut}, **schemas.NOT_FOUND},
 )
 def heartbeat(session_id: SessionId, user: CurrentUser, db: DbDep, settings: SettingsDep) -> Response:
     """The SDK sends one every 30 s (at most a quarter of the idle timeout) while a session is open."""
@@ -112,7 +119,9 @@ def heartbeat(session_id: SessionId, user: CurrentUser, db: DbDep, settings: Set
 
 
 @router.post(
-    "/{session_id}/close", summary="Close a training session", responses={200: {"model": schemas.SessionOut}}
+    "/{session_id}/close",
+    summary="Close a training session",
+    responses={200: {"model": schemas.SessionOut}, **schemas.NOT_FOUND},
 )
 def close_session(
     session_id: SessionId, request: Request, user: CurrentUser, db: DbDep, settings: SettingsDep
@@ -128,8 +137,13 @@ def close_session(
     summary="Send a call (in order)",
     responses={
         200: {"model": schemas.CallAccepted},
-        409: {"model": schemas.ErrorOut, "description": "The session is not ready, or has ended."},
+        409: {
+            "model": schemas.ErrorOut,
+            "description": "The session is still starting (`session_starting`).",
+        },
         429: {"model": schemas.ErrorOut, "description": "Too many calls wait already; send again shortly."},
+        **schemas.NOT_FOUND,
+        **schemas.SESSION_ENDED,
     },
 )
 async def submit_call(
@@ -183,6 +197,10 @@ async def submit_call(
             "description": "The call's outcome, in Relay's binary frames.",
         },
         202: {"model": schemas.CallPending, "description": "Not done within `wait` seconds; ask again."},
+        404: {
+            "model": schemas.ErrorOut,
+            "description": "No session of yours has this id, or the result is kept no more (`result_gone`).",
+        },
         410: {"model": schemas.ErrorOut, "description": "The session ended before the call ran."},
     },
 )

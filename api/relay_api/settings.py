@@ -32,6 +32,13 @@ class Settings(BaseSettings):
     # Whether a job may name a directory on the workers' disks as its dataset (an absolute path,
     # ~/..., ./... or file://). Right for a laptop; off for a shared service (docker-compose.yml).
     local_datasets: bool = True
+    # Whether the API sees the disk its workers read datasets from (the embedded server does; so
+    # does a service whose API mounts the workers' volumes). Then a job naming a local dataset
+    # directory that is not there is refused when it is created, not failed by its worker.
+    api_shares_workers_disk: bool = False
+    # Whether workers without GPUs may take a job of a model sized for GPUs (pi05, 3.35 B weights:
+    # relay.catalog.GPU_SIZED_MODELS). Off, the API refuses one while every live worker is such.
+    allow_cpu_full_size: bool = False
 
     fine_tune_queue: str = "relay.fine-tunes"
     # Steps between a job's checkpoints: what a lost worker can cost at most.
@@ -90,7 +97,8 @@ class Settings(BaseSettings):
 
     # How often a live event stream looks for new events.
     events_poll_seconds: float = Field(0.5, gt=0)
-    # How long the API trusts a key it has checked (a revoked key works at most this long after).
+    # How long the API remembers a key it has checked; a revocation anywhere ends that within a
+    # second (relay_api.keys.REVOCATION_CHECK_SECONDS).
     auth_cache_seconds: float = Field(30.0, ge=0)
     # Database connections per process (the API's thread pool runs 40 requests at once at most).
     db_pool_size: int = Field(20, ge=1)

@@ -119,6 +119,19 @@ def _rules_in_schema(schema: dict[str, Any], cls: type[BaseModel]) -> None:
         for name, value in defaults.items():
             if name in properties:
                 properties[name].setdefault("x-model-defaults", {})[model] = value
+    if getattr(cls, "SCHEMA_RULES", None):
+        schema["allOf"] = list(cls.SCHEMA_RULES)  # type: ignore[attr-defined]
+
+
+def for_models(models: Iterable[str], then: dict[str, Any], field: str = "model") -> dict[str, Any]:
+    """A JSON Schema rule for the configs of some models only (``if`` `field` is one of `models`,
+    ``then`` `then`): the rules across fields that a config's validators enforce, stated in its
+    schema so that the API's OpenAPI document refuses what the API refuses."""
+    return {"if": {"properties": {field: {"enum": list(models)}}, "required": [field]}, "then": then}
+
+
+# A field left out or null.
+ABSENT: dict[str, Any] = {"type": "null"}
 
 
 class CheckedConfig(BaseModel):
@@ -133,6 +146,7 @@ class CheckedConfig(BaseModel):
 
     RULES: ClassVar[dict[str, str]] = {}
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {}
+    SCHEMA_RULES: ClassVar[tuple[dict[str, Any], ...]] = ()  # see for_models
     WHAT: ClassVar[str] = "the config"
     BODY_MESSAGE: ClassVar[str] = "the body must be an object"
 

@@ -11,6 +11,9 @@ from typing import Any, Literal, get_args
 # `pi05` is the real model (about 3.35B parameters, a GPU); `pi05-tiny` runs the same code at
 # tiny sizes, for CPUs, the demo and the tests.
 MODELS: tuple[str, ...] = ("pi05", "pi05-tiny")
+# Models sized for GPUs: a worker without GPUs takes a job of one only where the service allows it
+# (RELAY_ALLOW_CPU_FULL_SIZE); the API refuses it otherwise (relay_api.fine_tunes.check_memory).
+GPU_SIZED_MODELS: tuple[str, ...] = ("pi05",)
 
 # RT-J, the relational transformer, for tasks on relational databases: `rt-j` has the published
 # dimensions (85,562,530 weights in Stanford's layout); `rt-j-tiny` is the same network, small.

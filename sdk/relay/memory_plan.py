@@ -108,6 +108,13 @@ def plan_named(
     )
 
 
+def weight_count(model: str) -> int | None:
+    """The base weights of a named pi0.5 model (no adapters), for messages that say how big it is;
+    None for a model that is not pi0.5's."""
+    sizes = NAMED_SIZES.get(model)
+    return None if sizes is None else sum(w.numel for w in _named_tuning(model, "full", None, 1).base)
+
+
 @functools.lru_cache(maxsize=64)
 def _named_tuning(model: str, finetune: str, targets: tuple[str, ...] | None, lora_rank: int) -> Tuned:
     # The API plans on every recipe it accepts; the layout of a named model never changes.

@@ -45,6 +45,11 @@ BAD_CONFIGS: list[tuple[dict[str, object], str, str]] = [
     ({"cameras": ["base_0_rgb"]}, "cameras", "bad cameras:"),
     ({"name": "n" * 129}, "name", "bad name:"),
     ({"name": "tab\there"}, "name", "bad name:"),
+    (
+        {"batch_size": 4, "gpus": 8},
+        "gpus",
+        "bad gpus: 8 (must be at most batch_size, 4: each GPU needs at least one sample)",
+    ),
     ({"epochs": 3}, "epochs", "unknown field epochs (SFTConfig's fields: model, dataset_name,"),
 ]
 

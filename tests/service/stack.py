@@ -179,6 +179,9 @@ class Stack:
             "RELAY_REPUBLISH_SECONDS": "86400",
             "RELAY_EVENTS_POLL_SECONDS": "0.1",
             "RELAY_AUTH_CACHE_SECONDS": "0",
+            # The stack's workers are CPU processes standing in for GPU hosts: tests queue pi05
+            # jobs (left parked, never trained here), which CPU-only workers would have refused.
+            "RELAY_ALLOW_CPU_FULL_SIZE": "true",
             "RELAY_CACHE_DIR": str(self.root / "cache"),
             # Training sessions close after 4 s without contact (the SDK's heartbeats come every second).
             "RELAY_SESSION_IDLE_SECONDS": "4",

@@ -236,13 +236,13 @@ def test_list_is_newest_first_with_cursor_pages(parked: TestClient, alice: dict[
     assert seen == newest_first
     everything = parked.get("/v1/fine-tunes", headers=alice).json()
     assert [j["id"] for j in everything["data"]] == newest_first and everything["has_more"] is False
-    for params, param in (
-        ({"limit": 0}, "limit"),
-        ({"limit": 101}, "limit"),
-        ({"after": "ft-000000000000"}, "after"),
+    for params, param, status in (
+        ({"limit": 0}, "limit", 400),
+        ({"limit": 101}, "limit", 400),
+        ({"after": "ft-000000000000"}, "after", 404),  # well formed, but none of alice's
     ):
         response = parked.get("/v1/fine-tunes", params=params, headers=alice)
-        assert response.status_code == 400 and response.json()["error"]["param"] == param
+        assert response.status_code == status and response.json()["error"]["param"] == param
 
 
 def test_cancelling_a_queued_job_ends_it_at_once(

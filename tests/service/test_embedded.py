@@ -87,6 +87,7 @@ def test_relay_server_runs_a_job_end_to_end(
         assert 'relay_fine_tunes{status="completed"} 1.0' in metrics
         assert "relay_workers_alive 1.0" in metrics
 
+        refuses_what_its_worker_cannot_run(tmp_path, dataset)
         run_a_training_session(home)
     finally:
         server.send_signal(signal.SIGTERM)
@@ -116,7 +117,28 @@ def run_a_training_session(home: Path) -> None:
         assert [f.result().metrics["loss"] > 0 for f in futures[::2]] == [True, True]
         assert futures[1].result().metrics["skipped"] is False
     assert actions.shape == (10, 32) and np.isfinite(actions).all()
-    assert saved.path.startswith(str(home / "users")) and (Path(saved.path) / "session.json").is_file()
+    # The client sees the state's address in its account; the state lies in the user's directory.
+    assert saved.path == "relay://states/embedded"
+    assert len(list(home.glob("users/*/states/embedded/session.json"))) == 1
+
+
+def refuses_what_its_worker_cannot_run(tmp_path: Path, dataset: Path) -> None:
+    """Its one worker trains on the CPU (alive, per the metrics above), and shares the API's disk."""
+    from relay.errors import APIError
+    from relay.sft.config import SFTConfig
+    from relay.sft.train import train
+
+    with pytest.raises(APIError) as too_big:
+        train(SFTConfig(model="pi05", dataset_name=str(dataset), batch_size=2, steps=10))
+    assert too_big.value.status == 400 and too_big.value.param == "model"
+    assert "pi05 has 3.35 B weights" in str(too_big.value) and "RELAY_ALLOW_CPU_FULL_SIZE" in str(
+        too_big.value
+    )
+    missing = tmp_path / "no-dataset-here"
+    with pytest.raises(APIError) as not_there:
+        train(SFTConfig(model="pi05-tiny", dataset_name=str(missing), batch_size=2, steps=10))
+    assert not_there.value.status == 400 and not_there.value.param == "dataset_name"
+    assert f"{missing} does not exist" in str(not_there.value)
 
 
 def wait_for_exit(home: Path) -> list[int]:

@@ -3,9 +3,11 @@ that reached the database or Redis, empty Idempotency-Keys, ambiguous key prefix
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -13,6 +15,7 @@ import time
 import typing
 from collections.abc import Iterator
 from pathlib import Path
+from select import select as wait_until_ready
 from typing import Any
 from urllib.parse import quote
 
@@ -23,10 +26,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from relay_api.app import create_app
-from relay_api.keys import AmbiguousKey, revoke_keys
+from relay_api.keys import AmbiguousKey, KeyCache, revoke_keys
 from relay_api.models import ApiKey, FineTune
+from relay_api.openapi import SECURITY_SCHEME
 from tests.isolation import free_port
-from tests.service.stack import PARKED_QUEUE, Stack, wait_for
+from tests.service.stack import PARKED_QUEUE, ApiServer, Stack, wait_for
 
 GOOD = {"model": "pi05-tiny", "dataset_name": "lerobot/pusht_image", "steps": 20}
 
@@ -290,7 +294,7 @@ def test_a_405_lists_every_method_the_path_takes(parked: TestClient, alice: dict
     for method, path, allowed in [
         ("DELETE", "/v1/fine-tunes", "GET, POST"),
         ("GET", "/v1/fine-tunes/ft-1/cancel", "POST"),
-        ("POST", "/v1/fine-tunes/ft-1/files/checkpoints/a/b", "GET"),
+        ("POST", "/v1/fine-tunes/ft-1/files/checkpoints/a/b", "GET, HEAD"),
     ]:
         response = parked.request(method, path, headers=alice)
         assert response.status_code == 405 and response.headers.get_list("allow") == [allowed], (
@@ -332,3 +336,179 @@ def test_a_second_retry_at_the_same_step_is_its_own_event(
     retries = [(e["event"], e["attempt"]) for e in events if e.get("event") == "retry"]
     assert retries == [("retry", 2), ("retry", 3)]  # both reported, the repeat once
     parked.post(f"/v1/fine-tunes/{job['id']}/cancel", headers=alice)
+
+
+def test_more_gpus_than_samples_is_400_naming_gpus(parked: TestClient, alice: dict[str, str]) -> None:
+    body = {**GOOD, "batch_size": 4, "gpus": 8}
+    error = error_of(parked.post("/v1/fine-tunes", json=body, headers=alice), 400)
+    assert error["param"] == "gpus" and error["code"] == "invalid_value"
+    rule = "must be at most batch_size, 4: each GPU needs at least one sample"
+    assert error["message"] == f"bad gpus: 8 ({rule})"
+
+
+def test_head_on_a_file_gives_its_size_and_sha256_without_the_body(
+    stack: Stack, alice: dict[str, str]
+) -> None:
+    from relay_engine.training.checkpoint import CheckpointStore
+
+    url = stack.parked_api_url
+    job = httpx.post(f"{url}/v1/fine-tunes", json=GOOD, headers=alice).json()
+    store = CheckpointStore(stack.settings.job_dir(job["id"]) / "checkpoints", keep_last=2)
+    payload = os.urandom(300_000)
+    store.save(0, lambda directory: (directory / "weights.bin").write_bytes(payload), {})
+    listed = httpx.get(f"{url}/v1/fine-tunes/{job['id']}/files", headers=alice).json()["data"]
+    path = next(f["path"] for f in listed if f["path"].endswith("weights.bin"))
+    digest = hashlib.sha256(payload)
+    head = httpx.head(f"{url}/v1/fine-tunes/{job['id']}/files/{path}", headers=alice)
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["content-length"] == str(len(payload))
+    assert head.headers["x-checksum-sha256"] == digest.hexdigest()
+    assert head.headers["repr-digest"] == f"sha-256=:{base64.b64encode(digest.digest()).decode()}:"
+    get = httpx.get(f"{url}/v1/fine-tunes/{job['id']}/files/{path}", headers=alice)
+    assert get.content == payload and get.headers["x-checksum-sha256"] == head.headers["x-checksum-sha256"]
+    missing = httpx.head(f"{url}/v1/fine-tunes/{job['id']}/files/checkpoints/none/x.bin", headers=alice)
+    assert (
+        missing.status_code == 404
+        and httpx.head(f"{url}/v1/fine-tunes/{job['id']}/files/{path}").status_code == 401
+    )
+
+
+def test_a_local_dataset_that_is_not_there_is_refused_where_the_api_sees_the_workers_disk(
+    stack: Stack, alice: dict[str, str]
+) -> None:
+    missing = stack.root / "datasets" / "never-written"
+    recipe = {**GOOD, "dataset_name": str(missing)}
+    settings = stack.settings.model_copy(
+        update={"api_shares_workers_disk": True, "fine_tune_queue": PARKED_QUEUE}
+    )
+    with TestClient(create_app(settings)) as api:
+        for name in (str(missing), missing.as_uri()):  # one rule of what is local: relay.dataset_names
+            error = error_of(
+                api.post("/v1/fine-tunes", json={**recipe, "dataset_name": name}, headers=alice), 400
+            )
+            assert error["param"] == "dataset_name" and error["code"] == "invalid_value"
+            assert f"{missing} does not exist on the workers' disk" in error["message"]
+        there = api.post(
+            "/v1/fine-tunes", json={**recipe, "dataset_name": str(stack.dataset())}, headers=alice
+        )
+        assert there.status_code == 200, there.text
+        hub = api.post("/v1/fine-tunes", json=GOOD, headers=alice)  # a Hub name: not the API's to look for
+        assert hub.status_code == 200, hub.text
+    # Where the API does not see the workers' disk (the setting's default), it leaves that to the worker.
+    parked = httpx.post(f"{stack.parked_api_url}/v1/fine-tunes", json=recipe, headers=alice)
+    assert parked.status_code == 200, parked.text
+
+
+def bytes_taken_after_the_answer(url: str, path: str, key: str, size: int) -> tuple[str, int]:
+    """POST `size` bytes (declared) to `path` over a raw socket, sending while reading: the answer's
+    status line, and how many bytes the server still took after it had answered (it stops taking
+    them once it closes the connection). Gives up at 64 MB after the answer: the server reads on."""
+    address = url.removeprefix("http://").split(":")
+    head = (
+        f"POST {path} HTTP/1.1\r\nhost: {address[0]}\r\nauthorization: Bearer {key}\r\n"
+        f"x-relay-seq: 1\r\ncontent-type: application/x-relay-frames\r\ncontent-length: {size}\r\n\r\n"
+    )
+    block = b"\0" * (1 << 16)
+    answer, sent, after = b"", 0, 0
+    with socket.create_connection((address[0], int(address[1])), timeout=30) as connection:
+        connection.sendall(head.encode())
+        while sent < size and after < 64 << 20:
+            readable, writable, _ = wait_until_ready([connection], [connection], [], 30)
+            if readable:
+                try:
+                    received = connection.recv(1 << 16)
+                except ConnectionResetError:
+                    break
+                if not received:
+                    break
+                answer += received
+            if writable:
+                try:
+                    count = connection.send(block[: size - sent])
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+                sent += count
+                after += count if answer else 0
+    return answer.split(b"\r\n", 1)[0].decode(), after
+
+
+def test_a_call_to_a_session_that_is_not_taking_calls_is_answered_without_reading_its_body(
+    stack: Stack, alice: dict[str, str]
+) -> None:
+    url, key = stack.parked_api_url, alice["authorization"].removeprefix("Bearer ")
+    size = 300 << 20  # under RELAY_SESSION_MAX_CALL_BYTES: only the session's state refuses it
+    status, after = bytes_taken_after_the_answer(url, "/v1/sessions/ses-000000000000/calls", key, size)
+    assert status == "HTTP/1.1 404 Not Found" and after < 32 << 20, (status, after)
+    session = httpx.post(f"{url}/v1/sessions", json={"base_model": "pi05-tiny"}, headers=alice).json()
+    status, after = bytes_taken_after_the_answer(url, f"/v1/sessions/{session['id']}/calls", key, size)
+    assert status == "HTTP/1.1 409 Conflict" and after < 32 << 20, (status, after)  # still starting
+    httpx.post(f"{url}/v1/sessions/{session['id']}/close", headers=alice).raise_for_status()
+    status, after = bytes_taken_after_the_answer(url, f"/v1/sessions/{session['id']}/calls", key, size)
+    assert status == "HTTP/1.1 410 Gone" and after < 32 << 20, (status, after)
+    # Over the limit by its Content-Length: refused before a byte of it is read.
+    limit = stack.settings.session_max_call_bytes
+    status, after = bytes_taken_after_the_answer(url, f"/v1/sessions/{session['id']}/calls", key, limit + 1)
+    assert status == "HTTP/1.1 413 Request Entity Too Large" and after < 32 << 20, (status, after)
+
+
+def test_a_revoked_key_is_refused_by_every_api_process_within_a_second(stack: Stack) -> None:
+    """Two API processes' worth of apps on one database, each trusting keys it checked for 30 s;
+    the key is revoked by `relay keys revoke`, in a third process."""
+    settings = stack.settings.model_copy(update={"auth_cache_seconds": 30.0})
+    servers = [ApiServer(settings), ApiServer(settings)]
+    try:
+        _, key = stack.new_user()
+        headers = {"authorization": f"Bearer {key}"}
+        for server in servers:  # each checks the key once, and remembers it
+            for _ in range(2):
+                assert httpx.get(f"{server.url}/v1/fine-tunes", headers=headers).status_code == 200
+        revoke = [sys.executable, "-m", "relay.cli", "keys", "revoke", key]
+        subprocess.run(revoke, env={**os.environ, **stack.env_settings}, check=True, capture_output=True)
+        revoked = time.monotonic()
+        # The promise: a request that starts a second after the revocation is refused everywhere.
+        time.sleep(max(0.0, revoked + 1.0 - time.monotonic()))
+        for server in servers:
+            error = error_of(httpx.get(f"{server.url}/v1/fine-tunes", headers=headers), 401)
+            assert error["code"] == "invalid_api_key"
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def test_a_remembered_key_is_trusted_until_the_revocation_count_moves(stack: Stack) -> None:
+    """The cache still spares the database (a hit needs no lookup) until any lookup reads a new
+    revocation count; then a key remembered before it is looked up again."""
+    cache = KeyCache(30.0, check_seconds=3600.0)  # no lapse of the check here: only the count decides
+    (_, key), (_, other) = stack.new_user(), stack.new_user()
+    with stack.sessions() as db:
+        user_id = cache.look_up(db, key)
+        assert user_id is not None and cache.known(key) == user_id
+        assert revoke_keys(db, key) == 1
+        assert cache.known(key) == user_id  # nothing read since: still remembered
+        assert cache.look_up(db, other) is not None  # reads the count, one more than before
+        assert cache.known(key) is None and cache.look_up(db, key) is None
+
+
+def test_the_document_has_a_bearer_scheme_on_every_v1_operation_and_no_422(
+    parked: TestClient, alice: dict[str, str]
+) -> None:
+    """So /docs has an Authorize button, and lists only the errors the API sends (a broken rule is
+    a 400 in the error body, never FastAPI's 422)."""
+    document = parked.get("/openapi.json").json()
+    assert document["components"]["securitySchemes"] == {"bearer": SECURITY_SCHEME}
+    assert SECURITY_SCHEME["type"] == "http" and SECURITY_SCHEME["scheme"] == "bearer"
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            assert "422" not in operation["responses"], (method, path)
+            names = [p["name"].lower() for p in operation.get("parameters", [])]
+            assert "authorization" not in names, (method, path)  # the scheme says it, not a parameter
+            assert operation.get("security") == ([{"bearer": []}] if path.startswith("/v1/") else None)
+    calls = document["paths"]["/v1/sessions/{session_id}/calls"]["post"]["responses"]
+    assert {"404", "409", "410", "413", "429"} <= set(calls)
+    # The API takes the key as the scheme says (the scheme's name in any case), and no other way.
+    key = alice["authorization"].removeprefix("Bearer ")
+    assert parked.get("/v1/fine-tunes", headers={"authorization": f"bearer {key}"}).status_code == 200
+    for other in (f"Token {key}", key, f"Basic {key}"):
+        assert error_of(parked.get("/v1/fine-tunes", headers={"authorization": other}), 401)
+    assert error_of(parked.get("/v1/fine-tunes", headers={"x-api-key": key}), 401)

@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import delete
 
 from relay._http import Client
@@ -21,12 +23,13 @@ from relay.errors import APIError
 from relay.memory_plan import plan_named
 from relay.sft.config import SFTConfig
 from relay.sft.train import train
+from relay_api.app import create_app
 from relay_api.db import utcnow
 from relay_api.errors import APIProblem
 from relay_api.fine_tunes import LiveWorker, check_memory, place_on_workers
 from relay_api.models import WorkerHeartbeat
 from relay_worker.heartbeat import beat, gpu_memory
-from tests.service.stack import Stack, wait_for
+from tests.service.stack import PARKED_QUEUE, Stack, wait_for
 
 GB = 10**9
 PREFIX = "memory-test-host:"
@@ -60,9 +63,11 @@ def full_pi05(**fields: object) -> SFTConfig:
     )
 
 
-def place(stack: Stack, config: SFTConfig) -> SFTConfig:
+def place(stack: Stack, config: SFTConfig, *, cpu_full_size: bool = False) -> SFTConfig:
     with stack.sessions() as session:
-        return place_on_workers(session, config, stack.settings.reconcile_seconds)
+        return place_on_workers(
+            session, config, stack.settings.reconcile_seconds, cpu_full_size=cpu_full_size
+        )
 
 
 def test_small_gpus_refuse_a_full_pi05_job_naming_the_batch_size(
@@ -101,9 +106,10 @@ def test_big_enough_gpus_or_a_cpu_worker_accept_it(stack: Stack, gpu_workers: li
     with stack.sessions() as session:
         session.execute(delete(WorkerHeartbeat).where(WorkerHeartbeat.name == gpu_workers[-1]))
         session.commit()
-    # A CPU host with 8 slots reports no GPU memory: nothing is refused on memory.
+    # A CPU host with 8 slots reports no GPU memory: nothing is refused on memory, where CPU
+    # workers may take pi05 (RELAY_ALLOW_CPU_FULL_SIZE).
     gpu_worker(stack, gpu_workers, gpus=8, gpu_memory=None)
-    assert place(stack, full_pi05(gpus=8)).gpus == 8
+    assert place(stack, full_pi05(gpus=8), cpu_full_size=True).gpus == 8
 
 
 def test_a_gang_must_fit_the_gpus_of_the_hosts_that_would_form_it(
@@ -126,10 +132,54 @@ def test_a_gang_must_fit_the_gpus_of_the_hosts_that_would_form_it(
     assert place(stack, full_pi05(gpus=16)).gpus == 16
 
 
-def test_cpu_hosts_hold_anything_they_have_the_slots_for(stack: Stack, gpu_workers: list[str]) -> None:
+def test_cpu_hosts_hold_anything_they_have_the_slots_for_where_allowed(
+    stack: Stack, gpu_workers: list[str]
+) -> None:
     gpu_worker(stack, gpu_workers, gpus=8, gpu_memory=None)
     gpu_worker(stack, gpu_workers, gpus=8, gpu_memory=None)
-    assert place(stack, full_pi05(gpus=16)).gpus == 16
+    assert place(stack, full_pi05(gpus=16), cpu_full_size=True).gpus == 16
+    tiny = SFTConfig(model="pi05-tiny", dataset_name="lerobot/pusht_image", finetune="full", gpus=16)
+    assert place(stack, tiny).gpus == 16  # sized for CPUs: taken whatever the setting
+
+
+def test_cpu_only_workers_refuse_a_model_sized_for_gpus_naming_model(
+    stack: Stack, user: tuple[str, str], gpu_workers: list[str]
+) -> None:
+    """As `relay server` on a laptop: every live worker trains on its CPU, and pi05 (3.35 B weights)
+    would take hours a step there; refused at create unless RELAY_ALLOW_CPU_FULL_SIZE=true."""
+    gpu_worker(stack, gpu_workers, gpus=1, gpu_memory=None)
+    headers = {"authorization": f"Bearer {user[1]}"}
+    recipe = {"model": "pi05", "dataset_name": "lerobot/pusht_image", "batch_size": 8}
+    settings = stack.settings.model_copy(
+        update={
+            "allow_cpu_full_size": False,
+            "fine_tune_queue": PARKED_QUEUE,
+            "session_queue": PARKED_QUEUE + "-sessions",
+        }
+    )
+    with TestClient(create_app(settings)) as api:
+        refused = api.post("/v1/fine-tunes", json=recipe, headers=headers)
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        planned = plan_named("pi05", finetune="lora", batch_size=8, gpus=1, device="cpu")
+        assert planned is not None and error["param"] == "model" and error["code"] == "no_worker_fits"
+        assert (
+            f"pi05 has 3.35 B weights; this job's memory plan needs about {planned.total / GB:.0f} GB"
+            in (error["message"])
+        )
+        assert "RELAY_ALLOW_CPU_FULL_SIZE=true" in error["message"]
+        assert api.get("/v1/fine-tunes", headers=headers).json()["data"] == []  # nothing was created
+        tiny = api.post("/v1/fine-tunes", json={**recipe, "model": "pi05-tiny"}, headers=headers)
+        assert tiny.status_code == 200, tiny.text
+        # A training session of it, too: the same rule, naming the session's field.
+        session = api.post("/v1/sessions", json={"base_model": "pi05"}, headers=headers)
+        assert session.status_code == 400 and session.json()["error"]["param"] == "base_model", session.text
+        assert "pi05 has 3.35 B weights" in session.json()["error"]["message"]
+        assert api.get("/v1/sessions", headers=headers).json()["data"] == []
+        tiny_session = api.post("/v1/sessions", json={"base_model": "pi05-tiny"}, headers=headers)
+        assert tiny_session.status_code == 200, tiny_session.text
+    allowed = httpx.post(f"{stack.parked_api_url}/v1/fine-tunes", json=recipe, headers=headers)
+    assert allowed.status_code == 200 and allowed.json()["status"] == "queued", allowed.text
 
 
 def test_cpu_slots_are_not_added_to_gpus() -> None:

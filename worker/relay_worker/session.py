@@ -31,7 +31,7 @@ from relay import catalog
 from relay.errors import ConfigError
 from relay.training import status as st
 from relay.training import types, wire
-from relay.training.config import check_name, with_current_names
+from relay.training.config import check_name, state_address, with_current_names
 from relay_api.channel import ChannelUnavailable, QueuedCall, WorkerChannel, worker_channel
 from relay_api.db import session_factory, utcnow
 from relay_api.settings import Settings, get_settings
@@ -345,13 +345,13 @@ class SessionHost:
         directory.parent.mkdir(parents=True, exist_ok=True)
         self.training.save_state(directory)
         self.counts.saved_states += 1
-        return {"name": name, "path": str(directory)}
+        return {"name": name, "path": state_address(name)}
 
     def _load_state(self, request: dict[str, Any]) -> Any:
         name = check_name(request.get("name"), "name")
         directory = self._state_dir(name)
         self.training.load_state(directory, name)
-        return {"name": name, "path": str(directory)}
+        return {"name": name, "path": state_address(name)}
 
     def _state_dir(self, name: str) -> Path:
         return self.user_dir / "states" / name

@@ -57,8 +57,8 @@ def revoke(
     key: str = typer.Argument(..., help="The key, or its first characters as `relay keys list` shows."),
     user: str | None = typer.Option(None, "--user", help="Only this user's keys (for a shared prefix)."),
 ) -> None:
-    """Revoke one key. The API may accept it for up to RELAY_AUTH_CACHE_SECONDS more. A prefix that
-    matches several active keys revokes none: give the whole key, or --user."""
+    """Revoke one key; every API process refuses it within a second. A prefix that matches several
+    active keys revokes none: give the whole key, or --user."""
     keys = require("relay_api.keys")
     with _database() as session:
         try:

@@ -13,6 +13,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from relay import catalog
 from relay._rules import (
+    ABSENT,
     FINETUNE_RULE,
     LORA_ALPHA_RULE,
     LORA_RANK_RULE,
@@ -25,6 +26,7 @@ from relay._rules import (
     LoraRank,
     TargetNames,
     WholeNumber,
+    for_models,
     has_control_characters,
     whole_float_to_int,
 )
@@ -95,6 +97,23 @@ class SFTConfig(CheckedConfig):
         "finetune": catalog.FINETUNE_METHODS,
     }
     MODEL_DEFAULTS: ClassVar[dict[str, dict[str, Any]]] = catalog.MODEL_DEFAULTS
+    # What _fits_the_family checks, for the JSON Schema: a task for rt-j only, and rt-j's limits.
+    SCHEMA_RULES: ClassVar[tuple[dict[str, Any], ...]] = (
+        for_models(catalog.MODELS, {"properties": {"task": ABSENT}}),
+        for_models(
+            catalog.RELATIONAL_MODELS,
+            {
+                "required": ["task"],
+                "properties": {
+                    "task": {"type": "string"},
+                    "finetune": {"const": "full"},
+                    "gpus": {"enum": [1, None]},
+                    "cameras": ABSENT,
+                    "targets": {"anyOf": [ABSENT, {"const": list(catalog.DEFAULT_FULL_TARGETS)}]},
+                },
+            },
+        ),
+    )
     WHAT: ClassVar[str] = "SFTConfig"
     BODY_MESSAGE: ClassVar[str] = "the config must be an object with the recipe's fields"
 
@@ -227,5 +246,12 @@ class SFTConfig(CheckedConfig):
         if self.gpus is None and self.finetune == "lora":
             self.gpus = 1  # full's default depends on the workers' hosts: the service fills it in
         if self.gpus is not None and self.gpus > self.batch_size:
-            raise ValueError(f"bad gpus: {self.gpus} ({RULES['gpus']}, {self.batch_size})")
+            # A ConfigError, not a ValueError: raised after the fields are validated, pydantic
+            # would name no field for a ValueError.
+            raise ConfigError(
+                f"bad gpus: {self.gpus} (must be at most batch_size, {self.batch_size}: each GPU needs "
+                "at least one sample)",
+                "gpus",
+                "invalid_value",
+            )
         return self

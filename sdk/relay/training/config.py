@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 
 from relay import catalog
 from relay._rules import (
+    ABSENT,
     FINETUNE_RULE,
     LORA_ALPHA_RULE,
     LORA_RANK_RULE,
@@ -25,6 +26,7 @@ from relay._rules import (
     SessionModelName,
     TargetNames,
     WholeNumber,
+    for_models,
 )
 from relay.catalog import LORA_RANK_DEFAULT
 from relay.codec import Codec
@@ -71,6 +73,24 @@ class SessionConfig(CheckedConfig):
     """What a training session trains (docs/sessions.md): fixed for its life."""
 
     RULES: ClassVar[dict[str, str]] = RULES
+    # What _fits_the_family checks, for the JSON Schema: problem_type for rt-j only, which is tuned
+    # in full with none of pi05's LoRA and action settings.
+    SCHEMA_RULES: ClassVar[tuple[dict[str, Any], ...]] = (
+        for_models(catalog.MODELS, {"properties": {"problem_type": ABSENT}}, field="base_model"),
+        for_models(
+            catalog.RELATIONAL_MODELS,
+            {
+                "properties": {
+                    "finetune": {"const": "full"},
+                    "lora_rank": {"const": LORA_RANK_DEFAULT},
+                    "lora_alpha": ABSENT,
+                    "targets": {"anyOf": [ABSENT, {"const": list(catalog.DEFAULT_FULL_TARGETS)}]},
+                    "action_horizon": {"const": catalog.ACTION_HORIZON},
+                }
+            },
+            field="base_model",
+        ),
+    )
     WHAT: ClassVar[str] = "a session"
     BODY_MESSAGE: ClassVar[str] = "the body must be an object with a session's fields: {fields}"
 
@@ -130,6 +150,16 @@ class SessionConfig(CheckedConfig):
         if self.finetune == "lora" and self.lora_alpha is None:
             self.lora_alpha = float(self.lora_rank)
         return self
+
+
+STATE_ADDRESS_PREFIX = "relay://states/"
+
+
+def state_address(name: str) -> str:
+    """How a saved state is shown to its owner: ``relay://states/<name>``, an address in their own
+    account. Where it lies on the service's disk is the service's business (and a client that was
+    shown it might take it for something it could read)."""
+    return STATE_ADDRESS_PREFIX + name
 
 
 def check_name(name: Any, what: str = "name") -> str:

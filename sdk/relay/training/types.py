@@ -72,7 +72,8 @@ class OptimStepOutput:
 
 @dataclass(frozen=True)
 class SaveStateOutput:
-    """A saved state: its name, and where it lies on the service's disk (under your account)."""
+    """A saved state: its name, and its address in your account, ``relay://states/<name>``
+    (``load_state`` takes the name)."""
 
     name: str
     path: str
@@ -80,6 +81,8 @@ class SaveStateOutput:
 
 @dataclass(frozen=True)
 class LoadStateOutput:
+    """The state loaded: its name and ``relay://states/<name>``, as ``save_state`` gave them."""
+
     name: str
     path: str
 
