@@ -249,6 +249,9 @@ def _join_gang(
     they have), nor while this host backs off after its gang gave up: a seat would hold this worker
     from jobs it can run."""
     if gangs.backing_off(job_id):
+        # This delivery is consumed: parked, the job is published again by the reconciler, so a
+        # worker that can run it (one with the slots, or a gang of others) hears of it.
+        gangs.park(db_sessions, job_id)
         log.info("%s: this host's gang for the job gave up a moment ago; leaving it to others", job_id)
         return None
     slots = gangs.live_slots(db_sessions, settings)
