@@ -128,5 +128,5 @@ for step in range(start_step, steps):
 # -- the result: held-out error, and the merged model that `load_policy` and lerobot read ------------
 after = evaluate_actions(policy, data, held_out)
 print(f"held-out action MSE (normalized units): untrained {before.mse:.4f}, trained {after.mse:.4f}")
-write_output(policy, Path(out_dir) / "model", data.norm_stats.to_json())
+write_output(policy, Path(out_dir) / "model", data)
 print(f"model in {Path(out_dir) / 'model'}")

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relay import __version__
 from relay.sft.config import SFTConfig
-from relay_api import console, openapi, routes, session_routes, states
+from relay_api import console, openapi, params, routes, session_routes, states
 from relay_api.channel import api_channel
 from relay_api.db import api_pool_sizes, is_outage, read_session_factory, session_factory
 from relay_api.enqueued import EnqueuedNotes
@@ -82,9 +82,11 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
     app.state.channel = api_channel(settings)
     app.state.ready_sessions = ReadyCache()
 
-    app.include_router(routes.router)
-    app.include_router(session_routes.router)
-    app.include_router(states.router)
+    # Every /v1 route refuses a query parameter it does not take.
+    known_query = [Depends(params.known_query_parameters)]
+    app.include_router(routes.router, dependencies=known_query)
+    app.include_router(session_routes.router, dependencies=known_query)
+    app.include_router(states.router, dependencies=known_query)
     app.add_exception_handler(APIProblem, _problem_answer)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_answer)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_answer)  # type: ignore[arg-type]

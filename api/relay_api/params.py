@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Header, Path, Query
+from fastapi import Header, Path, Query, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
+
+from relay_api.errors import APIProblem
 
 # The ids the API hands out ("ft-3f2a...", "ses-..."), with room to spare; nothing else matches.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -54,3 +58,36 @@ def event_id_from_header(last_event_id: str | None) -> int | None:
     ):
         return int(last_event_id)
     return None
+
+
+def known_query_parameters(request: Request) -> None:
+    """Refuse a query parameter the route does not take (a 400 naming it), as an unknown field of
+    a body is refused: a misspelt `limit` would otherwise be a silent default."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute) or not request.query_params:
+        return
+    known: frozenset[str] | None = getattr(route, _QUERY_NAMES, None)
+    if known is None:
+        known = frozenset(_query_parameters(route.dependant))
+        setattr(route, _QUERY_NAMES, known)
+    for name in request.query_params:
+        if name not in known:
+            takes = ", ".join(sorted(known)) or "none"
+            raise APIProblem(
+                400,
+                f"unknown query parameter {name!r} (this route takes: {takes})",
+                param=name,
+                code="unknown_parameter",
+            )
+
+
+# Where a route keeps the names of its query parameters (its dependencies' included), found on its
+# first request: on the route itself, which lives as long as its app.
+_QUERY_NAMES = "_relay_query_names"
+
+
+def _query_parameters(dependant: Dependant) -> set[str]:
+    names = {param.alias for param in dependant.query_params}
+    for dependency in dependant.dependencies:
+        names |= _query_parameters(dependency)
+    return names

@@ -346,6 +346,18 @@ def test_more_gpus_than_samples_is_400_naming_gpus(parked: TestClient, alice: di
     assert error["message"] == f"bad gpus: 8 ({rule})"
 
 
+def test_a_query_parameter_the_route_does_not_take_is_400_naming_it(
+    parked: TestClient, alice: dict[str, str]
+) -> None:
+    """A misspelt parameter is refused, not silently ignored for a default."""
+    error = error_of(parked.get("/v1/fine-tunes", params={"limt": 5}, headers=alice), 400)
+    assert error["param"] == "limt" and error["code"] == "unknown_parameter"
+    assert error["message"] == "unknown query parameter 'limt' (this route takes: after, limit)"
+    # An empty name too (schemathesis sent `?=`), and on a route with no parameters at all.
+    assert error_of(parked.get("/v1/fine-tunes?=", headers=alice), 400)["param"] == ""
+    assert parked.get("/v1/fine-tunes", params={"limit": 2}, headers=alice).status_code == 200
+
+
 def test_head_on_a_file_gives_its_size_and_sha256_without_the_body(
     stack: Stack, alice: dict[str, str]
 ) -> None:
