@@ -247,6 +247,14 @@ class Worker:
             command, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
         )
 
+    def wait_ready(self, timeout: float = 300) -> None:
+        """Until Celery says the worker is ready (it has imported torch and connected)."""
+        deadline = time.monotonic() + timeout
+        while b" ready." not in Path(self.log.name).read_bytes():
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise RuntimeError(f"the worker logging to {self.log.name} did not start")
+            time.sleep(0.2)
+
     def stop(self) -> None:
         os.killpg(self.process.pid, signal.SIGTERM)
         try:
@@ -415,8 +423,12 @@ def claim_wait_report(
     config = {"model": "pi05-tiny", "dataset_name": str(dataset), "batch_size": 1, "steps": 100_000}
 
     def start(count: int) -> list[Worker]:
-        # One torch thread each: eight workers share two cores, and only the claim is timed.
-        return [Worker(env, home / f"worker-{count}-{i}.log", threads=1) for i in range(count)]
+        # One torch thread each: eight workers share two cores, and only the claim is timed. Every
+        # one is ready before a job is timed: one still starting would take its share of the CPU.
+        workers = [Worker(env, home / f"worker-{count}-{i}.log", threads=1) for i in range(count)]
+        for worker in workers:
+            worker.wait_ready()
+        return workers
 
     def stop(workers: list[Worker]) -> None:
         for worker in workers:
