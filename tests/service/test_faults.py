@@ -7,11 +7,7 @@ import contextlib
 import datetime as dt
 import os
 import signal
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +21,7 @@ from relay_api import fine_tunes
 from relay_api.db import utcnow
 from relay_api.models import FineTune, FineTuneEvent
 from relay_worker import lifecycle
+from tests.disks import small_disk
 from tests.service.stack import Stack, WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
@@ -281,24 +278,6 @@ def test_a_worker_frozen_past_its_lease_leaves_its_successors_checkpoint_alone(
         for started in workers:
             signal_worker(started, signal.SIGCONT)
             started.stop()
-
-
-@contextlib.contextmanager
-def small_disk(size: str) -> Iterator[Path]:
-    """A tmpfs of `size` (smaller than one checkpoint); skipped where this machine cannot mount one."""
-    if sys.platform != "linux" or os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root on Linux; the disk-full check needs a small disk")
-    mount_point = Path(tempfile.mkdtemp(prefix="relay-small-disk-"))
-    mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)]
-    mounted = subprocess.run(mount, capture_output=True, text=True)
-    if mounted.returncode != 0:
-        mount_point.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
-        mount_point.rmdir()
 
 
 def test_a_disk_that_fills_during_the_first_checkpoint_ends_the_job_once_saying_so(

@@ -1,8 +1,5 @@
 import gc
 import os
-import subprocess
-import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -10,6 +7,7 @@ import pytest
 
 from relay_engine.errors import DiskFullError
 from relay_engine.training.checkpoint import CheckpointStore
+from tests.disks import small_disk
 
 
 def write_two_files(directory: Path) -> None:
@@ -64,22 +62,10 @@ def test_a_checkpoint_with_a_missing_or_short_file_is_not_complete(tmp_path: Pat
 
 
 @pytest.fixture
-def small_disk() -> Iterator[Path]:
-    """A 6 MB tmpfs, so that a checkpoint can fill it; skipped where this machine cannot mount one."""
-    if sys.platform != "linux" or os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root on Linux; the disk-full checks need a small disk")
-    mount_point = Path(tempfile.mkdtemp(prefix="relay-small-disk-"))
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount_point)], capture_output=True, text=True
-    )
-    if mounted.returncode != 0:
-        mount_point.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
-        mount_point.rmdir()
+def six_mb_disk() -> Iterator[Path]:
+    """A 6 MB disk, so that a checkpoint can fill it."""
+    with small_disk("6m") as disk:
+        yield disk
 
 
 def torch_saves(megabytes: int) -> Callable[[Path], None]:
@@ -91,8 +77,8 @@ def torch_saves(megabytes: int) -> Callable[[Path], None]:
     return write
 
 
-def test_a_full_disk_says_so_and_keeps_the_last_checkpoint(small_disk: Path) -> None:
-    store = CheckpointStore(small_disk / "checkpoints")
+def test_a_full_disk_says_so_and_keeps_the_last_checkpoint(six_mb_disk: Path) -> None:
+    store = CheckpointStore(six_mb_disk / "checkpoints")
     store.save(10, torch_saves(2), {})
     with pytest.raises(DiskFullError, match=r"no space left on device at .*checkpoints.*GB free") as caught:
         store.save(20, torch_saves(5), {})  # torch's own error would be "unexpected pos ..."
@@ -103,7 +89,7 @@ def test_a_full_disk_says_so_and_keeps_the_last_checkpoint(small_disk: Path) -> 
     assert latest is not None and latest.name == "step-00000010" and store.is_complete(latest)
     assert not [p for p in store.root.iterdir() if p.name.startswith(".tmp-")]
 
-    (small_disk / "filler").write_bytes(b"\0" * (5 << 19))  # less free than the last checkpoint took
+    (six_mb_disk / "filler").write_bytes(b"\0" * (5 << 19))  # less free than the last checkpoint took
     with pytest.raises(DiskFullError, match=r"cannot write a checkpoint \(a checkpoint needs about 0.00 GB"):
         store.save(30, torch_saves(2), {})
     assert store.latest() == latest
