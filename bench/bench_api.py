@@ -226,25 +226,16 @@ class Worker:
     """One Celery worker process; `threads` sets its torch threads (OMP_NUM_THREADS)."""
 
     def __init__(self, env: dict[str, str], log: Path, threads: int | None = None) -> None:
+        from relay_worker.command import worker_command
+
         self.log = open(log, "ab")  # noqa: SIM115
         env = {**env, "OMP_NUM_THREADS": str(threads)} if threads else env
-        command = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "relay_worker.app",
-            "worker",
-            "--concurrency",
-            "1",
-            "--loglevel",
-            "INFO",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ]
         self.process = subprocess.Popen(
-            command, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+            worker_command(concurrency=1, heartbeat=False),
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def wait_ready(self, timeout: float = 300) -> None:

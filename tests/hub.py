@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import unquote, urlparse
 
 _API = re.compile(
@@ -107,104 +108,109 @@ def _files(root: Path) -> list[Path]:
 
 
 def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    """The handler class of `hub`'s server (the server makes one handler per request)."""
+    return type("Handler", (_HubHandler,), {"hub": hub})
 
-        def log_message(self, format: str, *args: object) -> None:  # quiet
-            pass
 
-        def do_HEAD(self) -> None:
-            self._serve(send_body=False)
+class _HubHandler(BaseHTTPRequestHandler):
+    """Answers the Hub routes from the repos of `hub`, which `_handler` sets."""
 
-        def do_GET(self) -> None:
-            self._serve(send_body=True)
+    hub: ClassVar[FakeHub]
+    protocol_version = "HTTP/1.1"
 
-        def _serve(self, *, send_body: bool) -> None:
-            url = urlparse(self.path)
-            path = unquote(url.path)
-            hub.record(self.command, path, self.headers.get("Authorization"))
-            if match := _API.fullmatch(path):
-                self._api(match, send_body)
-            elif match := _RESOLVE.fullmatch(path):
-                self._resolve(match, send_body)
-            else:
-                self._error(404, "RepoNotFound", send_body)
+    def log_message(self, format: str, *args: object) -> None:  # quiet
+        pass
 
-        def _api(self, match: re.Match[str], send_body: bool) -> None:
-            repo = hub.repo(match)
-            if repo is None:
-                return self._error(404, "RepoNotFound", send_body)
-            verb, rest = match["verb"], match["rest"] or ""
-            if verb == "refs":
-                return self._json(
-                    {
-                        "branches": [_ref(n, "heads", s) for n, s in repo.branches.items()],
-                        "converts": [],
-                        "tags": [_ref(n, "tags", s) for n, s in repo.tags.items()],
-                    },
-                    send_body,
-                )
-            revision, _, subpath = rest.partition("/")
-            sha = repo.resolve(revision)
-            if sha is None:
-                return self._error(404, "RevisionNotFound", send_body)
-            root = repo.commits[sha]
-            if verb == "revision":
-                siblings = [{"rfilename": p.relative_to(root).as_posix()} for p in _files(root)]
-                return self._json({"id": match["repo"], "sha": sha, "siblings": siblings}, send_body)
-            entries = [
+    def do_HEAD(self) -> None:
+        self._serve(send_body=False)
+
+    def do_GET(self) -> None:
+        self._serve(send_body=True)
+
+    def _serve(self, *, send_body: bool) -> None:
+        url = urlparse(self.path)
+        path = unquote(url.path)
+        self.hub.record(self.command, path, self.headers.get("Authorization"))
+        if match := _API.fullmatch(path):
+            self._api(match, send_body)
+        elif match := _RESOLVE.fullmatch(path):
+            self._resolve(match, send_body)
+        else:
+            self._error(404, "RepoNotFound", send_body)
+
+    def _api(self, match: re.Match[str], send_body: bool) -> None:
+        repo = self.hub.repo(match)
+        if repo is None:
+            return self._error(404, "RepoNotFound", send_body)
+        verb, rest = match["verb"], match["rest"] or ""
+        if verb == "refs":
+            return self._json(
                 {
-                    "type": "file",
-                    "path": p.relative_to(root).as_posix(),
-                    "size": p.stat().st_size,
-                    "oid": hashlib.sha1(p.read_bytes()).hexdigest(),
-                }
-                for p in _files(root / subpath)
-            ]
-            return self._json(entries, send_body)
+                    "branches": [_ref(n, "heads", s) for n, s in repo.branches.items()],
+                    "converts": [],
+                    "tags": [_ref(n, "tags", s) for n, s in repo.tags.items()],
+                },
+                send_body,
+            )
+        revision, _, subpath = rest.partition("/")
+        sha = repo.resolve(revision)
+        if sha is None:
+            return self._error(404, "RevisionNotFound", send_body)
+        root = repo.commits[sha]
+        if verb == "revision":
+            siblings = [{"rfilename": p.relative_to(root).as_posix()} for p in _files(root)]
+            return self._json({"id": match["repo"], "sha": sha, "siblings": siblings}, send_body)
+        entries = [
+            {
+                "type": "file",
+                "path": p.relative_to(root).as_posix(),
+                "size": p.stat().st_size,
+                "oid": hashlib.sha1(p.read_bytes()).hexdigest(),
+            }
+            for p in _files(root / subpath)
+        ]
+        return self._json(entries, send_body)
 
-        def _resolve(self, match: re.Match[str], send_body: bool) -> None:
-            repo = hub.repo(match)
-            if repo is None:
-                return self._error(404, "RepoNotFound", send_body)
-            sha = repo.resolve(match["revision"])
-            if sha is None:
-                return self._error(404, "RevisionNotFound", send_body)
-            file = repo.commits[sha] / match["path"]
-            if not file.is_file():
-                return self._error(404, "EntryNotFound", send_body)
-            body = file.read_bytes()
-            self.send_response(200)
-            self.send_header("X-Repo-Commit", sha)
-            self.send_header("ETag", f'"{hashlib.sha1(body).hexdigest()}"')
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Content-Type", "application/octet-stream")
-            self.end_headers()
-            if send_body:
-                with hub._lock:
-                    hub.downloads[f"{match['repo']}/{match['path']}"] += 1
-                self.wfile.write(body)
+    def _resolve(self, match: re.Match[str], send_body: bool) -> None:
+        repo = self.hub.repo(match)
+        if repo is None:
+            return self._error(404, "RepoNotFound", send_body)
+        sha = repo.resolve(match["revision"])
+        if sha is None:
+            return self._error(404, "RevisionNotFound", send_body)
+        file = repo.commits[sha] / match["path"]
+        if not file.is_file():
+            return self._error(404, "EntryNotFound", send_body)
+        body = file.read_bytes()
+        self.send_response(200)
+        self.send_header("X-Repo-Commit", sha)
+        self.send_header("ETag", f'"{hashlib.sha1(body).hexdigest()}"')
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Type", "application/octet-stream")
+        self.end_headers()
+        if send_body:
+            with self.hub._lock:
+                self.hub.downloads[f"{match['repo']}/{match['path']}"] += 1
+            self.wfile.write(body)
 
-        def _json(self, value: object, send_body: bool) -> None:
-            body = json.dumps(value).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if send_body:
-                self.wfile.write(body)
+    def _json(self, value: object, send_body: bool) -> None:
+        body = json.dumps(value).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if send_body:
+            self.wfile.write(body)
 
-        def _error(self, status: int, code: str, send_body: bool) -> None:
-            body = json.dumps({"error": code}).encode()
-            self.send_response(status)
-            self.send_header("X-Error-Code", code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if send_body:
-                self.wfile.write(body)
-
-    return Handler
+    def _error(self, status: int, code: str, send_body: bool) -> None:
+        body = json.dumps({"error": code}).encode()
+        self.send_response(status)
+        self.send_header("X-Error-Code", code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if send_body:
+            self.wfile.write(body)
 
 
 def _ref(name: str, kind: str, sha: str) -> dict[str, str]:

@@ -69,6 +69,16 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
         redoc_url=None,
     )
     app.openapi = functools.partial(openapi.document, app)  # type: ignore[method-assign]
+    _open_state(app, settings, publisher)
+    _add_api(app)
+    _add_middleware(app, settings)
+    console.install(app)
+    _add_service_routes(app, settings)
+    return app
+
+
+def _open_state(app: FastAPI, settings: Settings, publisher: Publisher | None) -> None:
+    """What the routes share, on app.state: the settings, the database pools, the broker and caches."""
     app.state.settings = settings
     # Two pools within the process's db_pool_size: transactions, and autocommit reads.
     transactions, reads = api_pool_sizes(settings.db_pool_size)
@@ -82,6 +92,9 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
     app.state.channel = api_channel(settings)
     app.state.ready_sessions = ReadyCache()
 
+
+def _add_api(app: FastAPI) -> None:
+    """The /v1 routes, and the answers to the errors they raise."""
     # Every /v1 route refuses a query parameter it does not take.
     known_query = [Depends(params.known_query_parameters)]
     app.include_router(routes.router, dependencies=known_query)
@@ -91,6 +104,10 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
     app.add_exception_handler(RequestValidationError, _validation_answer)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_answer)  # type: ignore[arg-type]
     app.add_exception_handler(SQLAlchemyError, _database_answer)  # type: ignore[arg-type]
+
+
+def _add_middleware(app: FastAPI, settings: Settings) -> None:
+    """The guard, the request metrics (when on) and the request id, around every answer."""
     # The last added runs first: every answer, the guard's too, carries the request id (and is
     # counted, when metrics are on).
     app.add_middleware(Guard)
@@ -98,7 +115,10 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
         app.state.metrics = Metrics(app.state.readers, settings)
         app.add_middleware(RequestMetrics, metrics=app.state.metrics)
     app.add_middleware(RequestId)
-    console.install(app)
+
+
+def _add_service_routes(app: FastAPI, settings: Settings) -> None:
+    """/metrics (Prometheus' text when metrics are on; not in the OpenAPI document) and /healthz."""
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
@@ -111,8 +131,6 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
         with app.state.readers() as db:
             db.execute(text("SELECT 1"))
         return {"status": "ok"}
-
-    return app
 
 
 def freeze_startup_objects() -> None:

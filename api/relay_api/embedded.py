@@ -106,23 +106,9 @@ class WorkerProcess:
         self._watcher = threading.Thread(target=self._watch, name="worker-watcher", daemon=True)
 
     def command(self) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "relay_worker.app",
-            "worker",
-            "--loglevel",
-            "INFO",
-            "--concurrency",
-            "1",
-            "--queues",
-            f"{self.settings.fine_tune_queue},{self.settings.session_queue}",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ]
+        # `python -m relay_worker` rather than its command line: the API never imports the worker.
+        # The child reads the same settings (queues included) from the environment.
+        return [sys.executable, "-m", "relay_worker", "--concurrency", "1", "--without-heartbeat"]
 
     def start(self) -> None:
         self._spawn()

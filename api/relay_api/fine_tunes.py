@@ -203,68 +203,95 @@ def check_memory(config: SFTConfig, workers: list[LiveWorker], *, cpu_full_size:
     GPUs large enough), else `batch_size` when a smaller batch would, else `finetune` when LoRA
     would, else `model` (always `model` when only CPU workers are alive)."""
     gpus = config.gpus or 1
-    cpus_take_it = cpu_full_size or config.model not in catalog.GPU_SIZED_MODELS
+    cpus_take_it = cpu_full_size or not _is_gpu_sized(config.model)
     if cpus_take_it and sum(w.gpus for w in workers if w.gpu_memory is None) >= gpus:
         return
     cpu_only = bool(workers) and all(w.gpu_memory is None for w in workers)
-    workers = [w for w in workers if w.gpu_memory is not None]
     if cpu_only and not cpus_take_it:
         raise _too_big_for_cpus(config)
-    if not workers:
+    gpu_workers = [w for w in workers if w.gpu_memory is not None]
+    if not gpu_workers:
         return
+    fit = _GpuFit(config, gpu_workers)
+    planned = fit.plan(config.batch_size, gpus, config.finetune)
+    if fit.fits(planned, gpus):
+        return
+    assert planned is not None
+    field, value, rule = _setting_to_change(fit, gpus)
+    raise APIProblem(
+        400,
+        f"bad {field}: {json.dumps(value)} (the job's memory plan does not fit the live workers' GPUs: "
+        f"{fit.shortfall(planned, gpus)}; {rule})",
+        param=field,
+        code="no_worker_fits",
+    )
 
-    def plan(batch_size: int, processes: int, finetune: str) -> MemoryPlan | None:
+
+def _is_gpu_sized(model: str) -> bool:
+    """Whether `model` is sized for GPUs: a CPU worker does not train it (unless allowed)."""
+    return model in catalog.GPU_SIZED_MODELS
+
+
+@dataclass(frozen=True)
+class _GpuFit:
+    """The memory plans of one job's settings, against the live workers that report GPU memory."""
+
+    config: SFTConfig
+    workers: list[LiveWorker]
+
+    def plan(self, batch_size: int, processes: int, finetune: str) -> MemoryPlan | None:
+        """The job's memory plan with these settings changed (None for a model without one)."""
         return plan_named(
-            config.model,
+            self.config.model,
             finetune=finetune,
-            targets=config.targets,
-            lora_rank=config.lora_rank,
+            targets=self.config.targets,
+            lora_rank=self.config.lora_rank,
             batch_size=batch_size,
             gpus=processes,
         )
 
-    def slots_holding(candidate: MemoryPlan) -> int:
-        return sum(w.gpus for w in workers if w.gpu_memory is not None and candidate.total <= w.gpu_memory)
+    def slots_holding(self, candidate: MemoryPlan) -> int:
+        """How many of the workers' GPUs are each large enough for the plan."""
+        return sum(
+            w.gpus for w in self.workers if w.gpu_memory is not None and candidate.total <= w.gpu_memory
+        )
 
-    def fits(candidate: MemoryPlan | None, processes: int) -> bool:
-        return candidate is None or slots_holding(candidate) >= processes
+    def fits(self, candidate: MemoryPlan | None, processes: int) -> bool:
+        """Whether enough GPUs hold the plan for its processes (no plan: nothing is refused)."""
+        return candidate is None or self.slots_holding(candidate) >= processes
 
-    planned = plan(config.batch_size, gpus, config.finetune)
-    if fits(planned, gpus):
-        return
-    assert planned is not None
-    most = min(sum(w.gpus for w in workers), config.batch_size)
+    def fits_on(self, processes: int) -> bool:
+        """Whether the job as it is fits when spread over `processes` GPUs."""
+        return self.fits(self.plan(self.config.batch_size, processes, self.config.finetune), processes)
 
-    def fits_on(processes: int) -> bool:
-        return fits(plan(config.batch_size, processes, config.finetune), processes)
+    def shortfall(self, planned: MemoryPlan, gpus: int) -> str | None:
+        """What the refused plan lacks, in words (gpu_shortfall is None only for a plan that fits)."""
+        holding = self.slots_holding(planned)
+        # Either no GPU is large enough, or too few are for the job's processes (a gang).
+        if holding == 0:
+            return gpu_shortfall(planned, max(w.gpu_memory or 0 for w in self.workers))
+        return (
+            f"needs about {planned.total / GB:.0f} GB on each of its {gpu_count(gpus)}; "
+            f"the live workers have {gpu_count(holding)} that large"
+        )
 
-    value: int | str
-    if any(fits_on(n) for n in range(gpus + 1, most + 1)):
-        field, value, rule = "gpus", gpus, "more GPUs would share it"
+
+def _setting_to_change(fit: _GpuFit, gpus: int) -> tuple[str, int | str, str]:
+    """The field a refused job should change, its value and why: the first of `gpus`, `batch_size`,
+    `finetune` and `model` whose change would make the plan fit."""
+    config = fit.config
+    most = min(sum(w.gpus for w in fit.workers), config.batch_size)
+    if any(fit.fits_on(n) for n in range(gpus + 1, most + 1)):
+        return "gpus", gpus, "more GPUs would share it"
     # Fewer processes need more memory each, but may then be few enough for the GPUs that hold it.
-    elif (fewer := next((n for n in range(gpus - 1, 0, -1) if fits_on(n)), None)) is not None:
-        field, value, rule = "gpus", gpus, f"{gpu_count(fewer)} would fit, on the GPUs large enough"
-    elif fits(plan(gpus, gpus, config.finetune), gpus):
-        field, value, rule = "batch_size", config.batch_size, "a smaller batch would fit"
-    elif config.finetune == "full" and fits(plan(gpus, gpus, "lora"), gpus):
-        field, value, rule = "finetune", config.finetune, "LoRA would fit"
-    else:
-        field, value, rule = "model", config.model, "no setting of this model fits"
-    holding = slots_holding(planned)
-    # Either no GPU is large enough, or too few are for the job's processes (a gang).
-    shortfall = (
-        gpu_shortfall(planned, max(w.gpu_memory or 0 for w in workers))
-        if holding == 0
-        else f"needs about {planned.total / GB:.0f} GB on each of its {gpu_count(gpus)}; "
-        f"the live workers have {gpu_count(holding)} that large"
-    )
-    raise APIProblem(
-        400,
-        f"bad {field}: {json.dumps(value)} (the job's memory plan does not fit the live workers' GPUs: "
-        f"{shortfall}; {rule})",
-        param=field,
-        code="no_worker_fits",
-    )
+    fewer = next((n for n in range(gpus - 1, 0, -1) if fit.fits_on(n)), None)
+    if fewer is not None:
+        return "gpus", gpus, f"{gpu_count(fewer)} would fit, on the GPUs large enough"
+    if fit.fits(fit.plan(gpus, gpus, config.finetune), gpus):
+        return "batch_size", config.batch_size, "a smaller batch would fit"
+    if config.finetune == "full" and fit.fits(fit.plan(gpus, gpus, "lora"), gpus):
+        return "finetune", config.finetune, "LoRA would fit"
+    return "model", config.model, "no setting of this model fits"
 
 
 def _too_big_for_cpus(config: SFTConfig) -> APIProblem:

@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     republish_seconds: float = Field(600.0, gt=0)
     # Claims of one job before it ends in `error`.
     max_attempts: int = Field(3, ge=1)
-    # GPUs for a worker's processes, one each: "0,1,2,3" with `celery worker -c 4`. Empty: leave as is.
+    # GPUs for a worker's processes, one each: "0,1,2,3" with `python -m relay_worker -c 4`. Empty: as is.
     worker_gpus: str = ""
     # GPUs this worker gives one recipe job, started as that many processes through
     # torch.distributed.run (on a host without CUDA, processes on its CPU, over gloo). Such a worker

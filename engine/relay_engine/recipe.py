@@ -165,7 +165,7 @@ def run_recipe(
             leave()
 
 
-def _run(
+def _run(  # noqa: C901
     recipe: Recipe,
     work_dir: Path,
     world: World | None,

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -97,16 +98,26 @@ def test_keys_create_list_and_revoke(stack: Stack) -> None:
     assert httpx.get(f"{stack.api_url}/v1/fine-tunes", headers=headers).status_code == 401
 
 
-def test_fine_tunes_commands(
-    stack: Stack, worker: WorkerProcess, user: tuple[str, str], dataset: Path, tmp_path: Path
-) -> None:
+def _cli_as(
+    stack: Stack, user: tuple[str, str], home: Path
+) -> tuple[CliRunner, dict[str, str], Callable[..., str]]:
+    """The CLI in this process as `user` of the served API: its runner, its environment, and `run`,
+    which invokes a command that must succeed and returns its output."""
     runner = CliRunner()
-    env = {"RELAY_BASE_URL": stack.api_url, "RELAY_API_KEY": user[1], "RELAY_HOME": str(tmp_path / "home")}
+    env = {"RELAY_BASE_URL": stack.api_url, "RELAY_API_KEY": user[1], "RELAY_HOME": str(home)}
 
     def run(*args: str) -> str:
         result = runner.invoke(app, list(args), env=env)
         assert result.exit_code == 0, (args, result.output)
         return result.output
+
+    return runner, env, run
+
+
+def test_fine_tunes_commands(
+    stack: Stack, worker: WorkerProcess, user: tuple[str, str], dataset: Path, tmp_path: Path
+) -> None:
+    runner, env, run = _cli_as(stack, user, tmp_path / "home")
 
     refused = runner.invoke(
         app, ["fine-tunes", "create", "--model", "pi05-tiny", "--dataset", "x", "--batch-size", "0"], env=env
@@ -196,13 +207,7 @@ def test_sessions_commands(
     stack: Stack, worker: WorkerProcess, user: tuple[str, str], tmp_path: Path
 ) -> None:
     """`relay sessions list | show | close | states` on a live session that saved a state."""
-    runner = CliRunner()
-    env = {"RELAY_BASE_URL": stack.api_url, "RELAY_API_KEY": user[1], "RELAY_HOME": str(tmp_path / "home")}
-
-    def run(*args: str) -> str:
-        result = runner.invoke(app, list(args), env=env)
-        assert result.exit_code == 0, (args, result.output)
-        return result.output
+    runner, env, run = _cli_as(stack, user, tmp_path / "home")
 
     service = ServiceClient(stack.api_url, user[1], progress=False)
     with service.create_lora_training_client("pi05-tiny", rank=4) as training_client:

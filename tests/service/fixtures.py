@@ -6,9 +6,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
 from relay._http import Client
-from tests.service.stack import Stack, WorkerProcess, shared_stack
+from relay_api.app import create_app
+from tests.service.stack import PARKED_QUEUE, Stack, WorkerProcess, shared_stack
 
 
 @pytest.fixture(scope="session")
@@ -39,3 +41,17 @@ def client(stack: Stack, user: tuple[str, str]) -> Iterator[Client]:
 @pytest.fixture(scope="session")
 def dataset(stack: Stack) -> Path:
     return stack.dataset()
+
+
+@pytest.fixture(scope="module")
+def parked(stack: Stack) -> Iterator[TestClient]:
+    """The API in this process, publishing recipe jobs to a queue no worker reads: they stay queued."""
+    settings = stack.settings.model_copy(update={"fine_tune_queue": PARKED_QUEUE})
+    with TestClient(create_app(settings)) as api:
+        yield api
+
+
+@pytest.fixture
+def alice(stack: Stack) -> dict[str, str]:
+    """The request headers of a fresh user."""
+    return {"authorization": f"Bearer {stack.new_user()[1]}"}

@@ -13,7 +13,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -30,6 +29,7 @@ from relay_api import keys, migrate
 from relay_api.app import create_app
 from relay_api.db import session_factory
 from relay_api.settings import Settings
+from relay_worker.command import worker_command
 from tests.isolation import RedisServer, free_port, run_database_name
 
 PG_ADMIN = os.environ.get("RELAY_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -87,7 +87,8 @@ class ApiServer:
 
 
 class WorkerProcess:
-    """`celery -A relay_worker.app worker -c 1` in its own process group (so a test can SIGKILL all of it)."""
+    """A worker of one process (relay_worker.command) in its own process group (so a test can SIGKILL all
+    of it)."""
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
         self.env = env
@@ -99,21 +100,7 @@ class WorkerProcess:
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "relay_worker.app",
-                    "worker",
-                    "--loglevel",
-                    "INFO",
-                    "--concurrency",
-                    "1",
-                    "--without-gossip",
-                    "--without-mingle",
-                    "--without-heartbeat",
-                ],
+                worker_command(concurrency=1, heartbeat=False),
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -9,7 +9,6 @@ import datetime as dt
 import gc
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -35,18 +34,6 @@ def _json_can_carry(fields: dict[str, Any]) -> bool:
 
 
 API_BAD_CONFIGS = [case for case in BAD_CONFIGS if _json_can_carry(case[0])]
-
-
-@pytest.fixture(scope="module")
-def parked(stack: Stack) -> Iterator[TestClient]:
-    settings = stack.settings.model_copy(update={"fine_tune_queue": PARKED_QUEUE})
-    with TestClient(create_app(settings)) as api:
-        yield api
-
-
-@pytest.fixture
-def alice(stack: Stack) -> dict[str, str]:
-    return {"authorization": f"Bearer {stack.new_user()[1]}"}
 
 
 @pytest.fixture

@@ -34,8 +34,8 @@ def test_the_services_and_their_order() -> None:
             "redis": {"condition": "service_healthy"},
         }
     assert "relay_api.app:create_app" in services["api"]["command"][-1]
-    assert "celery -A relay_worker.app worker" in services["worker"]["command"][-1]
-    for module in ("relay_api.app", "relay_api.migrate", "relay_worker.app"):
+    assert services["worker"]["command"][:3] == ["python", "-m", "relay_worker"]
+    for module in ("relay_api.app", "relay_api.migrate", "relay_worker.__main__", "relay_worker.app"):
         assert importlib.util.find_spec(module) is not None, module
     assert "noeviction" in services["redis"]["command"]
 

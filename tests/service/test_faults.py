@@ -54,15 +54,24 @@ def checkpoint_steps(stack: Stack, job_id: str) -> list[int]:
         )
 
 
-def test_a_job_whose_worker_is_killed_resumes_from_its_last_checkpoint(
+def checkpointed_job_and_a_standby(
     stack: Stack, client: Client, dataset: Path
-) -> None:
+) -> tuple[WorkerProcess, FineTuneJob, WorkerProcess]:
+    """A job of 40 steps running on the stack's worker, past its first checkpoint, and a second
+    worker started meanwhile (not yet ready), to take the job over: (worker, job, standby)."""
     worker = stack.worker()
     job = train(tiny(dataset, steps=40), client=client)
     wait_for(lambda: job.refresh().status == "running", 120, "the worker to claim the job", every=0.02)
     # The worker that will take over warms up meanwhile; its reconciler will find the lapsed lease.
     standby = stack.start_standby_worker()
     wait_for(lambda: checkpoint_steps(stack, job.id), 180, "the job's first checkpoint", every=0.02)
+    return worker, job, standby
+
+
+def test_a_job_whose_worker_is_killed_resumes_from_its_last_checkpoint(
+    stack: Stack, client: Client, dataset: Path
+) -> None:
+    worker, job, standby = checkpointed_job_and_a_standby(stack, client, dataset)
     worker.kill()  # SIGKILL, the worker and its pool process at once
     killed_at = dt.datetime.now(dt.UTC)
     last_checkpoint = max(checkpoint_steps(stack, job.id))
@@ -96,11 +105,7 @@ def test_a_job_whose_worker_is_killed_resumes_from_its_last_checkpoint(
 def test_a_worker_that_shuts_down_hands_its_job_to_another(
     stack: Stack, client: Client, dataset: Path
 ) -> None:
-    worker = stack.worker()
-    job = train(tiny(dataset, steps=40), client=client)
-    wait_for(lambda: job.refresh().status == "running", 120, "the worker to claim the job", every=0.02)
-    standby = stack.start_standby_worker()
-    wait_for(lambda: checkpoint_steps(stack, job.id), 180, "the job's first checkpoint", every=0.02)
+    worker, job, standby = checkpointed_job_and_a_standby(stack, client, dataset)
 
     assert worker.shut_down() == 0  # a warm shutdown that does not wait for the whole job
     # On a fast machine the standby may resume (even finish) the job while the first worker exits,

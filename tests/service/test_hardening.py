@@ -35,18 +35,6 @@ from tests.service.stack import PARKED_QUEUE, ApiServer, Stack, wait_for
 GOOD = {"model": "pi05-tiny", "dataset_name": "lerobot/pusht_image", "steps": 20}
 
 
-@pytest.fixture(scope="module")
-def parked(stack: Stack) -> Iterator[TestClient]:
-    settings = stack.settings.model_copy(update={"fine_tune_queue": PARKED_QUEUE})
-    with TestClient(create_app(settings)) as api:
-        yield api
-
-
-@pytest.fixture
-def alice(stack: Stack) -> dict[str, str]:
-    return {"authorization": f"Bearer {stack.new_user()[1]}"}
-
-
 def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
     assert response.status_code == status, (response.status_code, response.text)
     error: dict[str, Any] = response.json()["error"]

@@ -1,4 +1,4 @@
-"""The Celery worker: ``celery -A relay_worker.app worker -c 1 -Q relay.fine-tunes,relay.sessions``.
+"""The Celery worker, started by ``python -m relay_worker -c 1`` (its command line: relay_worker.command).
 
 One process per GPU (``-c N`` with ``RELAY_WORKER_GPUS``), one task (a job or a session) at a time each: late
 acknowledgement, no prefetch beyond the task at hand, and a message that comes back if its

@@ -318,7 +318,7 @@ def _train(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeep
             checkpoints.remove_temporaries()
 
 
-def _run(
+def _run(  # noqa: C901
     settings: Settings,
     db_sessions: Any,
     claim: Claim,

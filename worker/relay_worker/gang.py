@@ -25,11 +25,11 @@ import datetime as dt
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import Row, delete, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from relay.sft import status as st
@@ -135,17 +135,7 @@ def take_seat(
                 db.rollback()
                 return None
             round_ = job.attempt + 1
-            # Seats of earlier rounds belong to gangs that ran (or gave up) already.
-            db.execute(
-                delete(fine_tune_hosts).where(
-                    fine_tune_hosts.c.job_id == job_id, fine_tune_hosts.c.round < round_
-                )
-            )
-            seats = db.execute(
-                select(fine_tune_hosts)
-                .where(fine_tune_hosts.c.job_id == job_id, fine_tune_hosts.c.round == round_)
-                .order_by(fine_tune_hosts.c.seat)
-            ).all()
+            seats = _seats_of_round(db, job_id, round_)
             gpus = int(job.config.get("gpus") or 1)
             taken = sum(seat.processes for seat in seats)
             if taken >= gpus or any(seat.worker == worker for seat in seats):
@@ -159,40 +149,62 @@ def take_seat(
                 processes=min(settings.worker_slots, gpus - taken),
                 endpoint=seats[0].endpoint if seats else rendezvous_endpoint(settings),
             )
-            db.execute(
-                insert(fine_tune_hosts).values(
-                    job_id=job_id,
-                    round=round_,
-                    seat=seat.seat,
-                    worker=worker,
-                    processes=seat.processes,
-                    endpoint=seat.endpoint,
-                    joined_at=now,
-                )
-            )
+            _insert_seat(db, seat, now)
             complete = taken + seat.processes == gpus
             if complete:
-                # Until rank 0's host renews it: the launch and the rendezvous (which waits up to
-                # gang_wait_seconds for every host) come first.
-                first_lease = settings.lease_seconds + settings.gang_wait_seconds
-                hosts = [row.worker for row in seats] + [worker]
-                db.execute(
-                    update(fine_tunes)
-                    .where(fine_tunes.c.id == job_id)
-                    .values(
-                        status=st.RUNNING,
-                        attempt=round_,
-                        lease_until=now + dt.timedelta(seconds=first_lease),
-                        lease_owner=("gang: " + ", ".join(hosts))[:255],
-                        updated_at=now,
-                        last_failure=None,
-                        started_at=func.coalesce(fine_tunes.c.started_at, now),
-                    )
-                )
+                _start_gang(db, settings, seat, [row.worker for row in seats] + [worker], now)
             db.commit()
             return seat, complete
 
     return with_retries(run)
+
+
+def _seats_of_round(db: Session, job_id: str, round_: int) -> Sequence[Row[Any]]:
+    """The seats taken in the job's gang for `round_`, by seat; those of earlier rounds are deleted
+    (they belong to gangs that ran, or gave up, already)."""
+    db.execute(
+        delete(fine_tune_hosts).where(fine_tune_hosts.c.job_id == job_id, fine_tune_hosts.c.round < round_)
+    )
+    return db.execute(
+        select(fine_tune_hosts)
+        .where(fine_tune_hosts.c.job_id == job_id, fine_tune_hosts.c.round == round_)
+        .order_by(fine_tune_hosts.c.seat)
+    ).all()
+
+
+def _insert_seat(db: Session, seat: Seat, now: dt.datetime) -> None:
+    """Write this worker's seat (a row of fine_tune_hosts)."""
+    db.execute(
+        insert(fine_tune_hosts).values(
+            job_id=seat.job_id,
+            round=seat.round,
+            seat=seat.seat,
+            worker=seat.worker,
+            processes=seat.processes,
+            endpoint=seat.endpoint,
+            joined_at=now,
+        )
+    )
+
+
+def _start_gang(db: Session, settings: Settings, seat: Seat, hosts: list[str], now: dt.datetime) -> None:
+    """Start the job as the complete gang's round, leased to the gang of `hosts`."""
+    # Until rank 0's host renews it: the launch and the rendezvous (which waits up to
+    # gang_wait_seconds for every host) come first.
+    first_lease = settings.lease_seconds + settings.gang_wait_seconds
+    db.execute(
+        update(fine_tunes)
+        .where(fine_tunes.c.id == seat.job_id)
+        .values(
+            status=st.RUNNING,
+            attempt=seat.round,
+            lease_until=now + dt.timedelta(seconds=first_lease),
+            lease_owner=("gang: " + ", ".join(hosts))[:255],
+            updated_at=now,
+            last_failure=None,
+            started_at=func.coalesce(fine_tunes.c.started_at, now),
+        )
+    )
 
 
 def wait_for_gang(

@@ -98,32 +98,10 @@ def run_on_processes(
     With `rendezvous`, this host's ranks join the other hosts' in one group; the result is None on
     a host that does not hold rank 0 (its ranks ended cleanly, and rank 0's host has the result)."""
     role = role or Role()
-    launch_dir = work_dir / LAUNCH_DIR
-    if rendezvous is not None:
-        launch_dir = launch_dir / rendezvous.name
-    launch_dir.mkdir(parents=True, exist_ok=True)
-    stop_file, result_file = launch_dir / "stop", launch_dir / "result.json"
-    for stale in (stop_file, result_file, *launch_dir.glob("rank-*.pid")):
-        stale.unlink(missing_ok=True)
-    spec = {
-        "recipe": recipe.to_dict(),
-        "work_dir": str(work_dir),
-        "dataset_cache_dir": str(dataset_cache_dir) if dataset_cache_dir is not None else None,
-        "stop_file": str(stop_file),
-        "result_file": str(result_file),
-    }
-    (launch_dir / "spec.json").write_text(json.dumps(spec))
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        *(_rendezvous_arguments(rendezvous) if rendezvous is not None else ["--standalone"]),
-        "--nproc-per-node",
-        str(processes),
-        "-m",
-        "relay_engine.distributed.job",
-        str(launch_dir / "spec.json"),
-    ]
+    launch_dir = _clean_launch_dir(work_dir, rendezvous)
+    result_file = launch_dir / "result.json"
+    spec_file = _write_spec(launch_dir, recipe, work_dir, dataset_cache_dir)
+    command = _launcher_command(spec_file, processes, rendezvous)
     launcher = subprocess.Popen(
         command, stdout=subprocess.PIPE, text=True, bufsize=1, preexec_fn=_die_with_parent
     )
@@ -133,6 +111,72 @@ def run_on_processes(
         target=_relay_events, args=(launcher, on_event, event_error, role), name="rank0-events", daemon=True
     )
     reader.start()
+    _wait_for_launcher(launcher, reader, launch_dir, processes, should_stop, role, poll_seconds)
+    if event_error:
+        raise event_error[0]  # FencedOut: a newer attempt owns the job
+    if launcher.returncode == 0 and rendezvous is not None and not result_file.exists():
+        role.learn(False)
+        return None
+    if launcher.returncode != 0 or not result_file.exists():
+        raise RanksFailed(f"the group of {processes} processes failed (launcher exit {launcher.returncode})")
+    outcome: dict[str, Any] = json.loads(result_file.read_text())
+    if "error" in outcome:
+        raise EngineError(outcome["error"])
+    return outcome
+
+
+def _clean_launch_dir(work_dir: Path, rendezvous: Rendezvous | None) -> Path:
+    """This host's launch directory for the job, without the files of an earlier attempt."""
+    launch_dir = work_dir / LAUNCH_DIR
+    if rendezvous is not None:
+        launch_dir = launch_dir / rendezvous.name
+    launch_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (launch_dir / "stop", launch_dir / "result.json", *launch_dir.glob("rank-*.pid")):
+        stale.unlink(missing_ok=True)
+    return launch_dir
+
+
+def _write_spec(launch_dir: Path, recipe: Recipe, work_dir: Path, dataset_cache_dir: Path | None) -> Path:
+    """Write what the ranks run (relay_engine.distributed.job reads it); the file's path."""
+    spec = {
+        "recipe": recipe.to_dict(),
+        "work_dir": str(work_dir),
+        "dataset_cache_dir": str(dataset_cache_dir) if dataset_cache_dir is not None else None,
+        "stop_file": str(launch_dir / "stop"),
+        "result_file": str(launch_dir / "result.json"),
+    }
+    spec_file = launch_dir / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    return spec_file
+
+
+def _launcher_command(spec_file: Path, processes: int, rendezvous: Rendezvous | None) -> list[str]:
+    """torch.distributed.run starting `processes` ranks of the job: alone, or in the rendezvous."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *(_rendezvous_arguments(rendezvous) if rendezvous is not None else ["--standalone"]),
+        "--nproc-per-node",
+        str(processes),
+        "-m",
+        "relay_engine.distributed.job",
+        str(spec_file),
+    ]
+
+
+def _wait_for_launcher(
+    launcher: subprocess.Popen[str],
+    reader: threading.Thread,
+    launch_dir: Path,
+    processes: int,
+    should_stop: Callable[[], bool],
+    role: Role,
+    poll_seconds: float,
+) -> None:
+    """Wait for the launcher to exit, passing a stop on to the ranks (the stop file) and learning
+    this host's role from their pid files; stop the launcher if this is interrupted."""
+    stop_file = launch_dir / "stop"
     try:
         while launcher.poll() is None:
             if should_stop() and not stop_file.exists():
@@ -145,17 +189,6 @@ def run_on_processes(
         raise
     finally:
         reader.join(30)
-    if event_error:
-        raise event_error[0]  # FencedOut: a newer attempt owns the job
-    if launcher.returncode == 0 and rendezvous is not None and not result_file.exists():
-        role.learn(False)
-        return None
-    if launcher.returncode != 0 or not result_file.exists():
-        raise RanksFailed(f"the group of {processes} processes failed (launcher exit {launcher.returncode})")
-    outcome: dict[str, Any] = json.loads(result_file.read_text())
-    if "error" in outcome:
-        raise EngineError(outcome["error"])
-    return outcome
 
 
 def _rendezvous_arguments(rendezvous: Rendezvous) -> list[str]:

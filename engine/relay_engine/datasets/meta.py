@@ -64,45 +64,11 @@ def read_meta(root: Path, problems: Problems) -> DatasetMeta | None:
     info = _read_json(root, INFO, problems)
     if info is None:
         return None
-    version = info.get("codebase_version")
-    if version != CODEBASE_VERSION:
-        problems.add(
-            f"{INFO}: codebase_version is {version!r}; Relay reads LeRobot v2.1 datasets "
-            "(v3.0 datasets are not supported yet)"
-        )
+    features = _versioned_features(info, problems)
+    if features is None:
         return None
-    features = info.get("features")
-    if not isinstance(features, dict) or not all(isinstance(f, dict) for f in features.values()):
-        problems.add(f"{INFO}: features is missing or is not an object of feature objects")
-        return None
-
-    fps = info.get("fps")
-    if isinstance(fps, bool) or not isinstance(fps, int | float) or fps <= 0:
-        problems.add(f"{INFO}: fps must be a positive number, got {fps!r}")
-        fps = 0.0
-    data_path = info.get("data_path")
-    if not isinstance(data_path, str) or "{episode_index" not in data_path:
-        problems.add(f"{INFO}: data_path must be a template with {{episode_index}}, got {data_path!r}")
-        data_path = ""
-    chunks_size = info.get("chunks_size", DEFAULT_CHUNKS_SIZE)
-    if isinstance(chunks_size, bool) or not isinstance(chunks_size, int) or chunks_size < 1:
-        problems.add(f"{INFO}: chunks_size must be a positive integer, got {chunks_size!r}")
-        chunks_size = DEFAULT_CHUNKS_SIZE
-
-    image_sizes: dict[str, tuple[int, int]] = {}
-    for name, feature in features.items():
-        if feature.get("dtype") == "video":
-            problems.add(video_not_supported(name))
-        elif feature.get("dtype") == "image":
-            size = _image_size(feature)
-            if size is None:
-                problems.add(
-                    f"{INFO}: features.{name}.shape must be an image shape, got {feature.get('shape')!r}"
-                )
-            else:
-                image_sizes[name] = size
-    if not image_sizes and not any(f.get("dtype") == "video" for f in features.values()):
-        problems.add(f'{INFO}: no camera: no feature has "dtype": "image"')
+    fps, data_path, chunks_size = _file_layout(info, problems)
+    image_sizes = _image_sizes(features, problems)
     state_dim = _vector_width(features, STATE, STATE_DIM, problems)
     action_dim = _vector_width(features, ACTION, ACTION_DIM, problems)
     for column in FRAME_COLUMNS:
@@ -126,6 +92,61 @@ def read_meta(root: Path, problems: Problems) -> DatasetMeta | None:
         chunks_size=chunks_size,
         robot_type=str(info.get("robot_type") or "unknown"),
     )
+
+
+def _versioned_features(info: dict[str, Any], problems: Problems) -> dict[str, dict[str, Any]] | None:
+    """info.json's features, when it is of the version Relay reads and they are feature objects;
+    None (the problem recorded) when the dataset cannot be read any further."""
+    version = info.get("codebase_version")
+    if version != CODEBASE_VERSION:
+        problems.add(
+            f"{INFO}: codebase_version is {version!r}; Relay reads LeRobot v2.1 datasets "
+            "(v3.0 datasets are not supported yet)"
+        )
+        return None
+    features = info.get("features")
+    if not isinstance(features, dict) or not all(isinstance(f, dict) for f in features.values()):
+        problems.add(f"{INFO}: features is missing or is not an object of feature objects")
+        return None
+    return features
+
+
+def _file_layout(info: dict[str, Any], problems: Problems) -> tuple[float, str, int]:
+    """info.json's fps, data_path template and chunks_size; a broken one is recorded and given as
+    0, "" or the default (the first two then stop the reading once every rule is checked)."""
+    fps = info.get("fps")
+    if isinstance(fps, bool) or not isinstance(fps, int | float) or fps <= 0:
+        problems.add(f"{INFO}: fps must be a positive number, got {fps!r}")
+        fps = 0.0
+    data_path = info.get("data_path")
+    if not isinstance(data_path, str) or "{episode_index" not in data_path:
+        problems.add(f"{INFO}: data_path must be a template with {{episode_index}}, got {data_path!r}")
+        data_path = ""
+    chunks_size = info.get("chunks_size", DEFAULT_CHUNKS_SIZE)
+    if isinstance(chunks_size, bool) or not isinstance(chunks_size, int) or chunks_size < 1:
+        problems.add(f"{INFO}: chunks_size must be a positive integer, got {chunks_size!r}")
+        chunks_size = DEFAULT_CHUNKS_SIZE
+    return fps, data_path, chunks_size
+
+
+def _image_sizes(features: dict[str, dict[str, Any]], problems: Problems) -> dict[str, tuple[int, int]]:
+    """The cameras: each image feature's (height, width), in info.json's order. A video feature, an
+    image without an image shape, and a dataset without any camera are problems."""
+    image_sizes: dict[str, tuple[int, int]] = {}
+    for name, feature in features.items():
+        if feature.get("dtype") == "video":
+            problems.add(video_not_supported(name))
+        elif feature.get("dtype") == "image":
+            size = _image_size(feature)
+            if size is None:
+                problems.add(
+                    f"{INFO}: features.{name}.shape must be an image shape, got {feature.get('shape')!r}"
+                )
+            else:
+                image_sizes[name] = size
+    if not image_sizes and not any(f.get("dtype") == "video" for f in features.values()):
+        problems.add(f'{INFO}: no camera: no feature has "dtype": "image"')
+    return image_sizes
 
 
 def require_meta(root: Path, name: str) -> DatasetMeta:

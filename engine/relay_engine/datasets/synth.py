@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -85,13 +86,19 @@ def write_synthetic_dataset(
     colours = list(COLOURS)[:num_tasks] if colours is None else list(colours)
     _check_options(episodes, low, high, cameras, state_dim, action_dim, len(colours), fps, noise)
     _check_variant(colours, distractors, top_view, wrist_zoom)
-    num_tasks = len(colours)
-    others = [colour for colour in COLOURS if colour not in colours]
     rng = np.random.default_rng(seed)
-    # Fixed per dataset, so the extra state and action dimensions are the same functions everywhere.
-    state_mix = rng.normal(size=(state_dim - 2, 2))
-    action_mix = rng.normal(size=(action_dim - 2, 2)) * 0.5
-
+    scene = _Scene(
+        lengths=(low, high),
+        cameras=cameras,
+        colours=colours,
+        distractors=distractors,
+        # Fixed per dataset, so the extra state and action dimensions are the same functions everywhere.
+        state_mix=rng.normal(size=(state_dim - 2, 2)),
+        action_mix=rng.normal(size=(action_dim - 2, 2)) * 0.5,
+        noise=noise,
+        top_view=top_view,
+        wrist_zoom=wrist_zoom,
+    )
     writer = DatasetWriter(
         out_dir,
         fps=fps,
@@ -104,49 +111,82 @@ def write_synthetic_dataset(
     )
     try:
         for episode_index in range(episodes):
-            length = int(rng.integers(low, high + 1))
-            task_index = episode_index % num_tasks
-            shown = (
-                colours + [str(c) for c in rng.permutation(others)[:distractors]] if distractors else colours
-            )
-            dots = _place_dots(rng, len(shown))
-            start = rng.uniform(-0.8, 0.8, size=2)
-            background = rng.integers(90, 170, size=3)
-            positions, steps = _trajectory(start, dots[task_index], length)
-            state = np.concatenate([positions, np.tanh(positions @ state_mix.T)], axis=1)
-            actions = np.concatenate([steps, steps @ action_mix.T], axis=1)
-            images = {
-                camera: [
-                    encode_png(
-                        render(
-                            size,
-                            position,
-                            dots,
-                            shown,
-                            background,
-                            wrist=i > 0,
-                            noise=noise,
-                            rng=rng,
-                            top_view=top_view,
-                            wrist_zoom=wrist_zoom,
-                        )
-                    )
-                    for position in positions
-                ]
-                for i, (camera, size) in enumerate(cameras.items())
-            }
-            writer.add_episode(
-                Episode(
-                    task_index=task_index,
-                    state=state.astype(np.float32),
-                    actions=actions.astype(np.float32),
-                    images=images,
-                )
-            )
+            writer.add_episode(scene.episode(rng, episode_index))
         return writer.finish()
     except BaseException:
         writer.abort()
         raise
+
+
+@dataclass(frozen=True)
+class _Scene:
+    """What every episode of one dataset shares; `episode` draws the rest from the dataset's rng."""
+
+    lengths: tuple[int, int]  # inclusive
+    cameras: dict[str, tuple[int, int]]
+    colours: list[str]  # the tasks' colours, task i's the i-th
+    distractors: int
+    state_mix: np.ndarray
+    action_mix: np.ndarray
+    noise: int
+    top_view: tuple[float, float, float]
+    wrist_zoom: float
+
+    def episode(self, rng: np.random.Generator, episode_index: int) -> Episode:
+        """One episode: its length, dots, start and background drawn, the gripper moving to the dot
+        of its task (the tasks take turns), and every camera's frames."""
+        low, high = self.lengths
+        length = int(rng.integers(low, high + 1))
+        task_index = episode_index % len(self.colours)
+        others = [colour for colour in COLOURS if colour not in self.colours]
+        shown = (
+            self.colours + [str(c) for c in rng.permutation(others)[: self.distractors]]
+            if self.distractors
+            else self.colours
+        )
+        dots = _place_dots(rng, len(shown))
+        start = rng.uniform(-0.8, 0.8, size=2)
+        background = rng.integers(90, 170, size=3)
+        positions, steps = _trajectory(start, dots[task_index], length)
+        state = np.concatenate([positions, np.tanh(positions @ self.state_mix.T)], axis=1)
+        actions = np.concatenate([steps, steps @ self.action_mix.T], axis=1)
+        return Episode(
+            task_index=task_index,
+            state=state.astype(np.float32),
+            actions=actions.astype(np.float32),
+            images=self._images(rng, positions, dots, shown, background),
+        )
+
+    def _images(
+        self,
+        rng: np.random.Generator,
+        positions: np.ndarray,
+        dots: np.ndarray,
+        shown: list[str],
+        background: np.ndarray,
+    ) -> dict[str, list[bytes]]:
+        """Each camera's PNG frames, one per position: the first camera the top view, the others
+        wrist views (the noise is drawn camera by camera, frame by frame)."""
+        return {
+            camera: [
+                encode_png(
+                    render(
+                        size,
+                        position,
+                        dots,
+                        shown,
+                        background,
+                        wrist=i > 0,
+                        noise=self.noise,
+                        rng=rng,
+                        top_view=self.top_view,
+                        wrist_zoom=self.wrist_zoom,
+                    )
+                )
+                for position in positions
+            ]
+            for i, (camera, size) in enumerate(self.cameras.items())
+        }
 
 
 def _place_dots(rng: np.random.Generator, count: int) -> np.ndarray:

@@ -255,6 +255,8 @@ def _first_frame_sizes(meta: DatasetMeta, problems: Problems) -> dict[str, tuple
 def _check_frames(
     meta: DatasetMeta, readable: list[tuple[EpisodeMeta, _EpisodeFile]], problems: Problems
 ) -> FrameColumns:
+    """Check every row of the readable episode files against the meta files, a rule at a time over
+    all episodes together; the columns training reads."""
     episodes = [episode for episode, _ in readable]
     files = [file for _, file in readable]
     lengths = np.array([len(f.frame_index) for f in files], dtype=np.int64)
@@ -265,61 +267,109 @@ def _check_frames(
                 f"episode {episode.index} has {episode.length}",
                 kind="episode lengths",
             )
-    start = np.concatenate([[0], np.cumsum(lengths)])
-    episode_numbers = np.array([episode.index for episode in episodes], dtype=np.int64)
-    row_episode = np.repeat(np.arange(len(files)), lengths)
-    frame_index = np.concatenate([f.frame_index for f in files])
-    episode_index = np.concatenate([f.episode_index for f in files])
-    timestamp = np.concatenate([f.timestamp for f in files])
-    task_index = np.concatenate([f.task_index for f in files])
-    state = np.concatenate([f.state for f in files])
-    actions = np.concatenate([f.actions for f in files])
+    frames = _Frames.of(episodes, files, lengths)
+    _check_episode_rows(meta, frames, problems)
+    _check_timestamps(meta, frames, problems)
+    _check_values(meta, frames, problems)
+    return FrameColumns(
+        state=frames.state,
+        actions=frames.actions,
+        task_index=frames.task_index,
+        episode_index=frames.episode_numbers,
+        episode_start=frames.start,
+    )
 
-    def episodes_where(bad: np.ndarray) -> np.ndarray:
-        return np.flatnonzero(np.bincount(row_episode[bad], minlength=len(files)))
 
-    for e in episodes_where(episode_index != episode_numbers[row_episode]):
-        rows = episode_index[start[e] : start[e + 1]]
-        others = sorted(set(rows.tolist()) - {int(episode_numbers[e])})[:3]
+@dataclass
+class _Frames:
+    """The readable episode files' rows, concatenated: episode e's rows are start[e]:start[e + 1]."""
+
+    start: np.ndarray  # [E + 1]
+    episode_numbers: np.ndarray  # [E] each file's episode_index as meta/episodes.jsonl gives it
+    row_episode: np.ndarray  # [R] the position (0 to E - 1) of each row's file
+    frame_index: np.ndarray
+    episode_index: np.ndarray
+    timestamp: np.ndarray
+    task_index: np.ndarray
+    state: np.ndarray
+    actions: np.ndarray
+
+    @classmethod
+    def of(cls, episodes: list[EpisodeMeta], files: list[_EpisodeFile], lengths: np.ndarray) -> _Frames:
+        return cls(
+            start=np.concatenate([[0], np.cumsum(lengths)]),
+            episode_numbers=np.array([episode.index for episode in episodes], dtype=np.int64),
+            row_episode=np.repeat(np.arange(len(files)), lengths),
+            frame_index=np.concatenate([f.frame_index for f in files]),
+            episode_index=np.concatenate([f.episode_index for f in files]),
+            timestamp=np.concatenate([f.timestamp for f in files]),
+            task_index=np.concatenate([f.task_index for f in files]),
+            state=np.concatenate([f.state for f in files]),
+            actions=np.concatenate([f.actions for f in files]),
+        )
+
+    def episodes_where(self, bad: np.ndarray) -> np.ndarray:
+        """The positions of the episodes with a row where `bad` (a mask over all rows) is True."""
+        return np.flatnonzero(np.bincount(self.row_episode[bad], minlength=len(self.episode_numbers)))
+
+    def rows(self, e: int) -> slice:
+        """Episode e's rows."""
+        return slice(self.start[e], self.start[e + 1])
+
+    def file(self, meta: DatasetMeta, e: int) -> str:
+        """Episode e's data file, as problems name it."""
+        return meta.data_file(int(self.episode_numbers[e]))
+
+
+def _check_episode_rows(meta: DatasetMeta, frames: _Frames, problems: Problems) -> None:
+    """Each file holds only its episode's rows, numbered 0, 1, ... by frame_index."""
+    for e in frames.episodes_where(frames.episode_index != frames.episode_numbers[frames.row_episode]):
+        rows = frames.episode_index[frames.rows(e)]
+        others = sorted(set(rows.tolist()) - {int(frames.episode_numbers[e])})[:3]
         problems.add(
-            f"{meta.data_file(int(episode_numbers[e]))} holds rows of episode_index {others}, "
-            f"not only {episode_numbers[e]}",
+            f"{frames.file(meta, e)} holds rows of episode_index {others}, "
+            f"not only {frames.episode_numbers[e]}",
             kind="rows in the wrong episode file",
         )
-    expected_frame = np.arange(len(frame_index)) - start[row_episode]
-    for e in episodes_where(frame_index != expected_frame):
-        _frame_order_problem(meta, int(episode_numbers[e]), frame_index[start[e] : start[e + 1]], problems)
+    expected_frame = np.arange(len(frames.frame_index)) - frames.start[frames.row_episode]
+    for e in frames.episodes_where(frames.frame_index != expected_frame):
+        _frame_order_problem(
+            meta, int(frames.episode_numbers[e]), frames.frame_index[frames.rows(e)], problems
+        )
+
+
+def _check_timestamps(meta: DatasetMeta, frames: _Frames, problems: Problems) -> None:
+    """Each row's timestamp is its frame_index / fps, within TIMESTAMP_TOLERANCE_S (the first row
+    out of sync is named)."""
+    timestamp, frame_index = frames.timestamp, frames.frame_index
     drift = np.abs(timestamp - frame_index / meta.fps)
-    for e in episodes_where(drift > TIMESTAMP_TOLERANCE_S):
-        row = start[e] + int(np.argmax(drift[start[e] : start[e + 1]] > TIMESTAMP_TOLERANCE_S))
+    for e in frames.episodes_where(drift > TIMESTAMP_TOLERANCE_S):
+        row = frames.start[e] + int(np.argmax(drift[frames.rows(e)] > TIMESTAMP_TOLERANCE_S))
         problems.add(
-            f"{meta.data_file(int(episode_numbers[e]))}: timestamp {timestamp[row]:.6g} at frame_index "
+            f"{frames.file(meta, e)}: timestamp {timestamp[row]:.6g} at frame_index "
             f"{frame_index[row]} is out of sync with frame_index/fps = {frame_index[row] / meta.fps:.6g} "
             f"(fps {meta.fps:g}, tolerance {TIMESTAMP_TOLERANCE_S:g} s)",
             kind="timestamps out of sync",
         )
+
+
+def _check_values(meta: DatasetMeta, frames: _Frames, problems: Problems) -> None:
+    """Every task_index is one of meta/tasks.jsonl's; states and actions are finite."""
     known_tasks = np.array(sorted(meta.tasks), dtype=np.int64)
-    unknown = ~np.isin(task_index, known_tasks)
-    for e in episodes_where(unknown):
-        bad = sorted(set(task_index[start[e] : start[e + 1]][unknown[start[e] : start[e + 1]]].tolist()))
+    unknown = ~np.isin(frames.task_index, known_tasks)
+    for e in frames.episodes_where(unknown):
+        rows = frames.rows(e)
+        bad = sorted(set(frames.task_index[rows][unknown[rows]].tolist()))
         problems.add(
-            f"{meta.data_file(int(episode_numbers[e]))}: task_index {', '.join(map(str, bad[:5]))} "
-            f"not in {TASKS}",
+            f"{frames.file(meta, e)}: task_index {', '.join(map(str, bad[:5]))} not in {TASKS}",
             kind="unknown task_index",
         )
-    for name, values in ((STATE, state), (ACTION, actions)):
-        for e in episodes_where(~np.isfinite(values).all(axis=1)):
+    for name, values in ((STATE, frames.state), (ACTION, frames.actions)):
+        for e in frames.episodes_where(~np.isfinite(values).all(axis=1)):
             problems.add(
-                f"{meta.data_file(int(episode_numbers[e]))}: {name} has NaN or infinite values",
+                f"{frames.file(meta, e)}: {name} has NaN or infinite values",
                 kind=f"non-finite {name}",
             )
-    return FrameColumns(
-        state=state,
-        actions=actions,
-        task_index=task_index,
-        episode_index=episode_numbers,
-        episode_start=start,
-    )
 
 
 def _frame_order_problem(meta: DatasetMeta, episode: int, frames: np.ndarray, problems: Problems) -> None:

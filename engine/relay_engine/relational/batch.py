@@ -76,6 +76,12 @@ class RelationalBatch:
         self._check()
 
     def _check(self) -> None:
+        """Refuse a batch whose tensors disagree on their shapes or hold values out of range."""
+        self._check_shapes()
+        self._check_values()
+
+    def _check_shapes(self) -> None:
+        """Every field's shape against node_idxs' [batch, cells]."""
         if self.node_idxs.ndim != 2:
             raise ValueError("node_idxs must have shape [batch, cells]")
         b, s = self.node_idxs.shape
@@ -91,6 +97,9 @@ class RelationalBatch:
             raise ValueError("text_values must have shape [batch, cells, d_text]")
         if self.col_name_values.shape != self.text_values.shape:
             raise ValueError("col_name_values must have the shape of text_values")
+
+    def _check_values(self) -> None:
+        """Semantic types in range, no padding cell as a target, finite channels."""
         if bool(((self.sem_types < 0) | (self.sem_types > SEM_BOOLEAN)).any()):
             raise ValueError(f"sem_types must be from 0 to {SEM_BOOLEAN}")
         if bool((self.is_targets & self.is_padding).any()):

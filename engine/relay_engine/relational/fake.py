@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import string
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,30 @@ def write_fake_shop(
     root = Path(root)
     rng = np.random.default_rng(seed)
     (root / "tables").mkdir(parents=True, exist_ok=True)
+    # The tables in the order they draw from `rng`, so a seed gives the same shop.
+    product, price = _products(rng, products)
+    customer, activity = _customers(rng, customers)
+    review, log = _reviews(rng, customers, products, reviews, activity)
+    relations = pa.table(
+        {
+            "customer_id": [f"customer_{int(c)}" for c in rng.integers(0, customers, 20)],
+            "product_id": [f"product_{int(p)}" for p in rng.integers(0, products, 20)],
+        }
+    )
+    for name, table in {
+        "product": product,
+        "customer": customer,
+        "review": review,
+        "relations": relations,
+    }.items():
+        pq.write_table(table, root / "tables" / f"{name}.parquet")
+    _write_tasks(root, log, price)
+    _write_schema(root)
+    return root
 
+
+def _products(rng: np.random.Generator, products: int) -> tuple[pa.Table, np.ndarray]:
+    """The product table, and each product's price."""
     price = np.round(rng.random(products) * 10, 2)
     categories = [None, "toy", "health", "toy, health"]
     product = pa.table(
@@ -48,6 +72,11 @@ def write_fake_shop(
             "price": price,
         }
     )
+    return product, price
+
+
+def _customers(rng: np.random.Generator, customers: int) -> tuple[pa.Table, np.ndarray]:
+    """The customer table, and each customer's activity rate (the younger review more)."""
     activity = np.exp(rng.normal(0.0, 1.0, customers))
     age = np.clip(np.round(45 - 6 * np.log(activity) + rng.normal(0, 3, customers)), 16, 80).astype(np.int64)
     customer = pa.table(
@@ -57,6 +86,24 @@ def write_fake_shop(
             "gender": ["female" if i % 2 else "male" for i in range(customers)],
         }
     )
+    return customer, activity
+
+
+@dataclass(frozen=True)
+class _ReviewLog:
+    """The reviews as the tasks read them: per review, its customer, product and day."""
+
+    who: np.ndarray
+    what: np.ndarray
+    day: np.ndarray
+    known: np.ndarray  # False where the review points to a customer that does not exist
+
+
+def _reviews(
+    rng: np.random.Generator, customers: int, products: int, reviews: int, activity: np.ndarray
+) -> tuple[pa.Table, _ReviewLog]:
+    """The review table (one review every other day, a customer picked by activity; about 1% point
+    to customers that do not exist), and the log of it the tasks are computed from."""
     who = rng.choice(customers, size=reviews, p=activity / activity.sum())
     dangling = rng.random(reviews) < 0.01
     what = rng.integers(0, products, reviews)
@@ -74,48 +121,47 @@ def write_fake_shop(
             "review": ["positive" if r > 3 else "negative" for r in rating],
         }
     )
-    relations = pa.table(
-        {
-            "customer_id": [f"customer_{int(c)}" for c in rng.integers(0, customers, 20)],
-            "product_id": [f"product_{int(p)}" for p in rng.integers(0, products, 20)],
-        }
-    )
-    for name, table in {
-        "product": product,
-        "customer": customer,
-        "review": review,
-        "relations": relations,
-    }.items():
-        pq.write_table(table, root / "tables" / f"{name}.parquet")
+    return review, _ReviewLog(who=who, what=what, day=day, known=~dangling)
 
-    span = day[-1]
+
+def _write_tasks(root: Path, log: _ReviewLog, price: np.ndarray) -> None:
+    """user-churn and user-ltv, each split into train (every WINDOW_DAYS before the validation
+    cutoff at 80% of the span), val and test (90%)."""
+    span = log.day[-1]
     val_day, test_day = int(0.8 * span), int(0.9 * span)
     train_days = list(range(val_day - WINDOW_DAYS, 0, -WINDOW_DAYS))
-    known = ~dangling
     for task, column in (("user-churn", "churn"), ("user-ltv", "ltv")):
         directory = root / "tasks" / task
         directory.mkdir(parents=True, exist_ok=True)
         for split, days in (("train", train_days), ("val", [val_day]), ("test", [test_day])):
-            rows: dict[str, list[object]] = {"timestamp": [], "customer_id": [], column: []}
-            for t in days:
-                before = known & (day > t - WINDOW_DAYS) & (day <= t)
-                after = known & (day > t) & (day <= t + WINDOW_DAYS)
-                for c in np.unique(who[before]):
-                    mine = after & (who == c)
-                    rows["timestamp"].append(int(t) * DAY * 1_000_000)
-                    rows["customer_id"].append(f"customer_{c}")
-                    rows[column].append(
-                        int(not mine.any()) if column == "churn" else float(price[what[mine]].sum())
-                    )
-            table = pa.table(
-                {
-                    "timestamp": pa.array(rows["timestamp"], pa.timestamp("us")),
-                    "customer_id": pa.array(rows["customer_id"], pa.string()),
-                    column: pa.array(rows[column], pa.int64() if column == "churn" else pa.float64()),
-                }
-            )
-            pq.write_table(table, directory / f"{split}.parquet")
+            pq.write_table(_task_rows(log, price, column, days), directory / f"{split}.parquet")
 
+
+def _task_rows(log: _ReviewLog, price: np.ndarray, column: str, days: list[int]) -> pa.Table:
+    """One split of a task: at each of `days`, a row per customer who reviewed in the window before
+    it, labelled by the window after it (churn: no review; ltv: the prices of those reviewed)."""
+    rows: dict[str, list[object]] = {"timestamp": [], "customer_id": [], column: []}
+    for t in days:
+        before = log.known & (log.day > t - WINDOW_DAYS) & (log.day <= t)
+        after = log.known & (log.day > t) & (log.day <= t + WINDOW_DAYS)
+        for c in np.unique(log.who[before]):
+            mine = after & (log.who == c)
+            rows["timestamp"].append(int(t) * DAY * 1_000_000)
+            rows["customer_id"].append(f"customer_{c}")
+            rows[column].append(
+                int(not mine.any()) if column == "churn" else float(price[log.what[mine]].sum())
+            )
+    return pa.table(
+        {
+            "timestamp": pa.array(rows["timestamp"], pa.timestamp("us")),
+            "customer_id": pa.array(rows["customer_id"], pa.string()),
+            column: pa.array(rows[column], pa.int64() if column == "churn" else pa.float64()),
+        }
+    )
+
+
+def _write_schema(root: Path) -> None:
+    """schema.json: the keys, the review table's time column, and the two tasks."""
     schema = {
         "tables": {
             "product": {"primary_key": "product_id"},
@@ -132,7 +178,6 @@ def write_fake_shop(
         },
     }
     (root / "schema.json").write_text(json.dumps(schema, indent=2) + "\n")
-    return root
 
 
 def _task(target: str, problem_type: str) -> dict[str, str]:

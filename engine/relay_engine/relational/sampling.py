@@ -248,59 +248,13 @@ class ContextSampler:
     def context(self, entity_row: int, seed_time: float, rng_key: tuple[int, ...]) -> RelationalBatch:
         """The context of one seed: an entity row (-1 if unknown) at a time (seconds)."""
         rng = np.random.default_rng(list(rng_key))
-        task_index = len(self.tables) - 1
-        order: list[tuple[int, int]] = [(task_index, -1)]  # the seed row itself
-        node_of: dict[tuple[int, int], int] = {(task_index, -1): 0}
-        budget = self.context_length - 2  # the seed's timestamp and label cells
-        row_parents: list[list[tuple[int, int]]] = [[]]
-
-        def visible(table: _EncodedTable, row: int) -> bool:
-            if table.index == task_index:  # train rows strictly before the seed
-                return bool(table.time is not None and table.time[row] < seed_time)
-            return table.time is None or not table.time[row] > seed_time
-
-        def visit(table_index: int, row: int) -> None:
-            nonlocal budget
-            stack = [(table_index, row)]
-            while stack and budget > 0:
-                t, r = stack.pop()
-                if (t, r) in node_of or not visible(self.tables[t], r):
-                    continue
-                node_of[(t, r)] = len(order)
-                order.append((t, r))
-                budget -= int(self.tables[t].present[r].sum())
-                links = [(p, int(rows[r])) for p, rows in self.tables[t].parents if rows[r] >= 0]
-                row_parents.append(links)
-                stack.extend(reversed(links))
-
+        walk = _ContextWalk(self.tables, seed_time, budget=self.context_length - 2)
         if entity_row >= 0:
-            row_parents[0] = [(self.table_index[self.spec.entity_table], entity_row)]
-            visit(*row_parents[0][0])
-        frontier = list(order)
-        while frontier and budget > 0:
-            reached: list[tuple[int, int]] = []
-            for t, r in frontier:
-                if r < 0:
-                    continue
-                candidates = [
-                    (child, int(c))
-                    for child, offsets, rows in self.tables[t].children
-                    for c in rows[offsets[r] : offsets[r + 1]]
-                    if (child, int(c)) not in node_of and visible(self.tables[child], int(c))
-                ]
-                if len(candidates) > self.max_children:
-                    picked = rng.choice(len(candidates), self.max_children, replace=False)
-                    candidates = [candidates[i] for i in sorted(picked)]
-                for child, c in candidates:
-                    before = len(order)
-                    visit(child, c)
-                    reached.extend(order[before:])
-                    if budget <= 0:
-                        break
-                if budget <= 0:
-                    break
-            frontier = reached
-        return self._emit(order, node_of, row_parents, seed_time)
+            entity = (self.table_index[self.spec.entity_table], entity_row)
+            walk.row_parents[0] = [entity]
+            walk.visit(*entity)
+        walk.spread(rng, self.max_children)
+        return self._emit(walk.order, walk.node_of, walk.row_parents, seed_time)
 
     def _emit(
         self,
@@ -309,30 +263,13 @@ class ContextSampler:
         row_parents: list[list[tuple[int, int]]],
         seed_time: float,
     ) -> RelationalBatch:
+        """The batch of one context: every present cell of the rows reached, in the walk's order,
+        cut to the context length."""
         nodes, cols, tables, sems, scalars, text_ids, parents = [], [], [], [], [], [], []
-        task = self.tables[-1]
         for node, (t, r) in enumerate(order):
             parent_nodes = [node_of[p] for p in row_parents[node] if p in node_of][:MAX_PARENTS]
             parent_row = parent_nodes + [-1] * (MAX_PARENTS - len(parent_nodes))
-            if r < 0:  # the seed: its timestamp, and its label as the hidden target
-                seed_time_value = (seed_time - self.time_mean) / self.time_std
-                cells = [
-                    (int(task.column_ids[0]), SEM_DATETIME, seed_time_value, -1),
-                    (int(task.column_ids[1]), int(task.sem[1]), 0.0, -1),
-                ]
-            else:
-                table = self.tables[t]
-                where = np.flatnonzero(table.present[r])
-                cells = [
-                    (
-                        int(table.column_ids[j]),
-                        int(table.sem[j]),
-                        float(table.scalars[r, j]),
-                        int(table.text_ids[r, j]),
-                    )
-                    for j in where
-                ]
-            for col, sem, value, text in cells:
+            for col, sem, value, text in self._row_cells(t, r, seed_time):
                 nodes.append(node)
                 cols.append(col)
                 tables.append(t)
@@ -341,9 +278,50 @@ class ContextSampler:
                 text_ids.append(text)
                 parents.append(parent_row)
         length = min(len(nodes), self.context_length)
-        sem_array = np.asarray(sems[:length], np.int64)
-        value_array = np.asarray(scalars[:length], np.float32)
-        text_array = np.asarray(text_ids[:length], np.int64)
+        return self._as_batch(
+            np.asarray(nodes[:length]),
+            np.asarray(cols[:length]),
+            np.asarray(tables[:length]),
+            np.asarray(sems[:length], np.int64),
+            np.asarray(scalars[:length], np.float32),
+            np.asarray(text_ids[:length], np.int64),
+            np.asarray(parents[:length], np.int64),
+        )
+
+    def _row_cells(self, t: int, r: int, seed_time: float) -> list[tuple[int, int, float, int]]:
+        """One row's cells as (column id, semantic code, scalar value, text id); row -1 is the seed."""
+        if r < 0:  # the seed: its timestamp, and its label as the hidden target
+            task = self.tables[-1]
+            seed_time_value = (seed_time - self.time_mean) / self.time_std
+            return [
+                (int(task.column_ids[0]), SEM_DATETIME, seed_time_value, -1),
+                (int(task.column_ids[1]), int(task.sem[1]), 0.0, -1),
+            ]
+        table = self.tables[t]
+        where = np.flatnonzero(table.present[r])
+        return [
+            (
+                int(table.column_ids[j]),
+                int(table.sem[j]),
+                float(table.scalars[r, j]),
+                int(table.text_ids[r, j]),
+            )
+            for j in where
+        ]
+
+    def _as_batch(
+        self,
+        nodes: np.ndarray,
+        cols: np.ndarray,
+        tables: np.ndarray,
+        sem_array: np.ndarray,
+        value_array: np.ndarray,
+        text_array: np.ndarray,
+        parents: np.ndarray,
+    ) -> RelationalBatch:
+        """A batch of one context from its cells' arrays: the text and column-name embeddings looked
+        up, each scalar in its semantic type's channel, the seed's label cell (the second) the target."""
+        length = len(nodes)
         d_text = self.embedder.dim
         text_values = np.zeros((length, d_text), np.float32)
         has_text = text_array >= 0
@@ -354,10 +332,10 @@ class ContextSampler:
             code: np.where(sem_array == code, value_array, 0.0)[None, :, None] for code in SEM_CODES.values()
         }
         return RelationalBatch(
-            node_idxs=torch.as_tensor(np.asarray(nodes[:length])[None]),
-            f2p_nbr_idxs=torch.as_tensor(np.asarray(parents[:length], np.int64)[None]),
-            col_name_idxs=torch.as_tensor(np.asarray(cols[:length])[None]),
-            table_name_idxs=torch.as_tensor(np.asarray(tables[:length])[None]),
+            node_idxs=torch.as_tensor(nodes[None]),
+            f2p_nbr_idxs=torch.as_tensor(parents[None]),
+            col_name_idxs=torch.as_tensor(cols[None]),
+            table_name_idxs=torch.as_tensor(tables[None]),
             is_padding=torch.zeros((1, length), dtype=torch.bool),
             sem_types=torch.as_tensor(sem_array[None]),
             is_targets=torch.as_tensor(targets[None]),
@@ -365,8 +343,81 @@ class ContextSampler:
             datetime_values=torch.as_tensor(channel[SEM_DATETIME]),
             boolean_values=torch.as_tensor(channel[SEM_BOOLEAN]),
             text_values=torch.as_tensor(text_values[None]),
-            col_name_values=torch.as_tensor(self.column_vectors[np.asarray(cols[:length])][None]),
+            col_name_values=torch.as_tensor(self.column_vectors[cols][None]),
         )
+
+
+class _ContextWalk:
+    """One seed's walk over the rows it may see, within a budget of cells: up each row's parents
+    depth-first, then down to a sample of children breadth-first. It records the rows reached in
+    order (the seed first, as row -1 of the task table), each row's node, and its parent links."""
+
+    def __init__(self, tables: list[_EncodedTable], seed_time: float, budget: int) -> None:
+        self.tables = tables
+        self.task_index = len(tables) - 1
+        self.seed_time = seed_time
+        self.budget = budget  # cells left; the seed's timestamp and label cells are not in it
+        self.order: list[tuple[int, int]] = [(self.task_index, -1)]  # the seed row itself
+        self.node_of: dict[tuple[int, int], int] = {(self.task_index, -1): 0}
+        self.row_parents: list[list[tuple[int, int]]] = [[]]
+
+    def visible(self, table: _EncodedTable, row: int) -> bool:
+        """Whether the seed may see the row: not from its future (no leak of the label)."""
+        if table.index == self.task_index:  # train rows strictly before the seed
+            return bool(table.time is not None and table.time[row] < self.seed_time)
+        return table.time is None or not table.time[row] > self.seed_time
+
+    def visit(self, table_index: int, row: int) -> None:
+        """Add the row and, depth-first, its parents, until the budget is spent."""
+        stack = [(table_index, row)]
+        while stack and self.budget > 0:
+            t, r = stack.pop()
+            if (t, r) in self.node_of or not self.visible(self.tables[t], r):
+                continue
+            self.node_of[(t, r)] = len(self.order)
+            self.order.append((t, r))
+            self.budget -= int(self.tables[t].present[r].sum())
+            links = [(p, int(rows[r])) for p, rows in self.tables[t].parents if rows[r] >= 0]
+            self.row_parents.append(links)
+            stack.extend(reversed(links))
+
+    def spread(self, rng: np.random.Generator, max_children: int) -> None:
+        """From the rows reached so far, visit their children level by level until the budget is spent."""
+        frontier = list(self.order)
+        while frontier and self.budget > 0:
+            frontier = self._visit_children(frontier, rng, max_children)
+
+    def _visit_children(
+        self, frontier: list[tuple[int, int]], rng: np.random.Generator, max_children: int
+    ) -> list[tuple[int, int]]:
+        """Visit a sample of each frontier row's children; the rows this reached (the next frontier)."""
+        reached: list[tuple[int, int]] = []
+        for t, r in frontier:
+            if r < 0:
+                continue
+            for child, c in self._sampled_children(t, r, rng, max_children):
+                before = len(self.order)
+                self.visit(child, c)
+                reached.extend(self.order[before:])
+                if self.budget <= 0:
+                    return reached
+        return reached
+
+    def _sampled_children(
+        self, t: int, r: int, rng: np.random.Generator, max_children: int
+    ) -> list[tuple[int, int]]:
+        """The row's children not yet reached that the seed may see, at most `max_children` of them
+        (a random sample, in their order)."""
+        candidates = [
+            (child, int(c))
+            for child, offsets, rows in self.tables[t].children
+            for c in rows[offsets[r] : offsets[r + 1]]
+            if (child, int(c)) not in self.node_of and self.visible(self.tables[child], int(c))
+        ]
+        if len(candidates) > max_children:
+            picked = rng.choice(len(candidates), max_children, replace=False)
+            candidates = [candidates[i] for i in sorted(picked)]
+        return candidates
 
 
 def _has_split(database: Database, task: str, split: str) -> bool:

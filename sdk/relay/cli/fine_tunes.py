@@ -115,12 +115,7 @@ def create(
 ) -> None:
     """Start a fine-tune; prints the job at once (or, with --wait, when it ends)."""
     with _clear_errors():
-        fields: dict[str, Any] = {}
-        if config_file is not None:
-            try:
-                fields.update(json.loads(config_file.read_text()))
-            except (OSError, ValueError) as error:
-                raise ConfigError(f"cannot read --config {config_file}: {error}") from None
+        fields = _config_file_fields(config_file)
         given = {
             "model": model,
             "dataset_name": dataset_name(dataset) if dataset else None,
@@ -134,13 +129,23 @@ def create(
             "cameras": parse_pairs(camera, "camera") if camera else None,
             "name": name,
         }
-        fields.update({k: v for k, v in given.items() if v is not None})
-        config = SFTConfig.parse(fields)
-        job = train(config, idempotency_key=idempotency_key)
+        fields.update({k: v for k, v in given.items() if v is not None})  # the options override the file
+        job = train(SFTConfig.parse(fields), idempotency_key=idempotency_key)
         if wait:
             with _exit_on_interrupt(job.id, said=True):  # job.wait() says what Ctrl-C leaves
                 job.wait(poll=5, progress=not as_json)
         _show_job(job, as_json)
+
+
+def _config_file_fields(config_file: Path | None) -> dict[str, Any]:
+    """The config's fields from the --config file (none without one)."""
+    fields: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            fields.update(json.loads(config_file.read_text()))
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"cannot read --config {config_file}: {error}") from None
+    return fields
 
 
 @app.command("list")

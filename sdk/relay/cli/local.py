@@ -55,7 +55,7 @@ class StopOnInterrupt:
 
 
 @app.command()
-def train(
+def train(  # noqa: C901
     model: str = typer.Option(..., help="Base model: pi05, pi05-tiny, rt-j or rt-j-tiny."),
     dataset: str = typer.Option(
         ..., help="A Hub dataset repo id or a local dataset directory (rt-j: a database directory)."

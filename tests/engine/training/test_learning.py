@@ -18,11 +18,9 @@ Nothing here is timed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from relay.sft.config import SFTConfig
 from relay_engine.datasets import open_dataset, write_synthetic_dataset
@@ -34,15 +32,7 @@ TRAIN_EPISODES = list(range(160))
 HELD_OUT_EPISODES = list(range(160, 180))
 STEPS = 800
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def train_and_score(

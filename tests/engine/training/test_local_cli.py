@@ -19,18 +19,25 @@ def relay(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_local_train_prints_events_resumes_and_the_output_evaluates(
-    synthetic_dataset_path: Path, tmp_path: Path
-) -> None:
-    common = [
+def local_train(dataset: Path, output_dir: Path) -> list[str]:
+    """The arguments of `relay local train` of pi05-tiny on `dataset` into `output_dir`."""
+    return [
         "local",
         "train",
         "--model",
         "pi05-tiny",
         "--dataset",
-        str(synthetic_dataset_path),
+        str(dataset),
         "--output-dir",
-        str(tmp_path),
+        str(output_dir),
+    ]
+
+
+def test_local_train_prints_events_resumes_and_the_output_evaluates(
+    synthetic_dataset_path: Path, tmp_path: Path
+) -> None:
+    common = [
+        *local_train(synthetic_dataset_path, tmp_path),
         "--batch-size",
         "4",
         "--learning-rate",
@@ -94,19 +101,7 @@ def test_local_train_prints_events_resumes_and_the_output_evaluates(
 def test_local_train_refuses_bad_settings_naming_the_field(
     args: list[str], message: str, synthetic_dataset_path: Path, tmp_path: Path
 ) -> None:
-    result = relay(
-        "local",
-        "train",
-        "--model",
-        "pi05-tiny",
-        "--dataset",
-        str(synthetic_dataset_path),
-        "--output-dir",
-        str(tmp_path),
-        "--steps",
-        "1",
-        *args,
-    )
+    result = relay(*local_train(synthetic_dataset_path, tmp_path), "--steps", "1", *args)
     assert result.returncode == 1
     assert message in result.stderr
     assert "Traceback" not in result.stderr
@@ -115,18 +110,7 @@ def test_local_train_refuses_bad_settings_naming_the_field(
 
 def test_local_train_reports_a_dataset_problem(tmp_path: Path) -> None:
     (tmp_path / "not-a-dataset").mkdir()
-    result = relay(
-        "local",
-        "train",
-        "--model",
-        "pi05-tiny",
-        "--dataset",
-        str(tmp_path / "not-a-dataset"),
-        "--output-dir",
-        str(tmp_path / "out"),
-        "--steps",
-        "1",
-    )
+    result = relay(*local_train(tmp_path / "not-a-dataset", tmp_path / "out"), "--steps", "1")
     assert result.returncode == 1
     assert "not-a-dataset" in result.stderr and "Traceback" not in result.stderr
 
@@ -154,14 +138,7 @@ def test_ctrl_c_saves_a_checkpoint_and_the_same_command_resumes_from_it(
         sys.executable,
         "-m",
         "relay.cli",
-        "local",
-        "train",
-        "--model",
-        "pi05-tiny",
-        "--dataset",
-        str(synthetic_dataset_path),
-        "--output-dir",
-        str(tmp_path),
+        *local_train(synthetic_dataset_path, tmp_path),
         "--batch-size",
         "2",
         "--steps",

@@ -100,7 +100,9 @@ def _train_step(policy: Pi05Policy) -> torch.Tensor:
     return loss
 
 
-def _record_prefix_outputs(policy: Pi05Policy) -> tuple[list[bool], list]:
+def _prefix_outputs_requiring_grad(policy: Pi05Policy) -> list[bool]:
+    """Train one step; for each output of the prefix (vision tower, projector, language layers and
+    their key and value projections), whether it required grad."""
     seen: list[bool] = []
     model = policy.model
     prefix_modules = [model.vision_tower, model.projector, *model.language_model.layers]
@@ -111,7 +113,12 @@ def _record_prefix_outputs(policy: Pi05Policy) -> tuple[list[bool], list]:
         for proj in ("k_proj", "v_proj"):
             module = getattr(layer.self_attn, proj)
             hooks.append(module.register_forward_hook(lambda _m, _i, out: seen.append(out.requires_grad)))
-    return seen, hooks
+    try:
+        _train_step(policy)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
 
 
 def _requires_grad(output: object) -> bool:
@@ -122,12 +129,7 @@ def _requires_grad(output: object) -> bool:
 
 def test_frozen_prefix_runs_without_autograd() -> None:
     policy = apply_tuning(build_policy("pi05-tiny"), "lora")
-    seen, hooks = _record_prefix_outputs(policy)
-    try:
-        _train_step(policy)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    seen = _prefix_outputs_requiring_grad(policy)
     assert seen and not any(seen)
     assert all(p.grad is None for p in policy.model.paligemma_with_expert.paligemma.parameters())
     assert policy.model.action_in_proj.weight.grad is not None
@@ -138,12 +140,7 @@ def test_frozen_prefix_runs_without_autograd() -> None:
 def test_trained_prefix_gets_gradients() -> None:
     policy = apply_tuning(build_policy("pi05-tiny"), "lora", ["vision.attn", "heads"])
     assert policy.prefix_trainable
-    seen, hooks = _record_prefix_outputs(policy)
-    try:
-        _train_step(policy)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    seen = _prefix_outputs_requiring_grad(policy)
     assert all(seen)
     # lora_B starts at zero, so it is lora_B that gets a gradient first.
     vision_lora = [p for n, p in policy.named_parameters() if ".lora_B" in n]
