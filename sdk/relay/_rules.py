@@ -25,7 +25,7 @@ from pydantic import (
     WithJsonSchema,
 )
 
-from relay import catalog
+from relay import catalog, families
 from relay.errors import ConfigError
 
 SESSION_MODEL_RULE = "must be one of " + ", ".join(catalog.SESSION_MODELS)
@@ -36,7 +36,7 @@ LORA_ALPHA_RULE = "must be a number greater than 0; by default, the rank"
 
 
 def _known_session_model(value: str) -> str:
-    if value not in catalog.SESSION_MODELS:
+    if families.family_of(value) is None:
         raise ValueError(SESSION_MODEL_RULE)
     return value
 
