@@ -33,18 +33,18 @@ import torch
 from relay.catalog import ACTION_HORIZON, RELATIONAL_MODELS
 from relay.optimizer import AdamParams
 from relay.sft.config import SFTConfig
+from relay_engine.core.checkpoint import CheckpointStore
+from relay_engine.core.data import BatchOrder, DataPosition, batch_loader, select
+from relay_engine.core.loop import Event, LoopState, MetricsWindow, run_loop
+from relay_engine.core.schedule import learning_rate
 from relay_engine.datasets import open_dataset
 from relay_engine.distributed import Parallel, World, choose_strategy, gathered_policy, join, launched, leave
 from relay_engine.distributed.checkpoint import STATE_DIR, load_sharded, save_sharded
 from relay_engine.distributed.group import batch_slice
 from relay_engine.errors import ConfigError
+from relay_engine.families.pi05.export import write_output
+from relay_engine.families.pi05.learner import Pi05Learner
 from relay_engine.models import load_policy
-from relay_engine.training.checkpoint import CheckpointStore
-from relay_engine.training.data import BatchOrder, DataPosition, batch_loader, select
-from relay_engine.training.export import write_output
-from relay_engine.training.learner import Learner
-from relay_engine.training.loop import Event, LoopState, MetricsWindow, run_loop
-from relay_engine.training.schedule import learning_rate
 from relay_engine.tuning import apply_tuning
 
 # The fixed part of the recipe (docs/recipe-jobs.md, "What is fixed"): AdamW with AdamParams'
@@ -147,7 +147,7 @@ def run_recipe(
     Ctrl-C), so that the same command again loses nothing."""
     stopping = checkpoint_on_stop
     if recipe.config.model in RELATIONAL_MODELS:  # RT-J: one process, its own data and step
-        from relay_engine.relational.recipe import run_relational_recipe
+        from relay_engine.families.rtj.family import run_relational_recipe
 
         output = Path(output_dir) if output_dir is not None else Path(work_dir) / "output"
         return run_relational_recipe(
@@ -199,7 +199,7 @@ def _run(
     policy.config = policy.config.replace(robot_action_dim=dataset.summary.action_dim)
     model = apply_tuning(policy, config.finetune, config.targets, config.lora_rank, config.lora_alpha)
     parallel = Parallel(model, world, strategy) if world is not None else None
-    learner = Learner(model, seed=recipe.seed, device=device, parallel=parallel)
+    learner = Pi05Learner(model, seed=recipe.seed, device=device, parallel=parallel)
 
     store = CheckpointStore(work_dir / "checkpoints", attempt=recipe.attempt)
     state, position = LoopState(), DataPosition()

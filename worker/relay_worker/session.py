@@ -36,8 +36,8 @@ from relay_api.channel import ChannelUnavailable, QueuedCall, WorkerChannel, wor
 from relay_api.db import session_factory, utcnow
 from relay_api.settings import Settings, get_settings
 from relay_engine.errors import EngineError
-from relay_engine.relational.session import RelationalSession, RelationalSessionSpec
-from relay_engine.training.session import SessionSpec, TrainingSession
+from relay_engine.families.pi05.session import SessionSpec, TrainingSession
+from relay_engine.families.rtj.session import RelationalSession, RelationalSessionSpec
 from relay_worker import session_lifecycle as lifecycle
 from relay_worker import shutdown
 from relay_worker.fine_tune import worker_name

@@ -234,7 +234,7 @@ def synth_db(
             fail(f"--{option} must be from {low:,} to {high:,}, got {value}")
     if out_dir.exists() and any(out_dir.iterdir()):
         fail(f"{out_dir} is not empty")
-    fake = require("relay_engine.relational.fake")
+    fake = require("relay_engine.families.rtj.synth")
     path = fake.write_fake_shop(out_dir, customers=customers, products=products, reviews=reviews, seed=seed)
     _out.print(f"wrote {path} (tasks user-churn, user-ltv)", soft_wrap=True, markup=False)
 
@@ -297,7 +297,7 @@ def _is_database(dataset: str) -> bool:
 
 
 def _open_database(dataset: str) -> Any:
-    database = require("relay_engine.relational.database")
+    database = require("relay_engine.families.rtj.database")
     errors = require("relay_engine.errors")
     try:
         return database.open_database(Path(dataset).expanduser())
@@ -306,7 +306,7 @@ def _open_database(dataset: str) -> Any:
 
 
 def _check_database(dataset: str) -> None:
-    summary = require("relay_engine.relational.summary")
+    summary = require("relay_engine.families.rtj.summary")
     report, problems = summary.check_database(_open_database(dataset))
     tables = Table("table", "rows", "key", "time", "foreign keys (dangling)", "columns", box=None)
     for name, table in report["tables"].items():
@@ -332,7 +332,7 @@ def _check_database(dataset: str) -> None:
 
 
 def _database_stats(dataset: str, json_output: bool) -> None:
-    summary = require("relay_engine.relational.summary")
+    summary = require("relay_engine.families.rtj.summary")
     database = _open_database(dataset)
     stats = summary.column_stats(database)
     report, _ = summary.check_database(database)

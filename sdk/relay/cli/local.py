@@ -253,13 +253,13 @@ def evaluate(
 ) -> None:
     """pi05: the mean squared error of sampled action chunks against the dataset's, in normalized
     units. rt-j: AUROC (binary tasks) or MAE and nMAE (regression) on a task's split."""
-    relational = require("relay_engine.relational.recipe")
+    relational = require("relay_engine.families.rtj.family")
     if task is not None or model in RELATIONAL_MODELS or relational.is_relational_checkpoint(model):
         _evaluate_relational(model, dataset, task, split, seed, device, json_output)
         return
     datasets = require("relay_engine.datasets")
     models = require("relay_engine.models")
-    evaluation = require("relay_engine.training.evaluate")
+    evaluation = require("relay_engine.families.pi05.evaluate")
     recipe_module = require("relay_engine.recipe")
     errors = require("relay_engine.errors")
     try:
@@ -313,7 +313,7 @@ def evaluate(
 def _evaluate_relational(
     model: str, dataset: str, task: str | None, split: str, seed: int, device: str, json_output: bool
 ) -> None:
-    relational = require("relay_engine.relational.recipe")
+    relational = require("relay_engine.families.rtj.family")
     errors = require("relay_engine.errors")
     try:
         report = relational.evaluate_split(

@@ -164,7 +164,7 @@ def _print_report(report: dict[str, Any], defaulted: bool) -> None:
 
 def _relational_info(name: str, json_output: bool) -> None:
     """RT-J is tuned in full: every weight trains, so the report is the counts per part."""
-    report = require("relay_engine.relational.describe").describe_named(name)
+    report = require("relay_engine.families.rtj.describe").describe_named(name)
     if json_output:
         _out.print_json(json.dumps(report))
         return

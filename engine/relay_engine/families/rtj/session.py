@@ -1,6 +1,6 @@
 """An RT-J training-loop session: what a worker holds while a user's program drives rt-j.
 
-The same calls as the pi05 session (relay_engine.training.session), on RelationalDatums: each is a
+The same calls as the pi05 session (relay_engine.families.pi05.session), on RelationalDatums: each is a
 sampled context (the twelve RelationalBatch fields) and its label. forward_backward computes the
 task loss (BCE on target_scores for binary, Huber for regression) through the RelationalLearner,
 the step recipe jobs run, so a session's update equals a job's on the same contexts. RT-J is tuned
@@ -19,12 +19,12 @@ import torch
 
 from relay.optimizer import AdamParams
 from relay_engine.errors import EngineError
-from relay_engine.relational.batch import BATCH_FIELDS, RelationalBatch
-from relay_engine.relational.checkpoint import save_network
-from relay_engine.relational.learner import LabelledBatch, RelationalLearner, per_context_loss
-from relay_engine.relational.training import RelationalExample
-from relay_engine.relational.transformer import RelationalTransformer
-from relay_engine.training.session import check_state, write_state
+from relay_engine.families.pi05.session import check_state, write_state
+from relay_engine.families.rtj.batch import BATCH_FIELDS, RelationalBatch
+from relay_engine.families.rtj.checkpoint import save_network
+from relay_engine.families.rtj.learner import LabelledBatch, RelationalLearner, per_context_loss
+from relay_engine.families.rtj.trainer import RelationalExample
+from relay_engine.families.rtj.transformer import RelationalTransformer
 
 TASK_LOSS = "task"
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from relay_engine.relational.batch import collate
-from relay_engine.relational.database import seconds
-from relay_engine.relational.sampling import ContextSampler, LabelScale
-from relay_engine.relational.training import RelationalExample
-from relay_engine.relational.transformer import RelationalTransformer
+from relay_engine.families.rtj.batch import collate
+from relay_engine.families.rtj.database import seconds
+from relay_engine.families.rtj.sampling import ContextSampler, LabelScale
+from relay_engine.families.rtj.trainer import RelationalExample
+from relay_engine.families.rtj.transformer import RelationalTransformer
 
 
 def auroc(labels: np.ndarray, scores: np.ndarray) -> float:

@@ -18,17 +18,17 @@ import numpy as np
 import torch
 
 from relay.optimizer import AdamParams
+from relay_engine.core.checkpoint import CheckpointStore
+from relay_engine.core.data import BatchOrder, DataPosition
+from relay_engine.core.loop import Event, LoopState, MetricsWindow, run_loop
+from relay_engine.core.schedule import learning_rate
 from relay_engine.errors import ConfigError
-from relay_engine.relational.database import open_database
-from relay_engine.relational.encoding import default_text_embedder
-from relay_engine.relational.evaluation import auroc, evaluate, label_frequency_baseline
-from relay_engine.relational.learner import LabelledBatch, RelationalLearner
-from relay_engine.relational.sampling import ContextSampler
-from relay_engine.relational.transformer import RelationalTransformer
-from relay_engine.training.checkpoint import CheckpointStore
-from relay_engine.training.data import BatchOrder, DataPosition
-from relay_engine.training.loop import Event, LoopState, MetricsWindow, run_loop
-from relay_engine.training.schedule import learning_rate
+from relay_engine.families.rtj.database import open_database
+from relay_engine.families.rtj.encoding import default_text_embedder
+from relay_engine.families.rtj.evaluate import auroc, evaluate, label_frequency_baseline
+from relay_engine.families.rtj.learner import LabelledBatch, RelationalLearner
+from relay_engine.families.rtj.sampling import ContextSampler
+from relay_engine.families.rtj.transformer import RelationalTransformer
 
 if TYPE_CHECKING:
     from relay_engine.recipe import Recipe, RecipeResult

@@ -1,7 +1,8 @@
-"""The RT-J step, with the interface of the engine's Learner (forward_backward, optim_step,
-save_state, load_state), so recipe jobs run it through the same loop, checkpoints and events.
+"""The RT-J step, a relay_engine.core.learner.Learner (forward_backward, optim_step, save_state,
+load_state), so recipe jobs and the RelationalTrainer run it through the same loop, checkpoints
+and events.
 
-As in the Learner, gradients accumulate as sums over the data until optim_step divides by the
+As in pi05's learner, gradients accumulate as sums over the data until optim_step divides by the
 total weight (the number of contexts), so two half batches make the update of one full batch.
 The task loss is the trainer's: BCE on target_scores for binary tasks, Huber for regression.
 """
@@ -20,11 +21,11 @@ from safetensors.torch import load_file, save_file
 from torch.nn import functional as F
 
 from relay.optimizer import AdamParams
+from relay_engine.core.learner import ForwardBackwardResult, Learner, OptimStepResult, clipped_adam_step
 from relay_engine.errors import EngineError
-from relay_engine.relational.batch import RelationalBatch, collate
-from relay_engine.relational.network import RTJNetwork
-from relay_engine.relational.training import RelationalExample
-from relay_engine.training.learner import ForwardBackwardResult, OptimStepResult, clipped_adam_step
+from relay_engine.families.rtj.batch import RelationalBatch, collate
+from relay_engine.families.rtj.network import RTJNetwork
+from relay_engine.families.rtj.trainer import RelationalExample
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def per_context_loss(scores: torch.Tensor, labels: torch.Tensor, problem_type: s
     raise EngineError(f"RT-J jobs train binary or regression tasks, not {problem_type!r}")
 
 
-class RelationalLearner:
+class RelationalLearner(Learner[LabelledBatch]):
     def __init__(
         self, network: RTJNetwork, problem_type: str, *, seed: int = 0, device: torch.device | str = "cpu"
     ):

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from relay_engine.relational.batch import RelationalBatch, collate
-from relay_engine.relational.losses import PROBLEM_TYPES, SCALAR_PROBLEM_TYPES, loss_for
-from relay_engine.relational.transformer import RelationalTransformer, TaskHead
+from relay_engine.families.rtj.batch import RelationalBatch, collate
+from relay_engine.families.rtj.losses import PROBLEM_TYPES, SCALAR_PROBLEM_TYPES, loss_for
+from relay_engine.families.rtj.transformer import RelationalTransformer, TaskHead
 
 TRAINING_BACKENDS: tuple[str, ...] = ("torch", "triton")
 SAVE_STRATEGIES: tuple[str, ...] = ("epoch", "no")

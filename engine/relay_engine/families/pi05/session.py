@@ -2,7 +2,7 @@
 
 The user's loop calls forward_backward / optim_step / sample ... one at a time; each call is one
 method here, on plain data (numpy arrays, strings, numbers), so the worker only decodes requests
-and encodes results. The steps are the Learner's, the same code that runs recipe jobs.
+and encodes results. The steps are the Pi05Learner's, the same code that runs recipe jobs.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from relay.catalog import (
 from relay.optimizer import AdamParams
 from relay.training.config import STATE_META_FILE as STATE_META
 from relay_engine.errors import EngineError
+from relay_engine.families.pi05.export import write_output
+from relay_engine.families.pi05.learner import Pi05Learner
 from relay_engine.models import FlowOutputs, Pi05Batch, Pi05Policy, load_policy
 from relay_engine.samples import Sample
-from relay_engine.training.export import write_output
-from relay_engine.training.learner import Learner
 from relay_engine.tuning import apply_tuning
 
 OUTPUT_KEYS = ("velocity", "target", "x_t", "noise", "time")
@@ -122,7 +122,7 @@ class TrainingSession:
         self.spec = spec
         policy = load_policy(spec.base_model, device=device, action_horizon=spec.action_horizon, seed=seed)
         self.model = apply_tuning(policy, spec.finetune, spec.targets, spec.lora_rank, spec.lora_alpha)
-        self.learner = Learner(self.model, seed=seed, device=device)
+        self.learner = Pi05Learner(self.model, seed=seed, device=device)
         self._custom: tuple[FlowOutputs, Pi05Batch] | None = None
         self._samplers: dict[str, Pi05Policy] = {}
 

@@ -1,0 +1,1 @@
+"""pi0.5, the robot policy: its learner, session, evaluation, output and library trainer."""
