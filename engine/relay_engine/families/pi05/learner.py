@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from relay_engine.distributed.parallel import Parallel
 
 
-class Pi05Learner(Learner):
-    """pi05's learner: a tuned policy, its AdamW optimizer and the noise generator of its flow-matching loss."""
+class Pi05Learner(Learner[Pi05Batch]):
+    """pi05's learner: a tuned policy, its AdamW optimizer and its flow-matching noise generator."""
 
     def __init__(
         self,
