@@ -37,6 +37,11 @@ class FamilySpec:
     finetune: str | None = None
     # The most processes (GPUs) one job runs on; None: as many as the job asks.
     max_gpus: int | None = None
+    # How `relay models list` names its models ("relational models: rt-j, rt-j-tiny").
+    list_label: str = "models"
+    # Whether its recipes choose where training goes (targets, LoRA): `relay models info` then
+    # reports what those settings train; otherwise the family's engine describes the model.
+    tunes_targets: bool = False
     # Recipe fields the family refuses, and why ("cameras": "RT-J reads the tables of a database").
     refused_fields: Mapping[str, str] = field(default_factory=dict)
     # Whether relay.memory_plan knows the named models' sizes (the API plans their jobs' memory).
@@ -73,6 +78,12 @@ def family_specs() -> tuple[FamilySpec, ...]:
     """Every registered family, the built-in ones first."""
     _builtins()
     return tuple(_SPECS.values())
+
+
+def family_spec(name: str) -> FamilySpec:
+    """A family's spec by the family's name (KeyError for one not registered)."""
+    _builtins()
+    return _SPECS[name]
 
 
 def family_of(model: object) -> FamilySpec | None:
@@ -123,11 +134,13 @@ def _builtins() -> None:
         # trains in a fraction of a second; 128 is a GPU's batch.
         model_defaults={"pi05-tiny": {"finetune": "full", "learning_rate": 2e-3, "batch_size": 16}},
         memory_planned=True,
+        tunes_targets=True,
         loss_names=("flow_matching",),
     )
     _SPECS[RTJ] = FamilySpec(
         name=RTJ,
         models=catalog.RELATIONAL_MODELS,
+        list_label="relational models",
         task="required",
         finetune="full",
         # (lora_rank and lora_alpha, as for any finetune="full" recipe, are ignored; a config read

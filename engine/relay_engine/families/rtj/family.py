@@ -1,37 +1,38 @@
-"""An RT-J recipe job: the engine's loop on contexts sampled from a relational database.
+"""RT-J as a family: the engine's loop on contexts sampled from a relational database
+(relay_engine.families.base.Family).
 
-What `run_recipe` runs when the recipe's model is rt-j or rt-j-tiny, with the same events,
-checkpoints (every weight, the optimizer, the RNGs and the data position: a resumed run takes the
-steps an uninterrupted one would), stop requests and output directory as a pi05 job. The output
-is an RT-J checkpoint (config.json + model.safetensors) whose config also records how its contexts
-were made (`relay` in config.json), so `relay local eval` and the constructor reproduce them.
+A recipe of rt-j or rt-j-tiny runs through the same driver as a pi05 job (relay_engine.recipe),
+with the same events, checkpoints (every weight, the optimizer, the RNGs and the data position: a
+resumed run takes the steps an uninterrupted one would), stop requests and output directory, in
+one process. The output is an RT-J checkpoint (config.json + model.safetensors) whose config also
+records how its contexts were made (`relay` in config.json), so `relay local eval` and the
+constructor reproduce them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
+from relay import families as sdk_families
 from relay.optimizer import AdamParams
-from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.core.data import BatchOrder, DataPosition
-from relay_engine.core.loop import Event, LoopState, MetricsWindow, run_loop
-from relay_engine.core.schedule import learning_rate
 from relay_engine.errors import ConfigError
+from relay_engine.families.base import EvaluationRequest, Family, ModelDescription, PreparedRecipe, RecipeRun
 from relay_engine.families.rtj.database import open_database
 from relay_engine.families.rtj.encoding import default_text_embedder
-from relay_engine.families.rtj.evaluate import auroc, evaluate, label_frequency_baseline
 from relay_engine.families.rtj.learner import LabelledBatch, RelationalLearner
 from relay_engine.families.rtj.sampling import ContextSampler
+from relay_engine.families.rtj.trainer import RelationalExample
 from relay_engine.families.rtj.transformer import RelationalTransformer
 
 if TYPE_CHECKING:
-    from relay_engine.recipe import Recipe, RecipeResult
+    from relay_engine.families.rtj.session import RelationalSession
 
 # Contexts of jobs: RT samples 1,024 cells; a quarter of that keeps a CPU step short and holds the
 # seed, its customer and its recent history on the databases we train on here.
@@ -58,6 +59,8 @@ def build_sampler(
     dataset: str, task: str, settings: dict[str, Any], d_text: int, seed: int
 ) -> ContextSampler:
     """The sampler of a database directory's task, with a model's context settings."""
+    from relay_engine.families.rtj.sampling import ContextSampler
+
     database = open_database(Path(dataset).expanduser())
     prefer = "hash" if settings["text_encoder"].startswith("hash") else "auto"
     embedder = default_text_embedder(d_text, prefer=prefer)
@@ -71,117 +74,137 @@ def build_sampler(
     )
 
 
-def run_relational_recipe(
-    recipe: Recipe,
-    work_dir: Path,
-    on_event: Callable[[Event], None],
-    should_stop: Callable[[], bool],
-    output_dir: Path,
-    checkpoint_on_stop: bool = False,
-) -> RecipeResult:
-    from relay_engine.recipe import pick_device
+class RelationalFamily(Family):
+    spec = sdk_families.family_spec(sdk_families.RTJ)
 
-    threads = torch.get_num_threads()
-    # rt-j-tiny's matrices are too small for threads to pay: on a busy 2-core machine, 10 steps took
-    # 92 s with torch's 2 threads waiting on each other, and 3.3 s with one.
-    if recipe.config.model in TINY_MODELS and pick_device(recipe.device).type == "cpu":
-        torch.set_num_threads(1)
-    try:
-        return _run(recipe, work_dir, on_event, should_stop, output_dir, checkpoint_on_stop)
-    finally:
-        torch.set_num_threads(threads)
+    @contextlib.contextmanager
+    def recipe_context(self, run: RecipeRun) -> Iterator[None]:
+        threads = torch.get_num_threads()
+        # rt-j-tiny's matrices are too small for threads to pay: on a busy 2-core machine, 10 steps
+        # took 92 s with torch's 2 threads waiting on each other, and 3.3 s with one.
+        if run.recipe.config.model in TINY_MODELS and run.device.type == "cpu":
+            torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
 
+    def prepare_recipe(self, run: RecipeRun) -> PreparedRecipe:
+        recipe, config = run.recipe, run.recipe.config
+        if not config.task:
+            raise ConfigError(f"{config.model} trains on a task: name the task table of the database")
+        model = RelationalTransformer(config.model, device=run.device, seed=recipe.seed)
+        settings = context_settings(model.config)
+        sampler = build_sampler(
+            config.dataset_name, config.task, settings, model.model.config.d_text, recipe.seed
+        )
+        examples = sampler.examples("train")
+        problem_type = sampler.spec.problem_type
+        learner = RelationalLearner(model.model, problem_type, seed=recipe.seed, device=run.device)
+        torch.manual_seed(recipe.seed)
 
-def _run(
-    recipe: Recipe,
-    work_dir: Path,
-    on_event: Callable[[Event], None],
-    should_stop: Callable[[], bool],
-    output_dir: Path,
-    checkpoint_on_stop: bool,
-) -> RecipeResult:
-    from relay_engine.recipe import RecipeResult, pick_device
+        def write(output_dir: Path) -> None:
+            _write_output(model, sampler, config.model, config.task or "", settings, output_dir)
 
-    config = recipe.config
-    if not config.task:
-        raise ConfigError(f"{config.model} trains on a task: name the task table of the database")
-    device = pick_device(recipe.device)
-    model = RelationalTransformer(config.model, device=device, seed=recipe.seed)
-    settings = context_settings(model.config)
-    sampler = build_sampler(
-        config.dataset_name, config.task, settings, model.model.config.d_text, recipe.seed
-    )
-    examples = sampler.examples("train")
-    problem_type = sampler.spec.problem_type
-    learner = RelationalLearner(model.model, problem_type, seed=recipe.seed, device=device)
-    torch.manual_seed(recipe.seed)
-
-    store = CheckpointStore(work_dir / "checkpoints", attempt=recipe.attempt)
-    state, position = LoopState(), DataPosition()
-    resumed_from = None
-    latest = store.latest()
-    if latest is not None:
-        manifest = store.manifest(latest)
-        if manifest.get("recipe") != recipe.fingerprint():
-            raise ConfigError(f"{work_dir} holds checkpoints of a different recipe; use a new directory")
-        learner.load_state(latest)
-        window = cast(dict[str, Any], manifest["window"])
-        state = LoopState(step=int(cast(int, manifest["step"])), window=MetricsWindow.from_dict(window))
-        state.last_loss = cast(float | None, manifest.get("loss"))
-        position = DataPosition.from_dict(cast(dict[str, int], manifest["data_position"]))
-        resumed_from = state.step
-
-    order = BatchOrder(len(examples), min(config.batch_size, len(examples)), recipe.seed, span_epochs=True)
-
-    def next_step_batches() -> list[LabelledBatch]:
-        nonlocal position
-        indices, position = order.next_batch(position)
-        return [LabelledBatch.of([examples[i] for i in indices])]
-
-    def save_checkpoint(loop_state: LoopState) -> None:
-        store.save(
-            loop_state.step,
-            learner.save_state,
-            meta={
-                "recipe": recipe.fingerprint(),
-                "data_position": position.to_dict(),
-                "window": loop_state.window.to_dict(),
-                "loss": loop_state.last_loss,
-            },
+        return PreparedRecipe(
+            learner=learner,
+            samples=len(examples),
+            batch_size=min(config.batch_size, len(examples)),
+            batches=_batches_of(examples),
+            adam=RELATIONAL_ADAM,
+            write_output=write,
         )
 
-    if resumed_from is not None:
-        on_event({"step": resumed_from, "event": "resumed"})
+    def open_session(self, config: Mapping[str, Any], device: torch.device | str) -> RelationalSession:
+        from relay_engine.families.rtj.session import RelationalSession, RelationalSessionSpec
 
-    result = run_loop(
-        cast(Any, learner),  # the loop needs forward_backward, optim_step and device: a Learner's interface
-        cast(Any, next_step_batches),
-        state=state,
-        total_steps=config.steps,
-        learning_rate_at=lambda step: learning_rate(step, config.steps, config.learning_rate),
-        adam=RELATIONAL_ADAM,
-        on_event=on_event,
-        should_stop=should_stop,
-        save_checkpoint=save_checkpoint,
-        checkpoint_every=recipe.checkpoint_every,
-        log_every=recipe.log_every,
-    )
-    if result.status != "completed":
-        latest = store.latest()
-        saved = None if latest is None else int(cast(int, store.manifest(latest)["step"]))
-        if checkpoint_on_stop and state.step > 0 and saved != state.step:
-            save_checkpoint(state)
-            on_event({"step": state.step, "event": "checkpoint"})
-        return RecipeResult(result.status, result.step, result.loss, None, resumed_from)
+        spec = RelationalSessionSpec(
+            base_model=config["base_model"], problem_type=config.get("problem_type") or "binary"
+        )
+        return RelationalSession(spec, device=device)
 
+    def owns_model(self, name_or_dir: str) -> bool:
+        return name_or_dir in self.spec.models or is_relational_checkpoint(name_or_dir)
+
+    def evaluate(
+        self, request: EvaluationRequest, on_progress: Callable[[int, int], None] | None = None
+    ) -> dict[str, Any]:
+        """The task's metrics on one split (AUROC for binary, MAE and nMAE for regression)."""
+        from relay_engine.families.rtj.evaluate import evaluate_split
+
+        return evaluate_split(
+            request.model,
+            request.dataset,
+            request.task,
+            request.split,
+            device=request.device,
+            seed=request.seed,
+        )
+
+    def describe(self, name: str) -> ModelDescription:
+        """RT-J is tuned in full: every weight trains, so the report is the counts per part."""
+        from relay_engine.families.rtj.describe import describe_named
+
+        report = describe_named(name)
+        sizes = report["sizes"]
+        headline = (
+            f"[bold]{name}[/bold]: {sizes['num_blocks']} blocks, width {sizes['d_model']}, "
+            f"{sizes['num_heads']} heads, FFN {sizes['d_ff']}, text width {sizes['d_text']}; "
+            "full fine-tuning (every weight trains)"
+        )
+        boolean = ", ".join(f"{key} {count:,}" for key, count in report["boolean_channel"].items())
+        notes = [
+            f"Stanford layout (stanford-star/rt-j): [bold]{report['stanford_params']:,}[/bold] weights",
+            f"RelativeDB layout (RelativeDB/rt-j-fp16): {report['relativedb_params']:,} weights: "
+            f"{report['boolean_channel_params']:,} more for its boolean value channel ({boolean})",
+        ]
+        return ModelDescription(report, headline, report["parts"], notes)
+
+    def evaluation_lines(self, report: dict[str, Any], request: EvaluationRequest) -> list[str]:
+        where = f"{report['task']} {report['split']} ({report['examples']} rows)"
+        if report["problem_type"] == "binary":
+            return [
+                f"AUROC {report['auroc']:.4f}, accuracy {report['accuracy']:.4f} on {where}; "
+                f"label-frequency baseline AUROC {report['label_frequency_auroc']:.4f}"
+            ]
+        return [f"MAE {report['mae']:.4f}, nMAE {report['nmae']:.4f}, RMSE {report['rmse']:.4f} on {where}"]
+
+    def load_model(self, name_or_dir: str, device: torch.device | str = "cpu") -> RelationalTransformer:
+        return RelationalTransformer(name_or_dir, device=device)
+
+    def synthesize(self, directory: Path, **options: Any) -> Any:
+        from relay_engine.families.rtj.synth import write_fake_shop
+
+        return write_fake_shop(directory, **options)
+
+
+def _batches_of(
+    examples: Sequence[RelationalExample],
+) -> Callable[[BatchOrder, DataPosition], Iterator[Any]]:
+    def batches(order: BatchOrder, position: DataPosition) -> Iterator[LabelledBatch]:
+        while True:
+            indices, position = order.next_batch(position)
+            yield LabelledBatch.of([examples[i] for i in indices])
+
+    return batches
+
+
+def _write_output(
+    model: RelationalTransformer,
+    sampler: ContextSampler,
+    base_model: str,
+    task: str,
+    settings: dict[str, Any],
+    output_dir: Path,
+) -> None:
     model.model.eval()
     model.config = {
         **model.config,
         "model_type": "rt-j",
-        "base_model": config.model,
-        "problem_type": problem_type,
+        "base_model": base_model,
+        "problem_type": sampler.spec.problem_type,
         "relay": {
-            "task": config.task,
+            "task": task,
             "context_length": settings["context_length"],
             "max_children": settings["max_children"],
             "text_encoder": sampler.embedder.name,
@@ -190,7 +213,6 @@ def _run(
         },
     }
     model.save_pretrained(output_dir)
-    return RecipeResult("completed", result.step, result.loss, output_dir, resumed_from)
 
 
 def is_relational_checkpoint(name_or_dir: str) -> bool:
@@ -203,34 +225,3 @@ def is_relational_checkpoint(name_or_dir: str) -> bool:
     except json.JSONDecodeError:
         return False
     return isinstance(data, dict) and "num_blocks" in data and "d_text" in data
-
-
-def evaluate_split(
-    model_name_or_dir: str, dataset: str, task: str | None, split: str, *, device: str = "auto", seed: int = 0
-) -> dict[str, Any]:
-    """The task's metrics on one split (AUROC for binary, MAE and nMAE for regression), and for
-    binary tasks the label-frequency baseline's AUROC on the same rows."""
-    from relay_engine.recipe import pick_device
-
-    model = RelationalTransformer(model_name_or_dir, device=pick_device(device), seed=seed)
-    settings = context_settings(model.config)
-    chosen = task or model.config.get("relay", {}).get("task")
-    if not chosen:
-        raise ConfigError(f"name the task to evaluate {model_name_or_dir} on (--task)")
-    sampler = build_sampler(dataset, chosen, settings, model.model.config.d_text, seed)
-    examples = sampler.examples(split)
-    if not examples:
-        raise ConfigError(f"the {split} split of task {chosen} has no rows")
-    result = evaluate(model, examples, sampler.spec.problem_type, sampler.label_scale)
-    report: dict[str, Any] = {
-        "model": model_name_or_dir,
-        "task": chosen,
-        "split": split,
-        "problem_type": result.problem_type,
-        "examples": result.examples,
-        **result.metrics,
-    }
-    if sampler.spec.problem_type == "binary":
-        labels = np.asarray([e.label for e in examples])
-        report["label_frequency_auroc"] = auroc(labels, label_frequency_baseline(sampler, split))
-    return report
