@@ -136,7 +136,7 @@ class RelationalSession(Session[LabelledBatch]):
     def save_weights(self, name: str, directory: Path) -> None:
         """A checkpoint directory (config.json + model.safetensors) that RelationalTransformer loads."""
         save_network(
-            self.learner.model,
+            self.model.model,
             directory,
             {"model_type": self.spec.base_model, "problem_type": self.spec.problem_type},
         )
