@@ -74,6 +74,11 @@ def register_family_spec(spec: FamilySpec) -> None:
     _SPECS[spec.name] = spec
 
 
+def forget_family_spec(name: str) -> None:
+    """Remove a family added with register_family_spec (a test's, once it is done)."""
+    _SPECS.pop(name, None)
+
+
 def family_specs() -> tuple[FamilySpec, ...]:
     """Every registered family, the built-in ones first."""
     _builtins()

@@ -8,7 +8,7 @@ families register themselves when this package is imported.
 
 from __future__ import annotations
 
-from relay.families import register_family_spec
+from relay.families import forget_family_spec, register_family_spec
 from relay_engine.errors import ConfigError
 from relay_engine.families.base import EvaluationRequest, Family, ModelDescription, PreparedRecipe, RecipeRun
 
@@ -21,6 +21,7 @@ __all__ = [
     "families",
     "family_for",
     "family_owning",
+    "forget_family",
     "register_family",
 ]
 
@@ -32,6 +33,12 @@ def register_family(family: Family) -> Family:
     register_family_spec(family.spec)
     _FAMILIES[family.name] = family
     return family
+
+
+def forget_family(name: str) -> None:
+    """Remove a family added with register_family, and its spec (a test's, once it is done)."""
+    _FAMILIES.pop(name, None)
+    forget_family_spec(name)
 
 
 def families() -> tuple[Family, ...]:
