@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from relay import catalog
@@ -37,6 +38,9 @@ class FamilySpec:
     finetune: str | None = None
     # The most processes (GPUs) one job runs on; None: as many as the job asks.
     max_gpus: int | None = None
+    # How a directory of the family's own kind of data is told from a LeRobot dataset (RT-J's: a
+    # relational database, schema.json + tables/); None: the family trains on LeRobot datasets.
+    recognizes_data: Callable[[Path], bool] | None = None
     # How `relay models list` names its models ("relational models: rt-j, rt-j-tiny").
     list_label: str = "models"
     # Whether its recipes choose where training goes (targets, LoRA): `relay models info` then
@@ -117,6 +121,20 @@ def model_defaults(model: object) -> dict[str, Any]:
     return dict(spec.model_defaults.get(str(model), {})) if spec is not None else {}
 
 
+def family_of_data(directory: str | Path) -> FamilySpec | None:
+    """The family whose own kind of data a directory holds (an RT-J database); None for anything
+    else (a LeRobot dataset, a Hub repo id)."""
+    path = Path(directory).expanduser()
+    for spec in family_specs():
+        if spec.recognizes_data is not None and spec.recognizes_data(path):
+            return spec
+    return None
+
+
+def _is_database(path: Path) -> bool:
+    return (path / "schema.json").is_file() and (path / "tables").is_dir()
+
+
 def is_gpu_sized(model: str) -> bool:
     spec = family_of(model)
     return spec is not None and model in spec.gpu_sized_models
@@ -146,6 +164,7 @@ def _builtins() -> None:
         name=RTJ,
         models=catalog.RELATIONAL_MODELS,
         list_label="relational models",
+        recognizes_data=_is_database,
         task="required",
         finetune="full",
         # (lora_rank and lora_alpha, as for any finetune="full" recipe, are ignored; a config read

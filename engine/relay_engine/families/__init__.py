@@ -20,6 +20,7 @@ __all__ = [
     "RecipeRun",
     "families",
     "family_for",
+    "family_named",
     "family_owning",
     "forget_family",
     "register_family",
@@ -43,6 +44,14 @@ def forget_family(name: str) -> None:
 
 def families() -> tuple[Family, ...]:
     return tuple(_FAMILIES.values())
+
+
+def family_named(name: str) -> Family:
+    """A family by its own name (relay.families.PI05, RTJ, or one registered since)."""
+    family = _FAMILIES.get(name)
+    if family is None:
+        raise ConfigError(f"unknown model family {name!r}; known: {', '.join(_FAMILIES)}")
+    return family
 
 
 def family_for(model_name: str) -> Family:
