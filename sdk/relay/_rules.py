@@ -114,7 +114,7 @@ def _rules_in_schema(schema: dict[str, Any], cls: type[BaseModel]) -> None:
     for name, choices in getattr(cls, "CHOICES", {}).items():
         if name in properties:
             properties[name]["enum"] = list(choices)
-    # A default that is the model's own where the model has one (SFTConfig: catalog.MODEL_DEFAULTS).
+    # A default that is the model's own where the model has one (SFTConfig: FamilySpec.model_defaults).
     for model, defaults in getattr(cls, "MODEL_DEFAULTS", {}).items():
         for name, value in defaults.items():
             if name in properties:

@@ -1,4 +1,5 @@
-"""RT-J, the relational transformer: the model, its checkpoints, the trainer, and the way from a
+"""RT-J's public names, as docs/relational.md imports them (the family itself lives in
+relay_engine.families.rtj): the model, its checkpoints, the trainer, and the way from a
 relational database to labelled contexts.
 
     from relay_engine.relational import RelationalTrainer, RelationalTrainingArguments, RelationalTransformer
