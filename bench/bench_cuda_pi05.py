@@ -5,7 +5,7 @@ batch 32, 13.4 GB of it the fp32 weights). It has not been run: no GPU was at ha
 written; its code path was exercised with `--device cpu --model pi05-tiny`. Builds pi05 at its
 real sizes with random weights (the timing does not depend on their values; no download),
 LoRA rank 32 on the default targets (the action expert, heads in full), and runs the engine's
-training step (Learner: bf16 autocast, fp32 weights, gradients and AdamW) on a batch of 32
+training step (Pi05Learner: bf16 autocast, fp32 weights, gradients and AdamW) on a batch of 32
 with three 224x224 cameras and a prompt of --prompt-tokens PaliGemma tokens.
 
 MFU = (FLOPs of one step, counted by torch's FlopCounterMode: matmuls and attention, forward
@@ -40,8 +40,8 @@ from bench_model import make_step, matmul_rate, median_seconds, step_flops
 from relay.optimizer import AdamParams
 from relay_engine.distributed import Parallel, batch_slice, choose_strategy, join, launched, leave
 from relay_engine.distributed.memory import plan_memory
+from relay_engine.families.pi05.learner import Pi05Learner
 from relay_engine.models import Pi05Batch, build_policy
-from relay_engine.training.learner import Learner
 from relay_engine.tuning import apply_tuning
 
 # NVIDIA's H200 SXM dense bf16 tensor-core peak (989 TFLOP/s; the 1,979 figure assumes sparsity).
@@ -150,7 +150,7 @@ def distributed_main(args: argparse.Namespace) -> None:
     batch = synthetic_batch(policy, args.batch_size, args.prompt_tokens, args.cameras)
     batch = batch._map(lambda t: t[start:stop]).to(world.device)
     parallel = Parallel(policy, world, strategy)
-    learner = Learner(policy, seed=0, device=world.device, parallel=parallel)
+    learner = Pi05Learner(policy, seed=0, device=world.device, parallel=parallel)
     adam = AdamParams(learning_rate=1e-5)
 
     def step() -> None:

@@ -1,6 +1,6 @@
 """2 processes against 1 at the same global batch, on the CPU (gloo): step time and communication.
 
-Not a test. Runs the engine's step (Learner.forward_backward + optim_step) on pi05-tiny at a
+Not a test. Runs the engine's step (Pi05Learner.forward_backward + optim_step) on pi05-tiny at a
 global batch of --batch-size, first in this process alone, then as 2 processes started by
 torch.distributed.run, each with half the batch:
 
@@ -36,8 +36,8 @@ from bench_cuda_pi05 import synthetic_batch
 
 from relay.optimizer import AdamParams
 from relay_engine.distributed import Parallel, batch_slice, choose_strategy, join, launched, leave
+from relay_engine.families.pi05.learner import Pi05Learner
 from relay_engine.models import build_policy
-from relay_engine.training.learner import Learner
 from relay_engine.tuning import apply_tuning
 
 ADAM = AdamParams(learning_rate=1e-5)
@@ -56,7 +56,7 @@ def step_times(finetune: str, batch_size: int, steps: int, *, unsynced_too: bool
         start, stop = batch_slice(batch_size, world.rank, world.size)
         batch = batch._map(lambda t: t[start:stop])
     parallel = Parallel(policy, world, choose_strategy("auto", finetune)) if world is not None else None
-    learner = Learner(policy, seed=0, parallel=parallel)
+    learner = Pi05Learner(policy, seed=0, parallel=parallel)
     modes = ["synced", "unsynced"] if unsynced_too and parallel is not None else ["synced"]
     times: dict[str, list[float]] = {mode: [] for mode in modes}
     for index in range(steps + 2):

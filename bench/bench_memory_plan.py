@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from relay.optimizer import AdamParams
 from relay_engine.distributed.memory import plan_memory
+from relay_engine.families.pi05.learner import Pi05Learner
 from relay_engine.models import build_policy
 from relay_engine.models.config import GemmaSize, VisionSize, named_config
-from relay_engine.training.learner import Learner
 from relay_engine.tuning import apply_tuning
 
 MID_GEMMA = GemmaSize(width=512, depth=6, mlp_dim=2048, num_heads=8, num_kv_heads=1, head_dim=64)
@@ -61,7 +61,7 @@ def measure(finetune: str, batch_size: int) -> dict[str, float]:
     baseline = resident_bytes()
     policy = apply_tuning(build_policy(mid_config()), finetune)
     batch = synthetic_batch(policy, batch_size, prompt_tokens=48, cameras=3)
-    learner = Learner(policy, seed=0)
+    learner = Pi05Learner(policy, seed=0)
     for _ in range(3):
         learner.forward_backward(batch)
         learner.optim_step(AdamParams(learning_rate=1e-5))

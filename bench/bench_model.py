@@ -68,13 +68,13 @@ def make_samples(count: int, *, seed: int = 0, horizon: int = 10, cameras: int =
 
 
 def make_step(model: Pi05Policy, batch: Pi05Batch, device: str = "cpu") -> Callable[[], None]:
-    """One training step through the engine's Learner (forward_backward + optim_step), or, where
+    """One training step through the engine's Pi05Learner (forward_backward + optim_step), or, where
     the training package is absent, the same thing with a plain AdamW."""
     try:
-        from relay_engine.training.learner import AdamParams, Learner
+        from relay_engine.families.pi05.learner import AdamParams, Pi05Learner
     except ImportError:
         return _plain_step(model, batch)
-    learner = Learner(model, seed=0, device=device)
+    learner = Pi05Learner(model, seed=0, device=device)
     params = AdamParams(learning_rate=1e-5)
 
     def step() -> None:

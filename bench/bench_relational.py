@@ -25,12 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_model import matmul_rate, median_seconds, step_flops
 
+from relay_engine.families.rtj.database import open_database
+from relay_engine.families.rtj.encoding import HashEmbedder
+from relay_engine.families.rtj.learner import per_context_loss
+from relay_engine.families.rtj.sampling import ContextSampler
+from relay_engine.families.rtj.synth import write_fake_shop
 from relay_engine.relational import NAMED_CONFIGS, RelationalTransformer, collate
-from relay_engine.relational.database import open_database
-from relay_engine.relational.encoding import HashEmbedder
-from relay_engine.relational.fake import write_fake_shop
-from relay_engine.relational.learner import per_context_loss
-from relay_engine.relational.sampling import ContextSampler
 
 
 def sampling(root: Path, contexts: int, context_length: int) -> None:

@@ -112,7 +112,7 @@ def as_datums(batch: list[dict[str, Any]]) -> list[Any]:
 
 def in_process_steps(batches: list[list[dict[str, Any]]], steps: int) -> tuple[float, list[float]]:
     """Seconds for `steps` pairs on the engine here, and each pair's time."""
-    from relay_engine.training.session import SessionSpec, TrainingSession
+    from relay_engine.families.pi05.session import SessionSpec, TrainingSession
 
     session = TrainingSession(SessionSpec(base_model="pi05-tiny"))
     for batch in batches[:2]:  # warm up
@@ -152,7 +152,7 @@ def service_steps(url: str, key: str, batches: list[list[dict[str, Any]]], steps
 def calibrate(target_ms: float) -> int:
     """The batch size whose in-process forward_backward + optim_step (with this process's torch
     threads) is closest to `target_ms`."""
-    from relay_engine.training.session import SessionSpec, TrainingSession
+    from relay_engine.families.pi05.session import SessionSpec, TrainingSession
 
     session = TrainingSession(SessionSpec(base_model="pi05-tiny"))
     best, best_gap = 1, float("inf")

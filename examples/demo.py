@@ -175,8 +175,8 @@ def main() -> None:
 
     # 4. Did fine-tuning work? Sampled chunks on the held-out episodes against the dataset's, beside
     #    the blind baseline (always the training frames' mean chunk) and the base before tuning.
+    from relay_engine.families.pi05.evaluate import blind_baseline, evaluate_actions, with_norm_stats
     from relay_engine.models import load_policy
-    from relay_engine.training.evaluate import blind_baseline, evaluate_actions, with_norm_stats
 
     print("\nscoring on the held-out episodes ...", flush=True)
     train_set = open_dataset(str(dataset_dir))

@@ -1,7 +1,7 @@
 """The engine's training loop, written flat: read it top to bottom.
 
 `relay local train` and the service's recipe jobs run the same steps through
-`relay_engine.training.loop.run_loop`, which splits them into a Learner (the step), a checkpoint
+`relay_engine.core.loop.run_loop`, which splits them into a Learner (the step), a checkpoint
 store, a data position and callbacks, so that jobs stop, resume and report exactly. Here they are
 in one file: a dataset, a tuned pi05, the flow-matching step, the learning-rate schedule and a
 checkpoint to resume from. Change anything and run it.
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
+from relay_engine.core.schedule import learning_rate
 from relay_engine.datasets import open_dataset
+from relay_engine.families.pi05.evaluate import evaluate_actions
+from relay_engine.families.pi05.export import write_output
 from relay_engine.models import flow_matching_loss, load_policy, sample_flow_time
-from relay_engine.training.evaluate import evaluate_actions
-from relay_engine.training.export import write_output
-from relay_engine.training.schedule import learning_rate
 from relay_engine.tuning import apply_tuning, load_trainable_state_dict, trainable_state_dict
 
 # -- settings (each can be overridden as --name=value) -----------------------------------------------

@@ -20,9 +20,9 @@ import time
 import numpy as np
 
 from relay.training import SamplingClient, ServiceClient, TrainingClient, types
+from relay_engine.core.schedule import learning_rate  # warmup, then cosine decay: or your own
 from relay_engine.datasets import open_dataset
 from relay_engine.samples import Sample
-from relay_engine.training.schedule import learning_rate  # warmup, then cosine decay: or your own
 
 
 def parse_args() -> argparse.Namespace:

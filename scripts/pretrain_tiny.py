@@ -36,15 +36,15 @@ import numpy as np
 import torch
 
 from relay.optimizer import AdamParams
+from relay_engine.core.data import BatchOrder, DataPosition, batch_loader
+from relay_engine.core.loop import Event, LoopState, run_loop
+from relay_engine.core.schedule import learning_rate
 from relay_engine.datasets import open_dataset, write_synthetic_dataset
 from relay_engine.datasets.synth import COLOURS
+from relay_engine.families.pi05.export import write_output
+from relay_engine.families.pi05.learner import Pi05Learner
 from relay_engine.models import build_policy
 from relay_engine.models.weights import TINY_BASE_DIR
-from relay_engine.training.data import BatchOrder, DataPosition, batch_loader
-from relay_engine.training.export import write_output
-from relay_engine.training.learner import Learner
-from relay_engine.training.loop import Event, LoopState, run_loop
-from relay_engine.training.schedule import learning_rate
 from relay_engine.tuning import apply_tuning
 
 HELD_OUT_COLOUR = "orange"
@@ -129,7 +129,7 @@ def main() -> None:
         policy = build_policy("pi05-tiny", seed=args.seed)
         policy.config = policy.config.replace(balance_padding=args.balance_padding)
         model = apply_tuning(policy, "full", None, 32, None)
-        learner = Learner(model, seed=args.seed)
+        learner = Pi05Learner(model, seed=args.seed)
         order = BatchOrder(len(family), args.batch_size, args.seed, span_epochs=True)
         batches = batch_loader(family, order, DataPosition(), policy.collate, 0)
         state = LoopState()

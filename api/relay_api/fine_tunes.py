@@ -18,7 +18,7 @@ import orjson
 from sqlalchemy import bindparam, insert, select, text, update
 from sqlalchemy.orm import Session
 
-from relay import catalog
+from relay import families
 from relay.dataset_names import local_dataset_path, names_local_directory
 from relay.memory_plan import GB, MemoryPlan, gpu_shortfall, plan_named, weight_count
 from relay.sft import status as st
@@ -196,14 +196,14 @@ def check_memory(config: SFTConfig, workers: list[LiveWorker], *, cpu_full_size:
     Each of the job's `gpus` processes holds the plan's per-GPU bytes, whichever hosts run it: one
     worker with enough slots, or a gang of several. So the job fits when the workers whose GPUs
     hold the plan have its `gpus` together. Workers with CPU slots (no GPU memory reported) hold
-    anything but a model sized for GPUs (catalog.GPU_SIZED_MODELS; unless `cpu_full_size`), and
+    anything but a model sized for GPUs (relay.families.is_gpu_sized; unless `cpu_full_size`), and
     run the job when they have its `gpus` together; their slots are not added to GPUs (a cluster
     of both kinds is a test's, and the other workers' beats then decide nothing here). The error
     names the field to change: `gpus` when more GPUs would share it (or fewer would fit on the
     GPUs large enough), else `batch_size` when a smaller batch would, else `finetune` when LoRA
     would, else `model` (always `model` when only CPU workers are alive)."""
     gpus = config.gpus or 1
-    cpus_take_it = cpu_full_size or not _is_gpu_sized(config.model)
+    cpus_take_it = cpu_full_size or not families.is_gpu_sized(config.model)
     if cpus_take_it and sum(w.gpus for w in workers if w.gpu_memory is None) >= gpus:
         return
     cpu_only = bool(workers) and all(w.gpu_memory is None for w in workers)
@@ -225,11 +225,6 @@ def check_memory(config: SFTConfig, workers: list[LiveWorker], *, cpu_full_size:
         param=field,
         code="no_worker_fits",
     )
-
-
-def _is_gpu_sized(model: str) -> bool:
-    """Whether `model` is sized for GPUs: a CPU worker does not train it (unless allowed)."""
-    return model in catalog.GPU_SIZED_MODELS
 
 
 @dataclass(frozen=True)
@@ -328,7 +323,7 @@ def too_big_for_cpus(model: str, param: str, planned: MemoryPlan | None = None) 
 def check_session_model(db: Db, model: str, settings: Settings) -> None:
     """Refuse a session of a model sized for GPUs while every live worker trains on its CPU (the
     rule of check_memory; a session has no batch to plan for)."""
-    if settings.allow_cpu_full_size or model not in catalog.GPU_SIZED_MODELS:
+    if settings.allow_cpu_full_size or not families.is_gpu_sized(model):
         return
     workers = live_workers(db, settings.reconcile_seconds)
     if workers and all(w.gpu_memory is None for w in workers):

@@ -37,7 +37,7 @@ class Settings(BaseSettings):
     # directory that is not there is refused when it is created, not failed by its worker.
     api_shares_workers_disk: bool = False
     # Whether workers without GPUs may take a job of a model sized for GPUs (pi05, 3.35 B weights:
-    # relay.catalog.GPU_SIZED_MODELS). Off, the API refuses one while every live worker is such.
+    # relay.families.is_gpu_sized). Off, the API refuses one while every live worker is such.
     allow_cpu_full_size: bool = False
 
     fine_tune_queue: str = "relay.fine-tunes"

@@ -3,54 +3,44 @@
 A Recipe is a validated SFTConfig (the user's settings, their rules and defaults declared there
 once) plus the engine's own settings that a job's user does not choose.
 
-`run_recipe` opens the dataset, loads and tunes the model, resumes from the work directory's last
-complete checkpoint if there is one, runs the fixed schedule and writes the merged output. It is
-what a worker runs for `POST /v1/fine-tunes` and what `relay local train` runs on a laptop.
+`run_recipe` runs a recipe of any model family (relay_engine.families): the family opens its data
+and builds its model and learner (`Family.prepare_recipe`); this driver alone resumes from the work
+directory's last complete checkpoint if there is one, keeps the seeded batch order, runs the fixed
+schedule, checkpoints, and has the family write its output. It is what a worker runs for
+`POST /v1/fine-tunes` and what `relay local train` runs on a laptop.
 
-Under torch.distributed.run (`relay local train --nproc-per-node N`, or a worker's launcher) it
-runs as one process of a group: each process reads its part of every global batch, the model
-trains under DDP or FSDP (relay_engine.distributed), and rank 0 alone reports events and writes
-the output. Checkpoints are sharded, so a run resumes on any number of processes.
+Under torch.distributed.run (`relay local train --nproc-per-node N`, or a worker's launcher) a
+family that runs on many processes (pi05) runs as one process of a group: each process reads its
+part of every global batch, the model trains under DDP or FSDP (relay_engine.distributed), and
+rank 0 alone reports events and writes the output.
 
 Work directory layout:
     checkpoints/step-00001000/ ...   complete checkpoints, and `latest` naming the newest
-    output/                          once completed: model.safetensors (adapters merged),
-                                     config.json, norm_stats.json
+    output/                          once completed: the family's output (pi05: model.safetensors
+                                     with adapters merged, config.json, norm_stats.json)
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
-from relay.catalog import ACTION_HORIZON, RELATIONAL_MODELS
-from relay.optimizer import AdamParams
+from relay.catalog import ACTION_HORIZON
 from relay.sft.config import SFTConfig
-from relay_engine.datasets import open_dataset
-from relay_engine.distributed import Parallel, World, choose_strategy, gathered_policy, join, launched, leave
-from relay_engine.distributed.checkpoint import STATE_DIR, load_sharded, save_sharded
-from relay_engine.distributed.group import batch_slice
+from relay_engine.core.checkpoint import CheckpointStore
+from relay_engine.core.data import BatchOrder, DataPosition
+from relay_engine.core.loop import Event, LoopResult, LoopState, MetricsWindow, run_loop
+from relay_engine.core.schedule import learning_rate
+from relay_engine.distributed import join, launched, leave
 from relay_engine.errors import ConfigError
-from relay_engine.models import load_policy
-from relay_engine.training.checkpoint import CheckpointStore
-from relay_engine.training.data import BatchOrder, DataPosition, batch_loader, select
-from relay_engine.training.export import write_output
-from relay_engine.training.learner import Learner
-from relay_engine.training.loop import Event, LoopState, MetricsWindow, run_loop
-from relay_engine.training.schedule import learning_rate
-from relay_engine.tuning import apply_tuning
+from relay_engine.families import Family, PreparedRecipe, RecipeRun, family_for
 
-# The fixed part of the recipe (docs/recipe-jobs.md, "What is fixed"): AdamW with AdamParams'
-# defaults (betas 0.9 and 0.95, eps 1e-8, no weight decay, gradients clipped to norm 1); the rate is
-# the schedule's at each step. openpi's weight decay (1e-10) is none in effect, so we use none.
-RECIPE_ADAM = AdamParams(learning_rate=0.0)
 LOG_EVERY = 10
 # SFTConfig's fields when checkpoints began to carry a recipe's fingerprint (name aside).
 FINGERPRINTED_FIELDS = frozenset(
@@ -145,158 +135,136 @@ def run_recipe(
     A resumed run first reports `{"step": N, "event": "resumed"}`. With `checkpoint_on_stop`, a
     run stopped by `should_stop` saves a checkpoint at the step it reached (a local run's
     Ctrl-C), so that the same command again loses nothing."""
-    stopping = checkpoint_on_stop
-    if recipe.config.model in RELATIONAL_MODELS:  # RT-J: one process, its own data and step
-        from relay_engine.relational.recipe import run_relational_recipe
-
-        output = Path(output_dir) if output_dir is not None else Path(work_dir) / "output"
-        return run_relational_recipe(
-            recipe, Path(work_dir), on_event, should_stop, output, checkpoint_on_stop
-        )
-    if not launched():
-        return _run(recipe, work_dir, None, on_event, should_stop, dataset_cache_dir, output_dir, stopping)
+    family = family_for(recipe.config.model)
+    work_dir = Path(work_dir)
+    output = Path(output_dir) if output_dir is not None else work_dir / "output"
+    callbacks = _Callbacks(on_event, should_stop, checkpoint_on_stop)
+    if family.spec.one_process or not launched():
+        run = RecipeRun(recipe, work_dir, pick_device(recipe.device), None, dataset_cache_dir)
+        return _run(family, run, output, callbacks)
     # A caller that joined the group itself (to run several recipes in one launch) keeps it.
     joined_here = not torch.distributed.is_initialized()
     world = join(recipe.device)
     try:
-        return _run(recipe, work_dir, world, on_event, should_stop, dataset_cache_dir, output_dir, stopping)
+        run = RecipeRun(recipe, work_dir, world.device, world, dataset_cache_dir)
+        return _run(family, run, output, callbacks)
     finally:
         if joined_here:
             leave()
 
 
-def _run(  # noqa: C901
-    recipe: Recipe,
-    work_dir: Path,
-    world: World | None,
-    on_event: Callable[[Event], None],
-    should_stop: Callable[[], bool],
-    dataset_cache_dir: Path | None,
-    output_dir: Path | None,
-    checkpoint_on_stop: bool,
-) -> RecipeResult:
-    config = recipe.config
-    work_dir = Path(work_dir)
-    output_dir = Path(output_dir) if output_dir is not None else work_dir / "output"
-    device = world.device if world is not None else pick_device(recipe.device)
-    rank, processes = (world.rank, world.size) if world is not None else (0, 1)
-    main = rank == 0
-    if config.batch_size < processes:
-        raise ConfigError(
-            f"bad batch_size: {config.batch_size} (must be at least the number of processes, {processes}: "
-            "each process trains on its part of every batch)"
+@dataclass(frozen=True)
+class _Callbacks:
+    """The caller's side of a run: where events go, when to stop, and whether a stop checkpoints."""
+
+    on_event: Callable[[Event], None]
+    should_stop: Callable[[], bool]
+    checkpoint_on_stop: bool
+
+
+def _run(family: Family, run: RecipeRun, output_dir: Path, callbacks: _Callbacks) -> RecipeResult:
+    with family.recipe_context(run):
+        prepared = family.prepare_recipe(run)
+        store = CheckpointStore(run.work_dir / "checkpoints", attempt=run.recipe.attempt)
+        state, position = _resume(run, prepared, store)
+        resumed_from = state.step if position is not None else None
+        training = _Training(run, prepared, store, position or DataPosition(), callbacks)
+        if resumed_from is not None:
+            training.report({"step": resumed_from, "event": "resumed"})
+        result = training.loop(state)
+        if result.status != "completed":
+            training.checkpoint_the_stop(state)
+            return RecipeResult(result.status, result.step, result.loss, None, resumed_from)
+        prepared.write_output(output_dir)
+        if prepared.parallel is not None:
+            prepared.parallel.barrier()  # the output is whole before any process reports completion
+        return RecipeResult(
+            "completed", result.step, result.loss, output_dir, resumed_from, extra=prepared.extra
         )
-    strategy = choose_strategy(recipe.strategy, config.finetune)
 
-    dataset = open_dataset(
-        config.dataset_name,
-        cameras=config.cameras,
-        action_horizon=recipe.action_horizon,
-        cache_dir=dataset_cache_dir,
-    )
-    indices = _training_indices(dataset, recipe.episodes)
-    policy = load_policy(config.model, device=device, action_horizon=recipe.action_horizon, seed=recipe.seed)
-    policy.config = policy.config.replace(robot_action_dim=dataset.summary.action_dim)
-    model = apply_tuning(policy, config.finetune, config.targets, config.lora_rank, config.lora_alpha)
-    parallel = Parallel(model, world, strategy) if world is not None else None
-    learner = Learner(model, seed=recipe.seed, device=device, parallel=parallel)
 
-    store = CheckpointStore(work_dir / "checkpoints", attempt=recipe.attempt)
-    state, position = LoopState(), DataPosition()
-    resumed_from = None
+def _resume(
+    run: RecipeRun, prepared: PreparedRecipe, store: CheckpointStore
+) -> tuple[LoopState, DataPosition | None]:
+    """The loop state and data position of the last complete checkpoint, loaded into the learner;
+    a fresh state and no position when there is none. A different recipe's checkpoints are refused."""
     latest = store.latest()
-    if latest is not None:
-        manifest = store.manifest(latest)
-        if manifest.get("recipe") != recipe.fingerprint():
-            raise ConfigError(f"{work_dir} holds checkpoints of a different recipe; use a new directory")
-        if (latest / STATE_DIR).is_dir():
-            load_sharded(latest, learner, parallel)
-        else:  # a checkpoint written before checkpoints were sharded
-            learner.load_state(latest)
-        state = LoopState(
-            step=int(manifest["step"]),
-            window=MetricsWindow.from_dict(manifest["window"]),
-            last_loss=manifest.get("loss"),
-        )
-        position = DataPosition.from_dict(manifest["data_position"])
-        resumed_from = state.step
-
-    order = BatchOrder(len(indices), config.batch_size, recipe.seed, span_epochs=True)
-    subset = select(dataset, indices.tolist()) if recipe.episodes is not None else dataset
-    num_workers = recipe.num_workers if recipe.num_workers is not None else (0 if device.type == "cpu" else 8)
-    batches = batch_loader(
-        subset, order, position, policy.collate, num_workers, part=lambda n: batch_slice(n, rank, processes)
+    if latest is None:
+        return LoopState(), None
+    manifest = store.manifest(latest)
+    if manifest.get("recipe") != run.recipe.fingerprint():
+        raise ConfigError(f"{run.work_dir} holds checkpoints of a different recipe; use a new directory")
+    prepared.load_checkpoint(latest)
+    state = LoopState(
+        step=int(manifest["step"]),
+        window=MetricsWindow.from_dict(manifest["window"]),
+        last_loss=manifest.get("loss"),
     )
+    return state, DataPosition.from_dict(manifest["data_position"])
 
-    def next_step_batches() -> list[Any]:
-        nonlocal position
-        _, position = order.next_batch(position)
-        return [next(batches)]
 
-    def save_checkpoint(loop_state: LoopState) -> None:
+class _Training:
+    """The loop of one run: the seeded batch order from its position, checkpoints and events."""
+
+    def __init__(
+        self,
+        run: RecipeRun,
+        prepared: PreparedRecipe,
+        store: CheckpointStore,
+        position: DataPosition,
+        callbacks: _Callbacks,
+    ) -> None:
+        self.run, self.prepared, self.store, self.callbacks = run, prepared, store, callbacks
+        self.order = BatchOrder(prepared.samples, prepared.batch_size, run.recipe.seed, span_epochs=True)
+        self.position = position
+        self.batches = prepared.batches(self.order, position)
+
+    def next_step_batches(self) -> list[Any]:
+        _, self.position = self.order.next_batch(self.position)
+        return [next(self.batches)]
+
+    def save_checkpoint(self, loop_state: LoopState) -> None:
         meta: dict[str, object] = {
-            "recipe": recipe.fingerprint(),
-            "data_position": position.to_dict(),
+            "recipe": self.run.recipe.fingerprint(),
+            "data_position": self.position.to_dict(),
             "window": loop_state.window.to_dict(),
             "loss": loop_state.last_loss,
         }
-        save_sharded(store, loop_state.step, learner, meta, parallel)
+        self.prepared.save_checkpoint(self.store, loop_state.step, meta)
 
-    def report(event: Event) -> None:
-        if main:  # one process speaks for the group
-            on_event(event)
+    def report(self, event: Event) -> None:
+        if self.run.rank == 0:  # one process speaks for the group
+            self.callbacks.on_event(event)
 
-    if resumed_from is not None:
-        report({"step": resumed_from, "event": "resumed"})
-
-    def stop_agreed() -> bool:
+    def stop_agreed(self) -> bool:
         # A stop asked of any process (rank 0 hears the service's cancel) stops all at the same step.
-        wanted = should_stop()
+        wanted = self.callbacks.should_stop()
+        parallel = self.prepared.parallel
         return parallel.any(wanted) if parallel is not None else wanted
 
-    result = run_loop(
-        learner,
-        next_step_batches,
-        state=state,
-        total_steps=config.steps,
-        learning_rate_at=lambda step: learning_rate(step, config.steps, config.learning_rate),
-        adam=RECIPE_ADAM,
-        on_event=report,
-        should_stop=stop_agreed,
-        save_checkpoint=save_checkpoint,
-        checkpoint_every=recipe.checkpoint_every,
-        log_every=recipe.log_every,
-    )
-    if result.status != "completed":
-        if checkpoint_on_stop and state.step > 0 and _latest_step(store) != state.step:
-            save_checkpoint(state)
-            report({"step": state.step, "event": "checkpoint"})
-        return RecipeResult(result.status, result.step, result.loss, None, resumed_from)
+    def loop(self, state: LoopState) -> LoopResult:
+        config = self.run.recipe.config
+        return run_loop(
+            self.prepared.learner,
+            self.next_step_batches,
+            state=state,
+            total_steps=config.steps,
+            learning_rate_at=lambda step: learning_rate(step, config.steps, config.learning_rate),
+            adam=self.prepared.adam,
+            on_event=self.report,
+            should_stop=self.stop_agreed,
+            save_checkpoint=self.save_checkpoint,
+            checkpoint_every=self.run.recipe.checkpoint_every,
+            log_every=self.run.recipe.log_every,
+        )
 
-    whole = gathered_policy(model, parallel)
-    if whole is not None:
-        write_output(whole, output_dir, dataset)
-    if parallel is not None:
-        parallel.barrier()  # the output is whole before any process reports completion
-    return RecipeResult(
-        "completed",
-        result.step,
-        result.loss,
-        output_dir,
-        resumed_from,
-        extra={"processes": processes, "strategy": strategy if parallel is not None else None},
-    )
+    def checkpoint_the_stop(self, state: LoopState) -> None:
+        """With checkpoint_on_stop, a stopped run's step is kept in a checkpoint, unless one holds it."""
+        if self.callbacks.checkpoint_on_stop and state.step > 0 and _latest_step(self.store) != state.step:
+            self.save_checkpoint(state)
+            self.report({"step": state.step, "event": "checkpoint"})
 
 
 def _latest_step(store: CheckpointStore) -> int | None:
     latest = store.latest()
     return None if latest is None else int(store.manifest(latest)["step"])
-
-
-def _training_indices(dataset: Any, episodes: Iterable[int] | None) -> np.ndarray:
-    if episodes is None:
-        return np.arange(len(dataset))
-    indices = dataset.indices_of_episodes(episodes)
-    if len(indices) == 0:
-        raise ConfigError("the selected episodes hold no frames")
-    return indices

@@ -25,7 +25,7 @@ from pydantic import (
     WithJsonSchema,
 )
 
-from relay import catalog
+from relay import catalog, families
 from relay.errors import ConfigError
 
 SESSION_MODEL_RULE = "must be one of " + ", ".join(catalog.SESSION_MODELS)
@@ -36,7 +36,7 @@ LORA_ALPHA_RULE = "must be a number greater than 0; by default, the rank"
 
 
 def _known_session_model(value: str) -> str:
-    if value not in catalog.SESSION_MODELS:
+    if families.family_of(value) is None:
         raise ValueError(SESSION_MODEL_RULE)
     return value
 
@@ -114,7 +114,7 @@ def _rules_in_schema(schema: dict[str, Any], cls: type[BaseModel]) -> None:
     for name, choices in getattr(cls, "CHOICES", {}).items():
         if name in properties:
             properties[name]["enum"] = list(choices)
-    # A default that is the model's own where the model has one (SFTConfig: catalog.MODEL_DEFAULTS).
+    # A default that is the model's own where the model has one (SFTConfig: FamilySpec.model_defaults).
     for model, defaults in getattr(cls, "MODEL_DEFAULTS", {}).items():
         for name, value in defaults.items():
             if name in properties:

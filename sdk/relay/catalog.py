@@ -1,12 +1,14 @@
 """What the service offers: base models, cameras and the vocabulary of training targets.
 
 Pure data, shared by the SDK's validation (SFTConfig, training sessions) and by the engine,
-which maps each target name to modules of the model (``relay_engine.tuning.targets``).
+which maps each target name to modules of the model (``relay_engine.tuning.targets``). The rules of
+each model family (which models, their own defaults, task, finetune and GPU limits) are
+``relay.families``'.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 # `pi05` is the real model (about 3.35B parameters, a GPU); `pi05-tiny` runs the same code at
 # tiny sizes, for CPUs, the demo and the tests.
@@ -18,33 +20,14 @@ GPU_SIZED_MODELS: tuple[str, ...] = ("pi05",)
 # RT-J, the relational transformer, for tasks on relational databases: `rt-j` has the published
 # dimensions (85,562,530 weights in Stanford's layout); `rt-j-tiny` is the same network, small.
 RELATIONAL_MODELS: tuple[str, ...] = ("rt-j", "rt-j-tiny")
-# What a recipe job can fine-tune: both families.
+# What a recipe job can fine-tune: both built-in families (relay.families holds their rules, and
+# any family added since).
 RECIPE_MODELS: tuple[str, ...] = (*MODELS, *RELATIONAL_MODELS)
 # What a training-loop session can load: both families (RT-J sessions tune in full).
 SESSION_MODELS: tuple[str, ...] = RECIPE_MODELS
 # The problem types an RT-J session trains: its task loss is BCE (binary) or Huber (regression).
 RelationalSessionProblem = Literal["binary", "regression"]
 RELATIONAL_SESSION_PROBLEMS: tuple[str, ...] = get_args(RelationalSessionProblem)
-
-
-# A model's own defaults, where the spec's (SFTConfig's field defaults, pi05's) would not train it:
-# the one place they are declared (SFTConfig fills them in, SFTConfig.default(field, model) reads
-# them, `relay models info` shows them). pi05-tiny's: LoRA on the action expert cannot teach the
-# tiny base's vision tower what it never saw, and pi05's 2.5e-5, right for 3 billion weights,
-# barely moves its 512,000; every weight at 2e-3 learns (docs/getting-started.md). 16 samples a
-# step is what a CPU trains in a fraction of a second; 128 is a GPU's batch.
-MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "pi05-tiny": {"finetune": "full", "learning_rate": 2e-3, "batch_size": 16},
-}
-
-
-def model_defaults(model: object) -> dict[str, Any]:
-    """The settings whose default is the model's own; empty where the spec's defaults hold."""
-    return dict(MODEL_DEFAULTS.get(model, {})) if isinstance(model, str) else {}
-
-
-def is_relational(model: str) -> bool:
-    return model in RELATIONAL_MODELS
 
 
 # pi0.5 always has these three camera slots; a slot with no image is masked.

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from relay import families
 from relay.catalog import MODEL_CAMERAS, auto_strategy
 from relay.pi05_layout import NAMED_SIZES, GemmaSize, Pi05Shape, Tuned, tune
 
@@ -92,8 +93,10 @@ def plan_named(
     strategy: str = "auto",
     device: str = "cuda",
 ) -> MemoryPlan | None:
-    """The plan of a recipe on a named base model; None for a model that is not pi0.5's."""
-    sizes = NAMED_SIZES.get(model)
+    """The plan of a recipe on a named base model; None for a model whose family the plan does not
+    know (relay.families: FamilySpec.memory_planned), or that has no named sizes."""
+    spec = families.family_of(model)
+    sizes = NAMED_SIZES.get(model) if spec is not None and spec.memory_planned else None
     if sizes is None:
         return None
     return plan_memory(

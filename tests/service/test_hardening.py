@@ -192,7 +192,7 @@ def test_a_key_prefix_shared_by_two_keys_revokes_neither(stack: Stack) -> None:
 def test_a_checkpoint_download_never_races_its_pruning(stack: Stack, alice: dict[str, str]) -> None:
     """Checkpoints saved and pruned as fast as the disk allows while they are downloaded: every
     download is whole (its bytes match its sha256) or a 404, never a 500 or a short body."""
-    from relay_engine.training.checkpoint import CheckpointStore
+    from relay_engine.core.checkpoint import CheckpointStore
 
     url = stack.parked_api_url
     job = httpx.post(f"{url}/v1/fine-tunes", json=GOOD, headers=alice).json()
@@ -349,7 +349,7 @@ def test_a_query_parameter_the_route_does_not_take_is_400_naming_it(
 def test_head_on_a_file_gives_its_size_and_sha256_without_the_body(
     stack: Stack, alice: dict[str, str]
 ) -> None:
-    from relay_engine.training.checkpoint import CheckpointStore
+    from relay_engine.core.checkpoint import CheckpointStore
 
     url = stack.parked_api_url
     job = httpx.post(f"{url}/v1/fine-tunes", json=GOOD, headers=alice).json()

@@ -11,8 +11,8 @@ import pytest
 from relay._http import Client
 from relay.sft.config import SFTConfig
 from relay.sft.train import train
+from relay_engine.families.rtj.synth import write_fake_shop
 from relay_engine.relational import RelationalTransformer
-from relay_engine.relational.fake import write_fake_shop
 from tests.service.stack import Stack, WorkerProcess
 
 pytestmark = pytest.mark.slow

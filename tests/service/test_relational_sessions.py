@@ -13,12 +13,12 @@ import pytest
 
 from relay.errors import RequestFailedError
 from relay.training import ServiceClient, types
-from relay_engine.relational.batch import RelationalBatch
-from relay_engine.relational.database import open_database
-from relay_engine.relational.encoding import HashEmbedder
-from relay_engine.relational.fake import write_fake_shop
-from relay_engine.relational.sampling import ContextSampler
-from relay_engine.relational.transformer import RelationalTransformer
+from relay_engine.families.rtj.batch import RelationalBatch
+from relay_engine.families.rtj.database import open_database
+from relay_engine.families.rtj.encoding import HashEmbedder
+from relay_engine.families.rtj.sampling import ContextSampler
+from relay_engine.families.rtj.synth import write_fake_shop
+from relay_engine.families.rtj.transformer import RelationalTransformer
 from tests.service.stack import Stack, WorkerProcess
 
 pytestmark = pytest.mark.slow

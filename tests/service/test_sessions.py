@@ -14,7 +14,7 @@ import pytest
 from relay.errors import RequestFailedError
 from relay.optimizer import AdamParams
 from relay.training import ServiceClient, TrainingClient, types, wire
-from relay_engine.training.session import SessionSpec, TrainingSession
+from relay_engine.families.pi05.session import SessionSpec, TrainingSession
 from tests.service.sessions_data import HORIZON, batch, datum, flow_matching_loss
 from tests.service.stack import Stack, WorkerProcess, wait_for
 

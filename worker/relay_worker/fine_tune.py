@@ -31,10 +31,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from relay_api.db import is_outage, session_factory
 from relay_api.files import output_manifest
 from relay_api.settings import Settings, get_settings
+from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.errors import EngineError
 from relay_engine.paths import cache_dir_or_default
 from relay_engine.recipe import Recipe, RecipeResult, run_recipe
-from relay_engine.training.checkpoint import CheckpointStore
 from relay_worker import gang as gangs
 from relay_worker import lifecycle, shutdown
 from relay_worker.gang import Gang

@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from relay import catalog
 from relay.errors import ConfigError
 from relay.training import status as st
 from relay.training import types, wire
@@ -35,9 +34,9 @@ from relay.training.config import check_name, state_address, with_current_names
 from relay_api.channel import ChannelUnavailable, QueuedCall, WorkerChannel, worker_channel
 from relay_api.db import session_factory, utcnow
 from relay_api.settings import Settings, get_settings
+from relay_engine.core.session import Session
 from relay_engine.errors import EngineError
-from relay_engine.relational.session import RelationalSession, RelationalSessionSpec
-from relay_engine.training.session import SessionSpec, TrainingSession
+from relay_engine.families import family_for
 from relay_worker import session_lifecycle as lifecycle
 from relay_worker import shutdown
 from relay_worker.fine_tune import worker_name
@@ -49,8 +48,6 @@ log = logging.getLogger("relay_worker")
 T = TypeVar("T")
 
 USER_ERRORS = (EngineError, ConfigError, wire.WireError)
-# A session's model, by family (relay.catalog): pi05 on observations, RT-J on relational contexts.
-AnySession = TrainingSession | RelationalSession
 
 # A call's arrays are read straight from its body, read-only: the engine only reads them (frames
 # become new float tensors), so the copy that would make them writable is not worth 10 MB a batch.
@@ -150,22 +147,9 @@ def _host(
         )
 
 
-def open_session(config: dict[str, Any], device: str) -> AnySession:
-    """The session's model, loaded: the family of its base model decides which."""
-    if catalog.is_relational(config["base_model"]):
-        relational = RelationalSessionSpec(
-            base_model=config["base_model"], problem_type=config.get("problem_type") or "binary"
-        )
-        return RelationalSession(relational, device=device)
-    spec = SessionSpec(
-        base_model=config["base_model"],
-        finetune=config["finetune"],
-        targets=config["targets"],
-        lora_rank=config["lora_rank"],
-        lora_alpha=config["lora_alpha"],
-        action_horizon=config["action_horizon"],
-    )
-    return TrainingSession(spec, device=device)
+def open_session(config: dict[str, Any], device: str) -> Session[Any]:
+    """The session's model, loaded by the family of its base model (relay_engine.families)."""
+    return family_for(config["base_model"]).open_session(config, device=device)
 
 
 class SessionHost:
@@ -173,7 +157,7 @@ class SessionHost:
 
     def __init__(
         self,
-        training: AnySession,
+        training: Session[Any],
         settings: Settings,
         claim: SessionClaim,
         counts: lifecycle.SessionCounts | None = None,

@@ -35,10 +35,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.distributed.parallel import Parallel
+from relay_engine.families.pi05.learner import Pi05Learner
 from relay_engine.models import Pi05Policy, materialize_buffers
-from relay_engine.training.checkpoint import CheckpointStore
-from relay_engine.training.learner import Learner
 from relay_engine.tuning import apply_tuning
 
 STATE_DIR = "state"
@@ -70,7 +70,7 @@ def _single_process_quietly() -> Iterator[None]:
 def save_sharded(
     store: CheckpointStore,
     step: int,
-    learner: Learner,
+    learner: Pi05Learner,
     meta: Mapping[str, object],
     parallel: Parallel | None,
 ) -> Path:
@@ -107,7 +107,7 @@ def save_sharded(
     return final
 
 
-def load_sharded(directory: Path, learner: Learner, parallel: Parallel | None) -> None:
+def load_sharded(directory: Path, learner: Pi05Learner, parallel: Parallel | None) -> None:
     """Weights, moments and this rank's generators from a checkpoint, into this run's layout."""
     model_state, optimizer_state = get_state_dict(learner.model, learner.optimizer, options=TRAINABLE_ONLY)
     state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}

@@ -23,10 +23,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from relay_engine.core.checkpoint import write_atomic
 from relay_engine.distributed.group import join, leave
 from relay_engine.errors import EngineError
 from relay_engine.recipe import Recipe, run_recipe
-from relay_engine.training.checkpoint import write_atomic
 
 EVENT_PREFIX = "EVENT "
 

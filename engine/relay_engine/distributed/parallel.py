@@ -10,8 +10,8 @@
   layers is on for full fine-tuning. On CUDA the weights compute in bf16 while the sharded
   master weights, the reductions and the optimizer stay fp32.
 
-Both reduce a gradient as the mean over processes; the Learner divides by the global weight, so
-the update is the one a single process would make on the whole batch.
+Both reduce a gradient as the mean over processes; pi05's learner (Pi05Learner) divides by the
+global weight, so the update is the one a single process would make on the whole batch.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class _FlowForward(nn.Module):
 
 
 class Parallel:
-    """A policy made ready for a group, and the few collectives the Learner needs."""
+    """A policy made ready for a group, and the few collectives pi05's learner needs."""
 
     def __init__(self, policy: Pi05Policy, world: World, strategy: Strategy) -> None:
         self.policy = policy

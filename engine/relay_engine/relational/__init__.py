@@ -1,10 +1,11 @@
-"""RT-J, the relational transformer: the model, its checkpoints, the trainer, and the way from a
+"""RT-J's public names, as docs/relational.md imports them (the family itself lives in
+relay_engine.families.rtj): the model, its checkpoints, the trainer, and the way from a
 relational database to labelled contexts.
 
     from relay_engine.relational import RelationalTrainer, RelationalTrainingArguments, RelationalTransformer
 """
 
-from relay_engine.relational.batch import (
+from relay_engine.families.rtj.batch import (
     BATCH_FIELDS,
     MAX_PARENTS,
     SEM_BOOLEAN,
@@ -14,20 +15,20 @@ from relay_engine.relational.batch import (
     RelationalBatch,
     collate,
 )
-from relay_engine.relational.losses import (
+from relay_engine.families.rtj.losses import (
     BinaryClassificationLoss,
     MulticlassClassificationLoss,
     MultilabelClassificationLoss,
     RegressionLoss,
     loss_for,
 )
-from relay_engine.relational.network import NAMED_CONFIGS, RTJConfig, RTJNetwork, parameter_count
-from relay_engine.relational.training import (
+from relay_engine.families.rtj.network import NAMED_CONFIGS, RTJConfig, RTJNetwork, parameter_count
+from relay_engine.families.rtj.trainer import (
     RelationalExample,
     RelationalTrainer,
     RelationalTrainingArguments,
 )
-from relay_engine.relational.transformer import DEFAULT_MODEL, RelationalTransformer, TaskHead
+from relay_engine.families.rtj.transformer import DEFAULT_MODEL, RelationalTransformer, TaskHead
 
 __all__ = [
     "BATCH_FIELDS",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,6 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from relay import families
 from relay.cli._common import console, dataset_name, fail, parse_pairs
 from relay.cli._extras import require
 
@@ -55,8 +58,9 @@ def check(
     """Print what the dataset holds and every problem; exit 0 only if it can be trained on. Every
     image is decoded, as training will (in parallel, with a progress bar), unless --quick.
     A relational database directory (schema.json + tables/) is checked as one, for rt-j."""
-    if _is_database(dataset):
-        _check_database(dataset)
+    own = families.family_of_data(dataset)
+    if own is not None:  # a family's own kind of data (an rt-j database), checked by its checker
+        _own_data_checker(own.name).check(dataset)
         return
     datasets = require("relay_engine.datasets")
     errors = require("relay_engine.errors")
@@ -121,8 +125,9 @@ def stats(
 ) -> None:
     """Print (or write) the normalization statistics training uses, in openpi's layout. For a
     relational database: each column's type and statistics, and each task's labels."""
-    if _is_database(dataset):
-        _database_stats(dataset, json_output)
+    own = families.family_of_data(dataset)
+    if own is not None:
+        _own_data_checker(own.name).stats(dataset, json_output)
         return
     datasets = require("relay_engine.datasets")
     errors = require("relay_engine.errors")
@@ -186,14 +191,14 @@ def synth(
     overwrite: Annotated[bool, typer.Option(help="Replace OUT_DIR if it is not empty.")] = False,
 ) -> None:
     """Write a synthetic LeRobot v2.1 image dataset: move to the dot of the task's colour."""
-    synthetic = require("relay_engine.datasets.synth")
+    pi05 = require("relay_engine.families").family_named(families.PI05)
     errors = require("relay_engine.errors")
     episode_length = _length(length)
     cameras = (
         {feature: _size(size) for feature, size in parse_pairs(camera, "camera").items()} if camera else None
     )
     try:
-        path = synthetic.write_synthetic_dataset(
+        path = pi05.synthesize(
             out_dir,
             episodes=episodes,
             episode_length=episode_length,
@@ -234,8 +239,8 @@ def synth_db(
             fail(f"--{option} must be from {low:,} to {high:,}, got {value}")
     if out_dir.exists() and any(out_dir.iterdir()):
         fail(f"{out_dir} is not empty")
-    fake = require("relay_engine.relational.fake")
-    path = fake.write_fake_shop(out_dir, customers=customers, products=products, reviews=reviews, seed=seed)
+    rtj = require("relay_engine.families").family_named(families.RTJ)
+    path = rtj.synthesize(out_dir, customers=customers, products=products, reviews=reviews, seed=seed)
     _out.print(f"wrote {path} (tasks user-churn, user-ltv)", soft_wrap=True, markup=False)
 
 
@@ -291,13 +296,23 @@ def _length(text: str) -> int | tuple[int, int]:
     return int(match[1]) if match[2] is None else (int(match[1]), int(match[2]))
 
 
-def _is_database(dataset: str) -> bool:
-    path = Path(dataset).expanduser()
-    return (path / "schema.json").is_file() and (path / "tables").is_dir()
+@dataclass(frozen=True)
+class OwnDataChecker:
+    """How `relay datasets check` and `stats` show a family's own kind of data."""
+
+    check: Callable[[str], None]
+    stats: Callable[[str, bool], None]
+
+
+def _own_data_checker(family: str) -> OwnDataChecker:
+    checker = OWN_DATA_CHECKERS.get(family)
+    if checker is None:
+        fail(f"relay datasets cannot check {family}'s data")
+    return checker
 
 
 def _open_database(dataset: str) -> Any:
-    database = require("relay_engine.relational.database")
+    database = require("relay_engine.families.rtj.database")
     errors = require("relay_engine.errors")
     try:
         return database.open_database(Path(dataset).expanduser())
@@ -306,7 +321,7 @@ def _open_database(dataset: str) -> Any:
 
 
 def _check_database(dataset: str) -> None:
-    summary = require("relay_engine.relational.summary")
+    summary = require("relay_engine.families.rtj.summary")
     report, problems = summary.check_database(_open_database(dataset))
     tables = Table("table", "rows", "key", "time", "foreign keys (dangling)", "columns", box=None)
     for name, table in report["tables"].items():
@@ -332,7 +347,7 @@ def _check_database(dataset: str) -> None:
 
 
 def _database_stats(dataset: str, json_output: bool) -> None:
-    summary = require("relay_engine.relational.summary")
+    summary = require("relay_engine.families.rtj.summary")
     database = _open_database(dataset)
     stats = summary.column_stats(database)
     report, _ = summary.check_database(database)
@@ -357,3 +372,9 @@ def _database_stats(dataset: str, json_output: bool) -> None:
                 f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in info.items()
             )
             _out.print(f"task {escape(name)} {split}: {figures}", soft_wrap=True)
+
+
+# The checkers of the families whose data is not a LeRobot dataset (relay.families.family_of_data).
+OWN_DATA_CHECKERS: dict[str, OwnDataChecker] = {
+    families.RTJ: OwnDataChecker(check=_check_database, stats=_database_stats),
+}

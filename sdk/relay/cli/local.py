@@ -11,9 +11,10 @@ from typing import Any
 
 import typer
 
+from relay import families
 from relay._format import number_text
 from relay._progress import ProgressReport
-from relay.catalog import LORA_RANK_MAX, RELATIONAL_MODELS, STRATEGIES
+from relay.catalog import LORA_RANK_MAX, STRATEGIES
 from relay.cli._common import console as make_console
 from relay.cli._common import dataset_name, fail, parse_pairs, split_targets
 from relay.cli._extras import require
@@ -55,7 +56,7 @@ class StopOnInterrupt:
 
 
 @app.command()
-def train(  # noqa: C901
+def train(
     model: str = typer.Option(..., help="Base model: pi05, pi05-tiny, rt-j or rt-j-tiny."),
     dataset: str = typer.Option(
         ..., help="A Hub dataset repo id or a local dataset directory (rt-j: a database directory)."
@@ -121,19 +122,34 @@ def train(  # noqa: C901
         fail(problem)
     if strategy not in STRATEGIES:
         fail(f"bad --strategy: {strategy!r} (must be one of {', '.join(STRATEGIES)})")
+    given: dict[str, Any] = {
+        "batch_size": batch_size,
+        "learning_rate": learning_rate,
+        "finetune": finetune,
+        "lora_rank": lora_rank,
+        "lora_alpha": lora_alpha,
+        "targets": split_targets(targets),
+        "cameras": parse_pairs(cameras, "camera") if cameras else None,
+        "task": task,
+    }
+    config = _recipe_config(model, dataset, steps, given)
+    _check_processes(config, nproc_per_node * nnodes)
+    if launch.needed:
+        raise typer.Exit(run_launched(launch, sys.argv[1:]))
+    engine_settings = {
+        "seed": seed,
+        "checkpoint_every": checkpoint_every,
+        "episodes": parse_episodes(episodes),
+        "device": device,
+        "strategy": strategy,
+    }
+    _train_here(config, engine_settings, output_dir, json_lines)
 
+
+def _recipe_config(model: str, dataset: str, steps: int, given: dict[str, Any]) -> SFTConfig:
+    """The recipe of the command's options; the options not given take the model's defaults."""
     try:
-        given: dict[str, Any] = {
-            "batch_size": batch_size,
-            "learning_rate": learning_rate,
-            "finetune": finetune,
-            "lora_rank": lora_rank,
-            "lora_alpha": lora_alpha,
-            "targets": split_targets(targets),
-            "cameras": parse_pairs(cameras, "camera") if cameras else None,
-            "task": task,
-        }
-        config = SFTConfig(
+        return SFTConfig(
             model=model,
             dataset_name=dataset_name(dataset),
             steps=steps,
@@ -142,40 +158,30 @@ def train(  # noqa: C901
     except ValueError as error:
         fail(str(error))
 
-    processes = nproc_per_node * nnodes
-    if model in RELATIONAL_MODELS and processes > 1:
-        fail(f"bad --nproc-per-node/--nnodes: {model} trains in one process")
+
+def _check_processes(config: SFTConfig, processes: int) -> None:
+    spec = families.family_of(config.model)
+    if spec is not None and spec.one_process and processes > 1:
+        fail(f"bad --nproc-per-node/--nnodes: {config.model} trains in one process")
     if config.batch_size < processes:
         fail(
             f"bad --batch-size: {config.batch_size} (must be at least the {processes} processes: "
             "each trains on its part of every batch)"
         )
-    if launch.needed:
-        raise typer.Exit(run_launched(launch, sys.argv[1:]))
 
-    recipe_module = require("relay_engine.recipe")
-    errors = require("relay_engine.errors")
-    recipe = recipe_module.Recipe.from_config(
-        config,
-        seed=seed,
-        checkpoint_every=checkpoint_every,
-        episodes=parse_episodes(episodes),
-        device=device,
-        strategy=strategy,
-    )
-    # In a group, rank 0 alone speaks (the engine reports events on rank 0 only).
-    speaks = rank() == 0
-    stop = StopOnInterrupt()
-    previous_handler = signal.signal(signal.SIGINT, stop)
-    show_progress = speaks and not json_lines
-    report = ProgressReport("training", config.steps, stream=sys.stderr) if show_progress else None
-    window_loss: float | None = None
 
-    def on_event(event: dict[str, Any]) -> None:
-        nonlocal window_loss
+class _TrainingProgress:
+    """What the run shows: a progress report on a terminal (rank 0), or JSON lines with --json."""
+
+    def __init__(self, steps: int, output_dir: Path, json_lines: bool) -> None:
+        self.output_dir = output_dir
+        self.report = ProgressReport("training", steps, stream=sys.stderr) if not json_lines else None
+        self.window_loss: float | None = None
+
+    def on_event(self, event: dict[str, Any]) -> None:
         if "loss" in event:
-            window_loss = event["loss"]
-        if report is None:
+            self.window_loss = event["loss"]
+        if self.report is None:
             print(json.dumps(event), flush=True)
             return
         if "loss" in event:
@@ -183,23 +189,39 @@ def train(  # noqa: C901
                 f"loss {number_text(event['loss'])} (10-step mean)  "
                 f"grad_norm {number_text(event['grad_norm'])}  lr {number_text(event['lr'])}"
             )
-            report.update(event["step"], detail)
+            self.report.update(event["step"], detail)
             if event["skipped"]:
-                report.note(
+                self.report.note(
                     f"step {event['step']}: {event['skipped']:.0%} of steps skipped (non-finite gradient)"
                 )
         elif event.get("event") == "resumed":
-            report.note(
-                f"resuming from step {event['step']} (the last checkpoint in {output_dir / 'checkpoints'})"
-            )
-            report.update(event["step"])
+            where = self.output_dir / "checkpoints"
+            self.report.note(f"resuming from step {event['step']} (the last checkpoint in {where})")
+            self.report.update(event["step"])
 
+    def close(self) -> None:
+        if self.report is not None:
+            self.report.close()
+
+
+def _train_here(
+    config: SFTConfig, engine_settings: dict[str, Any], output_dir: Path, json_lines: bool
+) -> None:
+    """Run the recipe in this process (one of a group under torch.distributed.run) and say how it ended."""
+    recipe_module = require("relay_engine.recipe")
+    errors = require("relay_engine.errors")
+    recipe = recipe_module.Recipe.from_config(config, **engine_settings)
+    # In a group, rank 0 alone speaks (the engine reports events on rank 0 only).
+    speaks = rank() == 0
+    stop = StopOnInterrupt()
+    previous_handler = signal.signal(signal.SIGINT, stop)
+    progress = _TrainingProgress(config.steps, output_dir, json_lines or not speaks)
     try:
         result = recipe_module.run_recipe(
             recipe,
             output_dir,
             output_dir=output_dir,
-            on_event=on_event,
+            on_event=progress.on_event,
             should_stop=lambda: stop.requested,
             checkpoint_on_stop=True,
         )
@@ -207,11 +229,13 @@ def train(  # noqa: C901
         fail(str(error))
     finally:
         signal.signal(signal.SIGINT, previous_handler)
-        if report is not None:
-            report.close()
-
+        progress.close()
     if not speaks:
         raise typer.Exit(130 if result.status == "stopped" else 0)
+    _say_how_it_ended(result, progress.window_loss, json_lines)
+
+
+def _say_how_it_ended(result: Any, window_loss: float | None, json_lines: bool) -> None:
     if result.status == "stopped":
         console.print(
             f"stopped at step {result.step} with a checkpoint there; "
@@ -253,82 +277,52 @@ def evaluate(
 ) -> None:
     """pi05: the mean squared error of sampled action chunks against the dataset's, in normalized
     units. rt-j: AUROC (binary tasks) or MAE and nMAE (regression) on a task's split."""
-    relational = require("relay_engine.relational.recipe")
-    if task is not None or model in RELATIONAL_MODELS or relational.is_relational_checkpoint(model):
-        _evaluate_relational(model, dataset, task, split, seed, device, json_output)
-        return
-    datasets = require("relay_engine.datasets")
-    models = require("relay_engine.models")
-    evaluation = require("relay_engine.training.evaluate")
-    recipe_module = require("relay_engine.recipe")
+    registry = require("relay_engine.families")
     errors = require("relay_engine.errors")
+    # The family of the model's name or directory; a task names a relational model's (rt-j).
+    family = registry.family_owning(model, takes_task=task is not None)
+    request = registry.EvaluationRequest(
+        model=model,
+        dataset=dataset_name(dataset),
+        device=device,
+        seed=seed,
+        episodes=parse_episodes(episodes),
+        blind_from=parse_episodes(blind_from),
+        blind_from_text=blind_from,
+        batch_size=batch_size,
+        num_steps=num_steps,
+        task=task,
+        split=split,
+    )
+    progress = _EvaluationProgress(shown=not json_output)
     try:
-        policy = models.load_policy(model, device=recipe_module.pick_device(device))
-        data = datasets.open_dataset(dataset_name(dataset), action_horizon=policy.config.action_horizon)
-        # A trained model is scored in the units it was trained in (its norm_stats.json).
-        evaluation.with_norm_stats(data, Path(model).expanduser())
-        selected = parse_episodes(episodes)
-        indices = data.indices_of_episodes(selected) if selected is not None else range(len(data))
-        # Sampling takes minutes on a CPU: progress on stderr, as `relay local train` shows it.
-        report = (
-            None
-            if json_output
-            else ProgressReport("evaluating", len(indices), stream=sys.stderr, unit="frame")
-        )
-        try:
-            result = evaluation.evaluate_actions(
-                policy,
-                data,
-                list(indices),
-                batch_size=batch_size,
-                num_steps=num_steps,
-                seed=seed,
-                on_batch=report.update if report is not None else None,
-            )
-        finally:
-            if report is not None:
-                report.close()
-        blind = None
-        if blind_from is not None:
-            training = data.indices_of_episodes(parse_episodes(blind_from))
-            blind = evaluation.blind_baseline(data, training, data, list(indices)).mse
+        report = family.evaluate(request, on_progress=progress.update)
     except (errors.EngineError, ValueError) as error:
         fail(str(error))
-    if json_output:
-        print(json.dumps({"mse": result.mse, "frames": result.samples, "blind_mse": blind}))
-        return
-    print(f"action MSE {result.mse:.4f} (normalized units) over {result.samples} frames")
-    if blind is not None:
-        better = ""
-        if result.mse > 0:
-            ratio = blind / result.mse
-            better = (
-                f": the model is {ratio:.2f}x better"
-                if ratio >= 1
-                else f": the model is {1 / ratio:.2f}x worse"
-            )
-        print(f"blind baseline {blind:.4f} (always the mean chunk of episodes {blind_from}){better}")
-
-
-def _evaluate_relational(
-    model: str, dataset: str, task: str | None, split: str, seed: int, device: str, json_output: bool
-) -> None:
-    relational = require("relay_engine.relational.recipe")
-    errors = require("relay_engine.errors")
-    try:
-        report = relational.evaluate_split(
-            model, dataset_name(dataset), task, split, device=device, seed=seed
-        )
-    except errors.EngineError as error:
-        fail(str(error))
+    finally:
+        progress.close()
     if json_output:
         print(json.dumps(report))
         return
-    where = f"{report['task']} {report['split']} ({report['examples']} rows)"
-    if report["problem_type"] == "binary":
-        print(
-            f"AUROC {report['auroc']:.4f}, accuracy {report['accuracy']:.4f} on {where}; "
-            f"label-frequency baseline AUROC {report['label_frequency_auroc']:.4f}"
-        )
-    else:
-        print(f"MAE {report['mae']:.4f}, nMAE {report['nmae']:.4f}, RMSE {report['rmse']:.4f} on {where}")
+    for line in family.evaluation_lines(report, request):
+        print(line)
+
+
+class _EvaluationProgress:
+    """Sampling takes minutes on a CPU: progress on stderr, as `relay local train` shows it."""
+
+    def __init__(self, shown: bool) -> None:
+        self.shown = shown
+        self.report: ProgressReport | None = None
+
+    def update(self, done: int, total: int) -> None:
+        if not self.shown:
+            return
+        if self.report is None:
+            self.report = ProgressReport("evaluating", total, stream=sys.stderr, unit="frame")
+        if done > 0:
+            self.report.update(done)
+
+    def close(self) -> None:
+        if self.report is not None:
+            self.report.close()

@@ -8,18 +8,18 @@ a named model: the memory plan is arithmetic on the model's sizes (relay.memory_
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.table import Table
 
+from relay import families
 from relay.catalog import (
     DEFAULT_LORA_TARGETS,
     FINETUNE_METHODS,
     LORA_RANK_DEFAULT,
     LORA_RANK_MAX,
-    MODELS,
-    RELATIONAL_MODELS,
     STRATEGIES,
     TARGETS,
 )
@@ -38,8 +38,8 @@ _err = console(stderr=True)
 @app.command("list")
 def list_models() -> None:
     """The base models and the training targets."""
-    _out.print("models: " + ", ".join(MODELS))
-    _out.print("relational models: " + ", ".join(RELATIONAL_MODELS))
+    for spec in families.family_specs():
+        _out.print(f"{spec.list_label}: " + ", ".join(spec.models))
     table = Table("target", "where", box=None)
     for target, description in TARGETS.items():
         table.add_row(target, description)
@@ -50,7 +50,7 @@ def list_models() -> None:
 @app.command()
 def info(
     name: Annotated[
-        str, typer.Argument(help=f"{', '.join((*MODELS, *RELATIONAL_MODELS))}, or an output directory.")
+        str, typer.Argument(help=f"{', '.join(families.model_names())}, or an output directory.")
     ],
     finetune: Annotated[
         str | None, typer.Option(help="lora or full [default: the model's recipe default].")
@@ -71,8 +71,9 @@ def info(
     strategy: Annotated[str, typer.Option(help="auto (fsdp for full, ddp for lora), ddp or fsdp.")] = "auto",
 ) -> None:
     """Parameter counts per module and what these settings train, without loading weights."""
-    if name in RELATIONAL_MODELS:
-        _relational_info(name, json_output)
+    spec = families.family_of(name)
+    if spec is not None and not spec.tunes_targets:
+        _print_description(name, json_output)
         return
     finetune = finetune or SFTConfig.default("finetune", name)
     if finetune not in FINETUNE_METHODS:
@@ -82,45 +83,69 @@ def info(
         if problem:
             _fail(problem)
     chosen = [t.strip() for item in targets for t in item.split(",") if t.strip()] if targets else None
+    tuning = Tuning(finetune, chosen, lora_rank, lora_alpha)
     if memory and name in NAMED_SIZES:
         # Pure arithmetic on the named model's sizes: no engine needed (the API plans the same way).
-        try:
-            named = plan_named(
-                name,
-                finetune=finetune,
-                targets=chosen,
-                lora_rank=lora_rank,
-                batch_size=batch_size,
-                gpus=gpus,
-                strategy=strategy,
-            )
-        except ValueError as error:
-            _fail(str(error))
-        assert named is not None
-        _print_plan(named.to_dict(), json_output)
+        _print_plan(_named_plan(name, tuning, batch_size, gpus, strategy).to_dict(), json_output)
         return
-    models = require("relay_engine.models")
-    tuning = require("relay_engine.tuning")
-    errors = require("relay_engine.errors")
-    try:
-        policy = models.build_policy(name, device="meta")
-        policy = tuning.apply_tuning(policy, finetune, chosen, lora_rank, lora_alpha)
-    except errors.EngineError as error:
-        _fail(str(error))
-    settings = policy.config.tuning
+    policy = _tuned_policy(name, tuning)
     if memory:
         plan = require("relay_engine.distributed.memory").plan_memory(
             policy, batch_size=batch_size, gpus=gpus, strategy=strategy
         )
         _print_plan(plan.to_dict(), json_output)
-        return
-    if keys:
+    elif keys:
         _print_keys(policy, json_output)
-        return
-    counts = tuning.parameter_counts(policy)
+    else:
+        _print_counts(policy, chosen is None, json_output)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The tuning options of `relay models info`."""
+
+    finetune: str
+    targets: list[str] | None
+    lora_rank: int
+    lora_alpha: float | None
+
+
+def _named_plan(name: str, tuning: Tuning, batch_size: int, gpus: int, strategy: str) -> Any:
+    try:
+        named = plan_named(
+            name,
+            finetune=tuning.finetune,
+            targets=tuning.targets,
+            lora_rank=tuning.lora_rank,
+            batch_size=batch_size,
+            gpus=gpus,
+            strategy=strategy,
+        )
+    except ValueError as error:
+        _fail(str(error))
+    assert named is not None
+    return named
+
+
+def _tuned_policy(name: str, tuning: Tuning) -> Any:
+    """The model on PyTorch's meta device, tuned as asked."""
+    models = require("relay_engine.models")
+    tuning_module = require("relay_engine.tuning")
+    errors = require("relay_engine.errors")
+    try:
+        policy = models.build_policy(name, device="meta")
+        return tuning_module.apply_tuning(
+            policy, tuning.finetune, tuning.targets, tuning.lora_rank, tuning.lora_alpha
+        )
+    except errors.EngineError as error:
+        _fail(str(error))
+
+
+def _print_counts(policy: Any, defaulted: bool, json_output: bool) -> None:
+    counts = require("relay_engine.tuning").parameter_counts(policy)
     report: dict[str, Any] = {
         "model": policy.config.model,
-        **settings,
+        **policy.config.tuning,
         "total_params": counts["all"]["params"],
         "trainable_params": counts["all"]["trainable"],
         "modules": {target: row for target, row in counts.items() if target != "all"},
@@ -129,7 +154,7 @@ def info(
     if json_output:
         _out.print_json(json.dumps(report))
         return
-    _print_report(report, chosen is None)
+    _print_report(report, defaulted)
 
 
 def recipe_defaults(model: str) -> dict[str, Any]:
@@ -162,28 +187,19 @@ def _print_report(report: dict[str, Any], defaulted: bool) -> None:
     _out.print(f"a recipe's defaults on {report['model']}: {defaults}")
 
 
-def _relational_info(name: str, json_output: bool) -> None:
-    """RT-J is tuned in full: every weight trains, so the report is the counts per part."""
-    report = require("relay_engine.relational.describe").describe_named(name)
+def _print_description(name: str, json_output: bool) -> None:
+    """A model whose every weight trains (RT-J): its family's report of its sizes and parts."""
+    description = require("relay_engine.families").family_for(name).describe(name)
     if json_output:
-        _out.print_json(json.dumps(report))
+        _out.print_json(json.dumps(description.report))
         return
-    sizes = report["sizes"]
-    _out.print(
-        f"[bold]{name}[/bold]: {sizes['num_blocks']} blocks, width {sizes['d_model']}, "
-        f"{sizes['num_heads']} heads, FFN {sizes['d_ff']}, text width {sizes['d_text']}; "
-        "full fine-tuning (every weight trains)"
-    )
+    _out.print(description.headline)
     table = Table("part", "params", box=None)
-    for part, count in report["parts"].items():
+    for part, count in description.parts.items():
         table.add_row(part, f"{count:,}")
     _out.print(table)
-    boolean = ", ".join(f"{key} {count:,}" for key, count in report["boolean_channel"].items())
-    _out.print(f"Stanford layout (stanford-star/rt-j): [bold]{report['stanford_params']:,}[/bold] weights")
-    _out.print(
-        f"RelativeDB layout (RelativeDB/rt-j-fp16): {report['relativedb_params']:,} weights: "
-        f"{report['boolean_channel_params']:,} more for its boolean value channel ({boolean})"
-    )
+    for note in description.notes:
+        _out.print(note)
 
 
 def _memory_flag_problem(batch_size: int, gpus: int, strategy: str) -> str | None:

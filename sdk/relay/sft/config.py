@@ -11,7 +11,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from relay import catalog
+from relay import catalog, families
 from relay._rules import (
     ABSENT,
     FINETUNE_RULE,
@@ -72,12 +72,28 @@ RULES: dict[str, str] = {
 GpuCount = Annotated[int, Field(strict=True, ge=1, le=GPUS_MAX), BeforeValidator(whole_float_to_int)]
 
 
-# Fields an RT-J recipe refuses, and why. (lora_rank and lora_alpha, as for any finetune="full"
-# recipe, are ignored; a config read back from a job holds them filled in.)
-_NOT_FOR_RELATIONAL: dict[str, str] = {
-    "cameras": "RT-J reads the tables of a database, not camera images",
-    "targets": 'RT-J is tuned in full: every weight trains, targets ["all"]',
-}
+def _schema_rules() -> tuple[dict[str, Any], ...]:
+    """What _fits_the_family checks, for the JSON Schema: a task only where the family takes one,
+    and the limits of a family that forces its finetune and runs in one process."""
+    rules = [
+        for_models(
+            families.models_where(lambda spec: spec.task == "refused"), {"properties": {"task": ABSENT}}
+        )
+    ]
+    for spec in families.family_specs():
+        if spec.task != "required":
+            continue
+        properties: dict[str, Any] = {"task": {"type": "string"}}
+        if spec.finetune is not None:
+            properties["finetune"] = {"const": spec.finetune}
+        if spec.max_gpus is not None:
+            properties["gpus"] = {"enum": [*range(1, spec.max_gpus + 1), None]}
+        for refused in spec.refused_fields:
+            properties[refused] = ABSENT
+        if "targets" in spec.refused_fields:
+            properties["targets"] = {"anyOf": [ABSENT, {"const": list(catalog.DEFAULT_FULL_TARGETS)}]}
+        rules.append(for_models(spec.models, {"required": ["task"], "properties": properties}))
+    return tuple(rules)
 
 
 class SFTConfig(CheckedConfig):
@@ -86,9 +102,9 @@ class SFTConfig(CheckedConfig):
     The one declaration of a recipe's defaults: the engine's Recipe is built from a validated
     SFTConfig, and `relay local train`'s options take their defaults from here (``SFTConfig.default``).
     The field defaults are the spec's (pi05's); a model with defaults of its own
-    (``catalog.MODEL_DEFAULTS``: pi05-tiny's finetune, learning_rate and batch_size) gets those for
-    the fields a config leaves out, filled in before validation, so a stored job holds the values
-    it trains with.
+    (``relay.families``, ``FamilySpec.model_defaults``: pi05-tiny's finetune, learning_rate and
+    batch_size) gets those for the fields a config leaves out, filled in before validation, so a
+    stored job holds the values it trains with.
     """
 
     RULES: ClassVar[dict[str, str]] = RULES
@@ -96,24 +112,12 @@ class SFTConfig(CheckedConfig):
         "model": catalog.RECIPE_MODELS,
         "finetune": catalog.FINETUNE_METHODS,
     }
-    MODEL_DEFAULTS: ClassVar[dict[str, dict[str, Any]]] = catalog.MODEL_DEFAULTS
-    # What _fits_the_family checks, for the JSON Schema: a task for rt-j only, and rt-j's limits.
-    SCHEMA_RULES: ClassVar[tuple[dict[str, Any], ...]] = (
-        for_models(catalog.MODELS, {"properties": {"task": ABSENT}}),
-        for_models(
-            catalog.RELATIONAL_MODELS,
-            {
-                "required": ["task"],
-                "properties": {
-                    "task": {"type": "string"},
-                    "finetune": {"const": "full"},
-                    "gpus": {"enum": [1, None]},
-                    "cameras": ABSENT,
-                    "targets": {"anyOf": [ABSENT, {"const": list(catalog.DEFAULT_FULL_TARGETS)}]},
-                },
-            },
-        ),
-    )
+    MODEL_DEFAULTS: ClassVar[dict[str, dict[str, Any]]] = {
+        model: dict(defaults)
+        for spec in families.family_specs()
+        for model, defaults in spec.model_defaults.items()
+    }
+    SCHEMA_RULES: ClassVar[tuple[dict[str, Any], ...]] = _schema_rules()
     WHAT: ClassVar[str] = "SFTConfig"
     BODY_MESSAGE: ClassVar[str] = "the config must be an object with the recipe's fields"
 
@@ -144,7 +148,7 @@ class SFTConfig(CheckedConfig):
     @classmethod
     def default(cls, field: str, model: str | None = None) -> Any:
         """A field's default for `model` (without one: the spec's, pi05's)."""
-        return catalog.model_defaults(model).get(field, super().default(field))
+        return families.model_defaults(model).get(field, super().default(field))
 
     @classmethod
     def default_text(cls, field: str) -> str:
@@ -158,12 +162,12 @@ class SFTConfig(CheckedConfig):
         # The model's own defaults fill the fields left out; a field given (even null) is kept.
         if not isinstance(data, dict):
             return data
-        return {**catalog.model_defaults(data.get("model")), **data}
+        return {**families.model_defaults(data.get("model")), **data}
 
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        if value not in catalog.RECIPE_MODELS:
+        if families.family_of(value) is None:
             raise ValueError(RECIPE_MODEL_RULE)
         return value
 
@@ -202,39 +206,57 @@ class SFTConfig(CheckedConfig):
     @model_validator(mode="after")
     def _fits_the_family(self) -> SFTConfig:
         # Fields of the other family are refused rather than ignored, so nothing is silently dropped.
-        given = self.model_fields_set
-        if catalog.is_relational(self.model):
-            if self.task is None:
+        spec = families.family_of(self.model)
+        assert spec is not None  # _known_model
+        if spec.task == "refused":
+            if self.task is not None:
                 raise ConfigError(
-                    f"missing task (required for {self.model}; it {RULES['task']})", "task", "missing_field"
-                )
-            for field, why in _NOT_FOR_RELATIONAL.items():
-                if field in given and getattr(self, field) not in (None, list(catalog.DEFAULT_FULL_TARGETS)):
-                    raise ConfigError(
-                        f"bad {field}: {self.model} takes no {field} ({why})", field, "invalid_value"
-                    )
-            if "finetune" in given and self.finetune != "full":
-                raise ConfigError(
-                    f'bad finetune: "{self.finetune}" ({self.model} is tuned in full: must be "full")',
-                    "finetune",
+                    f"bad task: {self.model} takes no task (task names a relational database's task table, "
+                    f"for {', '.join(families.models_where(lambda other: other.task == 'required'))})",
+                    "task",
                     "invalid_value",
                 )
-            if self.gpus is not None and self.gpus > 1:
-                raise ConfigError(
-                    f"bad gpus: {self.gpus} ({self.model} jobs run in one process: gpus must be 1)",
-                    "gpus",
-                    "invalid_value",
-                )
-            self.finetune = "full"
-            self.gpus = 1
-        elif self.task is not None:
+        elif self.task is None:
             raise ConfigError(
-                f"bad task: {self.model} takes no task (task names a relational database's task table, "
-                f"for {', '.join(catalog.RELATIONAL_MODELS)})",
-                "task",
+                f"missing task (required for {self.model}; it {RULES['task']})", "task", "missing_field"
+            )
+        self._refuse_fields(spec)
+        self._fit_finetune(spec)
+        self._fit_gpus(spec)
+        return self
+
+    def _refuse_fields(self, spec: families.FamilySpec) -> None:
+        given = self.model_fields_set
+        for field, why in spec.refused_fields.items():
+            if field in given and getattr(self, field) not in (None, list(catalog.DEFAULT_FULL_TARGETS)):
+                raise ConfigError(
+                    f"bad {field}: {self.model} takes no {field} ({why})", field, "invalid_value"
+                )
+
+    def _fit_finetune(self, spec: families.FamilySpec) -> None:
+        if spec.finetune is None:
+            return
+        if "finetune" in self.model_fields_set and self.finetune != spec.finetune:
+            raise ConfigError(
+                f'bad finetune: "{self.finetune}" ({self.model} is tuned in {spec.finetune}: '
+                f'must be "{spec.finetune}")',
+                "finetune",
                 "invalid_value",
             )
-        return self
+        self.finetune = spec.finetune
+
+    def _fit_gpus(self, spec: families.FamilySpec) -> None:
+        if spec.max_gpus is None:
+            return
+        if self.gpus is not None and self.gpus > spec.max_gpus:
+            why = (
+                "run in one process: gpus must be 1"
+                if spec.one_process
+                else f"take at most {spec.max_gpus} gpus"
+            )
+            raise ConfigError(f"bad gpus: {self.gpus} ({self.model} jobs {why})", "gpus", "invalid_value")
+        if spec.one_process:
+            self.gpus = 1
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> SFTConfig:

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from relay import catalog
+from relay import catalog, families
 from relay._rules import (
     ABSENT,
     FINETUNE_RULE,
@@ -69,28 +69,30 @@ def with_current_names(config: Mapping[str, Any]) -> dict[str, Any]:
     return renamed
 
 
+def _schema_rules() -> tuple[dict[str, Any], ...]:
+    """What _fits_the_family checks, for the JSON Schema: problem_type only where the family takes
+    it; a family tuned one way (rt-j, in full) takes none of pi05's LoRA and action settings."""
+    takes_no_problem_type = families.models_where(lambda spec: "problem_type" not in spec.session_fields)
+    rules = [for_models(takes_no_problem_type, {"properties": {"problem_type": ABSENT}}, field="base_model")]
+    for spec in families.family_specs():
+        if spec.finetune is None:
+            continue
+        properties = {
+            "finetune": {"const": spec.finetune},
+            "lora_rank": {"const": LORA_RANK_DEFAULT},
+            "lora_alpha": ABSENT,
+            "targets": {"anyOf": [ABSENT, {"const": list(catalog.DEFAULT_FULL_TARGETS)}]},
+            "action_horizon": {"const": catalog.ACTION_HORIZON},
+        }
+        rules.append(for_models(spec.models, {"properties": properties}, field="base_model"))
+    return tuple(rules)
+
+
 class SessionConfig(CheckedConfig):
     """What a training session trains (docs/sessions.md): fixed for its life."""
 
     RULES: ClassVar[dict[str, str]] = RULES
-    # What _fits_the_family checks, for the JSON Schema: problem_type for rt-j only, which is tuned
-    # in full with none of pi05's LoRA and action settings.
-    SCHEMA_RULES: ClassVar[tuple[dict[str, Any], ...]] = (
-        for_models(catalog.MODELS, {"properties": {"problem_type": ABSENT}}, field="base_model"),
-        for_models(
-            catalog.RELATIONAL_MODELS,
-            {
-                "properties": {
-                    "finetune": {"const": "full"},
-                    "lora_rank": {"const": LORA_RANK_DEFAULT},
-                    "lora_alpha": ABSENT,
-                    "targets": {"anyOf": [ABSENT, {"const": list(catalog.DEFAULT_FULL_TARGETS)}]},
-                    "action_horizon": {"const": catalog.ACTION_HORIZON},
-                }
-            },
-            field="base_model",
-        ),
-    )
+    SCHEMA_RULES: ClassVar[tuple[dict[str, Any], ...]] = _schema_rules()
     WHAT: ClassVar[str] = "a session"
     BODY_MESSAGE: ClassVar[str] = "the body must be an object with a session's fields: {fields}"
 
@@ -112,20 +114,32 @@ class SessionConfig(CheckedConfig):
     @model_validator(mode="after")
     def _fits_the_family(self) -> SessionConfig:
         # Fields of the other family are refused rather than ignored, so nothing is silently dropped.
-        if not catalog.is_relational(self.base_model):
+        spec = families.family_of(self.base_model)
+        assert spec is not None  # SessionModelName
+        if "problem_type" not in spec.session_fields:
             if self.problem_type is not None:
+                takers = families.models_where(lambda other: "problem_type" in other.session_fields)
                 raise ConfigError(
                     f"bad problem_type: {self.base_model} takes no problem_type (it names an RT-J "
-                    f"session's task loss, for {', '.join(catalog.RELATIONAL_MODELS)})",
+                    f"session's task loss, for {', '.join(takers)})",
                     "problem_type",
                 )
+        elif self.problem_type is None:
+            self.problem_type = spec.session_fields["problem_type"]
+        if spec.finetune is None:
             return self
-        if "finetune" in self.model_fields_set and self.finetune != "full":
+        if "finetune" in self.model_fields_set and self.finetune != spec.finetune:
             raise ConfigError(
-                f'bad finetune: "{self.finetune}" ({self.base_model} is tuned in full: must be "full"; '
-                "use create_full_training_client)",
+                f'bad finetune: "{self.finetune}" ({self.base_model} is tuned in {spec.finetune}: must be '
+                f'"{spec.finetune}"; use create_{spec.finetune}_training_client)',
                 "finetune",
             )
+        self.finetune = spec.finetune
+        self._refuse_policy_settings()
+        return self
+
+    def _refuse_policy_settings(self) -> None:
+        # A family tuned one way on its own loss (RT-J) takes none of pi05's LoRA and action settings.
         pi05_only = {
             "lora_rank": self.lora_rank != LORA_RANK_DEFAULT,
             "lora_alpha": self.lora_alpha is not None,
@@ -139,8 +153,6 @@ class SessionConfig(CheckedConfig):
                     "loss; the field is for pi05 sessions)",
                     field,
                 )
-        self.finetune, self.problem_type = "full", self.problem_type or "binary"
-        return self
 
     @model_validator(mode="after")
     def _spell_out_defaults(self) -> SessionConfig:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from relay import families
 from relay.codec import Codec
 from relay.optimizer import AdamParams
 from relay.training import wire
@@ -96,8 +97,13 @@ def datum_message(
 ) -> dict[str, Any]:
     """A datum as the wire carries it; frames become JPEG under Codec.JPEG_Q95."""
     observation: Any  # checked by observation_message
-    if isinstance(datum, RelationalDatum):
-        return relational_datum_message(index, datum)
+    for spec in families.family_specs():  # a family's own datum type (RT-J's RelationalDatum)
+        if (
+            spec.datum_type is not None
+            and spec.encode_datum is not None
+            and isinstance(datum, spec.datum_type)
+        ):
+            return spec.encode_datum(index, datum)
     if isinstance(datum, Datum):
         observation, actions, weight = datum.observation, datum.actions, datum.weight
     elif isinstance(datum, Mapping):

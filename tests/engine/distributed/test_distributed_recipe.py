@@ -22,10 +22,10 @@ from safetensors.torch import load_file
 
 from relay.sft.config import SFTConfig
 from relay_engine import Trainer, TrainingArguments
+from relay_engine.core.checkpoint import POINTER, CheckpointStore, write_atomic
 from relay_engine.datasets import open_dataset
 from relay_engine.models import load_policy
 from relay_engine.recipe import Recipe, run_recipe
-from relay_engine.training.checkpoint import POINTER, CheckpointStore, write_atomic
 
 STEPS = 4
 CHECKPOINT_EVERY = 2

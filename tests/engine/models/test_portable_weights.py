@@ -19,8 +19,8 @@ import torch
 
 from relay.optimizer import AdamParams
 from relay_engine.datasets import LeRobotDataset, open_dataset, write_synthetic_dataset
+from relay_engine.families.pi05.learner import Pi05Learner
 from relay_engine.models import Pi05Batch, Pi05Policy, load_policy
-from relay_engine.training.learner import Learner
 from relay_engine.tuning import apply_tuning, merged_policy
 
 ROBOT_WIDTH = 3  # the dataset's action width, far narrower than the model's 32
@@ -63,7 +63,7 @@ def train(dataset: LeRobotDataset, indices: list[int], *, only_robot_columns: bo
     """The shipped base, LoRA-tuned with the recipe's step; `only_robot_columns` is the old loss."""
     policy = load_policy("pi05-tiny")
     model = apply_tuning(policy, "lora", None, 32, None)
-    learner = Learner(model, seed=0)
+    learner = Pi05Learner(model, seed=0)
     order = np.random.default_rng(0).permutation(np.resize(indices, STEPS * BATCH))
     for step in range(STEPS):
         batch = policy.collate([dataset[int(i)] for i in order[step * BATCH : (step + 1) * BATCH]])

@@ -14,6 +14,11 @@ import pytest
 import torch
 
 from relay_engine.errors import DatasetError
+from relay_engine.families.rtj.database import open_database
+from relay_engine.families.rtj.encoding import HashEmbedder
+from relay_engine.families.rtj.evaluate import auroc, evaluate, label_frequency_baseline
+from relay_engine.families.rtj.sampling import ContextSampler
+from relay_engine.families.rtj.synth import write_fake_shop
 from relay_engine.relational import (
     SEM_BOOLEAN,
     SEM_DATETIME,
@@ -23,11 +28,6 @@ from relay_engine.relational import (
     RelationalTrainingArguments,
     RelationalTransformer,
 )
-from relay_engine.relational.database import open_database
-from relay_engine.relational.encoding import HashEmbedder
-from relay_engine.relational.evaluation import auroc, evaluate, label_frequency_baseline
-from relay_engine.relational.fake import write_fake_shop
-from relay_engine.relational.sampling import ContextSampler
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from relay.cli import app
 from relay.sft.config import SFTConfig
+from relay_engine.families.rtj.synth import write_fake_shop
 from relay_engine.recipe import Recipe, run_recipe
 from relay_engine.relational import RelationalTransformer
-from relay_engine.relational.fake import write_fake_shop
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,11 @@ import pytest
 
 from relay.optimizer import AdamParams
 from relay_engine.errors import EngineError
-from relay_engine.relational.database import open_database
-from relay_engine.relational.encoding import HashEmbedder
-from relay_engine.relational.fake import write_fake_shop
-from relay_engine.relational.sampling import ContextSampler
-from relay_engine.relational.session import RelationalSession, RelationalSessionSpec
+from relay_engine.families.rtj.database import open_database
+from relay_engine.families.rtj.encoding import HashEmbedder
+from relay_engine.families.rtj.sampling import ContextSampler
+from relay_engine.families.rtj.session import RelationalSession, RelationalSessionSpec
+from relay_engine.families.rtj.synth import write_fake_shop
 
 ADAM = AdamParams(learning_rate=3e-3)
 

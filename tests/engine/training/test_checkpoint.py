@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.errors import DiskFullError
-from relay_engine.training.checkpoint import CheckpointStore
 from tests.disks import small_disk
 
 

@@ -1,4 +1,4 @@
-from relay_engine.training.data import BatchOrder, DataPosition
+from relay_engine.core.data import BatchOrder, DataPosition
 
 
 def test_each_epoch_visits_every_sample_once_in_a_seeded_order() -> None:

@@ -12,21 +12,21 @@ import torch
 from relay.optimizer import AdamParams
 from relay_engine.datasets import LeRobotDataset
 from relay_engine.errors import EngineError
+from relay_engine.families.pi05.learner import Pi05Learner
 from relay_engine.models import Pi05Batch, flow_matching_loss, load_policy
-from relay_engine.training.learner import Learner
 from relay_engine.tuning import apply_tuning, trainable_state_dict
 
 
-def make_learner(finetune: str = "lora", seed: int = 0) -> Learner:
+def make_learner(finetune: str = "lora", seed: int = 0) -> Pi05Learner:
     policy = load_policy("pi05-tiny", seed=0)
-    return Learner(apply_tuning(policy, finetune), seed=seed)
+    return Pi05Learner(apply_tuning(policy, finetune), seed=seed)
 
 
-def batch_of(learner: Learner, dataset: LeRobotDataset, indices: range | list[int]) -> Pi05Batch:
+def batch_of(learner: Pi05Learner, dataset: LeRobotDataset, indices: range | list[int]) -> Pi05Batch:
     return learner.model.collate([dataset[i] for i in indices])
 
 
-def weights_of(learner: Learner) -> dict[str, torch.Tensor]:
+def weights_of(learner: Pi05Learner) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in trainable_state_dict(learner.model).items()}
 
 

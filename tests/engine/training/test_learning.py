@@ -24,9 +24,9 @@ import pytest
 
 from relay.sft.config import SFTConfig
 from relay_engine.datasets import open_dataset, write_synthetic_dataset
+from relay_engine.families.pi05.evaluate import blind_baseline, evaluate_actions
 from relay_engine.models import load_policy
 from relay_engine.recipe import Recipe, run_recipe
-from relay_engine.training.evaluate import blind_baseline, evaluate_actions
 
 TRAIN_EPISODES = list(range(160))
 HELD_OUT_EPISODES = list(range(160, 180))

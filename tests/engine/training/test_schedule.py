@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from relay_engine.training.schedule import learning_rate, warmup_steps
+from relay_engine.core.schedule import learning_rate, warmup_steps
 
 
 def test_warmup_is_a_tenth_of_the_steps_at_most_200() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from relay.optimizer import AdamParams
 from relay_engine.errors import EngineError
-from relay_engine.training.session import SessionSpec, TrainingSession
+from relay_engine.families.pi05.session import SessionSpec, TrainingSession
 
 HORIZON = 10
 

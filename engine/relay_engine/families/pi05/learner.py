@@ -1,6 +1,6 @@
-"""The engine's step: one definition of forward_backward and optim_step.
+"""pi05's step: its forward_backward and optim_step (relay_engine.core.learner.Learner).
 
-Recipe jobs, the local trainer and training-loop sessions all train through a Learner, so a
+Recipe jobs, the local trainer and training-loop sessions all train through a Pi05Learner, so a
 session step and a job step are the same code.
 
 Gradients accumulate across forward_backward calls until optim_step, so that any split of a
@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
 import random
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from relay.optimizer import AdamParams
+from relay_engine.core.learner import ForwardBackwardResult, Learner, OptimStepResult, clipped_adam_step
 from relay_engine.errors import EngineError
 from relay_engine.models import FlowOutputs, Pi05Batch, Pi05Policy, flow_matching_loss, sample_flow_time
 from relay_engine.tuning import load_trainable_state_dict, trainable_state_dict
@@ -43,21 +42,8 @@ if TYPE_CHECKING:
     from relay_engine.distributed.parallel import Parallel
 
 
-@dataclass(frozen=True)
-class ForwardBackwardResult:
-    loss: float  # the weighted mean over this call's data
-    per_sample: list[float]
-    weight: float  # sum of the data's weights
-
-
-@dataclass(frozen=True)
-class OptimStepResult:
-    grad_norm: float  # before clipping
-    skipped: bool  # the gradient was not finite, so the weights were left as they were
-
-
-class Learner:
-    """A tuned policy, its AdamW optimizer and the noise generator of its flow-matching loss."""
+class Pi05Learner(Learner[Pi05Batch]):
+    """pi05's learner: a tuned policy, its AdamW optimizer and its flow-matching noise generator."""
 
     def __init__(
         self,
@@ -271,29 +257,3 @@ class Learner:
 
     def trainable_parameters(self) -> Iterator[torch.nn.Parameter]:
         return iter(self.params)
-
-
-def clipped_adam_step(
-    optimizer: torch.optim.Optimizer,
-    params: Sequence[torch.nn.Parameter],
-    total_norm: torch.Tensor,
-    adam: AdamParams,
-) -> OptimStepResult:
-    """Clip the gradients to `adam.grad_clip_norm` and take one step with `adam`'s settings, then
-    clear them; a gradient whose norm is not finite is dropped and the weights stay as they were.
-    The one optimizer step of every model family's learner."""
-    grad_norm = float(total_norm)
-    skipped = not math.isfinite(grad_norm)
-    if not skipped:
-        if adam.grad_clip_norm > 0:
-            torch.nn.utils.clip_grads_with_norm_(params, adam.grad_clip_norm, total_norm)
-        for group in optimizer.param_groups:
-            group.update(
-                lr=adam.learning_rate,
-                betas=(adam.beta1, adam.beta2),
-                eps=adam.eps,
-                weight_decay=adam.weight_decay,
-            )
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return OptimStepResult(grad_norm=grad_norm, skipped=skipped)

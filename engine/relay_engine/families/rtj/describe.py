@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from relay_engine.relational.network import NAMED_CONFIGS, RTJConfig, RTJNetwork
+from relay_engine.families.rtj.network import NAMED_CONFIGS, RTJConfig, RTJNetwork
 
 
 def _part_of(name: str) -> str:

@@ -31,15 +31,15 @@ from relay._format import number_text
 from relay._progress import ProgressReport
 from relay.optimizer import AdamParams
 from relay.sft.config import SFTConfig
+from relay_engine.core.data import BatchOrder, DataPosition, MapDataset, batch_loader
+from relay_engine.core.loop import Event, LoopResult, LoopState, run_loop
+from relay_engine.core.schedule import learning_rate
 from relay_engine.distributed import Parallel, batch_slice, choose_strategy, gathered_policy, join, launched
 from relay_engine.errors import ConfigError
+from relay_engine.families.pi05.export import write_output
+from relay_engine.families.pi05.learner import Pi05Learner
 from relay_engine.models import Pi05Batch, Pi05Policy
 from relay_engine.models.lerobot_files import DescribesRobot
-from relay_engine.training.data import BatchOrder, DataPosition, MapDataset, batch_loader
-from relay_engine.training.export import write_output
-from relay_engine.training.learner import Learner
-from relay_engine.training.loop import Event, LoopResult, LoopState, run_loop
-from relay_engine.training.schedule import learning_rate
 from relay_engine.tuning import apply_tuning
 
 # Where the trainer and a recipe job mean the same thing, the trainer takes the recipe's default
@@ -126,7 +126,7 @@ class Trainer:
             if self.world is not None
             else None
         )
-        self.learner = Learner(self.model, seed=args.seed, device=self.device, parallel=self.parallel)
+        self.learner = Pi05Learner(self.model, seed=args.seed, device=self.device, parallel=self.parallel)
         self.losses: list[float] = []  # every mini-batch's loss
         self.events: list[Event] = []
 

@@ -21,8 +21,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from relay_engine.families.rtj.batch import SEMANTIC_TYPES, RelationalBatch
 from relay_engine.modules import ModuleMapping, ModuleSequence
-from relay_engine.relational.batch import SEMANTIC_TYPES, RelationalBatch
 
 ATTENTION_KINDS: tuple[str, ...] = ("col", "feat", "nbr")
 

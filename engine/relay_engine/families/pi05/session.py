@@ -1,15 +1,11 @@
-"""A training-loop session's model: what a worker holds while a user's program drives it.
-
-The user's loop calls forward_backward / optim_step / sample ... one at a time; each call is one
-method here, on plain data (numpy arrays, strings, numbers), so the worker only decodes requests
-and encodes results. The steps are the Learner's, the same code that runs recipe jobs.
+"""pi05's part of a training-loop session (relay_engine.core.session.Session): datums as
+observations and action chunks, the flow-matching outputs, custom losses on the velocity, and
+samplers of saved weights. The steps are the Pi05Learner's, the same code that runs recipe jobs.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,13 +21,12 @@ from relay.catalog import (
     STATE_DIM,
     default_targets,
 )
-from relay.optimizer import AdamParams
-from relay.training.config import STATE_META_FILE as STATE_META
+from relay_engine.core.session import Session
 from relay_engine.errors import EngineError
+from relay_engine.families.pi05.export import write_output
+from relay_engine.families.pi05.learner import Pi05Learner
 from relay_engine.models import FlowOutputs, Pi05Batch, Pi05Policy, load_policy
 from relay_engine.samples import Sample
-from relay_engine.training.export import write_output
-from relay_engine.training.learner import Learner
 from relay_engine.tuning import apply_tuning
 
 OUTPUT_KEYS = ("velocity", "target", "x_t", "noise", "time")
@@ -113,17 +108,17 @@ def check_frame_sizes(samples: Sequence[Mapping[str, Any]]) -> None:
                 )
 
 
-class TrainingSession:
+class TrainingSession(Session[Pi05Batch]):
     """A tuned pi05, its optimizer and a session's calls (docs/sessions.md), on plain data."""
 
     loss_fn = "flow_matching"
+    same_state = "model and targets"
 
     def __init__(self, spec: SessionSpec, *, device: torch.device | str = "cpu", seed: int = 0) -> None:
         self.spec = spec
         policy = load_policy(spec.base_model, device=device, action_horizon=spec.action_horizon, seed=seed)
         self.model = apply_tuning(policy, spec.finetune, spec.targets, spec.lora_rank, spec.lora_alpha)
-        self.learner = Learner(self.model, seed=seed, device=device)
-        self._custom: tuple[FlowOutputs, Pi05Batch] | None = None
+        self.learner: Pi05Learner = Pi05Learner(self.model, seed=seed, device=device)
         self._samplers: dict[str, Pi05Policy] = {}
 
     @property
@@ -135,19 +130,22 @@ class TrainingSession:
             "trainable_params": sum(p.numel() for p in self.learner.params),
         }
 
+    def identity(self) -> dict[str, Any]:
+        return self.spec.identity()
+
     # -- data -------------------------------------------------------------------------------------
 
-    def _batch(self, datums: Sequence[Mapping[str, Any]], *, with_actions: bool = True) -> Pi05Batch:
+    def batch(self, datums: Sequence[Mapping[str, Any]], *, with_actions: bool = True) -> Pi05Batch:
         if not datums:
             raise EngineError("a batch needs at least one datum")
         samples = [datum_to_sample(i, d, with_actions=with_actions) for i, d in enumerate(datums)]
         check_frame_sizes(samples)
         return self.model.collate(samples, item="datum")
 
-    def _observation_batch(self, observations: Sequence[Mapping[str, Any]]) -> Pi05Batch:
-        return self._batch([{"observation": o} for o in observations], with_actions=False)
-
-    # -- calls -------------------------------------------------------------------------------------
+    def training_batch(self, datums: Sequence[Mapping[str, Any]]) -> Pi05Batch:
+        batch = self.batch(datums)
+        self._note_action_width(datums)
+        return batch
 
     def _note_action_width(self, datums: Sequence[Mapping[str, Any]]) -> None:
         """The robot's action width is the widest chunk trained on; the sampler needs it."""
@@ -156,54 +154,29 @@ class TrainingSession:
         if widest > known:
             self.model.config = self.model.config.replace(robot_action_dim=widest)
 
-    def forward_backward(self, datums: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        self._refuse_pending_custom()
-        batch = self._batch(datums)
-        self._note_action_width(datums)
-        result = self.learner.forward_backward(batch)
-        return {"metrics": {"loss": result.loss}, "loss_fn_outputs": [{"loss": x} for x in result.per_sample]}
+    # -- the family's calls -----------------------------------------------------------------------
 
-    def forward(self, datums: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
-        return _arrays(self.learner.forward(self._batch(datums)))
+    def forward_outputs(self, batch: Pi05Batch) -> dict[str, np.ndarray]:
+        return _arrays(self.learner.forward(batch))
 
-    def forward_custom(self, datums: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
-        """The first half of forward_backward_custom: outputs whose graph waits for backward_custom."""
-        self._refuse_pending_custom()
-        batch = self._batch(datums)
-        self._note_action_width(datums)
+    def custom_forward(self, batch: Pi05Batch) -> tuple[Any, dict[str, np.ndarray]]:
         outputs = self.learner.forward_for_custom_loss(batch)
-        self._custom = (outputs, batch)
-        return _arrays(outputs)
+        return (outputs, batch), _arrays(outputs)
 
-    def backward_custom(
-        self,
-        grad_velocity: np.ndarray,
-        loss: float,
-        metrics: Mapping[str, float],
-        per_datum: Sequence[Mapping[str, float]] | None = None,
-    ) -> dict[str, Any]:
-        if self._custom is None:
-            raise EngineError("backward_custom: no custom forward pass is waiting for its gradient")
-        outputs, batch = self._custom
-        self._custom = None
-        if tuple(grad_velocity.shape) != tuple(outputs.velocity.shape):
+    def custom_backward(self, pending: Any, grad: np.ndarray, loss: float) -> None:
+        outputs, batch = pending
+        if tuple(grad.shape) != tuple(outputs.velocity.shape):
             raise EngineError(
-                f"the custom loss's gradient has shape {tuple(grad_velocity.shape)}; "
+                f"the custom loss's gradient has shape {tuple(grad.shape)}; "
                 f"velocity's is {tuple(outputs.velocity.shape)}"
             )
-        self.learner.backward_custom(outputs, batch, torch.tensor(grad_velocity), loss, [])
-        return {"metrics": {"loss": loss, **metrics}, "loss_fn_outputs": list(per_datum or [])}
-
-    def optim_step(self, adam: AdamParams) -> dict[str, Any]:
-        self._refuse_pending_custom()
-        step = self.learner.optim_step(adam)
-        return {"metrics": {"grad_norm": step.grad_norm, "skipped": step.skipped}}
+        self.learner.backward_custom(outputs, batch, torch.tensor(grad), loss, [])
 
     def sample(
         self, observations: Sequence[Mapping[str, Any]], num_steps: int = 10, sampler: str | None = None
     ) -> np.ndarray:
         """(N, action_horizon, 32) actions, with the weights now or with a saved sampler's."""
-        batch = self._observation_batch(observations)
+        batch = self.batch([{"observation": o} for o in observations], with_actions=False)
         if sampler is None:
             return self.learner.sample(batch, num_steps=num_steps).numpy()
         policy = self._samplers.get(sampler)
@@ -215,60 +188,11 @@ class TrainingSession:
             )
         return actions.float().cpu().numpy()
 
-    # -- saving -----------------------------------------------------------------------------------
-
     def save_weights(self, name: str, directory: Path) -> None:
         """Merged weights to serve, and a sampler that keeps them however training goes on."""
         write_output(self.model, directory, None)
         self._samplers[name] = load_policy(str(directory), device=self.learner.device)
 
-    def save_state(self, directory: Path) -> None:
-        """The trainable weights, the optimizer and what they belong to, replacing an older state."""
-        self._refuse_pending_custom()
-        write_state(directory, self.learner.save_state, self.spec.identity())
-
-    def load_state(self, directory: Path, name: str) -> None:
-        check_state(directory, name, self.spec.identity(), "model and targets")
-        self._refuse_pending_custom()
-        self.learner.load_state(directory)
-
-    def discard_custom(self) -> None:
-        """Drop a custom forward pass still waiting for its gradient (the client's loss failed)."""
-        self._custom = None
-
-    def _refuse_pending_custom(self) -> None:
-        if self._custom is not None:
-            self._custom = None
-            raise EngineError(
-                "a custom loss's forward pass is still waiting for its gradient (backward_custom)"
-            )
-
 
 def _arrays(outputs: FlowOutputs) -> dict[str, np.ndarray]:
     return {key: getattr(outputs, key).detach().float().cpu().numpy() for key in OUTPUT_KEYS}
-
-
-def write_state(directory: Path, save: Callable[[Path], None], identity: dict[str, Any]) -> None:
-    """A session's saved state, written by `save` beside what it belongs to (`identity`), then
-    renamed into place so that it replaces an older state of that name whole or not at all."""
-    tmp = directory.with_name(f".{directory.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save(tmp)
-    (tmp / STATE_META).write_text(json.dumps(identity, indent=2))
-    if directory.exists():
-        shutil.rmtree(directory)
-    tmp.rename(directory)
-
-
-def check_state(directory: Path, name: str, identity: dict[str, Any], same: str) -> None:
-    """Refuse a saved state that does not exist or belongs to a session unlike this one
-    (`same` names what must match, for the message)."""
-    if not (directory / STATE_META).is_file():
-        raise EngineError(f"no saved state named {name!r}")
-    saved = json.loads((directory / STATE_META).read_text())
-    if saved != identity:
-        raise EngineError(
-            f"state {name!r} was saved by a session of {saved}; this session is {identity}: "
-            f"load it in a session with the same {same}"
-        )

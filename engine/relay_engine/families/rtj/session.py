@@ -1,6 +1,6 @@
-"""An RT-J training-loop session: what a worker holds while a user's program drives rt-j.
+"""RT-J's part of a training-loop session (relay_engine.core.session.Session).
 
-The same calls as the pi05 session (relay_engine.training.session), on RelationalDatums: each is a
+The same calls as the pi05 session (relay_engine.families.pi05.session), on RelationalDatums: each is a
 sampled context (the twelve RelationalBatch fields) and its label. forward_backward computes the
 task loss (BCE on target_scores for binary, Huber for regression) through the RelationalLearner,
 the step recipe jobs run, so a session's update equals a job's on the same contexts. RT-J is tuned
@@ -17,14 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from relay.optimizer import AdamParams
+from relay_engine.core.session import Session
 from relay_engine.errors import EngineError
-from relay_engine.relational.batch import BATCH_FIELDS, RelationalBatch
-from relay_engine.relational.checkpoint import save_network
-from relay_engine.relational.learner import LabelledBatch, RelationalLearner, per_context_loss
-from relay_engine.relational.training import RelationalExample
-from relay_engine.relational.transformer import RelationalTransformer
-from relay_engine.training.session import check_state, write_state
+from relay_engine.families.rtj.batch import BATCH_FIELDS, RelationalBatch
+from relay_engine.families.rtj.checkpoint import save_network
+from relay_engine.families.rtj.learner import LabelledBatch, RelationalLearner, per_context_loss
+from relay_engine.families.rtj.trainer import RelationalExample
+from relay_engine.families.rtj.transformer import RelationalTransformer
 
 TASK_LOSS = "task"
 
@@ -80,10 +79,11 @@ def datum_to_example(index: int, datum: Mapping[str, Any]) -> tuple[RelationalEx
     return RelationalExample(input=batch, label=float(value)), float(weight)
 
 
-class RelationalSession:
+class RelationalSession(Session[LabelledBatch]):
     """rt-j / rt-j-tiny, its optimizer and a session's calls (docs/relational.md), on plain data."""
 
     loss_fn = TASK_LOSS
+    same_state = "model and problem_type"
 
     def __init__(
         self, spec: RelationalSessionSpec, *, device: torch.device | str = "cpu", seed: int = 0
@@ -91,7 +91,9 @@ class RelationalSession:
         self.spec = spec
         task = "regression" if spec.problem_type == "regression" else "classification"
         self.model = RelationalTransformer(spec.base_model, task=task, device=device, seed=seed)
-        self.learner = RelationalLearner(self.model.model, spec.problem_type, seed=seed, device=device)
+        self.learner: RelationalLearner = RelationalLearner(
+            self.model.model, spec.problem_type, seed=seed, device=device
+        )
 
     @property
     def info(self) -> dict[str, Any]:
@@ -102,6 +104,9 @@ class RelationalSession:
             "trainable_params": sum(p.numel() for p in self.learner.params),
         }
 
+    def identity(self) -> dict[str, Any]:
+        return self.spec.identity()
+
     def _batch(self, datums: Sequence[Mapping[str, Any]]) -> tuple[LabelledBatch, list[float]]:
         if not datums:
             raise EngineError("a batch needs at least one datum")
@@ -111,41 +116,30 @@ class RelationalSession:
             raise EngineError(f"the batch's contexts have text widths {sorted(widths)}; they must be one")
         return LabelledBatch.of([example for example, _ in pairs]), [weight for _, weight in pairs]
 
-    def forward_backward(self, datums: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    def batch(self, datums: Sequence[Mapping[str, Any]]) -> LabelledBatch:
+        return self._batch(datums)[0]
+
+    def training_batch(self, datums: Sequence[Mapping[str, Any]]) -> LabelledBatch:
         batch, weights = self._batch(datums)
         if any(w != 1.0 for w in weights):
             raise EngineError("rt-j sessions weigh every context 1: leave weight at 1.0")
-        result = self.learner.forward_backward(batch)
-        return {"metrics": {"loss": result.loss}, "loss_fn_outputs": [{"loss": x} for x in result.per_sample]}
+        return batch
 
-    def forward(self, datums: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    def forward_outputs(self, batch: LabelledBatch) -> dict[str, np.ndarray]:
         """Each context's target score (a logit, or a z-scored value) and loss, without gradients."""
-        batch, _ = self._batch(datums)
         self.learner.model.eval()
         with torch.no_grad():
             scores = self.learner.model(batch.contexts.to(self.learner.device))
             losses = per_context_loss(scores, batch.labels.to(self.learner.device), self.spec.problem_type)
         return {"target_scores": scores.float().cpu().numpy(), "loss": losses.float().cpu().numpy()}
 
-    def optim_step(self, adam: AdamParams) -> dict[str, Any]:
-        step = self.learner.optim_step(adam)
-        return {"metrics": {"grad_norm": step.grad_norm, "skipped": step.skipped}}
-
     def save_weights(self, name: str, directory: Path) -> None:
         """A checkpoint directory (config.json + model.safetensors) that RelationalTransformer loads."""
         save_network(
-            self.learner.model,
+            self.model.model,
             directory,
             {"model_type": self.spec.base_model, "problem_type": self.spec.problem_type},
         )
-
-    def save_state(self, directory: Path) -> None:
-        """Every weight, the optimizer and what they belong to, replacing an older state."""
-        write_state(directory, self.learner.save_state, self.spec.identity())
-
-    def load_state(self, directory: Path, name: str) -> None:
-        check_state(directory, name, self.spec.identity(), "model and problem_type")
-        self.learner.load_state(directory)
 
     # -- calls that belong to pi05 ------------------------------------------------------------------
 
@@ -157,22 +151,7 @@ class RelationalSession:
             "target_scores"
         )
 
-    def forward_custom(self, datums: Sequence[Mapping[str, Any]]) -> Any:
-        raise self._no_custom_loss()
-
-    def backward_custom(
-        self,
-        grad_velocity: np.ndarray,
-        loss: float,
-        metrics: Mapping[str, float],
-        per_datum: Sequence[Mapping[str, float]] | None = None,
-    ) -> Any:
-        raise self._no_custom_loss()
-
-    def discard_custom(self) -> None:
-        """Nothing waits for a gradient in an rt-j session."""
-
-    def _no_custom_loss(self) -> EngineError:
+    def no_custom_loss(self) -> EngineError:
         return EngineError(
             f"forward_backward_custom differentiates pi05's velocity; {self.spec.base_model} sessions train "
             "on the task loss: use forward_backward"

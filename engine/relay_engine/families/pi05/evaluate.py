@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from relay_engine.core.data import MapDataset
 from relay_engine.datasets import LeRobotDataset, NormStats
 from relay_engine.models import Pi05Policy
 from relay_engine.samples import Sample
-from relay_engine.training.data import MapDataset
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import torch
 
 from relay_engine.errors import DatasetError
-from relay_engine.relational.batch import (
+from relay_engine.families.rtj.batch import (
     MAX_PARENTS,
     SEM_BOOLEAN,
     SEM_DATETIME,
@@ -34,9 +34,9 @@ from relay_engine.relational.batch import (
     SEM_TEXT,
     RelationalBatch,
 )
-from relay_engine.relational.database import SPLITS, Database, Table, TaskSpec, column_type, seconds
-from relay_engine.relational.encoding import TextEmbedder
-from relay_engine.relational.training import RelationalExample
+from relay_engine.families.rtj.database import SPLITS, Database, Table, TaskSpec, column_type, seconds
+from relay_engine.families.rtj.encoding import TextEmbedder
+from relay_engine.families.rtj.trainer import RelationalExample
 
 SEM_CODES = {"number": SEM_NUMBER, "text": SEM_TEXT, "datetime": SEM_DATETIME, "boolean": SEM_BOOLEAN}
 DEFAULT_CONTEXT_LENGTH = 1024

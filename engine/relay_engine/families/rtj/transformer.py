@@ -19,8 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from relay_engine.errors import ConfigError
-from relay_engine.relational.batch import RelationalBatch, collate
-from relay_engine.relational.checkpoint import (
+from relay_engine.families.rtj.batch import RelationalBatch, collate
+from relay_engine.families.rtj.checkpoint import (
     CONFIG_FILE,
     REGRESSION_TASKS,
     WEIGHTS_FILE,
@@ -30,7 +30,7 @@ from relay_engine.relational.checkpoint import (
     save_network,
     sizes_of,
 )
-from relay_engine.relational.network import NAMED_CONFIGS, RTJNetwork
+from relay_engine.families.rtj.network import NAMED_CONFIGS, RTJNetwork
 
 DEFAULT_MODEL = "RelativeDB/rt-j-fp16"
 BACKENDS: tuple[str, ...] = ("torch", "meta")

@@ -20,8 +20,7 @@ from typing import Any, Literal
 import torch
 
 from relay.optimizer import AdamParams
-from relay_engine.models import Pi05Batch
-from relay_engine.training.learner import Learner
+from relay_engine.core.learner import BatchT, Learner
 
 Event = dict[str, Any]
 
@@ -103,8 +102,8 @@ class LoopResult:
 
 
 def run_loop(
-    learner: Learner,
-    next_step_batches: Callable[[], list[Pi05Batch]],
+    learner: Learner[BatchT],
+    next_step_batches: Callable[[], list[BatchT]],
     *,
     state: LoopState,
     total_steps: int,

@@ -1,4 +1,5 @@
-"""RelationalTrainer: full fine-tuning of RT-J on labelled contexts, and head tuning.
+"""RelationalTrainer: full fine-tuning of RT-J on labelled contexts, and head tuning, through the
+engine's loop (relay_engine.core.loop.run_loop) and RT-J's learner.
 
 Binary and regression tasks train every weight on the model's target_scores. Multiclass and
 multilabel tasks train a linear head on the (frozen) target cell features; the head is saved under
@@ -7,17 +8,21 @@ multilabel tasks train a linear head on the (frozen) target cell features; the h
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from relay_engine.relational.batch import RelationalBatch, collate
-from relay_engine.relational.losses import PROBLEM_TYPES, SCALAR_PROBLEM_TYPES, loss_for
-from relay_engine.relational.transformer import RelationalTransformer, TaskHead
+from relay.optimizer import AdamParams
+from relay_engine.core.loop import LoopState, run_loop
+from relay_engine.families.rtj.batch import RelationalBatch, collate
+from relay_engine.families.rtj.learner import LabelledBatch, RelationalLearner
+from relay_engine.families.rtj.losses import PROBLEM_TYPES, SCALAR_PROBLEM_TYPES
+from relay_engine.families.rtj.transformer import RelationalTransformer, TaskHead
 
 TRAINING_BACKENDS: tuple[str, ...] = ("torch", "triton")
 SAVE_STRATEGIES: tuple[str, ...] = ("epoch", "no")
@@ -121,37 +126,23 @@ class RelationalTrainer:
     def _train_full(self) -> None:
         args, network = self.args, self.transformer.model
         torch.manual_seed(args.seed)
-        rng = random.Random(args.seed)
         forward = (
             torch.compile(network, backend="inductor", dynamic=True)
             if args.training_backend == "triton"
             else network
         )
-        loss_fn = loss_for(self.problem_type)
-        optimizer = torch.optim.AdamW(
-            network.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay
-        )
-        network.train()
-        for epoch in range(args.num_train_epochs):
-            batches = self._batches(rng)
-            optimizer.zero_grad(set_to_none=True)
-            for index, examples in enumerate(batches):
-                batch = collate([example.input for example in examples]).to(self.transformer.device)
-                loss = loss_fn(forward(batch), self._labels(examples))
-                (loss / args.gradient_accumulation_steps).backward()
-                self.losses.append(float(loss.detach()))
-                if (index + 1) % args.gradient_accumulation_steps == 0 or index + 1 == len(batches):
-                    torch.nn.utils.clip_grad_norm_(network.parameters(), args.max_grad_norm)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-            self._save_epoch(epoch)
+        learner = self._learner(network, forward)
+
+        def batch_of(examples: Sequence[RelationalExample]) -> LabelledBatch:
+            return LabelledBatch(collate([example.input for example in examples]), self._labels(examples))
+
+        self._run(learner, batch_of, self._save_epoch)
         network.eval()
 
     def _train_head(self) -> None:
         """The backbone stays frozen: each context's target features are computed once."""
         args, transformer = self.args, self.transformer
         torch.manual_seed(args.seed)
-        rng = random.Random(args.seed)
         features = {
             id(example): transformer.encode(example.input).squeeze(0).float()
             for example in self.train_dataset
@@ -165,28 +156,68 @@ class RelationalTrainer:
         head = TaskHead(transformer.model.config.d_model, num_labels, self.problem_type).to(
             transformer.device
         )
-        loss_fn = loss_for(self.problem_type)
-        optimizer = torch.optim.AdamW(
-            head.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay
-        )
-        head.train()
-        for epoch in range(args.num_train_epochs):
-            batches = self._batches(rng)
-            optimizer.zero_grad(set_to_none=True)
-            for index, examples in enumerate(batches):
-                inputs = torch.stack([features[id(example)] for example in examples])
-                loss = loss_fn(head(inputs), self._labels(examples))
-                (loss / args.gradient_accumulation_steps).backward()
-                self.losses.append(float(loss.detach()))
-                if (index + 1) % args.gradient_accumulation_steps == 0 or index + 1 == len(batches):
-                    torch.nn.utils.clip_grad_norm_(head.parameters(), args.max_grad_norm)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
+        learner = self._learner(head, head)
+
+        def batch_of(examples: Sequence[RelationalExample]) -> LabelledBatch:
+            inputs = torch.stack([features[id(example)] for example in examples])
+            return LabelledBatch(inputs, self._labels(examples))
+
+        def save_epoch(epoch: int) -> None:
             head.eval()
             transformer.heads[args.head_name] = head
             self._save_epoch(epoch)
             head.train()
+
+        self._run(learner, batch_of, save_epoch)
         head.eval()
+
+    def _learner(self, network: torch.nn.Module, forward: Callable[[Any], torch.Tensor]) -> RelationalLearner:
+        return RelationalLearner(
+            network,
+            self.problem_type,
+            seed=self.args.seed,
+            device=self.transformer.device,
+            accumulation=self.args.gradient_accumulation_steps,
+            forward=forward,
+        )
+
+    def _run(
+        self,
+        learner: RelationalLearner,
+        batch_of: Callable[[Sequence[RelationalExample]], LabelledBatch],
+        save_epoch: Callable[[int], None],
+    ) -> None:
+        """The engine's loop (run_loop) over the epochs: a step is one optimizer step, on up to
+        `gradient_accumulation_steps` micro-batches of one epoch, at the constant rate."""
+        args = self.args
+        steps = _EpochSteps(self, random.Random(args.seed))
+        total_steps = steps.per_epoch * args.num_train_epochs
+        adam = AdamParams(
+            learning_rate=args.learning_rate,
+            beta1=0.9,
+            beta2=0.999,
+            eps=1e-8,
+            weight_decay=args.weight_decay,
+            grad_clip_norm=args.max_grad_norm,
+        )
+
+        def after_step(state: LoopState) -> None:
+            if state.step % steps.per_epoch == 0:
+                save_epoch(state.step // steps.per_epoch - 1)
+
+        run_loop(
+            learner,
+            lambda: [batch_of(examples) for examples in steps.next_step()],
+            state=LoopState(),
+            total_steps=total_steps,
+            learning_rate_at=lambda step: args.learning_rate,
+            adam=adam,
+            on_event=lambda event: None,
+            should_stop=lambda: False,
+            log_every=total_steps,
+            on_batch_loss=self.losses.append,
+            after_step=after_step,
+        )
 
     def _save_epoch(self, epoch: int) -> None:
         if self.args.save_strategy == "epoch":
@@ -201,3 +232,22 @@ class RelationalTrainer:
 
     def save_model(self, directory: str | Path | None = None) -> None:
         self.transformer.save_pretrained(directory or self.args.output_dir)
+
+
+class _EpochSteps:
+    """The micro-batches of each optimizer step: an epoch's shuffled batches, in groups of
+    `gradient_accumulation_steps` (the last group of an epoch may be short)."""
+
+    def __init__(self, trainer: RelationalTrainer, rng: random.Random) -> None:
+        self.trainer = trainer
+        self.rng = rng
+        self.accumulation = trainer.args.gradient_accumulation_steps
+        batches = math.ceil(len(trainer.train_dataset) / trainer.args.per_device_train_batch_size)
+        self.per_epoch = math.ceil(batches / self.accumulation)
+        self._pending: list[list[RelationalExample]] = []
+
+    def next_step(self) -> list[list[RelationalExample]]:
+        if not self._pending:
+            self._pending = self.trainer._batches(self.rng)
+        group, self._pending = self._pending[: self.accumulation], self._pending[self.accumulation :]
+        return group

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from relay_engine.relational.batch import collate
-from relay_engine.relational.database import seconds
-from relay_engine.relational.sampling import ContextSampler, LabelScale
-from relay_engine.relational.training import RelationalExample
-from relay_engine.relational.transformer import RelationalTransformer
+from relay_engine.errors import ConfigError
+from relay_engine.families.rtj.batch import collate
+from relay_engine.families.rtj.database import seconds
+from relay_engine.families.rtj.sampling import ContextSampler, LabelScale
+from relay_engine.families.rtj.trainer import RelationalExample
+from relay_engine.families.rtj.transformer import RelationalTransformer
 
 
 def auroc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -107,3 +109,35 @@ def label_frequency_baseline(sampler: ContextSampler, split: str) -> np.ndarray:
         earlier = [label for t, label in history.get(entity, []) if t < time]
         out.append(float(np.mean(earlier)) if earlier else overall)
     return np.asarray(out)
+
+
+def evaluate_split(
+    model_name_or_dir: str, dataset: str, task: str | None, split: str, *, device: str = "auto", seed: int = 0
+) -> dict[str, Any]:
+    """The task's metrics on one split (AUROC for binary, MAE and nMAE for regression), and for
+    binary tasks the label-frequency baseline's AUROC on the same rows."""
+    from relay_engine.families.rtj.family import build_sampler, context_settings
+    from relay_engine.recipe import pick_device
+
+    model = RelationalTransformer(model_name_or_dir, device=pick_device(device), seed=seed)
+    settings = context_settings(model.config)
+    chosen = task or model.config.get("relay", {}).get("task")
+    if not chosen:
+        raise ConfigError(f"name the task to evaluate {model_name_or_dir} on (--task)")
+    sampler = build_sampler(dataset, chosen, settings, model.model.config.d_text, seed)
+    examples = sampler.examples(split)
+    if not examples:
+        raise ConfigError(f"the {split} split of task {chosen} has no rows")
+    result = evaluate(model, examples, sampler.spec.problem_type, sampler.label_scale)
+    report: dict[str, Any] = {
+        "model": model_name_or_dir,
+        "task": chosen,
+        "split": split,
+        "problem_type": result.problem_type,
+        "examples": result.examples,
+        **result.metrics,
+    }
+    if sampler.spec.problem_type == "binary":
+        labels = np.asarray([e.label for e in examples])
+        report["label_frequency_auroc"] = auroc(labels, label_frequency_baseline(sampler, split))
+    return report

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from relay_engine.errors import ConfigError
-from relay_engine.relational.network import RTJConfig, RTJNetwork
+from relay_engine.families.rtj.network import RTJConfig, RTJNetwork
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from relay_engine.errors import DatasetError
-from relay_engine.relational.database import SPLITS, Database, column_type, seconds
+from relay_engine.families.rtj.database import SPLITS, Database, column_type, seconds
 
 
 def check_database(database: Database) -> tuple[dict[str, Any], list[str]]:

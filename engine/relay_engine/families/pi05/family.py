@@ -1,0 +1,211 @@
+"""pi05 as a family: a LeRobot dataset, the tuned policy and its learner, sharded checkpoints, and
+the merged output (relay_engine.families.base.Family).
+
+Under torch.distributed.run it runs as one process of a group: each process reads its part of
+every global batch, the model trains under DDP or FSDP (relay_engine.distributed), and rank 0
+alone writes the output. Checkpoints are sharded, so a run resumes on any number of processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from relay import families as sdk_families
+from relay.optimizer import AdamParams
+from relay_engine.core.checkpoint import CheckpointStore
+from relay_engine.core.data import BatchOrder, DataPosition
+from relay_engine.errors import ConfigError
+from relay_engine.families.base import EvaluationRequest, Family, PreparedRecipe, RecipeRun
+
+if TYPE_CHECKING:
+    from relay_engine.families.pi05.learner import Pi05Learner
+    from relay_engine.families.pi05.session import TrainingSession
+
+# The fixed part of the recipe (docs/recipe-jobs.md, "What is fixed"): AdamW with AdamParams'
+# defaults (betas 0.9 and 0.95, eps 1e-8, no weight decay, gradients clipped to norm 1); the rate is
+# the schedule's at each step. openpi's weight decay (1e-10) is none in effect, so we use none.
+RECIPE_ADAM = AdamParams(learning_rate=0.0)
+
+
+class Pi05Recipe(PreparedRecipe):
+    """pi05's checkpoints are sharded (distributed/checkpoint.py), so any number of processes resumes."""
+
+    def save_checkpoint(self, store: CheckpointStore, step: int, meta: dict[str, object]) -> None:
+        from relay_engine.distributed.checkpoint import save_sharded
+
+        save_sharded(store, step, self._learner(), meta, self.parallel)
+
+    def load_checkpoint(self, directory: Path) -> None:
+        from relay_engine.distributed.checkpoint import STATE_DIR, load_sharded
+
+        if (directory / STATE_DIR).is_dir():
+            load_sharded(directory, self._learner(), self.parallel)
+        else:  # a checkpoint written before checkpoints were sharded
+            self.learner.load_state(directory)
+
+    def _learner(self) -> Pi05Learner:
+        from relay_engine.families.pi05.learner import Pi05Learner
+
+        assert isinstance(self.learner, Pi05Learner)
+        return self.learner
+
+
+class Pi05Family(Family):
+    spec = sdk_families.family_spec(sdk_families.PI05)
+    reads_other_models = True
+
+    def prepare_recipe(self, run: RecipeRun) -> PreparedRecipe:
+        from relay_engine.datasets import open_dataset
+        from relay_engine.distributed import Parallel, choose_strategy, gathered_policy
+        from relay_engine.families.pi05.export import write_output
+        from relay_engine.families.pi05.learner import Pi05Learner
+        from relay_engine.models import load_policy
+        from relay_engine.tuning import apply_tuning
+
+        recipe, config = run.recipe, run.recipe.config
+        if config.batch_size < run.processes:
+            raise ConfigError(
+                f"bad batch_size: {config.batch_size} (must be at least the number of processes, "
+                f"{run.processes}: each process trains on its part of every batch)"
+            )
+        strategy = choose_strategy(recipe.strategy, config.finetune)
+        dataset = open_dataset(
+            config.dataset_name,
+            cameras=config.cameras,
+            action_horizon=recipe.action_horizon,
+            cache_dir=run.dataset_cache_dir,
+        )
+        indices = _training_indices(dataset, recipe.episodes)
+        policy = load_policy(
+            config.model, device=run.device, action_horizon=recipe.action_horizon, seed=recipe.seed
+        )
+        policy.config = policy.config.replace(robot_action_dim=dataset.summary.action_dim)
+        model = apply_tuning(policy, config.finetune, config.targets, config.lora_rank, config.lora_alpha)
+        parallel = Parallel(model, run.world, strategy) if run.world is not None else None
+        learner = Pi05Learner(model, seed=recipe.seed, device=run.device, parallel=parallel)
+
+        def write(output_dir: Path) -> None:
+            whole = gathered_policy(model, parallel)
+            if whole is not None:
+                write_output(whole, output_dir, dataset)
+
+        return Pi05Recipe(
+            learner=learner,
+            samples=len(indices),
+            batch_size=config.batch_size,
+            batches=_batch_source(run, dataset, indices, policy.collate),
+            adam=RECIPE_ADAM,
+            write_output=write,
+            parallel=parallel,
+            extra={"processes": run.processes, "strategy": strategy if parallel is not None else None},
+        )
+
+    def open_session(self, config: Mapping[str, Any], device: torch.device | str) -> TrainingSession:
+        from relay_engine.families.pi05.session import SessionSpec, TrainingSession
+
+        spec = SessionSpec(
+            base_model=config["base_model"],
+            finetune=config["finetune"],
+            targets=config["targets"],
+            lora_rank=config["lora_rank"],
+            lora_alpha=config["lora_alpha"],
+            action_horizon=config["action_horizon"],
+        )
+        return TrainingSession(spec, device=device)
+
+    def evaluate(
+        self, request: EvaluationRequest, on_progress: Callable[[int, int], None] | None = None
+    ) -> dict[str, Any]:
+        """The mean squared error of sampled action chunks against the dataset's, in normalized
+        units, and (with `blind_from`) the blind baseline's."""
+        from relay_engine.datasets import open_dataset
+        from relay_engine.families.pi05 import evaluate as evaluation
+        from relay_engine.recipe import pick_device
+
+        policy = self.load_model(request.model, pick_device(request.device))
+        data = open_dataset(request.dataset, action_horizon=policy.config.action_horizon)
+        # A trained model is scored in the units it was trained in (its norm_stats.json).
+        evaluation.with_norm_stats(data, Path(request.model).expanduser())
+        selected = request.episodes
+        indices = list(data.indices_of_episodes(selected) if selected is not None else range(len(data)))
+        if on_progress is not None:
+            on_progress(0, len(indices))
+        result = evaluation.evaluate_actions(
+            policy,
+            data,
+            indices,
+            batch_size=request.batch_size,
+            num_steps=request.num_steps,
+            seed=request.seed,
+            on_batch=(lambda done: on_progress(done, len(indices))) if on_progress is not None else None,
+        )
+        blind = None
+        if request.blind_from is not None:
+            training = data.indices_of_episodes(request.blind_from)
+            blind = evaluation.blind_baseline(data, training, data, indices).mse
+        return {"mse": result.mse, "frames": result.samples, "blind_mse": blind}
+
+    def evaluation_lines(self, report: dict[str, Any], request: EvaluationRequest) -> list[str]:
+        mse, blind = report["mse"], report["blind_mse"]
+        lines = [f"action MSE {mse:.4f} (normalized units) over {report['frames']} frames"]
+        if blind is not None:
+            better = ""
+            if mse > 0:
+                ratio = blind / mse
+                better = (
+                    f": the model is {ratio:.2f}x better"
+                    if ratio >= 1
+                    else f": the model is {1 / ratio:.2f}x worse"
+                )
+            episodes = request.blind_from_text
+            lines.append(f"blind baseline {blind:.4f} (always the mean chunk of episodes {episodes}){better}")
+        return lines
+
+    def load_model(self, name_or_dir: str, device: torch.device | str = "cpu") -> Any:
+        from relay_engine.models import load_policy
+
+        return load_policy(name_or_dir, device=device)
+
+    def synthesize(self, directory: Path, **options: Any) -> Any:
+        from relay_engine.datasets.synth import write_synthetic_dataset
+
+        return write_synthetic_dataset(directory, **options)
+
+
+def _batch_source(
+    run: RecipeRun, dataset: Any, indices: np.ndarray, collate: Callable[[Any], Any]
+) -> Callable[[BatchOrder, DataPosition], Iterator[Any]]:
+    from relay_engine.core.data import batch_loader, select
+    from relay_engine.distributed.group import batch_slice
+
+    recipe = run.recipe
+    subset = select(dataset, indices.tolist()) if recipe.episodes is not None else dataset
+    num_workers = (
+        recipe.num_workers if recipe.num_workers is not None else (0 if run.device.type == "cpu" else 8)
+    )
+
+    def batches(order: BatchOrder, position: DataPosition) -> Iterator[Any]:
+        return batch_loader(
+            subset,
+            order,
+            position,
+            collate,
+            num_workers,
+            part=lambda n: batch_slice(n, run.rank, run.processes),
+        )
+
+    return batches
+
+
+def _training_indices(dataset: Any, episodes: Iterable[int] | None) -> np.ndarray:
+    if episodes is None:
+        return np.arange(len(dataset))
+    indices = dataset.indices_of_episodes(episodes)
+    if len(indices) == 0:
+        raise ConfigError("the selected episodes hold no frames")
+    return indices

@@ -1,1 +1,0 @@
-"""The training engine: the step (learner), the loop, checkpoints, the local trainer, evaluation."""

@@ -1,0 +1,185 @@
+"""Model families, as the SDK knows them: which models each holds and the rules a recipe or a
+session on one of them follows. Pure data, no torch.
+
+A family is pi05's (robot policies trained on LeRobot datasets) or RT-J's (relational
+transformers trained on a database's task), or one added with `register_family_spec` (the
+engine's `relay_engine.families.register_family` registers the spec of the family it adds). The
+SDK's validation (SFTConfig, SessionConfig), the memory plan, the API's admission checks and the
+CLI ask the spec of a model's family (`family_of`) instead of testing the model's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from relay import catalog
+
+# How a datum of the family's sessions is written on the wire: (its place in the call, the datum)
+# -> the message; None where the datum type does not belong to the family.
+DatumEncoder = Callable[[int, Any], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """What the SDK, the API and the CLI need to know of a family, without its engine."""
+
+    name: str
+    models: tuple[str, ...]
+    # The models that need a GPU: the API refuses them where only CPU workers are alive.
+    gpu_sized_models: tuple[str, ...] = ()
+    # A model's own defaults, where SFTConfig's field defaults (pi05's) would not train it.
+    model_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Whether a recipe names a task (a relational database's task table): required or refused.
+    task: Literal["required", "refused"] = "refused"
+    # The one way the family tunes, forced on a recipe or session that names none; None: any.
+    finetune: str | None = None
+    # The most processes (GPUs) one job runs on; None: as many as the job asks.
+    max_gpus: int | None = None
+    # How a directory of the family's own kind of data is told from a LeRobot dataset (RT-J's: a
+    # relational database, schema.json + tables/); None: the family trains on LeRobot datasets.
+    recognizes_data: Callable[[Path], bool] | None = None
+    # How `relay models list` names its models ("relational models: rt-j, rt-j-tiny").
+    list_label: str = "models"
+    # Whether its recipes choose where training goes (targets, LoRA): `relay models info` then
+    # reports what those settings train; otherwise the family's engine describes the model.
+    tunes_targets: bool = False
+    # Recipe fields the family refuses, and why ("cameras": "RT-J reads the tables of a database").
+    refused_fields: Mapping[str, str] = field(default_factory=dict)
+    # Whether relay.memory_plan knows the named models' sizes (the API plans their jobs' memory).
+    memory_planned: bool = False
+    # Session fields that only this family takes, with their defaults (RT-J's problem_type).
+    session_fields: Mapping[str, Any] = field(default_factory=dict)
+    # The built-in losses its sessions compute in forward_backward.
+    loss_names: tuple[str, ...] = ()
+    # The SDK datum class of its sessions and how one is encoded; None: the generic `types.Datum`.
+    datum_type: type | None = None
+    encode_datum: DatumEncoder | None = None
+
+    @property
+    def one_process(self) -> bool:
+        return self.max_gpus == 1
+
+
+_SPECS: dict[str, FamilySpec] = {}
+
+
+def register_family_spec(spec: FamilySpec) -> None:
+    """Add a family; its models must be new (a family registered again replaces itself)."""
+    _builtins()
+    taken = {
+        model: other.name for other in _SPECS.values() if other.name != spec.name for model in other.models
+    }
+    clashes = [model for model in spec.models if model in taken]
+    if clashes:
+        raise ValueError(f"family {spec.name}: model {clashes[0]} is already {taken[clashes[0]]}'s")
+    _SPECS[spec.name] = spec
+
+
+def forget_family_spec(name: str) -> None:
+    """Remove a family added with register_family_spec (a test's, once it is done)."""
+    _SPECS.pop(name, None)
+
+
+def family_specs() -> tuple[FamilySpec, ...]:
+    """Every registered family, the built-in ones first."""
+    _builtins()
+    return tuple(_SPECS.values())
+
+
+def family_spec(name: str) -> FamilySpec:
+    """A family's spec by the family's name (KeyError for one not registered)."""
+    _builtins()
+    return _SPECS[name]
+
+
+def family_of(model: object) -> FamilySpec | None:
+    """The family of a named base model; None for a name no family holds (a directory, a typo)."""
+    if not isinstance(model, str):
+        return None
+    for spec in family_specs():
+        if model in spec.models:
+            return spec
+    return None
+
+
+def model_names() -> tuple[str, ...]:
+    """Every model a recipe job or a session can name."""
+    return tuple(model for spec in family_specs() for model in spec.models)
+
+
+def models_where(test: Callable[[FamilySpec], bool]) -> tuple[str, ...]:
+    """The models of the families that pass `test` (for messages: "for rt-j, rt-j-tiny")."""
+    return tuple(model for spec in family_specs() if test(spec) for model in spec.models)
+
+
+def model_defaults(model: object) -> dict[str, Any]:
+    """The settings whose default is the model's own; empty where the spec's defaults hold."""
+    spec = family_of(model)
+    return dict(spec.model_defaults.get(str(model), {})) if spec is not None else {}
+
+
+def family_of_data(directory: str | Path) -> FamilySpec | None:
+    """The family whose own kind of data a directory holds (an RT-J database); None for anything
+    else (a LeRobot dataset, a Hub repo id)."""
+    path = Path(directory).expanduser()
+    for spec in family_specs():
+        if spec.recognizes_data is not None and spec.recognizes_data(path):
+            return spec
+    return None
+
+
+def _is_database(path: Path) -> bool:
+    return (path / "schema.json").is_file() and (path / "tables").is_dir()
+
+
+def is_gpu_sized(model: str) -> bool:
+    spec = family_of(model)
+    return spec is not None and model in spec.gpu_sized_models
+
+
+def _builtins() -> None:
+    # Built on first use, not on import: the RT-J datum lives in relay.training.types, which asks
+    # this registry how to encode a datum.
+    if _SPECS:
+        return
+    from relay.training import types
+
+    _SPECS[PI05] = FamilySpec(
+        name=PI05,
+        models=catalog.MODELS,
+        gpu_sized_models=catalog.GPU_SIZED_MODELS,
+        # pi05-tiny's: LoRA on the action expert cannot teach the tiny base's vision tower what it
+        # never saw, and pi05's 2.5e-5, right for 3 billion weights, barely moves its 512,000;
+        # every weight at 2e-3 learns (docs/getting-started.md). 16 samples a step is what a CPU
+        # trains in a fraction of a second; 128 is a GPU's batch.
+        model_defaults={"pi05-tiny": {"finetune": "full", "learning_rate": 2e-3, "batch_size": 16}},
+        memory_planned=True,
+        tunes_targets=True,
+        loss_names=("flow_matching",),
+    )
+    _SPECS[RTJ] = FamilySpec(
+        name=RTJ,
+        models=catalog.RELATIONAL_MODELS,
+        list_label="relational models",
+        recognizes_data=_is_database,
+        task="required",
+        finetune="full",
+        # (lora_rank and lora_alpha, as for any finetune="full" recipe, are ignored; a config read
+        # back from a job holds them filled in.)
+        refused_fields={
+            "cameras": "RT-J reads the tables of a database, not camera images",
+            "targets": 'RT-J is tuned in full: every weight trains, targets ["all"]',
+        },
+        max_gpus=1,
+        session_fields={"problem_type": "binary"},
+        loss_names=("bce", "huber"),
+        datum_type=types.RelationalDatum,
+        encode_datum=types.relational_datum_message,
+    )
+
+
+PI05 = "pi05"
+RTJ = "rt-j"
