@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from relay.events import Event
 from relay.optimizer import AdamParams
 from relay_engine.datasets import open_dataset, write_synthetic_dataset
 from relay_engine.datasets.synth import COLOURS
@@ -43,7 +44,7 @@ from relay_engine.models.weights import TINY_BASE_DIR
 from relay_engine.training.data import BatchOrder, DataPosition, batch_loader
 from relay_engine.training.export import write_output
 from relay_engine.training.learner import Learner
-from relay_engine.training.loop import Event, LoopState, run_loop
+from relay_engine.training.loop import LoopState, run_loop
 from relay_engine.training.schedule import learning_rate
 from relay_engine.tuning import apply_tuning
 

@@ -23,14 +23,15 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
 from relay.catalog import ACTION_HORIZON, RELATIONAL_MODELS
+from relay.events import CheckpointEvent, Event, RecipeResult, ResumedEvent
 from relay.optimizer import AdamParams
 from relay.sft.config import SFTConfig
 from relay_engine.datasets import open_dataset
@@ -43,7 +44,7 @@ from relay_engine.training.checkpoint import CheckpointStore
 from relay_engine.training.data import BatchOrder, DataPosition, batch_loader, select
 from relay_engine.training.export import write_output
 from relay_engine.training.learner import Learner
-from relay_engine.training.loop import Event, LoopState, MetricsWindow, run_loop
+from relay_engine.training.loop import LoopState, MetricsWindow, run_loop
 from relay_engine.training.schedule import learning_rate
 from relay_engine.tuning import apply_tuning
 
@@ -112,16 +113,6 @@ class Recipe:
             "episodes": self.episodes,
         }
         return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class RecipeResult:
-    status: Literal["completed", "stopped"]
-    step: int
-    loss: float | None
-    output_dir: Path | None
-    resumed_from: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def pick_device(name: str) -> torch.device:
@@ -247,7 +238,7 @@ def _run(
             on_event(event)
 
     if resumed_from is not None:
-        report({"step": resumed_from, "event": "resumed"})
+        report(ResumedEvent.of_attempt(resumed_from, recipe.attempt))
 
     def stop_agreed() -> bool:
         # A stop asked of any process (rank 0 hears the service's cancel) stops all at the same step.
@@ -270,7 +261,7 @@ def _run(
     if result.status != "completed":
         if checkpoint_on_stop and state.step > 0 and _latest_step(store) != state.step:
             save_checkpoint(state)
-            report({"step": state.step, "event": "checkpoint"})
+            report(CheckpointEvent(step=state.step))
         return RecipeResult(result.status, result.step, result.loss, None, resumed_from)
 
     whole = gathered_policy(model, parallel)

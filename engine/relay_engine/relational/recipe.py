@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import torch
 
+from relay.events import CheckpointEvent, Event, RecipeResult, ResumedEvent
 from relay.optimizer import AdamParams
 from relay_engine.errors import ConfigError
 from relay_engine.relational.database import open_database
@@ -27,11 +28,11 @@ from relay_engine.relational.sampling import ContextSampler
 from relay_engine.relational.transformer import RelationalTransformer
 from relay_engine.training.checkpoint import CheckpointStore
 from relay_engine.training.data import BatchOrder, DataPosition
-from relay_engine.training.loop import Event, LoopState, MetricsWindow, run_loop
+from relay_engine.training.loop import LoopState, MetricsWindow, run_loop
 from relay_engine.training.schedule import learning_rate
 
 if TYPE_CHECKING:
-    from relay_engine.recipe import Recipe, RecipeResult
+    from relay_engine.recipe import Recipe
 
 # Contexts of jobs: RT samples 1,024 cells; a quarter of that keeps a CPU step short and holds the
 # seed, its customer and its recent history on the databases we train on here.
@@ -100,7 +101,7 @@ def _run(
     output_dir: Path,
     checkpoint_on_stop: bool,
 ) -> RecipeResult:
-    from relay_engine.recipe import RecipeResult, pick_device
+    from relay_engine.recipe import pick_device
 
     config = recipe.config
     if not config.task:
@@ -151,7 +152,7 @@ def _run(
         )
 
     if resumed_from is not None:
-        on_event({"step": resumed_from, "event": "resumed"})
+        on_event(ResumedEvent.of_attempt(resumed_from, recipe.attempt))
 
     result = run_loop(
         cast(Any, learner),  # the loop needs forward_backward, optim_step and device: a Learner's interface
@@ -171,7 +172,7 @@ def _run(
         saved = None if latest is None else int(cast(int, store.manifest(latest)["step"]))
         if checkpoint_on_stop and state.step > 0 and saved != state.step:
             save_checkpoint(state)
-            on_event({"step": state.step, "event": "checkpoint"})
+            on_event(CheckpointEvent(step=state.step))
         return RecipeResult(result.status, result.step, result.loss, None, resumed_from)
 
     model.model.eval()

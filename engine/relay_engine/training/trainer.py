@@ -29,6 +29,7 @@ import torch
 
 from relay._format import number_text
 from relay._progress import ProgressReport
+from relay.events import Event, MetricsEvent
 from relay.optimizer import AdamParams
 from relay.sft.config import SFTConfig
 from relay_engine.distributed import Parallel, batch_slice, choose_strategy, gathered_policy, join, launched
@@ -38,7 +39,7 @@ from relay_engine.models.lerobot_files import DescribesRobot
 from relay_engine.training.data import BatchOrder, DataPosition, MapDataset, batch_loader
 from relay_engine.training.export import write_output
 from relay_engine.training.learner import Learner
-from relay_engine.training.loop import Event, LoopResult, LoopState, run_loop
+from relay_engine.training.loop import LoopResult, LoopState, run_loop
 from relay_engine.training.schedule import learning_rate
 from relay_engine.tuning import apply_tuning
 
@@ -175,8 +176,8 @@ class Trainer:
 
         def on_event(event: Event) -> None:
             self.events.append(event)
-            if report is not None and "loss" in event:
-                report.update(int(event["step"]), f"loss {number_text(float(event['loss']))}")
+            if report is not None and isinstance(event, MetricsEvent) and event.loss is not None:
+                report.update(event.step, f"loss {number_text(event.loss)}")
 
         try:
             result = self._run(next_step_batches, total_steps, after_step, on_event)
