@@ -116,6 +116,8 @@ class RetryEvent(EventBase):
 
 
 class CancelledEvent(EventBase):
+    """The job ended `cancelled` at `step` (a queued job at once, a running one at its next step)."""
+
     kind: ClassVar[str] = "cancelled"
 
 
@@ -168,6 +170,12 @@ def event_line(event: Mapping[str, Any]) -> str:
     return json.dumps(wire_form(event), separators=(",", ":"))
 
 
+def fields_of(kind: type[EventBase]) -> dict[str, Any]:
+    """A kind's fields and their types (`step` among them): what an API's schema of it declares.
+    A field whose type admits None may be absent."""
+    return dict(_field_types(kind))
+
+
 @cache
 def _field_types(cls: type[EventBase]) -> dict[str, Any]:
     """The kind's fields (its annotations and the base's), without the class attributes."""
@@ -182,7 +190,7 @@ def _fields_adapter(cls: type[EventBase]) -> TypeAdapter[Any]:
     if cls.kind != METRICS:
         wire["event"] = Literal[cls.kind]
     for name, hint in _field_types(cls).items():
-        wire[name] = NotRequired[hint] if _admits_none(hint) else hint
+        wire[name] = NotRequired[hint] if admits_none(hint) else hint
     shape = _typed_dict(cls.__name__, wire)
     shape.__pydantic_config__ = ConfigDict(extra="forbid", title=cls.__name__)
     return TypeAdapter(shape)
@@ -192,7 +200,7 @@ def _fields_adapter(cls: type[EventBase]) -> TypeAdapter[Any]:
 _typed_dict: Any = TypedDict
 
 
-def _admits_none(hint: Any) -> bool:
+def admits_none(hint: Any) -> bool:
     return typing.get_origin(hint) in (Union, types.UnionType) and type(None) in typing.get_args(hint)
 
 
