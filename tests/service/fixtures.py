@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from relay._http import Client
+from relay.http_client import Client
 from tests.service.stack import Stack, WorkerProcess, shared_stack
 
 

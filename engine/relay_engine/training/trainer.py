@@ -27,10 +27,10 @@ from typing import Any, Literal, cast
 
 import torch
 
-from relay._format import number_text
-from relay._progress import ProgressReport
 from relay.events import Event, MetricsEvent
+from relay.formatting import number_text
 from relay.optimizer import AdamParams
+from relay.progress import ProgressReport
 from relay.sft.config import SFTConfig
 from relay_engine.distributed import Parallel, batch_slice, choose_strategy, gathered_policy, join, launched
 from relay_engine.errors import ConfigError

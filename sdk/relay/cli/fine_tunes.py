@@ -14,7 +14,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from relay import sft
-from relay._format import duration_text, number_text, size_text
 from relay.catalog import LORA_RANK_MAX
 from relay.cli._common import (
     console,
@@ -30,6 +29,7 @@ from relay.cli._common import (
 from relay.cli.watch import watch_events
 from relay.errors import APIError, ConfigError
 from relay.events import METRICS
+from relay.formatting import duration_text, number_text, size_text
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 from relay.sft.job import Event, FineTuneJob, interrupted_note
 from relay.sft.train import train

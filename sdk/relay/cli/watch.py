@@ -14,9 +14,9 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from relay._format import number_text
 from relay.cli._common import status_text
 from relay.events import METRICS
+from relay.formatting import number_text
 from relay.sft import status as job_status
 from relay.sft.job import Event, FineTuneJob
 

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from relay import _http, events
-from relay._format import number_text
-from relay._progress import ProgressReport
+from relay import events, http_client
+from relay.formatting import number_text
+from relay.progress import ProgressReport
 from relay.sft import status as job_status
 from relay.sft.config import SFTConfig
 
@@ -89,8 +89,8 @@ class FineTuneJob:
     cameras: dict[str, str] | None
     name: str | None
 
-    def __init__(self, data: dict[str, Any], client: _http.Client | None = None) -> None:
-        self._client = client or _http.default_client()
+    def __init__(self, data: dict[str, Any], client: http_client.Client | None = None) -> None:
+        self._client = client or http_client.default_client()
         self._update(data)
 
     def _update(self, data: dict[str, Any]) -> None:
