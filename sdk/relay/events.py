@@ -150,7 +150,9 @@ def kind_of(data: Mapping[str, Any]) -> str:
 def parse_event(data: Mapping[str, Any]) -> Event:
     """The typed event of a wire dict (with or without ``kind``); keys that are not the event's own
     (an API answer's ``id``, ``object``, ``created_at``) are left out. ValueError for an unknown
-    kind or a field that breaks its type."""
+    kind or a field that breaks its type. An event already typed is returned as it is."""
+    if isinstance(data, EventBase):
+        return typing.cast(Event, data)
     kind = kind_of(data)
     if kind not in EVENT_KINDS:
         raise ValueError(f"unknown event kind {kind!r} (known: {', '.join(EVENT_KINDS)})")

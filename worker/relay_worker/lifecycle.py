@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session, sessionmaker
 
-from relay.events import CancelledEvent, ErrorEvent, Event, MetricsEvent, RetryEvent
+from relay.events import CancelledEvent, ErrorEvent, MetricsEvent, RetryEvent, parse_event
 from relay.sft import status as st
 from relay_api.db import database_now, rows_changed, with_retries
 from relay_api.event_rows import insert_event
@@ -158,9 +158,11 @@ def observe(db_sessions: sessionmaker[Session], claim: Claim) -> JobState:
 
 
 def record_event(
-    db_sessions: sessionmaker[Session], settings: Settings, claim: Claim, event: Event
+    db_sessions: sessionmaker[Session], settings: Settings, claim: Claim, reported: Mapping[str, Any]
 ) -> JobState:
-    """Write one of the engine's events and the job's progress, as this attempt; once per (step, kind)."""
+    """Write one of the engine's events (typed, or its wire form) and the job's progress, as this
+    attempt; once per (step, kind)."""
+    event = parse_event(reported)
 
     def run() -> JobState:
         now = database_now(db_sessions)
