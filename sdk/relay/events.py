@@ -11,7 +11,12 @@ dispatch on. On the wire (``to_wire``: the engine's stdout, the worker's journal
 ``"kind"`` rides along as one more key; a report without it (an older row) is read by its
 ``"event"``, or as metrics (``parse_event``).
 
-A new kind (video, serving, evaluation reports) is one class below, added to ``EVENT_KINDS``.
+Events are dicts, not pydantic models, because that is what every reader has had since the first
+release (``Trainer.events``, ``relay local train --json``, callbacks that index them); pydantic
+checks each one as it is built and gives the API's document its shape per kind
+(relay_api.schemas.EventOut).
+
+A new kind (video, serving, evaluation reports) is one class below, added to the ``Event`` union.
 """
 
 from __future__ import annotations
@@ -66,11 +71,6 @@ class EventBase(dict[str, Any]):
     def to_wire(self) -> dict[str, Any]:
         """The event as it crosses a process or a network: its keys, and its kind."""
         return wire_form(self)
-
-    @classmethod
-    def json_schema(cls) -> dict[str, Any]:
-        """The JSON schema of the kind's wire form (the API's document describes each kind with it)."""
-        return _fields_adapter(cls).json_schema()
 
 
 class MetricsEvent(EventBase):
@@ -187,7 +187,7 @@ def _field_types(cls: type[EventBase]) -> dict[str, Any]:
 
 @cache
 def _fields_adapter(cls: type[EventBase]) -> TypeAdapter[Any]:
-    """A pydantic TypedDict of the kind's wire form: what validates an event and gives its schema."""
+    """A pydantic TypedDict of the kind's wire form: what checks an event as it is built."""
     wire: dict[str, Any] = {"kind": Literal[cls.kind]}
     if cls.kind != METRICS:
         wire["event"] = Literal[cls.kind]
