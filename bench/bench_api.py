@@ -258,7 +258,7 @@ class Worker:
 
 def post_to_running(env: dict[str, str], key: str, dataset: Path, jobs: int) -> dict[str, float]:
     """Median time from POST to `running` with a warm worker."""
-    from relay._http import Client
+    from relay.http_client import Client
 
     worker = Worker(env, Path(env["RELAY_HOME"]) / "worker.log")
     relay = Served("relay_api.app:create_app", env)
@@ -405,7 +405,7 @@ def claim_wait_report(
 ) -> dict[int, float]:
     """The median wait from created_at to started_at of a job, one at a time, with 1 to 8 workers
     reading the queue, on the large database."""
-    from relay._http import Client
+    from relay.http_client import Client
     from relay_engine.datasets import write_synthetic_dataset
 
     dataset = write_synthetic_dataset(home / "dataset", episodes=2, episode_length=20)

@@ -120,7 +120,7 @@ def chart_latency(browser: Any, stack: Stack, key: str, count: int) -> None:
 
 
 def screenshots(browser: Any, stack: Stack) -> None:
-    from relay._http import Client
+    from relay.http_client import Client
     from relay.sft.config import SFTConfig
     from relay.sft.train import train
 

@@ -229,7 +229,7 @@ def ready_session_without_worker(database_url: str, home: Path, key_user: str) -
 
 
 def upload_rates(url: str, key: str, database_url: str, home: Path, uploads: int) -> dict[str, Any]:
-    from relay import Codec, _http
+    from relay import Codec, http_client
     from relay.training import TrainingClient, types, wire
 
     batch = as_datums(make_batch(99, 32))
@@ -250,7 +250,7 @@ def upload_rates(url: str, key: str, database_url: str, home: Path, uploads: int
     finally:
         bare.stop()
 
-    http = _http.Client(url, key)
+    http = http_client.Client(url, key)
     for codec in (Codec.LOSSLESS, Codec.JPEG_Q95):
         row = ready_session_without_worker(database_url, home, "bench")
         session = {"id": row["id"], "info": {}, "idle_timeout_seconds": 600}

@@ -148,9 +148,9 @@ def main() -> None:
         )
         job = train(config)
         print(f"job {job.id}: {job.status}", flush=True)
-        from relay import _config
+        from relay import client_config
 
-        local = _config.resolve()
+        local = client_config.resolve()
         print(f"\nwatch it in a browser: open {local.base_url}/ and sign in with the API key")
         print(f"    {local.api_key}")
         print(f"(the loss curve grows as the job trains; the key is also in {HOME / 'client.json'})\n")

@@ -35,9 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from relay.events import Event
 from relay.optimizer import AdamParams
 from relay_engine.core.data import BatchOrder, DataPosition, batch_loader
-from relay_engine.core.loop import Event, LoopState, run_loop
+from relay_engine.core.loop import LoopState, run_loop
 from relay_engine.core.schedule import learning_rate
 from relay_engine.datasets import open_dataset, write_synthetic_dataset
 from relay_engine.datasets.synth import COLOURS

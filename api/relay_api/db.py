@@ -25,6 +25,14 @@ T = TypeVar("T")
 Db = Session | Connection
 
 
+def iso(moment: dt.datetime | None) -> str | None:
+    """ISO 8601 as `datetime.isoformat` writes it, with `Z` for UTC. Written by orjson, at a fifth of
+    isoformat's CPU: a page of 100 events has 100 to write."""
+    if moment is None:
+        return None
+    return orjson.dumps(moment, option=orjson.OPT_UTC_Z)[1:-1].decode()
+
+
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import uvicorn
 from sqlalchemy import select
 
-from relay import _config
+from relay import client_config
 from relay_api import keys, migrate
 from relay_api.app import create_app
 from relay_api.db import session_factory
@@ -34,7 +34,7 @@ LOCAL_USER = "local"
 
 
 def serve(host: str, port: int, log: Callable[[str], None] = print) -> None:
-    home = _config.data_dir().expanduser().absolute()
+    home = client_config.data_dir().expanduser().absolute()
     os.environ["RELAY_HOME"] = str(home)  # the worker process reads the same settings
     os.environ.setdefault("RELAY_METRICS", "true")  # a laptop's /metrics tells no one else anything
     # The API and its worker read one disk: a dataset directory that is not there is refused at once.
@@ -47,7 +47,7 @@ def serve(host: str, port: int, log: Callable[[str], None] = print) -> None:
     client_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     base_url = f"http://{client_host}:{port}"
     key = _local_key(settings)
-    key_file = _config.write_client_file(home, base_url, key)
+    key_file = client_config.write_client_file(home, base_url, key)
 
     worker = WorkerProcess(settings, home / "worker.log")
     worker.start()
@@ -84,7 +84,7 @@ def _check_port_free(host: str, port: int) -> None:
 
 def _local_key(settings: Settings) -> str:
     """The key saved by a previous start if it still works, else a new one for the local user."""
-    saved = _config.resolve().api_key
+    saved = client_config.resolve().api_key
     with session_factory(settings)() as db:
         if saved:
             known = db.scalar(

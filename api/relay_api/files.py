@@ -16,8 +16,8 @@ import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from relay._http import sha256_of
-from relay._rules import has_control_characters
+from relay.http_client import sha256_of
+from relay.rules import has_control_characters
 from relay_api.errors import APIProblem
 
 OUTPUT = "output"

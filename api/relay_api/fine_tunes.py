@@ -7,30 +7,30 @@ workers cannot undo each other.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-from sqlalchemy import bindparam, insert, select, text, update
+from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.orm import Session
 
 from relay import families
 from relay.dataset_names import local_dataset_path, names_local_directory
+from relay.events import CancelledEvent
 from relay.memory_plan import GB, MemoryPlan, gpu_shortfall, plan_named, weight_count
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
-from relay_api.db import Db, rows_changed, utcnow
+from relay_api.db import Db, iso, rows_changed, utcnow
 from relay_api.errors import APIProblem, not_found
+from relay_api.event_rows import insert_event
 from relay_api.idempotency import insert_once, request_hash
-from relay_api.metrics import WORKER_MISSED_BEATS
-from relay_api.models import fine_tune_events, fine_tunes, worker_heartbeats
+from relay_api.models import fine_tune_events, fine_tunes
 from relay_api.pagination import newest_first
 from relay_api.schemas import FineTuneOut
 from relay_api.settings import Settings
+from relay_api.workers import LiveWorker, live_workers
 
 CONFIG_FIELDS: tuple[str, ...] = tuple(SFTConfig.model_fields)
 JOB_ID_PREFIX = "ft-"
@@ -38,14 +38,6 @@ JOB_ID_PREFIX = "ft-"
 
 def new_job_id() -> str:
     return JOB_ID_PREFIX + secrets.token_hex(6)
-
-
-def iso(moment: dt.datetime | None) -> str | None:
-    """ISO 8601 as `datetime.isoformat` writes it, with `Z` for UTC. Written by orjson, at a fifth of
-    isoformat's CPU: a page of 100 events has 100 to write."""
-    if moment is None:
-        return None
-    return orjson.dumps(moment, option=orjson.OPT_UTC_Z)[1:-1].decode()
 
 
 def job_object(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -81,41 +73,6 @@ def lease_lapsed_seconds(row: Mapping[str, Any]) -> float | None:
     return round(lapsed, 1) if lapsed > 0 else None
 
 
-# Events that can happen more than once at one step, once per attempt (a job retried twice before
-# its next checkpoint). Events are unique per (job, step, kind), so these are stored with their
-# attempt in the kind ("retry:3"), and shown without it.
-PER_ATTEMPT_EVENTS = ("retry", "resumed")
-
-
-def stored_kind(kind: str, attempt: int) -> str:
-    return f"{kind}:{attempt}" if kind in PER_ATTEMPT_EVENTS else kind
-
-
-def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
-    """An event as the engine reported it (``{"step": 10, "loss": ...}``), with its id and time."""
-    event: dict[str, Any] = {
-        "id": row["id"],
-        "object": "fine_tune.event",
-        "created_at": iso(row["created_at"]),
-        "step": row["step"],
-        **row["data"],
-    }
-    if row["kind"] != "metrics":
-        event["event"] = row["kind"].partition(":")[0]
-    return event
-
-
-@dataclass(frozen=True)
-class LiveWorker:
-    gpus: int  # GPUs (or CPU slots) it gives one job
-    gpu_memory: int | None  # bytes of each of those GPUs; None: CPU slots
-
-
-_LIVE_WORKERS = select(worker_heartbeats.c.gpus, worker_heartbeats.c.gpu_memory).where(
-    worker_heartbeats.c.seen_at >= bindparam("horizon")
-)
-
-
 def check_dataset(name: str, settings: Settings) -> None:
     """Refuse a dataset no worker can read: a local directory where the service reads none
     (RELAY_LOCAL_DATASETS=false), or one that is not there, where the API sees the workers' disk
@@ -139,13 +96,6 @@ def _bad_dataset(name: str, rule: str) -> APIProblem:
     return APIProblem(
         400, f"bad dataset_name: {json.dumps(name)} ({rule})", param="dataset_name", code="invalid_value"
     )
-
-
-def live_workers(db: Db, reconcile_seconds: float) -> list[LiveWorker]:
-    """The workers alive now, per their heartbeats."""
-    horizon = utcnow() - dt.timedelta(seconds=WORKER_MISSED_BEATS * reconcile_seconds)
-    rows = db.execute(_LIVE_WORKERS, {"horizon": horizon})
-    return [LiveWorker(int(gpus), None if memory is None else int(memory)) for gpus, memory in rows]
 
 
 def gpu_count(number: int) -> str:
@@ -493,16 +443,7 @@ def cancel(db: Session, user_id: int, job_id: str) -> dict[str, Any]:
                 )
             )
             if moved:
-                db.execute(
-                    insert(fine_tune_events).values(
-                        job_id=job_id,
-                        step=row["step"],
-                        kind="cancelled",
-                        attempt=row["attempt"],
-                        data={},
-                        created_at=now,
-                    )
-                )
+                insert_event(db, job_id, CancelledEvent(step=row["step"]), row["attempt"], now)
         else:  # running
             moved = rows_changed(
                 db.execute(

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
-from relay_api import fine_tunes, schemas
+from relay_api import event_rows, fine_tunes, schemas
 from relay_api.deps import (
     CurrentUser,
     DbDep,
@@ -155,7 +155,7 @@ def fine_tune_events_route(
         )
     with read_db(request) as db:
         rows, has_more = fine_tunes.events_page(db, user, job_id, after, limit)  # 404 unless the caller's
-    data = [fine_tunes.event_object(r) for r in rows]
+    data = [event_rows.event_object(r) for r in rows]
     return JSONResponse({"object": "list", "data": data, "has_more": has_more})
 
 
@@ -168,7 +168,7 @@ async def _follow(
         status, rows = await run_in_threadpool(_status_and_events, db_sessions, job_id, last)
         for row in rows:
             last = row["id"]
-            yield {"id": str(row["id"]), "data": json.dumps(fine_tunes.event_object(row))}
+            yield {"id": str(row["id"]), "data": json.dumps(event_rows.event_object(row))}
         if rows:
             continue
         if status in st.TERMINAL:

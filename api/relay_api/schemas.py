@@ -1,12 +1,15 @@
 """The shapes of the API's answers: one model per resource, which the routes build their answers
 with (fine_tunes.job_object, sessions.session_object) and /openapi.json shows. Events are built as
-plain dicts on their hot path (fine_tunes.event_object) and match EventOut (tests/service)."""
+plain dicts on their hot path (event_rows.event_object) and match EventOut (tests/service): one
+model per kind of relay.events, each made from that kind's fields."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
+
+from relay.events import EVENT_KINDS, METRICS, EventBase, admits_none, fields_of
 
 
 class FineTuneOut(BaseModel):
@@ -51,17 +54,46 @@ class FineTuneList(BaseModel):
     has_more: bool
 
 
-class EventOut(BaseModel):
-    """The engine's report: ``step`` and ``loss``, ``grad_norm``, ``lr``, ``skipped`` every 10 steps,
-    or ``event`` ("checkpoint", "finished", "retry", "cancelled", "error") with its details."""
+class EventEnvelope(BaseModel):
+    """What the API adds to each of the engine's reports: its id (the cursor of `after` and
+    `Last-Event-ID`) and when it was written."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     id: int
     object: Literal["fine_tune.event"] = "fine_tune.event"
     created_at: str
     step: int
-    event: str | None = None
+
+
+def _event_out(kind: type[EventBase]) -> type[EventEnvelope]:
+    """The answer's shape for one kind: the envelope, ``kind``, a named event's ``event``, its fields."""
+    declared: dict[str, Any] = {"kind": (Literal[kind.kind], ...)}
+    if kind.kind != METRICS:
+        declared["event"] = (Literal[kind.kind], ...)
+    for name, hint in fields_of(kind).items():
+        if name != "step":
+            declared[name] = (hint, None) if admits_none(hint) else (hint, ...)
+    return create_model(
+        kind.__name__ + "Out", __base__=EventEnvelope, __doc__=kind.__doc__ or kind.__name__, **declared
+    )
+
+
+EVENT_OUTS = tuple(_event_out(kind) for kind in EVENT_KINDS.values())
+if TYPE_CHECKING:
+    EventOutChoice = EventEnvelope
+else:  # the union of the kinds' models, told apart by `kind`
+    EventOutChoice = Annotated[Union[EVENT_OUTS], Field(discriminator="kind")]  # noqa: UP007
+
+
+class EventOut(RootModel[EventOutChoice]):
+    """The engine's report: every 10 steps a metrics event (``step`` and ``loss``, ``grad_norm``,
+    ``lr``, ``skipped``, the speed), or an event named by ``event`` ("checkpoint", "resumed",
+    "retry", "cancelled", "finished", "error") with its details; ``kind`` names either."""
+
+    @property
+    def id(self) -> int:
+        return self.root.id
 
 
 class EventList(BaseModel):

@@ -20,9 +20,8 @@ from sqlalchemy.orm import Session
 
 from relay.training import status as st
 from relay.training.config import SessionConfig, with_current_names
-from relay_api.db import Db, rows_changed, utcnow
+from relay_api.db import Db, iso, rows_changed, utcnow
 from relay_api.errors import APIProblem
-from relay_api.fine_tunes import iso
 from relay_api.idempotency import insert_once, request_hash
 from relay_api.models import training_sessions as table
 from relay_api.pagination import newest_first

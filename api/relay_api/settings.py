@@ -14,14 +14,14 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from relay import _config
+from relay import client_config
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RELAY_", env_file=".env", extra="ignore")
 
     # The data directory: job work dirs (checkpoints, output) and, by default, the SQLite files.
-    home: Path = Field(default_factory=_config.data_dir)
+    home: Path = Field(default_factory=client_config.data_dir)
     # SQLAlchemy URL; postgresql:// is read as postgresql+psycopg://. Default: SQLite in `home`.
     database_url: str = ""
     # Celery broker URL, such as redis://redis:6379/0. Default: SQLite in `home` (no server needed).
@@ -114,7 +114,7 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_home_is_unset(cls, value: object) -> object:
         # RELAY_HOME="" would otherwise be the working directory, and scatter relay.db there.
-        return _config.data_dir() if value in ("", None) else value
+        return client_config.data_dir() if value in ("", None) else value
 
     @model_validator(mode="after")
     def _defaults_in_home(self) -> Settings:

@@ -17,8 +17,8 @@ from fastapi.responses import Response
 
 from relay.training.config import STATE_META_FILE
 from relay_api import schemas
+from relay_api.db import iso
 from relay_api.deps import CurrentUser, SettingsDep
-from relay_api.fine_tunes import iso
 from relay_api.responses import JSONResponse
 
 router = APIRouter(prefix="/v1/states", tags=["training sessions"], responses=schemas.ERRORS)

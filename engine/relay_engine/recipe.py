@@ -25,17 +25,18 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from relay.catalog import ACTION_HORIZON
+from relay.events import CheckpointEvent, Event, RecipeResult, ResumedEvent
 from relay.sft.config import SFTConfig
 from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.core.data import BatchOrder, DataPosition
-from relay_engine.core.loop import Event, LoopResult, LoopState, MetricsWindow, run_loop
+from relay_engine.core.loop import LoopResult, LoopState, MetricsWindow, run_loop
 from relay_engine.core.schedule import learning_rate
 from relay_engine.distributed import join, launched, leave
 from relay_engine.errors import ConfigError
@@ -104,16 +105,6 @@ class Recipe:
         return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@dataclass(frozen=True)
-class RecipeResult:
-    status: Literal["completed", "stopped"]
-    step: int
-    loss: float | None
-    output_dir: Path | None
-    resumed_from: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -170,7 +161,7 @@ def _run(family: Family, run: RecipeRun, output_dir: Path, callbacks: _Callbacks
         resumed_from = state.step if position is not None else None
         training = _Training(run, prepared, store, position or DataPosition(), callbacks)
         if resumed_from is not None:
-            training.report({"step": resumed_from, "event": "resumed"})
+            training.report(ResumedEvent.of_attempt(resumed_from, run.recipe.attempt))
         result = training.loop(state)
         if result.status != "completed":
             training.checkpoint_the_stop(state)
@@ -262,7 +253,7 @@ class _Training:
         """With checkpoint_on_stop, a stopped run's step is kept in a checkpoint, unless one holds it."""
         if self.callbacks.checkpoint_on_stop and state.step > 0 and _latest_step(self.store) != state.step:
             self.save_checkpoint(state)
-            self.report({"step": state.step, "event": "checkpoint"})
+            self.report(CheckpointEvent(step=state.step))
 
 
 def _latest_step(store: CheckpointStore) -> int | None:

@@ -19,10 +19,10 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from relay._http import Client
 from relay.cli import app
 from relay.cli._common import JSON_HINT
 from relay.cli.watch import BLOCKS
+from relay.http_client import Client
 from relay.sft.config import SFTConfig
 from relay.sft.job import interrupted_note
 from relay.sft.train import train

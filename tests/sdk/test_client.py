@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from relay import _config
-from relay._http import Client
+from relay import client_config as _config
 from relay.errors import APIError
+from relay.http_client import Client
 
 
 @pytest.fixture(autouse=True)

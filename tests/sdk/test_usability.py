@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from relay import _config
-from relay._progress import ProgressReport
+from relay import client_config as _config
 from relay.catalog import TARGETS
 from relay.cli import app
 from relay.cli._common import split_targets
+from relay.progress import ProgressReport
 
 runner = CliRunner()
 

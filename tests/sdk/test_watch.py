@@ -8,10 +8,10 @@ import io
 
 from rich.console import Console
 
-from relay._format import number_text, size_text
-from relay._http import Client
-from relay._progress import ProgressReport
 from relay.cli.watch import LossPanel, sparkline
+from relay.formatting import number_text, size_text
+from relay.http_client import Client
+from relay.progress import ProgressReport
 from relay.sft.job import Event, FineTuneJob
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from relay._http import Client
+from relay.http_client import Client
 from relay_api.app import create_app
 from tests.service.stack import PARKED_QUEUE, Stack, WorkerProcess, shared_stack
 

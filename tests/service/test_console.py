@@ -15,7 +15,7 @@ import pytest
 from playwright.sync_api import Browser, Page, Route, expect
 from sqlalchemy import update
 
-from relay._http import Client
+from relay.http_client import Client
 from relay.sft.config import SFTConfig
 from relay.sft.train import train
 from relay_api.models import fine_tunes

@@ -1,5 +1,5 @@
 """The console writes sizes as the CLI does: its bytes() (console/static/js/dom.js), run by Node,
-against relay._format.size_text on the same counts."""
+against relay.formatting.size_text on the same counts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from relay._format import size_text
+from relay.formatting import size_text
 
 DOM_JS = Path(__file__).resolve().parents[2] / "api/relay_api/console/static/js/dom.js"
 COUNTS = [0, 999, 1000, 1_949_999, 2_048_000, 999_960, 1_999_960, 68_719_476_736]

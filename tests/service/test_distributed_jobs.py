@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from relay._http import Client
 from relay.errors import APIError
+from relay.http_client import Client
 from relay.sft.config import SFTConfig
 from relay.sft.train import train
 from relay_api.errors import APIProblem

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from relay._http import Client
+from relay.http_client import Client
 from relay.sft.config import SFTConfig
 from relay.sft.train import train
 from relay_api import fine_tunes

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 from sqlalchemy import func, select
 
-from relay._http import Client
+from relay.http_client import Client
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
 from relay.sft.job import FineTuneJob

@@ -310,7 +310,7 @@ def test_a_second_retry_at_the_same_step_is_its_own_event(
     stack: Stack, parked: TestClient, alice: dict[str, str]
 ) -> None:
     from relay_api.db import utcnow
-    from relay_worker.lifecycle import _insert_event
+    from relay_api.event_rows import insert_event_row as _insert_event
 
     job = parked.post("/v1/fine-tunes", json=GOOD, headers=alice).json()
     with stack.sessions() as db:  # as the reconciler writes them: two lapsed attempts, one step

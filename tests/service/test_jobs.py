@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from relay._http import Client
+from relay.http_client import Client
 from relay.sft.config import SFTConfig
 from relay.sft.job import FineTuneJob
 from relay.sft.train import train

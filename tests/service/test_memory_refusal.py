@@ -18,8 +18,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import delete
 
-from relay._http import Client
 from relay.errors import APIError
+from relay.http_client import Client
 from relay.memory_plan import plan_named
 from relay.sft.config import SFTConfig
 from relay.sft.train import train

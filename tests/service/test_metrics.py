@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay._http import Client
+from relay.http_client import Client
 from relay.sft.config import SFTConfig
 from relay.sft.train import train
 from relay_api.app import create_app

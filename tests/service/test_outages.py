@@ -16,7 +16,7 @@ import httpx
 import pytest
 from sqlalchemy import select, update
 
-from relay._http import Client
+from relay.http_client import Client
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
 from relay.sft.train import train

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from relay._http import Client
+from relay.http_client import Client
 from relay.sft.config import SFTConfig
 from relay.sft.train import train
 from relay_engine.families.rtj.synth import write_fake_shop

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from relay._http import Client
 from relay.errors import RequestFailedError
+from relay.http_client import Client
 from relay.sft.config import SFTConfig
 from relay.sft.train import train
 from relay.training import ServiceClient, types

@@ -28,13 +28,14 @@ from typing import Any, TypeVar
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from relay.events import Event, MetricsEvent, RecipeResult
 from relay_api.db import is_outage, session_factory
 from relay_api.files import output_manifest
 from relay_api.settings import Settings, get_settings
 from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.errors import EngineError
 from relay_engine.paths import cache_dir_or_default
-from relay_engine.recipe import Recipe, RecipeResult, run_recipe
+from relay_engine.recipe import Recipe, run_recipe
 from relay_worker import gang as gangs
 from relay_worker import lifecycle, shutdown
 from relay_worker.gang import Gang
@@ -69,7 +70,7 @@ class LeaseKeeper(threading.Thread):
         self.lost = False
         # Set when the database was away for as long as the lease: the message for the job.
         self.outage: str | None = None
-        self._pending: collections.deque[dict[str, Any]] = collections.deque()
+        self._pending: collections.deque[Event] = collections.deque()
         self._write_lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -83,7 +84,7 @@ class LeaseKeeper(threading.Thread):
         """From now on only watch the job (a cancel, a newer attempt); rank 0's host keeps the lease."""
         self.writes = False
 
-    def add_event(self, event: dict[str, Any]) -> None:
+    def add_event(self, event: Event) -> None:
         """Queue one of the engine's events; it is written at once, or when the database is back."""
         self._pending.append(event)
         self._wake.set()
@@ -318,7 +319,44 @@ def _train(settings: Settings, db_sessions: Any, claim: Claim, keeper: LeaseKeep
             checkpoints.remove_temporaries()
 
 
-def _run(  # noqa: C901
+class _JobEvents:
+    """The engine's events on their way out: each goes to the journal first (should the database be
+    away until this attempt stops), then to the lease keeper, which writes it as this attempt."""
+
+    def __init__(self, claim: Claim, keeper: LeaseKeeper, work_dir: Path) -> None:
+        self.claim = claim
+        self.keeper = keeper
+        self.work_dir = work_dir
+        self.journal = EventJournal(work_dir)
+        # The job's `loss` is the latest metrics event's: the mean over its window of steps, never
+        # one step's loss, so the job and its events show one quantity.
+        self.latest_metrics: MetricsEvent | None = None
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, MetricsEvent):
+            self.latest_metrics = event
+        self.journal.append(event)
+        self.keeper.add_event(event)
+
+    def replay_unwritten(self) -> None:
+        """What an earlier attempt noted but never wrote (a database outage stopped it), up to the
+        checkpoint this attempt resumes from; the engine then reports that it resumed."""
+        if self.claim.attempt <= 1:
+            return
+        resumes_from = _last_checkpoint_step(self.work_dir)
+        if resumes_from is not None:
+            for event in self.journal.between(self.claim.step, resumes_from):
+                self.keeper.add_event(event)
+
+    def on_role(self, main: bool) -> None:
+        """A gang's host learns whether it holds rank 0: it writes the job from then on, or only watches."""
+        if not main:
+            self.keeper.follow()
+        else:
+            self.replay_unwritten()
+
+
+def _run(
     settings: Settings,
     db_sessions: Any,
     claim: Claim,
@@ -327,110 +365,110 @@ def _run(  # noqa: C901
     gang: Gang | None,
     role: Role,
 ) -> str:
-
-    # The job's `loss` is the latest metrics event's: the mean over its window of steps, never
-    # one step's loss, so the job and its events show one quantity.
-    window_loss: dict[str, Any] = {}
-    journal = EventJournal(work_dir)
-
-    def on_event(event: dict[str, Any]) -> None:
-        if "loss" in event:
-            window_loss["loss"] = event["loss"]
-        plain = _plain(event)
-        journal.append(plain)  # first: should the database be away until this attempt stops
-        keeper.add_event(plain)
-
-    def end(operation: Callable[[], T]) -> T:
-        keeper.flush()
-        return keeper.until_lease_lapses(operation)
-
-    resumed: dict[str, Any] | None = None
-    if claim.attempt > 1:
-        resumed_from = _last_checkpoint_step(work_dir)
-        if resumed_from is not None:
-            resumed = {"step": resumed_from, "event": "resumed", "attempt": claim.attempt}
-
-    def report_resume() -> None:
-        """What an earlier attempt noted but never wrote (a database outage stopped it), up to the
-        checkpoint this one resumes from; then that it resumed."""
-        if resumed is not None:
-            for event in journal.between(claim.step, resumed["step"]):
-                keeper.add_event(event)
-            on_event(resumed)
-
-    def on_role(main: bool) -> None:
-        """A gang's host learns whether it holds rank 0: it writes the job from then on, or only watches."""
-        if not main:
-            keeper.follow()
-        else:
-            report_resume()
-
+    """Run the engine for this attempt and write how it ended."""
+    events = _JobEvents(claim, keeper, work_dir)
     if gang is None:
-        report_resume()
-    role.on_known = on_role
+        events.replay_unwritten()
+    role.on_known = events.on_role
     try:
-        recipe = Recipe.from_config(
-            claim.config, checkpoint_every=settings.checkpoint_every, attempt=claim.attempt
-        )
-        processes = gang.seat.processes if gang is not None else int(claim.config.get("gpus") or 1)
-        if gang is not None or processes > 1:
-            launched = run_on_processes(
-                recipe,
-                processes,
-                work_dir,
-                settings.dataset_cache_dir,
-                on_event,
-                keeper.should_stop,
-                rendezvous=_rendezvous(settings, gang) if gang is not None else None,
-                role=role,
-            )
-            if launched is None:
-                log.info("%s: this host's processes ended; rank 0's host writes the job's end", claim.job_id)
-                return "this host's part of the gang ended"
-            outcome = launched
-            result = RecipeResult(
-                outcome["status"],
-                outcome["step"],
-                outcome["loss"],
-                outcome["output_dir"],
-                outcome["resumed_from"],
-            )
-        else:
-            result = run_recipe(
-                recipe,
-                work_dir,
-                on_event=on_event,
-                should_stop=keeper.should_stop,
-                dataset_cache_dir=settings.dataset_cache_dir,
-            )
+        result = _run_engine(settings, claim, keeper, work_dir, gang, role, events.on_event)
     except FencedOut:
         raise
-    except EngineError as error:
+    except Exception as error:
+        return _end_after_failure(settings, db_sessions, claim, keeper, gang, role, error)
+    if result is None:
+        log.info("%s: this host's processes ended; rank 0's host writes the job's end", claim.job_id)
+        return "this host's part of the gang ended"
+    return _end_after_run(db_sessions, claim, keeper, work_dir, result, events.latest_metrics)
+
+
+def _run_engine(
+    settings: Settings,
+    claim: Claim,
+    keeper: LeaseKeeper,
+    work_dir: Path,
+    gang: Gang | None,
+    role: Role,
+    on_event: Callable[[Event], None],
+) -> RecipeResult | None:
+    """The recipe, in this process or as a group of processes (several GPUs, or a gang's part of
+    them); None on a gang's host that does not hold rank 0 (rank 0's host has the result)."""
+    recipe = Recipe.from_config(
+        claim.config, checkpoint_every=settings.checkpoint_every, attempt=claim.attempt
+    )
+    processes = gang.seat.processes if gang is not None else int(claim.config.get("gpus") or 1)
+    if gang is None and processes == 1:
+        return run_recipe(
+            recipe,
+            work_dir,
+            on_event=on_event,
+            should_stop=keeper.should_stop,
+            dataset_cache_dir=settings.dataset_cache_dir,
+        )
+    return run_on_processes(
+        recipe,
+        processes,
+        work_dir,
+        settings.dataset_cache_dir,
+        on_event,
+        keeper.should_stop,
+        rendezvous=_rendezvous(settings, gang) if gang is not None else None,
+        role=role,
+    )
+
+
+def _write_end(keeper: LeaseKeeper, operation: Callable[[], T]) -> T:
+    """Write the job's end as this attempt: after every buffered event, riding out an outage while
+    the lease holds."""
+    keeper.flush()
+    return keeper.until_lease_lapses(operation)
+
+
+def _end_after_failure(
+    settings: Settings,
+    db_sessions: Any,
+    claim: Claim,
+    keeper: LeaseKeeper,
+    gang: Gang | None,
+    role: Role,
+    error: Exception,
+) -> str:
+    """A user's mistake ends the job in `error`; any other failure gives it back for another attempt."""
+    if isinstance(error, EngineError):
         log.info("%s: ends in error: %s", claim.job_id, error)
         message = public_message(str(error), settings)
-        return end(lambda: lifecycle.fail(db_sessions, claim, message))
-    except Exception as error:
-        if gang is not None and role.main is False:
-            log.warning("%s: the gang's processes failed; rank 0's host gives the job back", claim.job_id)
-            return "the gang failed"
-        log.exception("%s: attempt %d failed; giving the job back", claim.job_id, claim.attempt)
-        reason = public_message(f"{type(error).__name__}: {error}", settings)
-        end(lambda: lifecycle.release(db_sessions, claim, reason))
-        return "given back"
+        return _write_end(keeper, lambda: lifecycle.fail(db_sessions, claim, message))
+    if gang is not None and role.main is False:
+        log.warning("%s: the gang's processes failed; rank 0's host gives the job back", claim.job_id)
+        return "the gang failed"
+    log.exception("%s: attempt %d failed; giving the job back", claim.job_id, claim.attempt, exc_info=error)
+    reason = public_message(f"{type(error).__name__}: {error}", settings)
+    _write_end(keeper, lambda: lifecycle.release(db_sessions, claim, reason))
+    return "given back"
 
-    if keeper.lost:
-        raise FencedOut(claim.job_id)
-    if keeper.outage:
+
+def _end_after_run(
+    db_sessions: Any,
+    claim: Claim,
+    keeper: LeaseKeeper,
+    work_dir: Path,
+    result: RecipeResult,
+    latest_metrics: MetricsEvent | None,
+) -> str:
+    """The engine returned: completed, cancelled, or stopped for this worker's shutdown."""
+    if keeper.lost or keeper.outage:
         raise FencedOut(claim.job_id)
     if result.status == "completed":
         assert result.output_dir is not None
         files = output_manifest(work_dir, Path(result.output_dir))
-        loss = _finite(window_loss.get("loss", result.loss))
+        loss = _finite(latest_metrics.loss if latest_metrics is not None else result.loss)
         output_dir = str(result.output_dir)
-        return end(lambda: lifecycle.complete(db_sessions, claim, result.step, loss, output_dir, files))
+        return _write_end(
+            keeper, lambda: lifecycle.complete(db_sessions, claim, result.step, loss, output_dir, files)
+        )
     if keeper.cancel_requested:
-        return end(lambda: lifecycle.cancelled(db_sessions, claim, result.step))
-    end(lambda: lifecycle.hand_back(db_sessions, claim))
+        return _write_end(keeper, lambda: lifecycle.cancelled(db_sessions, claim, result.step))
+    _write_end(keeper, lambda: lifecycle.hand_back(db_sessions, claim))
     log.info("%s: stopped at step %d for the worker's shutdown; given back", claim.job_id, result.step)
     return "given back"
 
@@ -474,7 +512,7 @@ def _named(name: str, found: re.Match[str]) -> str:
 
 
 def _last_checkpoint_step(work_dir: Path) -> int | None:
-    """The step of the checkpoint the engine will resume from, for the `resumed` event."""
+    """The step of the checkpoint the engine will resume from: the journal is replayed up to it."""
     try:
         store = CheckpointStore(work_dir / "checkpoints")
         latest = store.latest()
@@ -488,15 +526,3 @@ def _finite(value: Any) -> float | None:
         return None
     number = float(value)
     return number if math.isfinite(number) else None
-
-
-def _plain(event: dict[str, Any]) -> dict[str, Any]:
-    """JSON-ready values: numbers as Python numbers, a non-finite number as null."""
-    plain: dict[str, Any] = {}
-    for key, value in event.items():
-        if hasattr(value, "item"):
-            value = value.item()
-        if isinstance(value, float) and not math.isfinite(value):
-            value = None
-        plain[key] = value
-    return plain

@@ -34,9 +34,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from relay.sft import status as st
 from relay_api.db import database_now, rows_changed, with_retries
-from relay_api.fine_tunes import live_workers
 from relay_api.models import fine_tune_hosts, fine_tunes
 from relay_api.settings import Settings
+from relay_api.workers import live_workers
 from relay_worker.lifecycle import LIVE, Claim, claimable
 
 log = logging.getLogger("relay_worker")

@@ -18,7 +18,8 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+
+from relay.events import Event, event_line, kind_of, parse_event
 
 log = logging.getLogger("relay_worker")
 
@@ -32,14 +33,14 @@ class EventJournal:
     def __init__(self, work_dir: Path) -> None:
         self.path = Path(work_dir) / JOURNAL
 
-    def append(self, event: dict[str, Any]) -> None:
-        """Note one event (JSON-ready). After a checkpoint's event the file is flushed to disk: the
-        events before a checkpoint must outlive the machine as the checkpoint does."""
-        line = json.dumps(event, separators=(",", ":")) + "\n"
+    def append(self, event: Event) -> None:
+        """Note one event, as it goes on the wire. After a checkpoint's event the file is flushed to
+        disk: the events before a checkpoint must outlive the machine as the checkpoint does."""
+        line = event_line(event) + "\n"
         try:
             with open(self.path, "a", encoding="utf-8") as file:
                 file.write(line)
-                if event.get("event") == "checkpoint":
+                if kind_of(event) == "checkpoint":
                     file.flush()
                     os.fsync(file.fileno())
         except OSError as error:
@@ -47,18 +48,18 @@ class EventJournal:
             # to report, in its own words; the event still goes to the database.
             log.warning("%s: could not note an event (%s)", self.path, error)
 
-    def between(self, first_step: int, last_step: int) -> list[dict[str, Any]]:
-        """The noted events of steps `first_step` to `last_step`, in the order they were noted."""
+    def between(self, first_step: int, last_step: int) -> list[Event]:
+        """The noted events of steps `first_step` to `last_step`, in the order they were noted (lines
+        noted before events carried their kind read as they were meant)."""
         if not self.path.is_file():
             return []
         events = []
         for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
-                event = json.loads(line)
-                step = int(event["step"])
-            except (ValueError, KeyError, TypeError):
+                event = parse_event(json.loads(line))
+            except (ValueError, TypeError, AttributeError):  # a line cut short, or not an event
                 log.warning("%s: skipped a line cut short: %.80s", self.path, line)
                 continue
-            if first_step <= step <= last_step and event.get("event") not in NOT_REPLAYED:
+            if first_step <= event.step <= last_step and event.kind not in NOT_REPLAYED:
                 events.append(event)
         return events

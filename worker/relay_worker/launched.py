@@ -26,8 +26,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from relay.events import Event, RecipeResult, parse_event
 from relay_engine.distributed.job import EVENT_PREFIX
 from relay_engine.errors import EngineError
 from relay_engine.recipe import Recipe
@@ -87,13 +87,13 @@ def run_on_processes(
     processes: int,
     work_dir: Path,
     dataset_cache_dir: Path | None,
-    on_event: Callable[[dict[str, Any]], None],
+    on_event: Callable[[Event], None],
     should_stop: Callable[[], bool],
     poll_seconds: float = 0.2,
     rendezvous: Rendezvous | None = None,
     role: Role | None = None,
-) -> dict[str, Any] | None:
-    """Run the recipe as `processes` ranks on this host; rank 0's result ({"status", "step", ...}).
+) -> RecipeResult | None:
+    """Run the recipe as `processes` ranks on this host; rank 0's result.
 
     With `rendezvous`, this host's ranks join the other hosts' in one group; the result is None on
     a host that does not hold rank 0 (its ranks ended cleanly, and rank 0's host has the result)."""
@@ -119,10 +119,11 @@ def run_on_processes(
         return None
     if launcher.returncode != 0 or not result_file.exists():
         raise RanksFailed(f"the group of {processes} processes failed (launcher exit {launcher.returncode})")
-    outcome: dict[str, Any] = json.loads(result_file.read_text())
-    if "error" in outcome:
-        raise EngineError(outcome["error"])
-    return outcome
+    written = result_file.read_text()
+    failure = json.loads(written).get("error")
+    if failure is not None:
+        raise EngineError(failure)
+    return RecipeResult.from_json(written)
 
 
 def _clean_launch_dir(work_dir: Path, rendezvous: Rendezvous | None) -> Path:
@@ -213,7 +214,7 @@ def _rendezvous_arguments(rendezvous: Rendezvous) -> list[str]:
 
 def _relay_events(
     launcher: subprocess.Popen[str],
-    on_event: Callable[[dict[str, Any]], None],
+    on_event: Callable[[Event], None],
     errors: list[BaseException],
     role: Role,
 ) -> None:
@@ -226,7 +227,7 @@ def _relay_events(
             continue  # keep draining the pipe so the ranks never block on it
         try:
             role.learn(True)  # only rank 0 prints events
-            on_event(json.loads(line[len(EVENT_PREFIX) :]))
+            on_event(parse_event(json.loads(line[len(EVENT_PREFIX) :])))
         except BaseException as error:  # handed to the worker's thread
             errors.append(error)
             _stop(launcher)

@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import and_, func, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session, sessionmaker
 
+from relay.events import CancelledEvent, ErrorEvent, MetricsEvent, RetryEvent, parse_event
 from relay.sft import status as st
 from relay_api.db import database_now, rows_changed, with_retries
-from relay_api.fine_tunes import live_workers, stored_kind
-from relay_api.models import fine_tune_events, fine_tunes
+from relay_api.event_rows import insert_event
+from relay_api.models import fine_tunes
 from relay_api.settings import Settings
+from relay_api.workers import live_workers
 
 log = logging.getLogger(__name__)
 
@@ -157,18 +158,21 @@ def observe(db_sessions: sessionmaker[Session], claim: Claim) -> JobState:
 
 
 def record_event(
-    db_sessions: sessionmaker[Session], settings: Settings, claim: Claim, event: dict[str, Any]
+    db_sessions: sessionmaker[Session], settings: Settings, claim: Claim, reported: Mapping[str, Any]
 ) -> JobState:
-    """Write one of the engine's events and the job's progress, as this attempt; once per (step, kind)."""
-    step = int(event["step"])
-    kind = str(event.get("event", "metrics"))
-    data = {k: v for k, v in event.items() if k not in ("step", "event")}
+    """Write one of the engine's events (typed, or its wire form) and the job's progress, as this
+    attempt; once per (step, kind)."""
+    event = parse_event(reported)
 
     def run() -> JobState:
         now = database_now(db_sessions)
-        progress: dict[str, Any] = {"step": step, "updated_at": now, "lease_until": _lease(settings, now)}
-        if kind == "metrics" and data.get("loss") is not None:
-            progress["loss"] = float(data["loss"])
+        progress: dict[str, Any] = {
+            "step": event.step,
+            "updated_at": now,
+            "lease_until": _lease(settings, now),
+        }
+        if isinstance(event, MetricsEvent) and event.loss is not None:
+            progress["loss"] = float(event.loss)
         with db_sessions() as db:
             status = db.execute(
                 update(fine_tunes).where(_owned(claim)).values(progress).returning(fine_tunes.c.status)
@@ -176,32 +180,11 @@ def record_event(
             if status is None:
                 db.rollback()
                 raise FencedOut(claim.job_id)
-            _insert_event(db, claim.job_id, step, kind, claim.attempt, data, now)
+            insert_event(db, claim.job_id, event, claim.attempt, now)
             db.commit()
         return JobState(status)
 
     return with_retries(run)
-
-
-def _insert_event(
-    db: Session, job_id: str, step: int, kind: str, attempt: int, data: dict[str, Any], now: dt.datetime
-) -> None:
-    values = {
-        "job_id": job_id,
-        "step": step,
-        # A second retry (or resume) at the same step is an event of its own, not a duplicate.
-        "kind": stored_kind(kind, int(data.get("attempt", attempt))),
-        "attempt": attempt,
-        "data": data,
-        "created_at": now,
-    }
-    dialect = db.get_bind().dialect.name
-    builder = pg_insert if dialect == "postgresql" else sqlite_insert
-    db.execute(
-        builder(fine_tune_events)
-        .values(values)
-        .on_conflict_do_nothing(index_elements=["job_id", "step", "kind"])
-    )
 
 
 def complete(
@@ -254,7 +237,7 @@ def fail(db_sessions: sessionmaker[Session], claim: Claim, message: str) -> str:
                 .returning(fine_tunes.c.step)
             ).scalar()
             if step is not None:
-                _insert_event(db, claim.job_id, step, "error", claim.attempt, {"message": message}, now)
+                insert_event(db, claim.job_id, ErrorEvent(step=step, message=message), claim.attempt, now)
             db.commit()
         return st.ERROR if step is not None else ""
 
@@ -287,7 +270,7 @@ def _end_cancelled_or_fenced(db_sessions: sessionmaker[Session], claim: Claim, s
                 .returning(fine_tunes.c.step)
             ).scalar()
             if final_step is not None:
-                _insert_event(db, claim.job_id, final_step, "cancelled", claim.attempt, {}, now)
+                insert_event(db, claim.job_id, CancelledEvent(step=final_step), claim.attempt, now)
             db.commit()
         return final_step is not None
 
@@ -347,64 +330,91 @@ def reconcile(
     with a reason are handed on either way."""
     report = ReconcileReport([], [], [], [])
     now = database_now(db_sessions)
-    lapsed = or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now)
+    stale = _republish_before(settings, now, broker_started_at)
     with db_sessions() as db:
-        # Accepted, but never handed to the broker (the API died in between, or the broker was down);
-        # or handed over long ago, and the message may be gone (a Redis restart).
-        grace = now - dt.timedelta(seconds=min(settings.reconcile_seconds, 5.0))
-        stale = _republish_before(settings, now, broker_started_at)
-        slots = max(settings.worker_slots, sum(w.gpus for w in live_workers(db, settings.reconcile_seconds)))
-        waiting = [
-            job_id
-            for job_id, config in db.execute(
-                select(fine_tunes.c.id, fine_tunes.c.config).where(
-                    or_(
-                        fine_tunes.c.status == st.QUEUED,
-                        and_(fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until.is_(None)),
-                    ),
-                    failed_attempts < settings.max_attempts,
-                    or_(
-                        and_(fine_tunes.c.enqueued_at.is_(None), fine_tunes.c.created_at < grace),
-                        fine_tunes.c.enqueued_at < stale,
-                    ),
-                )
-            )
-            # A job whose gang the live workers cannot form waits until they can (relay_worker.gang).
-            if int(config.get("gpus") or 1) <= slots
-        ]
-        # Running, but its worker stopped renewing the lease (killed, lost, or gave it back).
-        expired = db.execute(
-            select(
-                fine_tunes.c.id,
-                fine_tunes.c.attempt,
-                failed_attempts,
-                fine_tunes.c.step,
-                fine_tunes.c.last_failure,
-            ).where(fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until < now)
-        ).all()
-        # A cancel was asked for and the worker is gone: nothing is left to stop.
-        orphaned_cancels = db.execute(
-            select(fine_tunes.c.id, fine_tunes.c.attempt).where(
-                fine_tunes.c.status == st.CANCEL_REQUESTED, lapsed
-            )
-        ).all()
-        # Out of attempts (e.g. a worker gave the job back on its last attempt).
-        exhausted = db.execute(
-            select(
-                fine_tunes.c.id,
-                fine_tunes.c.attempt,
-                failed_attempts,
-                fine_tunes.c.step,
-                fine_tunes.c.last_failure,
-            ).where(
-                fine_tunes.c.status == st.RUNNING,
-                fine_tunes.c.lease_until.is_(None),
-                failed_attempts >= settings.max_attempts,
-            )
-        ).all()
+        waiting = _waiting(db, settings, now, stale)
+        expired = _expired(db, now)
+        orphaned_cancels = _orphaned_cancels(db, now)
+        exhausted = _exhausted(db, settings)
+    if not judge_silent_leases:
+        expired = [row for row in expired if row.last_failure is not None]
 
+    report.published += _publish_waiting(db_sessions, publish, waiting, stale)
+    resumed, failed = _hand_on_lapsed(db_sessions, settings, publish, [*expired, *exhausted])
+    report.resumed += resumed
+    report.failed += failed
+    report.cancelled += _end_orphaned_cancels(db_sessions, orphaned_cancels)
+    return report
+
+
+def _waiting(db: Session, settings: Settings, now: dt.datetime, stale: dt.datetime) -> list[str]:
+    """Jobs accepted but never handed to the broker (the API died in between, or the broker was
+    down), or handed over long ago, when the message may be gone (a Redis restart)."""
+    grace = now - dt.timedelta(seconds=min(settings.reconcile_seconds, 5.0))
+    slots = max(settings.worker_slots, sum(w.gpus for w in live_workers(db, settings.reconcile_seconds)))
+    rows = db.execute(
+        select(fine_tunes.c.id, fine_tunes.c.config).where(
+            or_(
+                fine_tunes.c.status == st.QUEUED,
+                and_(fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until.is_(None)),
+            ),
+            failed_attempts < settings.max_attempts,
+            or_(
+                and_(fine_tunes.c.enqueued_at.is_(None), fine_tunes.c.created_at < grace),
+                fine_tunes.c.enqueued_at < stale,
+            ),
+        )
+    )
+    # A job whose gang the live workers cannot form waits until they can (relay_worker.gang).
+    return [job_id for job_id, config in rows if int(config.get("gpus") or 1) <= slots]
+
+
+# What the reconciler reads of a job whose lease lapsed: enough to hand it on or to fail it.
+_LAPSED_COLUMNS = (
+    fine_tunes.c.id,
+    fine_tunes.c.attempt,
+    failed_attempts,
+    fine_tunes.c.step,
+    fine_tunes.c.last_failure,
+)
+# id, attempt, failed attempts, step, last_failure
+LapsedJob = Row[str, int, int, int, str | None]
+
+
+def _expired(db: Session, now: dt.datetime) -> Sequence[LapsedJob]:
+    """Running, but the worker stopped renewing the lease (killed, lost, or gave it back)."""
+    return db.execute(
+        select(*_LAPSED_COLUMNS).where(fine_tunes.c.status == st.RUNNING, fine_tunes.c.lease_until < now)
+    ).all()
+
+
+def _orphaned_cancels(db: Session, now: dt.datetime) -> Sequence[Row[str, int]]:
+    """A cancel was asked for and the worker is gone: nothing is left to stop."""
+    lapsed = or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now)
+    return db.execute(
+        select(fine_tunes.c.id, fine_tunes.c.attempt).where(
+            fine_tunes.c.status == st.CANCEL_REQUESTED, lapsed
+        )
+    ).all()
+
+
+def _exhausted(db: Session, settings: Settings) -> Sequence[LapsedJob]:
+    """Out of attempts (e.g. a worker gave the job back on its last attempt)."""
+    return db.execute(
+        select(*_LAPSED_COLUMNS).where(
+            fine_tunes.c.status == st.RUNNING,
+            fine_tunes.c.lease_until.is_(None),
+            failed_attempts >= settings.max_attempts,
+        )
+    ).all()
+
+
+def _publish_waiting(
+    db_sessions: sessionmaker[Session], publish: Callable[[str], None], waiting: list[str], stale: dt.datetime
+) -> list[str]:
+    """Publish each waiting job, once among many reconcilers: each first takes the job's turn."""
+    published = []
     for job_id in waiting:
-        # Take the job's turn to be published first, so that of many reconcilers one publishes it.
         with db_sessions() as db:
             taken = rows_changed(
                 db.execute(
@@ -419,46 +429,57 @@ def reconcile(
             db.commit()
         if taken:
             publish(job_id)
-            report.published.append(job_id)
+            published.append(job_id)
+    return published
 
-    if not judge_silent_leases:
-        expired = [row for row in expired if row.last_failure is not None]
-    for job_id, attempt, failed, step, last_failure in [*expired, *exhausted]:
+
+def _hand_on_lapsed(
+    db_sessions: sessionmaker[Session],
+    settings: Settings,
+    publish: Callable[[str], None],
+    lapsed: Sequence[LapsedJob],
+) -> tuple[list[str], list[str]]:
+    """Hand each job whose lease lapsed to a new attempt, or fail it when it is out of attempts;
+    returns the jobs handed on and those failed."""
+    resumed, failed = [], []
+    for job_id, attempt, failures, step, last_failure in lapsed:
         reason = last_failure or f"the worker of attempt {attempt} stopped responding (killed or lost)"
-        if failed >= settings.max_attempts:
-            message = f"gave up after {failed} failed attempts; the last one ended with: {reason}"
+        if failures >= settings.max_attempts:
+            message = f"gave up after {failures} failed attempts; the last one ended with: {reason}"
             if _end_exhausted(db_sessions, job_id, attempt, step, message):
-                report.failed.append(job_id)
-            continue
-        with db_sessions() as db:
-            moved = rows_changed(
-                db.execute(
-                    update(fine_tunes)
-                    .where(
-                        fine_tunes.c.id == job_id,
-                        fine_tunes.c.attempt == attempt,
-                        fine_tunes.c.status == st.RUNNING,
-                        fine_tunes.c.lease_until < database_now(db_sessions),
-                    )
-                    .values(lease_until=None, enqueued_at=database_now(db_sessions), last_failure=reason)
-                )
-            )
-            if moved:
-                _insert_event(
-                    db,
-                    job_id,
-                    step,
-                    "retry",
-                    attempt,
-                    {"attempt": attempt + 1, "reason": reason},
-                    database_now(db_sessions),
-                )
-            db.commit()
-        if moved:  # published by the one reconciler whose update moved it
-            publish(job_id)
-            report.resumed.append(job_id)
+                failed.append(job_id)
+        elif _retry(db_sessions, job_id, attempt, step, reason):
+            publish(job_id)  # by the one reconciler whose update moved it
+            resumed.append(job_id)
+    return resumed, failed
 
-    for job_id, attempt in orphaned_cancels:
+
+def _retry(db_sessions: sessionmaker[Session], job_id: str, attempt: int, step: int, reason: str) -> bool:
+    """Make the lapsed attempt's job claimable again, with a `retry` event naming the next attempt."""
+    with db_sessions() as db:
+        moved = rows_changed(
+            db.execute(
+                update(fine_tunes)
+                .where(
+                    fine_tunes.c.id == job_id,
+                    fine_tunes.c.attempt == attempt,
+                    fine_tunes.c.status == st.RUNNING,
+                    fine_tunes.c.lease_until < database_now(db_sessions),
+                )
+                .values(lease_until=None, enqueued_at=database_now(db_sessions), last_failure=reason)
+            )
+        )
+        if moved:
+            retry = RetryEvent(step=step, attempt=attempt + 1, reason=reason)
+            insert_event(db, job_id, retry, attempt, database_now(db_sessions))
+        db.commit()
+    return bool(moved)
+
+
+def _end_orphaned_cancels(db_sessions: sessionmaker[Session], orphaned: Sequence[Row[str, int]]) -> list[str]:
+    """End in `cancelled` each job whose cancel no worker is left to carry out."""
+    cancelled = []
+    for job_id, attempt in orphaned:
         with db_sessions() as db:
             when = database_now(db_sessions)
             final_step = db.execute(
@@ -473,11 +494,11 @@ def reconcile(
                 .returning(fine_tunes.c.step)
             ).scalar()
             if final_step is not None:
-                _insert_event(db, job_id, final_step, "cancelled", attempt, {}, when)
+                insert_event(db, job_id, CancelledEvent(step=final_step), attempt, when)
             db.commit()
         if final_step is not None:
-            report.cancelled.append(job_id)
-    return report
+            cancelled.append(job_id)
+    return cancelled
 
 
 def _republish_before(
@@ -510,6 +531,6 @@ def _end_exhausted(
             )
         )
         if moved:
-            _insert_event(db, job_id, step, "error", attempt, {"message": message}, now)
+            insert_event(db, job_id, ErrorEvent(step=step, message=message), attempt, now)
         db.commit()
     return bool(moved)

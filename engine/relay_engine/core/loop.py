@@ -19,10 +19,9 @@ from typing import Any, Literal
 
 import torch
 
+from relay.events import CheckpointEvent, Event, FinishedEvent, MetricsEvent
 from relay.optimizer import AdamParams
 from relay_engine.core.learner import BatchT, Learner
-
-Event = dict[str, Any]
 
 
 @dataclass
@@ -55,22 +54,25 @@ class MetricsWindow:
             self.grad_norm_sum += grad_norm
             self.grad_norm_count += 1
 
-    def event(self, step: int) -> Event:
+    def event(self, step: int, gpu_memory_bytes: int | None = None) -> MetricsEvent:
         def mean(total: float, count: int) -> float | None:
             return total / count if count else None
 
-        event: Event = {
-            "step": step,
-            "loss": mean(self.loss_sum, self.loss_count),
-            "grad_norm": mean(self.grad_norm_sum, self.grad_norm_count),
-            "lr": self.lr_sum / self.steps,
-            "skipped": self.skipped / self.steps,
-        }
+        figures: dict[str, float | int] = {}
         if self.seconds > 0:
-            event["steps_per_second"] = self.steps / self.seconds
-            event["samples_per_second"] = self.samples / self.seconds
-            event["data_wait"] = min(1.0, self.data_seconds / self.seconds)
-        return event
+            figures["steps_per_second"] = self.steps / self.seconds
+            figures["samples_per_second"] = self.samples / self.seconds
+            figures["data_wait"] = min(1.0, self.data_seconds / self.seconds)
+        if gpu_memory_bytes is not None:
+            figures["gpu_memory_bytes"] = gpu_memory_bytes
+        return MetricsEvent(
+            step=step,
+            loss=mean(self.loss_sum, self.loss_count),
+            grad_norm=mean(self.grad_norm_sum, self.grad_norm_count),
+            lr=self.lr_sum / self.steps,
+            skipped=self.skipped / self.steps,
+            **figures,
+        )
 
     def time(self, seconds: float, data_seconds: float, samples: int) -> None:
         self.seconds += seconds
@@ -141,17 +143,16 @@ def run_loop(
             time.perf_counter() - started, data_seconds, sum(batch.batch_size for batch in batches)
         )
         if state.step % log_every == 0 or state.step == total_steps:
-            event = state.window.event(state.step)
-            if learner.device.type == "cuda":
-                event["gpu_memory_bytes"] = torch.cuda.memory_allocated(learner.device)
-            on_event(event)
+            on_cuda = learner.device.type == "cuda"
+            memory = torch.cuda.memory_allocated(learner.device) if on_cuda else None
+            on_event(state.window.event(state.step, gpu_memory_bytes=memory))
             state.window = MetricsWindow()
         if save_checkpoint is not None and (state.step % checkpoint_every == 0 or state.step == total_steps):
             saving = time.perf_counter()
             save_checkpoint(state)
-            on_event({"step": state.step, "event": "checkpoint", "seconds": time.perf_counter() - saving})
+            on_event(CheckpointEvent(step=state.step, seconds=time.perf_counter() - saving))
         if after_step is not None:
             after_step(state)
 
-    on_event({"step": total_steps, "event": "finished"})
+    on_event(FinishedEvent(step=total_steps))
     return LoopResult("completed", total_steps, state.last_loss)

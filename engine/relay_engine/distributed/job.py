@@ -4,9 +4,10 @@
         -m relay_engine.distributed.job WORK_DIR/launch/spec.json
 
 spec.json: {"recipe": Recipe.to_dict(), "work_dir", "dataset_cache_dir", "stop_file",
-"result_file"}. Rank 0 prints each event as one line `EVENT {json}` on its standard output (the
-worker records them) and writes `result_file` at the end: {"status", "step", "loss",
-"output_dir"} or {"error"} for a user's mistake (EngineError). Every rank stops after the
+"result_file"}. Rank 0 prints each event as one line `EVENT {json}` on its standard output
+(`relay.events.event_line`; the worker parses it back with `parse_event` and records it) and writes
+`result_file` at the end: a `RecipeResult.to_json()`, or {"error"} for a user's mistake
+(EngineError). Every rank stops after the
 current step once `stop_file` exists (the worker creates it for a cancel or its own shutdown);
 the ranks agree on it each step, so they stop at the same one. Each rank writes its pid to
 `launch/rank-R.pid`, for operators (and the tests that kill one).
@@ -21,8 +22,8 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
+from relay.events import Event, event_line
 from relay_engine.core.checkpoint import write_atomic
 from relay_engine.distributed.group import join, leave
 from relay_engine.errors import EngineError
@@ -40,8 +41,8 @@ def main(spec_path: str) -> int:
     stop_file = Path(spec["stop_file"])
     result_file = Path(spec["result_file"])
 
-    def on_event(event: dict[str, Any]) -> None:
-        print(EVENT_PREFIX + json.dumps(event), flush=True)
+    def on_event(event: Event) -> None:
+        print(EVENT_PREFIX + event_line(event), flush=True)
 
     try:
         result = run_recipe(
@@ -51,19 +52,13 @@ def main(spec_path: str) -> int:
             should_stop=stop_file.exists,
             dataset_cache_dir=Path(spec["dataset_cache_dir"]) if spec.get("dataset_cache_dir") else None,
         )
-        outcome: dict[str, Any] = {
-            "status": result.status,
-            "step": result.step,
-            "loss": result.loss,
-            "output_dir": str(result.output_dir) if result.output_dir is not None else None,
-            "resumed_from": result.resumed_from,
-        }
+        outcome = result.to_json()
     except EngineError as error:  # the same mistake on every rank; rank 0 tells the worker
-        outcome = {"error": str(error)}
+        outcome = json.dumps({"error": str(error)})
     finally:
         leave()
     if world.is_main:
-        write_atomic(result_file, json.dumps(outcome).encode())
+        write_atomic(result_file, outcome.encode())
     return 0
 
 

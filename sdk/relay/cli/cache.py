@@ -14,9 +14,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from relay._format import size_text
 from relay.cli._common import console, fail, show_table
 from relay.cli._extras import require
+from relay.formatting import size_text
 
 app = typer.Typer(
     help="The frame indexes of datasets in the cache: show them (the default) or prune them.",

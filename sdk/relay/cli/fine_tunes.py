@@ -14,7 +14,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from relay import sft
-from relay._format import duration_text, number_text, size_text
 from relay.catalog import LORA_RANK_MAX
 from relay.cli._common import (
     console,
@@ -29,6 +28,8 @@ from relay.cli._common import (
 )
 from relay.cli.watch import watch_events
 from relay.errors import APIError, ConfigError
+from relay.events import METRICS
+from relay.formatting import duration_text, number_text, size_text
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 from relay.sft.job import Event, FineTuneJob, interrupted_note
 from relay.sft.train import train
@@ -243,7 +244,7 @@ def _print_event(event: Event, as_json: bool, steps: int) -> None:
     if as_json:
         print(json.dumps({"id": event.id, "created_at": event.created_at, **event}), flush=True)
         return
-    if "event" not in event:
+    if event.kind == METRICS:
         line = (
             f"id {event.id:>6}  step {event['step']:>6}  loss {number_text(event.get('loss'))}"
             f"  grad_norm {number_text(event.get('grad_norm'))}  lr {number_text(event.get('lr'))}"
@@ -251,7 +252,7 @@ def _print_event(event: Event, as_json: bool, steps: int) -> None:
         )
     else:
         details = "  ".join(f"{k} {_value(v)}" for k, v in event.items() if k not in ("step", "event"))
-        line = f"id {event.id:>6}  step {event['step']:>6}  {event['event']}" + (
+        line = f"id {event.id:>6}  step {event['step']:>6}  {event.kind}" + (
             f"  {details}" if details else ""
         )
     out.print(line, highlight=False, soft_wrap=True)

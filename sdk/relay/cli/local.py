@@ -12,13 +12,13 @@ from typing import Any
 import typer
 
 from relay import families
-from relay._format import number_text
-from relay._progress import ProgressReport
 from relay.catalog import LORA_RANK_MAX, STRATEGIES
 from relay.cli._common import console as make_console
 from relay.cli._common import dataset_name, fail, parse_pairs, split_targets
 from relay.cli._extras import require
 from relay.cli._launch import Launch, rank, run_launched
+from relay.formatting import number_text
+from relay.progress import ProgressReport
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 
 app = typer.Typer(

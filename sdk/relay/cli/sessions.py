@@ -10,9 +10,9 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from relay._format import size_text
 from relay.cli._common import console, fail, show_record, show_table, status_text
 from relay.errors import APIError
+from relay.formatting import size_text
 from relay.training import ServiceClient
 
 app = typer.Typer(

@@ -14,8 +14,9 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from relay._format import number_text
 from relay.cli._common import status_text
+from relay.events import METRICS
+from relay.formatting import number_text
 from relay.sft import status as job_status
 from relay.sft.job import Event, FineTuneJob
 
@@ -63,12 +64,11 @@ class LossPanel:
 
     def add(self, event: Event) -> None:
         self.step = max(self.step, int(event.get("step") or 0))
-        kind = event.get("event")
-        if kind is None and isinstance(event.get("loss"), int | float):
+        if event.kind == METRICS and isinstance(event.get("loss"), int | float):
             self.losses.append(float(event["loss"]))
             self.status = job_status.RUNNING
-        elif kind in STATUS_AFTER:
-            self.status = STATUS_AFTER[kind]
+        elif event.kind in STATUS_AFTER:
+            self.status = STATUS_AFTER[event.kind]
 
     def update_from(self, job: FineTuneJob) -> None:
         """The job as the API reports it now; an end already seen in the events stays."""

@@ -6,7 +6,7 @@ exports the function under its module's name (``from relay.sft.train import trai
 
 from __future__ import annotations
 
-from relay import _http
+from relay import http_client
 from relay.sft.config import SFTConfig
 from relay.sft.job import FINE_TUNES, Event, FineTuneJob
 from relay.sft.train import train
@@ -16,15 +16,15 @@ __all__ = ["Event", "FineTuneJob", "SFTConfig", "list_jobs", "retrieve", "train"
 JOBS_PAGE = 100
 
 
-def retrieve(id: str, *, client: _http.Client | None = None) -> FineTuneJob:
+def retrieve(id: str, *, client: http_client.Client | None = None) -> FineTuneJob:
     """The job `id` (``"ft-..."``), as the API reports it now."""
-    client = client or _http.default_client()
+    client = client or http_client.default_client()
     return FineTuneJob(client.request("GET", f"{FINE_TUNES}/{id}"), client)
 
 
-def list_jobs(limit: int | None = None, *, client: _http.Client | None = None) -> list[FineTuneJob]:
+def list_jobs(limit: int | None = None, *, client: http_client.Client | None = None) -> list[FineTuneJob]:
     """Your jobs, newest first: all of them, or the newest `limit`."""
-    client = client or _http.default_client()
+    client = client or http_client.default_client()
     jobs: list[FineTuneJob] = []
     after: str | None = None
     while limit is None or len(jobs) < limit:

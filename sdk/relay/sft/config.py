@@ -12,7 +12,9 @@ from typing import Annotated, Any, ClassVar
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from relay import catalog, families
-from relay._rules import (
+from relay.catalog import LORA_RANK_DEFAULT
+from relay.errors import ConfigError
+from relay.rules import (
     ABSENT,
     FINETUNE_RULE,
     LORA_ALPHA_RULE,
@@ -30,8 +32,6 @@ from relay._rules import (
     has_control_characters,
     whole_float_to_int,
 )
-from relay.catalog import LORA_RANK_DEFAULT
-from relay.errors import ConfigError
 
 BATCH_SIZE_MAX = 512
 GPUS_MAX = 64

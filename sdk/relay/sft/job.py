@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from relay import _http
-from relay._format import number_text
-from relay._progress import ProgressReport
+from relay import events, http_client
+from relay.formatting import number_text
+from relay.progress import ProgressReport
 from relay.sft import status as job_status
 from relay.sft.config import SFTConfig
 
@@ -30,18 +30,30 @@ def interrupted_note(job_id: str) -> str:
 
 class Event(dict[str, Any]):
     """One event as the engine reports it (``{"step": 10, "loss": 0.21, ...}``), with the API's ``id``
-    (the cursor for ``events(after=...)``) and ``created_at`` as attributes."""
+    (the cursor for ``events(after=...)``), ``created_at`` and ``kind`` ("metrics", "checkpoint",
+    ...) as attributes; ``typed`` is the same event as its kind's class in ``relay.events``."""
 
     id: int
     created_at: str | None
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> Event:
-        body = {k: v for k, v in data.items() if k not in ("id", "object", "created_at")}
+        body = {k: v for k, v in data.items() if k not in ("id", "object", "created_at", "kind")}
         event = cls(body)
         event.id = int(data["id"])
         event.created_at = data.get("created_at")
         return event
+
+    @property
+    def kind(self) -> str:
+        """What the event reports: "metrics", or its ``event`` ("checkpoint", "finished", ...)."""
+        return events.kind_of(self)
+
+    @property
+    def typed(self) -> events.Event:
+        """The event as its kind's class (``MetricsEvent``, ``CheckpointEvent``, ...): typed fields,
+        and a class to match on."""
+        return events.parse_event(self)
 
 
 class FineTuneJob:
@@ -77,8 +89,8 @@ class FineTuneJob:
     cameras: dict[str, str] | None
     name: str | None
 
-    def __init__(self, data: dict[str, Any], client: _http.Client | None = None) -> None:
-        self._client = client or _http.default_client()
+    def __init__(self, data: dict[str, Any], client: http_client.Client | None = None) -> None:
+        self._client = client or http_client.default_client()
         self._update(data)
 
     def _update(self, data: dict[str, Any]) -> None:

@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from relay import _http
+from relay import http_client
 from relay.sft.config import SFTConfig
 from relay.sft.job import FINE_TUNES, FineTuneJob
 
@@ -15,14 +15,14 @@ def train(
     config: SFTConfig | Mapping[str, Any],
     *,
     idempotency_key: str | None = None,
-    client: _http.Client | None = None,
+    client: http_client.Client | None = None,
 ) -> FineTuneJob:
     """Start a fine-tune and return at once with the job (``queued``); ``job.wait()`` waits for it.
 
     A plain mapping is sent as it is and checked by the API. The request carries an Idempotency-Key
     (a fresh one unless given), so a retry after a dropped connection cannot start a second job.
     """
-    client = client or _http.default_client()
+    client = client or http_client.default_client()
     body = config.model_dump() if isinstance(config, SFTConfig) else dict(config)
     headers = {"idempotency-key": idempotency_key or uuid.uuid4().hex}
     created = client.request("POST", FINE_TUNES, json_body=body, headers=headers, retry=True)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from relay import _http
+from relay import http_client
 from relay.errors import APIError, RequestFailedError
 from relay.training import wire
 from relay.training.futures import APIFuture
@@ -72,7 +72,7 @@ class CallStream:
 
     def __init__(
         self,
-        http: _http.Client,
+        http: http_client.Client,
         session_id: str,
         heartbeat_seconds: float,
         *,
@@ -166,7 +166,7 @@ class CallStream:
                 )
                 break
             except APIError as error:
-                retryable = error.status is None or error.status in _http.RETRY_STATUSES
+                retryable = error.status is None or error.status in http_client.RETRY_STATUSES
                 if retryable and time.monotonic() < give_up:
                     time.sleep(min(0.2 * 2**attempt, 5.0))
                     attempt += 1

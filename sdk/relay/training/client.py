@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from relay import _http
+from relay import http_client
 from relay.catalog import ACTION_HORIZON, LORA_RANK_DEFAULT, RelationalSessionProblem
 from relay.codec import Codec
 from relay.errors import APIError, RequestFailedError
@@ -53,7 +53,7 @@ class ServiceClient:
         start_timeout: float = DEFAULT_START_TIMEOUT,
         progress: bool | None = None,
     ) -> None:
-        self._http = _http.Client(base_url, api_key)
+        self._http = http_client.Client(base_url, api_key)
         self.start_timeout = start_timeout
         self.progress = progress
 
@@ -156,7 +156,7 @@ HOLDERS_LOOKED_AT = 20
 HOLDERS_EVERY_SECONDS = 10.0
 
 
-def _holders(http: _http.Client, session_id: str) -> str:
+def _holders(http: http_client.Client, session_id: str) -> str:
     """What of yours holds a worker now ("fine-tune ft-... (running, step 40/1500)"), for the wait
     message; on a shared service other users' work may hold them too, which the API does not show."""
     try:
@@ -180,7 +180,7 @@ def _holders(http: _http.Client, session_id: str) -> str:
 
 
 def _wait_until_ready(
-    http: _http.Client, session: dict[str, Any], timeout: float, progress: bool | None
+    http: http_client.Client, session: dict[str, Any], timeout: float, progress: bool | None
 ) -> dict[str, Any]:
     """Poll the session until it is ready; raise with what happened if it fails or nobody takes it."""
     show = sys.stderr.isatty() if progress is None else progress
@@ -249,7 +249,9 @@ class TrainingClient:
     ``close()`` (or leaving a ``with`` block) ends the session; what was not saved is lost.
     """
 
-    def __init__(self, http: _http.Client, session: Mapping[str, Any], codec: Codec = Codec.LOSSLESS) -> None:
+    def __init__(
+        self, http: http_client.Client, session: Mapping[str, Any], codec: Codec = Codec.LOSSLESS
+    ) -> None:
         self.id: str = session["id"]
         self.info: dict[str, Any] = dict(session["info"])
         self.codec = codec

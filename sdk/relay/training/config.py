@@ -12,7 +12,10 @@ from typing import Any, ClassVar
 from pydantic import Field, model_validator
 
 from relay import catalog, families
-from relay._rules import (
+from relay.catalog import LORA_RANK_DEFAULT
+from relay.codec import Codec
+from relay.errors import ConfigError
+from relay.rules import (
     ABSENT,
     FINETUNE_RULE,
     LORA_ALPHA_RULE,
@@ -28,9 +31,6 @@ from relay._rules import (
     WholeNumber,
     for_models,
 )
-from relay.catalog import LORA_RANK_DEFAULT
-from relay.codec import Codec
-from relay.errors import ConfigError
 
 ACTION_HORIZON_MAX = 100
 SAVED_NAME_MAX = 128

@@ -11,11 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from relay.events import RecipeResult
 from relay.sft.config import SFTConfig
 from relay_engine.datasets import LeRobotDataset
 from relay_engine.errors import ConfigError, DatasetError, EngineError
 from relay_engine.models import load_policy
-from relay_engine.recipe import Recipe, RecipeResult, run_recipe
+from relay_engine.recipe import Recipe, run_recipe
 
 STEPS = 12
 

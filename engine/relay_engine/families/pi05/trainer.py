@@ -27,12 +27,13 @@ from typing import Any, Literal, cast
 
 import torch
 
-from relay._format import number_text
-from relay._progress import ProgressReport
+from relay.events import Event, MetricsEvent
+from relay.formatting import number_text
 from relay.optimizer import AdamParams
+from relay.progress import ProgressReport
 from relay.sft.config import SFTConfig
 from relay_engine.core.data import BatchOrder, DataPosition, MapDataset, batch_loader
-from relay_engine.core.loop import Event, LoopResult, LoopState, run_loop
+from relay_engine.core.loop import LoopResult, LoopState, run_loop
 from relay_engine.core.schedule import learning_rate
 from relay_engine.distributed import Parallel, batch_slice, choose_strategy, gathered_policy, join, launched
 from relay_engine.errors import ConfigError
@@ -175,8 +176,8 @@ class Trainer:
 
         def on_event(event: Event) -> None:
             self.events.append(event)
-            if report is not None and "loss" in event:
-                report.update(int(event["step"]), f"loss {number_text(float(event['loss']))}")
+            if report is not None and isinstance(event, MetricsEvent) and event.loss is not None:
+                report.update(event.step, f"loss {number_text(event.loss)}")
 
         try:
             result = self._run(next_step_batches, total_steps, after_step, on_event)

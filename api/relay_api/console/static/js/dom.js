@@ -33,7 +33,7 @@ export function number(value, digits = 4) {
   return Number(value.toPrecision(digits)).toString();
 }
 
-// Decimal units (1 MB = 1,000,000 bytes), as the CLI writes them (relay._format.size_text).
+// Decimal units (1 MB = 1,000,000 bytes), as the CLI writes them (relay.formatting.size_text).
 export function bytes(count) {
   const units = ["B", "kB", "MB", "GB", "TB"];
   let value = count;

@@ -11,6 +11,11 @@ const POLL_MS = 2000;
 // Events that start another attempt of a job, shown in its timeline.
 const ATTEMPTS = new Set(["retry", "resumed"]);
 
+// What an event reports (relay.events): the API names every event's `kind`; "metrics" or its `event`.
+function kindOf(event) {
+  return event.kind ?? event.event ?? "metrics";
+}
+
 export async function jobView(ctx, id) {
   let job;
   try {
@@ -90,8 +95,8 @@ export async function jobView(ctx, id) {
     const moves = [{ status: "queued", at: job.created_at }];
     if (job.started_at) moves.push({ status: "running", at: job.started_at });
     for (const event of events) {
-      if (ATTEMPTS.has(event.event)) {
-        moves.push({ status: "running", note: `${event.event}, attempt ${event.attempt ?? "?"}`, at: event.created_at });
+      if (ATTEMPTS.has(kindOf(event))) {
+        moves.push({ status: "running", note: `${kindOf(event)}, attempt ${event.attempt ?? "?"}`, at: event.created_at });
       }
     }
     if (job.status === "cancel_requested") moves.push({ status: "cancel_requested", at: null });
@@ -103,25 +108,26 @@ export async function jobView(ctx, id) {
 
   function addEvent(event, receivedAt) {
     events.push(event);
-    if (event.loss !== undefined || event.grad_norm !== undefined || event.lr !== undefined) {
+    const kind = kindOf(event);
+    if (kind === "metrics") {
       charts.loss.add(event.step, event.loss, receivedAt);
       charts.grad_norm.add(event.step, event.grad_norm, receivedAt);
       charts.lr.add(event.step, event.lr, receivedAt);
     }
-    const { id: eventId, object, created_at, step, event: kind, ...details } = event;
+    const { id: eventId, object, created_at, step, event: _name, kind: _kind, ...details } = event;
     log.append(
       h(
         "tr",
-        { "data-event": kind ?? "metrics" },
+        { "data-event": kind },
         h("td.num", {}, eventId),
         h("td", {}, when(created_at)),
         h("td.num", {}, step),
-        h("td", {}, kind ?? "metrics"),
+        h("td", {}, kind),
         h("td.mono", {}, Object.entries(details).map(([k, v]) => `${k}=${typeof v === "number" ? number(v) : JSON.stringify(v)}`).join("  ")),
       ),
     );
     logCount.textContent = `(${events.length})`;
-    if (kind && ATTEMPTS.has(kind)) renderTimeline();
+    if (ATTEMPTS.has(kind)) renderTimeline();
     if (kind === "checkpoint" || kind === "finished") refreshFiles();
   }
 

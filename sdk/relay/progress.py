@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from relay._format import duration_text
+from relay.formatting import duration_text
 
 DEFAULT_EVERY = 5.0
 # With nothing new to say, a line this often (or every RELAY_PROGRESS_SECONDS, if longer).

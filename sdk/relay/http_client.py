@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from relay import __version__, _config
+from relay import __version__, client_config
 from relay.errors import APIError
 
 # Statuses worth another try: the server was busy or restarting, not wrong.
@@ -30,7 +30,7 @@ class Client:
         timeout: float = 60.0,
         max_retries: int = 2,
     ) -> None:
-        settings = _config.resolve(base_url, api_key)
+        settings = client_config.resolve(base_url, api_key)
         self.base_url = settings.base_url
         self.api_key = settings.api_key
         self.max_retries = max_retries
@@ -87,7 +87,7 @@ class Client:
                 if retry and attempt < self.max_retries:
                     attempt = self._backoff(attempt)
                     continue
-                message = f"cannot reach {self.base_url}: {error} ({_config.where_looked()})"
+                message = f"cannot reach {self.base_url}: {error} ({client_config.where_looked()})"
                 raise APIError(method, path, None, message) from None
             if response.status_code in RETRY_STATUSES and retry and attempt < self.max_retries:
                 attempt = self._backoff(attempt)
@@ -188,7 +188,7 @@ class Client:
                 path,
                 None,
                 "no API key: set RELAY_API_KEY, or start a local server with `relay server` "
-                f"(it writes one to {_config.client_file()}, where this client looked)",
+                f"(it writes one to {client_config.client_file()}, where this client looked)",
             )
 
     @staticmethod
@@ -234,7 +234,7 @@ _clients_lock = threading.Lock()
 
 def default_client() -> Client:
     """The client for the current settings (env vars or the local client file), reused across calls."""
-    settings = _config.resolve()
+    settings = client_config.resolve()
     key = (settings.base_url, settings.api_key)
     with _clients_lock:
         client = _clients.get(key)

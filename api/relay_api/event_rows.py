@@ -1,0 +1,76 @@
+"""A job's event rows, written and read in one place: the worker writes the engine's events and the
+reconciler's, the API writes a queued job's cancel and serves them all.
+
+A row holds the event's step, its kind and its other keys (`data`); the API's answer puts them back
+together as the engine reported them, with the row's id and time, and the kind named (older rows,
+written before events carried one, read the same).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from relay.events import METRICS, Event
+from relay_api.db import iso
+from relay_api.models import fine_tune_events
+
+# Events that can happen more than once at one step, once per attempt (a job retried twice before
+# its next checkpoint). Events are unique per (job, step, kind), so these are stored with their
+# attempt in the kind ("retry:3"), and shown without it.
+PER_ATTEMPT_EVENTS = ("retry", "resumed")
+# The keys an event row keeps in columns of its own, not in `data`.
+ROW_KEYS = frozenset({"step", "event", "kind"})
+
+
+def stored_kind(kind: str, attempt: int) -> str:
+    return f"{kind}:{attempt}" if kind in PER_ATTEMPT_EVENTS else kind
+
+
+def insert_event(db: Session, job_id: str, event: Event, attempt: int, now: dt.datetime) -> None:
+    """Write one typed event as attempt `attempt` of the job (see insert_event_row)."""
+    data = {key: value for key, value in event.items() if key not in ROW_KEYS}
+    insert_event_row(db, job_id, event.step, event.kind, attempt, data, now)
+
+
+def insert_event_row(
+    db: Session, job_id: str, step: int, kind: str, attempt: int, data: dict[str, Any], now: dt.datetime
+) -> None:
+    """The one writer of event rows; once per (job, step, kind): a repeat (a replayed event, one
+    written by two attempts) is stored once. An event that names its attempt (a retry, a resume) is
+    stored under that attempt."""
+    values = {
+        "job_id": job_id,
+        "step": step,
+        "kind": stored_kind(kind, int(data.get("attempt", attempt))),
+        "attempt": attempt,
+        "data": data,
+        "created_at": now,
+    }
+    builder = pg_insert if db.get_bind().dialect.name == "postgresql" else sqlite_insert
+    db.execute(
+        builder(fine_tune_events)
+        .values(values)
+        .on_conflict_do_nothing(index_elements=["job_id", "step", "kind"])
+    )
+
+
+def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
+    """An event as the engine reported it (``{"step": 10, "loss": ...}``), with its id, time and kind."""
+    kind = row["kind"].partition(":")[0]
+    event: dict[str, Any] = {
+        "id": row["id"],
+        "object": "fine_tune.event",
+        "created_at": iso(row["created_at"]),
+        "step": row["step"],
+        **row["data"],
+    }
+    if kind != METRICS:
+        event["event"] = kind
+    event["kind"] = kind
+    return event

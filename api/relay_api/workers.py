@@ -1,0 +1,32 @@
+"""The workers alive now, by their heartbeat rows: what the API places jobs on and the workers'
+reconciler and gangs count slots with (a module of its own, so that the workers import no route's
+module)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from sqlalchemy import bindparam, select
+
+from relay_api.db import Db, utcnow
+from relay_api.metrics import WORKER_MISSED_BEATS
+from relay_api.models import worker_heartbeats
+
+
+@dataclass(frozen=True)
+class LiveWorker:
+    gpus: int  # GPUs (or CPU slots) it gives one job
+    gpu_memory: int | None  # bytes of each of those GPUs; None: CPU slots
+
+
+_LIVE_WORKERS = select(worker_heartbeats.c.gpus, worker_heartbeats.c.gpu_memory).where(
+    worker_heartbeats.c.seen_at >= bindparam("horizon")
+)
+
+
+def live_workers(db: Db, reconcile_seconds: float) -> list[LiveWorker]:
+    """The workers alive now, per their heartbeats."""
+    horizon = utcnow() - dt.timedelta(seconds=WORKER_MISSED_BEATS * reconcile_seconds)
+    rows = db.execute(_LIVE_WORKERS, {"horizon": horizon})
+    return [LiveWorker(int(gpus), None if memory is None else int(memory)) for gpus, memory in rows]

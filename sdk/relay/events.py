@@ -1,0 +1,252 @@
+"""The contract of a job's reports: its events and the recipe's result, one definition for the engine
+that produces them, the worker that stores them, the API that serves them and the SDK, CLI and
+console that read them. Pure Python and pydantic: every package may import it.
+
+An event is a dict of its wire keys, exactly as jobs have reported them since the first release: a
+metrics event's figures at the top level (``{"step": 10, "loss": 0.21, "grad_norm": 0.9, "lr":
+2.4e-6, "skipped": 0.0, ...}``), any other event's name under ``"event"`` with its details beside it
+(``{"step": 20, "event": "checkpoint", "seconds": 1.2}``). Each kind is a class of its own with its
+fields typed as attributes (``event.loss``), and its ``kind`` as a class attribute that typed readers
+dispatch on. On the wire (``to_wire``: the engine's stdout, the worker's journal, the API's answers)
+``"kind"`` rides along as one more key; a report without it (an older row) is read by its
+``"event"``, or as metrics (``parse_event``).
+
+Events are dicts, not pydantic models, because that is what every reader has had since the first
+release (``Trainer.events``, ``relay local train --json``, callbacks that index them); pydantic
+checks each one as it is built and gives the API's document its shape per kind
+(relay_api.schemas.EventOut).
+
+A new kind (video, serving, evaluation reports) is one class below, added to the ``Event`` union.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, ClassVar, Literal, NotRequired, Union
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+from typing_extensions import TypedDict
+
+METRICS = "metrics"
+
+
+class EventBase(dict[str, Any]):
+    """One report of a job: a dict of its wire keys, with its fields as typed attributes.
+
+    A field typed ``X | None`` may be absent (its attribute reads None): the engine leaves out what it
+    did not measure (a CPU run's ``gpu_memory_bytes``), and older rows lack fields added since (the
+    engine always reports a metrics event's ``loss``, ``grad_norm``, ``lr`` and ``skipped``)."""
+
+    kind: ClassVar[str]
+    step: int
+
+    def __init__(self, **fields: Any) -> None:
+        """Checked against the class's fields (a ValueError names the field); numbers as Python
+        numbers, a non-finite one as None, so that the event is JSON as it stands."""
+        plain = {name: _plain(value) for name, value in fields.items()}
+        if type(self).kind != METRICS:
+            plain = {"step": plain.pop("step", None), "event": type(self).kind, **plain}
+        try:
+            _fields_adapter(type(self)).validate_python({**plain, "kind": type(self).kind})
+        except ValidationError as error:
+            raise ValueError(f"bad {type(self).kind} event: {error}") from None
+        super().__init__(plain)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in self:
+            return self[name]
+        if name in _field_types(type(self)):
+            return None  # an optional field left out
+        raise AttributeError(f"{type(self).__name__} has no field {name!r}")
+
+    def to_wire(self) -> dict[str, Any]:
+        """The event as it crosses a process or a network: its keys, and its kind."""
+        return wire_form(self)
+
+
+class MetricsEvent(EventBase):
+    """Every `log_every` steps: the window's means (``loss`` and ``grad_norm`` over the steps that
+    were taken; ``skipped``: the share that were not), the speed, and a GPU run's memory."""
+
+    kind: ClassVar[str] = "metrics"
+    loss: float | None
+    grad_norm: float | None
+    lr: float | None
+    skipped: float | None
+    steps_per_second: float | None
+    samples_per_second: float | None
+    data_wait: float | None  # the share of the window's time spent waiting for batches
+    gpu_memory_bytes: int | None
+
+
+class CheckpointEvent(EventBase):
+    """A complete checkpoint at `step`; ``seconds``: how long it took to write."""
+
+    kind: ClassVar[str] = "checkpoint"
+    seconds: float | None
+
+
+class ResumedEvent(EventBase):
+    """The run resumed from the checkpoint at `step`; ``attempt``: the service job's attempt."""
+
+    kind: ClassVar[str] = "resumed"
+    attempt: int | None
+
+    @classmethod
+    def of_attempt(cls, step: int, attempt: int) -> ResumedEvent:
+        """A service job's resume names its attempt; a local run's (attempt 0) names none."""
+        return cls(step=step, attempt=attempt) if attempt > 0 else cls(step=step)
+
+
+class RetryEvent(EventBase):
+    """The reconciler hands the job to attempt ``attempt``: the last one ended with ``reason``."""
+
+    kind: ClassVar[str] = "retry"
+    attempt: int
+    reason: str
+
+
+class CancelledEvent(EventBase):
+    """The job ended `cancelled` at `step` (a queued job at once, a running one at its next step)."""
+
+    kind: ClassVar[str] = "cancelled"
+
+
+class FinishedEvent(EventBase):
+    """The loop took its last step; the output is written next."""
+
+    kind: ClassVar[str] = "finished"
+
+
+class ErrorEvent(EventBase):
+    """The job ended in `error`; ``message`` says why (the job's ``error``)."""
+
+    kind: ClassVar[str] = "error"
+    message: str
+
+
+Event = Union[  # noqa: UP007 (a runtime value too: typed readers match on its members)
+    MetricsEvent, CheckpointEvent, ResumedEvent, RetryEvent, CancelledEvent, FinishedEvent, ErrorEvent
+]
+EVENT_KINDS: dict[str, type[EventBase]] = {
+    kind.kind: kind for kind in typing.get_args(Event) if issubclass(kind, EventBase)
+}
+
+
+def kind_of(data: Mapping[str, Any]) -> str:
+    """A wire event's kind: its ``kind``, else (an older report) its ``event``, else metrics."""
+    return str(data.get("kind") or data.get("event") or METRICS)
+
+
+def parse_event(data: Mapping[str, Any]) -> Event:
+    """The typed event of a wire dict (with or without ``kind``); keys that are not the event's own
+    (an API answer's ``id``, ``object``, ``created_at``) are left out. ValueError for an unknown
+    kind or a field that breaks its type. An event already typed is returned as it is."""
+    if isinstance(data, EventBase):
+        return typing.cast(Event, data)
+    kind = kind_of(data)
+    if kind not in EVENT_KINDS:
+        raise ValueError(f"unknown event kind {kind!r} (known: {', '.join(EVENT_KINDS)})")
+    cls = EVENT_KINDS[kind]
+    own = _field_types(cls)
+    event = cls(**{name: value for name, value in data.items() if name in own})
+    return typing.cast(Event, event)
+
+
+def wire_form(event: Mapping[str, Any]) -> dict[str, Any]:
+    """An event's keys with its kind (a typed event's, or the one its keys imply)."""
+    return {**event, "kind": kind_of(event)}
+
+
+def event_line(event: Mapping[str, Any]) -> str:
+    """One event as a line of JSON (the engine's stdout, the worker's journal)."""
+    return json.dumps(wire_form(event), separators=(",", ":"))
+
+
+def fields_of(kind: type[EventBase]) -> dict[str, Any]:
+    """A kind's fields and their types (`step` among them): what an API's schema of it declares.
+    A field whose type admits None may be absent."""
+    return dict(_field_types(kind))
+
+
+@cache
+def _field_types(cls: type[EventBase]) -> dict[str, Any]:
+    """The kind's fields (its annotations and the base's), without the class attributes."""
+    hints = typing.get_type_hints(cls)
+    return {name: hint for name, hint in hints.items() if typing.get_origin(hint) is not ClassVar}
+
+
+@cache
+def _fields_adapter(cls: type[EventBase]) -> TypeAdapter[Any]:
+    """A pydantic TypedDict of the kind's wire form: what checks an event as it is built."""
+    wire: dict[str, Any] = {"kind": Literal[cls.kind]}
+    if cls.kind != METRICS:
+        wire["event"] = Literal[cls.kind]
+    for name, hint in _field_types(cls).items():
+        wire[name] = NotRequired[hint] if admits_none(hint) else hint
+    shape = _typed_dict(cls.__name__, wire)
+    shape.__pydantic_config__ = ConfigDict(extra="forbid", title=cls.__name__)
+    return TypeAdapter(shape)
+
+
+# TypedDict's functional form, for a shape known only when the class is: a name mypy reads as Any.
+_typed_dict: Any = TypedDict
+
+
+def admits_none(hint: Any) -> bool:
+    return typing.get_origin(hint) in (Union, types.UnionType) and type(None) in typing.get_args(hint)
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-ready value: a numpy or torch scalar as a Python number, a non-finite float as None."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+@dataclass(frozen=True)
+class RecipeResult:
+    """How a recipe run ended: `completed` (its output in `output_dir`) or `stopped` (asked to), at
+    `step`, with the last step's `loss`; `resumed_from`: the checkpoint's step it resumed from."""
+
+    status: Literal["completed", "stopped"]
+    step: int
+    loss: float | None
+    output_dir: Path | None
+    resumed_from: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "status": self.status,
+                "step": self.step,
+                "loss": _plain(self.loss),
+                "output_dir": None if self.output_dir is None else str(self.output_dir),
+                "resumed_from": self.resumed_from,
+                "extra": self.extra,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> RecipeResult:
+        data = json.loads(text)
+        return cls(
+            status=data["status"],
+            step=int(data["step"]),
+            loss=data.get("loss"),
+            output_dir=None if data.get("output_dir") is None else Path(data["output_dir"]),
+            resumed_from=data.get("resumed_from"),
+            extra=dict(data.get("extra") or {}),
+        )
