@@ -116,10 +116,11 @@ def _has(scope: ast.AST, dotted: list[str], classes: dict[str, list[ast.ClassDef
 
 
 def _file_of(reference: str) -> Path | None:
-    """A path from the repository root, else from one package's root (it must name one file)."""
+    """A path from the repository root; else the one file of the four packages whose path ends
+    with it (`fine_tune.py`, `pi05/family.py`); None when there is none, or more than one."""
     if (ROOT / reference).is_file():
         return ROOT / reference
-    found = [root / reference for root in PACKAGES.values() if (root / reference).is_file()]
+    found = [path for root in PACKAGES.values() for path in root.rglob("*.py") if path.match(reference)]
     return found[0] if len(found) == 1 else None
 
 
@@ -153,7 +154,9 @@ class _Code:
         self.modules: dict[str, list[Path]] = {}
         for root in PACKAGES.values():
             for path in root.rglob("*.py"):
-                self.modules.setdefault(path.stem, []).append(path)
+                # A package is named by its folder (`families.family_for`).
+                stem = path.parent.name if path.stem == "__init__" else path.stem
+                self.modules.setdefault(stem, []).append(path)
 
     def problem(self, span: str) -> str | None:
         """Why a backticked span names nothing, or None (also for what is not ours)."""
