@@ -59,6 +59,9 @@ IMPORTS |= {"relay_api": "api/relay_api", "relay_worker": "worker/relay_worker"}
 PATH_REFERENCE = re.compile(r"^((?:[\w.-]+/)*[\w-]+\.py)(?::([A-Za-z_][\w.]*))?$")
 DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$")
 FILE_NAME = re.compile(r"\.(json|jsonl|md|toml|safetensors|txt|ya?ml|sh|ini|cfg|parquet|png)$")
+# A bare CamelCase name (`LeaseKeeper`) is a class or name of the packages, but for these.
+CAMEL_CASE = re.compile(r"^[A-Z]\w*[a-z]\w*$")
+NOT_OURS = frozenset({"None", "True", "False", "Range"})
 MODULE_ROW = re.compile(r"^\| `([\w/]+)` \| (.*) \|$")
 TABLE_HEAD = re.compile(r"^\| `((?:sdk|engine|api|worker)/\w+/)` \| what it does \|$")
 
@@ -146,11 +149,25 @@ def _exported(tree: ast.Module) -> set[str]:
     return names
 
 
+def _names_anywhere() -> set[str]:
+    """Every name the four packages define, at any depth (classes, functions, assignments)."""
+    names = set()
+    for root in PACKAGES.values():
+        for path in root.rglob("*.py"):
+            for node in ast.walk(_tree(path)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names.add(node.name)
+                elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                    names.add(node.id)
+    return names
+
+
 class _Code:
     """The four packages, as the code map's references are looked up in them."""
 
     def __init__(self) -> None:
         self.classes = _all_classes()
+        self.names = _names_anywhere()
         self.modules: dict[str, list[Path]] = {}
         for root in PACKAGES.values():
             for path in root.rglob("*.py"):
@@ -161,32 +178,44 @@ class _Code:
     def problem(self, span: str) -> str | None:
         """Why a backticked span names nothing, or None (also for what is not ours)."""
         if match := PATH_REFERENCE.match(span):
-            path = _file_of(match[1])
-            if path is None:
-                return "no such file (or more than one)"
-            if match[2] and not _has(_tree(path), match[2].split("."), self.classes):
-                return f"{match[2]} is not defined in {path.relative_to(ROOT)}"
-            return None
+            return self._path_problem(match[1], match[2])
+        if CAMEL_CASE.match(span) and span not in NOT_OURS and span not in self.names:
+            return "no class or name of the packages is called so"
         if not DOTTED.match(span) or FILE_NAME.search(span):
             return None
         head, *rest = span.split(".")
         if head in IMPORTS:
-            found = _module_of(span.split("."))
-            if found is None:
-                return "no such module"
-            tree, name = _tree(found[0]), found[1]
-            if name and name[0] not in _exported(tree):
-                return "no such name in that module"
-            if len(name) > 1 and not _has(tree, name, self.classes):
-                return "no such name in that module"
-            return None
+            return self._import_problem(span.split("."))
         if head in self.modules:
             if not any(_has(_tree(path), rest, self.classes) for path in self.modules[head]):
                 return f"not defined in any module named {head}"
             return None
-        if head in self.classes and not any(_has(node, rest, self.classes) for node in self.classes[head]):
-            return f"not defined in any class named {head}"
-        return None  # not ours (torch.distributed.run, nn.ModuleList): skipped
+        if head in self.classes:
+            if not any(_has(node, rest, self.classes) for node in self.classes[head]):
+                return f"not defined in any class named {head}"
+            return None
+        if head[0].isupper():
+            return f"no class of the packages is named {head}"
+        return None  # not ours (torch.distributed.run, os.replace): skipped
+
+    def _path_problem(self, file: str, name: str | None) -> str | None:
+        path = _file_of(file)
+        if path is None:
+            return "no such file (or more than one)"
+        if name and not _has(_tree(path), name.split("."), self.classes):
+            return f"{name} is not defined in {path.relative_to(ROOT)}"
+        return None
+
+    def _import_problem(self, dotted: list[str]) -> str | None:
+        found = _module_of(dotted)
+        if found is None:
+            return "no such module"
+        tree, name = _tree(found[0]), found[1]
+        if name and name[0] not in _exported(tree):
+            return "no such name in that module"
+        if len(name) > 1 and not _has(tree, name, self.classes):
+            return "no such name in that module"
+        return None
 
 
 def _stale_references(text: str) -> list[str]:
@@ -217,11 +246,21 @@ ARCHITECTURE = ROOT / "docs/architecture.md"
 
 
 def test_the_code_map_names_only_code_that_exists() -> None:
-    """Every backticked `path.py`, `path.py:name` or `path.py:Class.method` names a file (from the
-    repository root, or from one package's root when only one package has it) that defines the
-    name; every dotted `module.name` or `Class.method` whose first part is a module of the four
-    packages, a class of theirs, or an import path (`relay_engine.core.loop.run_loop`) names
-    something defined there."""
+    """Every backticked reference on docs/architecture.md names something the code defines:
+
+    - `path.py`, `path.py:name`, `path.py:Class.method`: the file exists (from the repository root,
+      or the one file of the four packages whose path ends so: `fine_tune.py`, `pi05/family.py`)
+      and defines the name (a function, class, method or assignment; a method may be a base
+      class's);
+    - `relay_engine.core.loop.run_loop` (an import path): the module exists and defines or
+      imports the name;
+    - `module.name` (`fine_tunes.check_memory`, `families.family_for`): some module (or package)
+      of the four of that name defines it; `Class.method`: some class of that name defines it;
+      a capitalised first part must be a class of the packages;
+    - a bare CamelCase name (`LeaseKeeper`) is defined somewhere in the packages.
+
+    Not checked: other dotted names (`torch.distributed.run`, `os.replace`), file names of other
+    kinds (`norm_stats.json`), bare lower-case names (columns, settings: `lease_until`)."""
     stale = _stale_references(ARCHITECTURE.read_text())
     assert not stale, "\n".join(stale)
 
