@@ -57,6 +57,7 @@ def job_object(row: Mapping[str, Any]) -> dict[str, Any]:
         "finished_at": iso(row["finished_at"]),
         "attempts": row["attempt"],
         "lease_lapsed_seconds": lease_lapsed_seconds(row),
+        "dataset": row.get("dataset"),
         **{name: config.get(name) for name in CONFIG_FIELDS},
     }
     return FineTuneOut.model_validate(job).model_dump(mode="json")
