@@ -181,4 +181,7 @@ def test_a_recipe_is_a_validated_sftconfig_whose_fingerprint_predates_that() -> 
     assert recipe.fingerprint() == hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:16]
     renamed = Recipe.from_config(recipe.config.model_copy(update={"name": "second"}), seed=3)
     assert renamed.fingerprint() == recipe.fingerprint()
+    # dataset_revision counts only when set: another revision is another recipe.
+    pinned = Recipe.from_config(recipe.config.model_copy(update={"dataset_revision": "v2.1"}), seed=3)
+    assert pinned.fingerprint() != recipe.fingerprint()
     assert Recipe.from_dict(json.loads(json.dumps(recipe.to_dict()))) == recipe
