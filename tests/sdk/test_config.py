@@ -50,7 +50,11 @@ BAD_CONFIGS: list[tuple[dict[str, object], str, str]] = [
         "gpus",
         "bad gpus: 8 (must be at most batch_size, 4: each GPU needs at least one sample)",
     ),
-    ({"dataset_revision": ""}, "dataset_revision", 'bad dataset_revision: "" (must name a branch, tag or commit'),
+    (
+        {"dataset_revision": ""},
+        "dataset_revision",
+        'bad dataset_revision: "" (must name a branch, tag or commit',
+    ),
     ({"dataset_revision": "v 2.1"}, "dataset_revision", 'bad dataset_revision: "v 2.1" (must name a branch'),
     ({"dataset_revision": "v2.1\n"}, "dataset_revision", "bad dataset_revision:"),
     ({"dataset_revision": "r" * 257}, "dataset_revision", "bad dataset_revision:"),

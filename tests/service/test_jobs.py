@@ -209,7 +209,9 @@ def test_a_jobs_object_shows_the_hub_revision_and_commit_it_read(stack: Stack, d
         tagged = repo.add_commit(dataset, tag="v2.1")
         repo.add_commit(dataset, branch="main")
         hub.repos["relay-tests/tiny"] = repo
-        api = ApiServer(stack.settings.model_copy(update={"fine_tune_queue": queue, "session_queue": queue + "-s"}))
+        api = ApiServer(
+            stack.settings.model_copy(update={"fine_tune_queue": queue, "session_queue": queue + "-s"})
+        )
         env = {
             **os.environ,
             **stack.env_settings,
@@ -250,7 +252,15 @@ def test_a_jobs_object_shows_the_hub_revision_and_commit_it_read(stack: Stack, d
             events = job.events()
             assert [e for e in events if e.kind == "dataset"] == [{"step": 0, "event": "dataset", **read}]
             EventOut.model_validate(
-                {"id": 1, "object": "fine_tune.event", "created_at": "2026-01-01T00:00:00Z", "kind": "dataset", "step": 0, "event": "dataset", **read}
+                {
+                    "id": 1,
+                    "object": "fine_tune.event",
+                    "created_at": "2026-01-01T00:00:00Z",
+                    "kind": "dataset",
+                    "step": 0,
+                    "event": "dataset",
+                    **read,
+                }
             )
         finally:
             client.close()

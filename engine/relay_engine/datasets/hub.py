@@ -83,7 +83,11 @@ class DatasetSource:
 
     def describe(self) -> str:
         """One line: `lerobot/pusht_image at v2.1 (commit 1a2b3c4d), LeRobot v2.1`."""
-        where = f"{self.repo} at {self.revision} (commit {(self.sha or '?')[:8]})" if self.repo else str(self.root)
+        where = (
+            f"{self.repo} at {self.revision} (commit {(self.sha or '?')[:8]})"
+            if self.repo
+            else str(self.root)
+        )
         return f"{where}, LeRobot {self.format}" if self.format else f"{where}, no codebase_version"
 
 

@@ -13,11 +13,11 @@ import typer
 
 from relay import families
 from relay.catalog import LORA_RANK_MAX, STRATEGIES
-from relay.events import dataset_line
 from relay.cli._common import console as make_console
 from relay.cli._common import dataset_name, fail, parse_pairs, split_targets
 from relay.cli._extras import require
 from relay.cli._launch import Launch, rank, run_launched
+from relay.events import dataset_line
 from relay.formatting import number_text
 from relay.progress import ProgressReport
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig

@@ -202,7 +202,9 @@ class SFTConfig(CheckedConfig):
     @field_validator("dataset_revision")
     @classmethod
     def _plain_dataset_revision(cls, value: str | None) -> str | None:
-        if value is not None and (len(value) > DATASET_REVISION_MAX or not re.fullmatch(REVISION_PATTERN, value)):
+        if value is not None and (
+            len(value) > DATASET_REVISION_MAX or not re.fullmatch(REVISION_PATTERN, value)
+        ):
             raise ValueError(RULES["dataset_revision"])
         return value
 

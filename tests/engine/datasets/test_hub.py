@@ -22,7 +22,11 @@ from tests.hub import FakeHub, Repo
 
 REPO = "lerobot/synthetic_image"
 # The files of a v3.0 layout the fetch must bring (besides meta/info.json); README.md is left out.
-V30_FILES = ("meta/tasks.parquet", "meta/episodes/chunk-000/file-000.parquet", "data/chunk-000/file-000.parquet")
+V30_FILES = (
+    "meta/tasks.parquet",
+    "meta/episodes/chunk-000/file-000.parquet",
+    "data/chunk-000/file-000.parquet",
+)
 
 
 def write_v30_layout(root: Path) -> Path:
@@ -42,7 +46,12 @@ def write_v30_layout(root: Path) -> Path:
     pq.write_table(pa.table({"task_index": [0], "task": ["pick up the cube"]}), root / "meta/tasks.parquet")
     episodes = {"episode_index": [0], "length": [3], "data/chunk_index": [0], "data/file_index": [0]}
     pq.write_table(pa.table(episodes), root / "meta/episodes/chunk-000/file-000.parquet")
-    frames = {"episode_index": [0, 0, 0], "frame_index": [0, 1, 2], "index": [0, 1, 2], "task_index": [0, 0, 0]}
+    frames = {
+        "episode_index": [0, 0, 0],
+        "frame_index": [0, 1, 2],
+        "index": [0, 1, 2],
+        "task_index": [0, 0, 0],
+    }
     pq.write_table(pa.table(frames), root / "data/chunk-000/file-000.parquet")
     (root / "README.md").write_text("a v3.0 dataset\n")
     return root
@@ -174,7 +183,9 @@ def test_a_relative_name_that_exists_here_says_to_give_its_absolute_path(
     assert resolve_dataset(".") == tmp_path  # "." is a local directory, never a Hub name
 
 
-def test_the_source_says_which_revision_and_commit_were_read(hub: FakeHub, synthetic: Path, cache_dir: Path) -> None:
+def test_the_source_says_which_revision_and_commit_were_read(
+    hub: FakeHub, synthetic: Path, cache_dir: Path
+) -> None:
     source = locate_dataset(REPO, cache_dir=cache_dir)
     tag = hub.repos[REPO].tags["v2.1"]
     assert source == DatasetSource(REPO, source.root, repo=REPO, revision="v2.1", sha=tag, format="v2.1")
@@ -190,7 +201,9 @@ def test_the_source_says_which_revision_and_commit_were_read(hub: FakeHub, synth
     )
 
 
-def test_without_a_v21_revision_a_v30_default_branch_is_read(hub: FakeHub, tmp_path: Path, cache_dir: Path) -> None:
+def test_without_a_v21_revision_a_v30_default_branch_is_read(
+    hub: FakeHub, tmp_path: Path, cache_dir: Path
+) -> None:
     source = locate_dataset("lerobot/new_format", cache_dir=cache_dir)
     main = hub.repos["lerobot/new_format"].branches["main"]
     assert (source.revision, source.sha, source.format) == ("main", main, "v3.0")
@@ -213,7 +226,10 @@ def test_the_fetch_patterns_take_both_layouts_and_videos() -> None:
         "data/chunk-000/episode_000000.parquet",
         "norm_stats.json",
     ]
-    assert list(filter_repo_objects([*wanted, "README.md", ".gitattributes"], allow_patterns=FETCH_PATTERNS)) == wanted
+    assert (
+        list(filter_repo_objects([*wanted, "README.md", ".gitattributes"], allow_patterns=FETCH_PATTERNS))
+        == wanted
+    )
 
 
 def test_the_revision_named_is_read(hub: FakeHub, cache_dir: Path) -> None:
@@ -223,7 +239,11 @@ def test_the_revision_named_is_read(hub: FakeHub, cache_dir: Path) -> None:
     tagged = locate_dataset(REPO, revision="v2.1", cache_dir=cache_dir)
     assert (tagged.sha, tagged.format) == (commits.tags["v2.1"], "v2.1")
     by_sha = locate_dataset(REPO, revision=commits.tags["v2.1"], cache_dir=cache_dir)
-    assert (by_sha.revision, by_sha.sha, by_sha.root) == (commits.tags["v2.1"], commits.tags["v2.1"], tagged.root)
+    assert (by_sha.revision, by_sha.sha, by_sha.root) == (
+        commits.tags["v2.1"],
+        commits.tags["v2.1"],
+        tagged.root,
+    )
     # Untagged v2.1 on main is read when named (and only then: see the refusals).
     untagged = locate_dataset("someone/untagged", revision="main", cache_dir=cache_dir)
     assert (untagged.revision, untagged.format) == ("main", "v2.1")
@@ -237,7 +257,10 @@ def test_a_revision_the_repo_lacks_is_refused_naming_both(hub: FakeHub, cache_di
         f"has no revision 'v9.9' (branch, tag or commit) on {hub.endpoint} "
         "(its revisions: main, v2.0, v2.1, v3.0)"
     )
-    with pytest.raises(DatasetError, match=r"lerobot/tags_only: has no v2\.1 revision \(branch or tag\) and no default branch"):
+    with pytest.raises(
+        DatasetError,
+        match=r"lerobot/tags_only: has no v2\.1 revision \(branch or tag\) and no default branch",
+    ):
         locate_dataset("lerobot/tags_only", cache_dir=cache_dir)
 
 
@@ -264,7 +287,10 @@ def test_a_format_relay_does_not_read_is_refused_before_its_files_are_fetched(
     assert problem.endswith("(its revisions: main)")
     assert "lerobot/old_format/data/never-fetched.parquet" not in hub.downloads
 
-    with pytest.raises(DatasetError, match=r"holds LeRobot v2\.1; to read it anyway, name the revision: dataset_revision 'main'"):
+    with pytest.raises(
+        DatasetError,
+        match=r"holds LeRobot v2\.1; to read it anyway, name the revision: dataset_revision 'main'",
+    ):
         locate_dataset("someone/untagged", cache_dir=cache_dir)
 
 
@@ -279,7 +305,9 @@ def test_a_cached_v30_default_branch_needs_no_hub(hub: FakeHub, cache_dir: Path)
     assert locate_dataset("lerobot/new_format", cache_dir=cache_dir) == first
 
 
-def test_open_dataset_reads_the_revision_and_keeps_its_source(hub: FakeHub, synthetic: Path, cache_dir: Path) -> None:
+def test_open_dataset_reads_the_revision_and_keeps_its_source(
+    hub: FakeHub, synthetic: Path, cache_dir: Path
+) -> None:
     dataset = open_dataset(REPO, revision="v2.1", cache_dir=cache_dir)
     assert dataset.source == locate_dataset(REPO, cache_dir=cache_dir)
     event = dataset.source.event(0, frames=dataset.summary.frames, episodes=dataset.summary.episodes)
@@ -306,6 +334,8 @@ def test_datasets_check_prints_what_was_read(hub: FakeHub, cache_dir: Path) -> N
     assert result.exit_code == 0, result.output
     tag = hub.repos[REPO].tags["v2.1"]
     assert f"{REPO} at v2.1 (commit {tag[:8]}), LeRobot v2.1" in result.output
-    result = CliRunner().invoke(app, ["datasets", "check", REPO, "--revision", "nope", "--cache-dir", str(cache_dir)])
+    result = CliRunner().invoke(
+        app, ["datasets", "check", REPO, "--revision", "nope", "--cache-dir", str(cache_dir)]
+    )
     assert result.exit_code == 1
     assert f"dataset {REPO}: has no revision 'nope'" in " ".join(result.output.split())
