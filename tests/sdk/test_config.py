@@ -62,12 +62,12 @@ BAD_CONFIGS: list[tuple[dict[str, object], str, str]] = [
     (
         {"dataset_name": "/data/robot", "dataset_revision": "v2.1"},
         "dataset_revision",
-        "bad dataset_revision: 'v2.1' (dataset_name names a local directory, which has no revisions",
+        'bad dataset_revision: "v2.1" (dataset_name names a local directory, which has no revisions',
     ),
     (
         {"dataset_name": "file:///data/robot", "dataset_revision": "main"},
         "dataset_revision",
-        "bad dataset_revision: 'main' (dataset_name names a local directory",
+        'bad dataset_revision: "main" (dataset_name names a local directory',
     ),
     (
         {"model": "rt-j", "dataset_name": "/data/shop", "task": "user-churn", "dataset_revision": "main"},

@@ -33,7 +33,7 @@ _err = console(stderr=True)
 DatasetArg = Annotated[str, typer.Argument(help="A Hub dataset repo id, a local directory or a file:// URL.")]
 RevisionOption = Annotated[
     str | None,
-    typer.Option(help="A Hub dataset's branch, tag or commit [default: v2.1, else a v3.0 default branch]."),
+    typer.Option(help="A Hub dataset's branch, tag or commit (default: v2.1, else a v3.0 default branch)."),
 ]
 CacheDirOption = Annotated[
     Path | None,

@@ -7,6 +7,7 @@ answers with the same messages, so a rule is written once. A broken rule reads l
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, ClassVar
 
@@ -260,8 +261,9 @@ class SFTConfig(CheckedConfig):
     def _revision_of_a_hub_dataset(self) -> None:
         if self.dataset_revision is not None and names_local_directory(self.dataset_name):
             raise ConfigError(
-                f"bad dataset_revision: {self.dataset_revision!r} (dataset_name names a local directory, "
-                "which has no revisions; a revision is a branch, tag or commit of a Hub dataset repo)",
+                f"bad dataset_revision: {json.dumps(self.dataset_revision)} (dataset_name names a local "
+                "directory, which has no revisions; a revision is a branch, tag or commit of a Hub "
+                "dataset repo)",
                 "dataset_revision",
                 "invalid_value",
             )
