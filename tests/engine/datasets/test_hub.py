@@ -339,3 +339,32 @@ def test_datasets_check_prints_what_was_read(hub: FakeHub, cache_dir: Path) -> N
     )
     assert result.exit_code == 1
     assert f"dataset {REPO}: has no revision 'nope'" in " ".join(result.output.split())
+
+
+@pytest.mark.slow
+def test_local_train_reads_the_revision_named_and_reports_it_first(
+    hub: FakeHub, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RELAY_CACHE_DIR", str(cache_dir))
+    args = ["local", "train", "--model", "pi05-tiny", "--dataset", REPO, "--dataset-revision", "v2.1"]
+    args += [
+        "--steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--device",
+        "cpu",
+        "--json",
+        "--output-dir",
+        str(tmp_path / "run"),
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    first = json.loads(result.stdout.splitlines()[0])  # stdout: JSON lines, the dataset event first
+    assert (first["event"], first["repo"], first["revision"], first["sha"], first["format"]) == (
+        "dataset",
+        REPO,
+        "v2.1",
+        hub.repos[REPO].tags["v2.1"],
+        "v2.1",
+    )
