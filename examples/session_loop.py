@@ -29,6 +29,9 @@ def parse_args() -> argparse.Namespace:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--dataset", default="./look", help="A LeRobot v2.1 dataset: directory or Hub id.")
+    parser.add_argument(
+        "--dataset-revision", default=None, help="A Hub dataset's branch, tag or commit (default: v2.1)."
+    )
     parser.add_argument("--base-model", default="pi05-tiny", help="pi05-tiny (CPU) or pi05 (GPU).")
     parser.add_argument("--rank", type=int, default=32, help="The LoRA adapters' rank.")
     parser.add_argument("--steps", type=int, default=200)
@@ -71,7 +74,7 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
 
     # -- data: normalized samples; the last episodes are held out ------------------------------------
-    data = open_dataset(args.dataset)
+    data = open_dataset(args.dataset, revision=args.dataset_revision)
     episodes = data.summary.episodes
     train_indices = data.indices_of_episodes(range(episodes - args.held_out_episodes))
     held_out_indices = data.indices_of_episodes(range(episodes - args.held_out_episodes, episodes))

@@ -57,6 +57,7 @@ def job_object(row: Mapping[str, Any]) -> dict[str, Any]:
         "finished_at": iso(row["finished_at"]),
         "attempts": row["attempt"],
         "lease_lapsed_seconds": lease_lapsed_seconds(row),
+        "dataset": row.get("dataset"),
         **{name: config.get(name) for name in CONFIG_FIELDS},
     }
     return FineTuneOut.model_validate(job).model_dump(mode="json")
@@ -339,7 +340,7 @@ def mark_enqueued(db: Session, job_ids: str | list[str]) -> None:
 _CALLERS_JOB = select(fine_tunes).where(
     fine_tunes.c.id == bindparam("job_id"), fine_tunes.c.user_id == bindparam("user_id")
 )
-# The columns job_object reads: retrieve and list convert no others (a job row has 22).
+# The columns job_object reads: retrieve and list convert no others (a job row has 23).
 SHOWN_COLUMNS = tuple(
     fine_tunes.c[name]
     for name in (
@@ -355,6 +356,7 @@ SHOWN_COLUMNS = tuple(
         "attempt",
         "lease_until",
         "config",
+        "dataset",
     )
 )
 _CALLERS_JOB_SHOWN = _CALLERS_JOB.with_only_columns(*SHOWN_COLUMNS)

@@ -68,6 +68,8 @@ class FineTune(Base):
     output_dir: Mapped[str | None] = mapped_column(Text)
     # Output files with their sizes and sha256, recorded when the job completes.
     files: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # What the engine read, from its dataset event: repo or path, revision, sha, format, frames, episodes.
+    dataset: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     # The claim: each claim increments `attempt`, the fencing token that every write of a worker
     # must match; the lease says until when the claiming worker is presumed alive.

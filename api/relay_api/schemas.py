@@ -12,6 +12,21 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 from relay.events import EVENT_KINDS, METRICS, EventBase, admits_none, fields_of
 
 
+class DatasetReadOut(BaseModel):
+    """What the job's engine read (its latest `dataset` event): a Hub dataset's repo, the revision
+    read and its commit, or a local directory; the LeRobot format, episodes and frames."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    repo: str | None = None
+    path: str | None = None
+    revision: str | None = None
+    sha: str | None = None
+    format: str | None = None
+    frames: int
+    episodes: int
+
+
 class FineTuneOut(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a field the routes add must be declared here first
 
@@ -33,8 +48,15 @@ class FineTuneOut(BaseModel):
         description="For a running job whose worker stopped renewing its lease: seconds since the lease "
         "lapsed (another worker resumes it within seconds; a growing number means no worker is alive)."
     )
+    dataset: DatasetReadOut | None = Field(
+        None,
+        description="What the engine read once the dataset was open (the latest `dataset` event): the "
+        "Hub repo, the revision and its commit sha, or the local path; the format, episodes and frames. "
+        "Null until then, and for jobs that read no LeRobot dataset.",
+    )
     model: str
     dataset_name: str
+    dataset_revision: str | None = None
     batch_size: int
     learning_rate: float
     steps: int
@@ -89,7 +111,7 @@ else:  # the union of the kinds' models, told apart by `kind`
 class EventOut(RootModel[EventOutChoice]):
     """The engine's report: every 10 steps a metrics event (``step`` and ``loss``, ``grad_norm``,
     ``lr``, ``skipped``, the speed), or an event named by ``event`` ("checkpoint", "resumed",
-    "retry", "cancelled", "finished", "error") with its details; ``kind`` names either."""
+    "retry", "cancelled", "finished", "error", "dataset") with its details; ``kind`` names either."""
 
     @property
     def id(self) -> int:

@@ -160,6 +160,8 @@ def _run(family: Family, run: RecipeRun, output_dir: Path, callbacks: _Callbacks
         state, position = _resume(run, prepared, store)
         resumed_from = state.step if position is not None else None
         training = _Training(run, prepared, store, position or DataPosition(), callbacks)
+        if prepared.data_read is not None:
+            training.report(prepared.data_read(state.step))
         if resumed_from is not None:
             training.report(ResumedEvent.of_attempt(resumed_from, run.recipe.attempt))
         result = training.loop(state)

@@ -134,8 +134,45 @@ class ErrorEvent(EventBase):
     message: str
 
 
+class DatasetEvent(EventBase):
+    """The dataset is open, at the `step` the run starts from: what was read. A Hub dataset's
+    ``repo``, the ``revision`` read (the one named, ``v2.1``, or the default branch) and its commit
+    ``sha``; a local one's ``path``. ``format``: its LeRobot codebase_version; ``frames`` and
+    ``episodes``: how many it holds."""
+
+    kind: ClassVar[str] = "dataset"
+    repo: str | None
+    path: str | None
+    revision: str | None
+    sha: str | None
+    format: str | None
+    frames: int
+    episodes: int
+
+    def describe(self) -> str:
+        return dataset_line(self)
+
+
+def dataset_line(read: Mapping[str, Any]) -> str:
+    """A dataset event's fields (or a job's ``dataset``) as one line: ``lerobot/pusht_image at v2.1
+    (commit 1a2b3c4d), LeRobot v2.1, 206 episodes, 25,650 frames`` (the console's job page matches it)."""
+    if read.get("repo"):
+        where = f"{read['repo']} at {read.get('revision')} (commit {str(read.get('sha') or '?')[:8]})"
+    else:
+        where = str(read.get("path"))
+    version = f"LeRobot {read['format']}" if read.get("format") else "no codebase_version"
+    return f"{where}, {version}, {read.get('episodes', 0):,} episodes, {read.get('frames', 0):,} frames"
+
+
 Event = Union[  # noqa: UP007 (a runtime value too: typed readers match on its members)
-    MetricsEvent, CheckpointEvent, ResumedEvent, RetryEvent, CancelledEvent, FinishedEvent, ErrorEvent
+    MetricsEvent,
+    CheckpointEvent,
+    ResumedEvent,
+    RetryEvent,
+    CancelledEvent,
+    FinishedEvent,
+    ErrorEvent,
+    DatasetEvent,
 ]
 EVENT_KINDS: dict[str, type[EventBase]] = {
     kind.kind: kind for kind in typing.get_args(Event) if issubclass(kind, EventBase)

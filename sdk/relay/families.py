@@ -171,6 +171,7 @@ def _builtins() -> None:
         # back from a job holds them filled in.)
         refused_fields={
             "cameras": "RT-J reads the tables of a database, not camera images",
+            "dataset_revision": "RT-J reads a database directory, which has no revisions",
             "targets": 'RT-J is tuned in full: every weight trains, targets ["all"]',
         },
         max_gpus=1,

@@ -50,6 +50,30 @@ BAD_CONFIGS: list[tuple[dict[str, object], str, str]] = [
         "gpus",
         "bad gpus: 8 (must be at most batch_size, 4: each GPU needs at least one sample)",
     ),
+    (
+        {"dataset_revision": ""},
+        "dataset_revision",
+        'bad dataset_revision: "" (must name a branch, tag or commit',
+    ),
+    ({"dataset_revision": "v 2.1"}, "dataset_revision", 'bad dataset_revision: "v 2.1" (must name a branch'),
+    ({"dataset_revision": "v2.1\n"}, "dataset_revision", "bad dataset_revision:"),
+    ({"dataset_revision": "r" * 257}, "dataset_revision", "bad dataset_revision:"),
+    ({"dataset_revision": 21}, "dataset_revision", "bad dataset_revision: 21"),
+    (
+        {"dataset_name": "/data/robot", "dataset_revision": "v2.1"},
+        "dataset_revision",
+        'bad dataset_revision: "v2.1" (dataset_name names a local directory, which has no revisions',
+    ),
+    (
+        {"dataset_name": "file:///data/robot", "dataset_revision": "main"},
+        "dataset_revision",
+        'bad dataset_revision: "main" (dataset_name names a local directory',
+    ),
+    (
+        {"model": "rt-j", "dataset_name": "/data/shop", "task": "user-churn", "dataset_revision": "main"},
+        "dataset_revision",
+        "bad dataset_revision: rt-j takes no dataset_revision (RT-J reads a database directory",
+    ),
     ({"epochs": 3}, "epochs", "unknown field epochs (SFTConfig's fields: model, dataset_name,"),
 ]
 
@@ -141,3 +165,15 @@ def test_parse_refuses_what_is_not_an_object() -> None:
 def test_a_config_round_trips_through_its_dump() -> None:
     config = SFTConfig(**BASE, targets=["all"], cameras={"base_0_rgb": "observation.images.top"}, name="x")
     assert SFTConfig.parse(config.model_dump()) == config
+
+
+def test_dataset_revision_is_none_by_default_and_takes_a_branch_tag_or_sha() -> None:
+    assert SFTConfig(**BASE).dataset_revision is None
+    for revision in ("v2.1", "main", "refs/pr/1", "a" * 40, "r" * 256):
+        config = SFTConfig(**BASE, dataset_revision=revision)
+        assert config.dataset_revision == revision
+        assert SFTConfig.parse(config.model_dump()) == config
+    schema = SFTConfig.model_json_schema()["properties"]["dataset_revision"]
+    text = next(choice for choice in schema["anyOf"] if choice.get("type") == "string")
+    assert (text["minLength"], text["maxLength"], schema["default"]) == (1, 256, None)
+    assert "pattern" in text

@@ -11,12 +11,14 @@ import pytest
 from relay.events import (
     EVENT_KINDS,
     CheckpointEvent,
+    DatasetEvent,
     ErrorEvent,
     FinishedEvent,
     MetricsEvent,
     RecipeResult,
     ResumedEvent,
     RetryEvent,
+    dataset_line,
     event_line,
     parse_event,
 )
@@ -59,7 +61,39 @@ def test_non_finite_numbers_become_null_and_bad_fields_are_refused() -> None:
 
 
 def test_every_kind_is_in_the_union() -> None:
-    assert set(EVENT_KINDS) == {"metrics", "checkpoint", "resumed", "retry", "cancelled", "finished", "error"}
+    assert set(EVENT_KINDS) == {
+        "metrics",
+        "checkpoint",
+        "resumed",
+        "retry",
+        "cancelled",
+        "finished",
+        "error",
+        "dataset",
+    }
+
+
+def test_a_dataset_event_says_what_was_read_in_one_line() -> None:
+    hub = DatasetEvent(
+        step=0,
+        repo="lerobot/pusht_image",
+        path=None,
+        revision="v2.1",
+        sha="1a2b3c4d5e6f",
+        format="v2.1",
+        frames=25650,
+        episodes=206,
+    )
+    assert (
+        hub.describe()
+        == "lerobot/pusht_image at v2.1 (commit 1a2b3c4d), LeRobot v2.1, 206 episodes, 25,650 frames"
+    )
+    wire = json.loads(event_line(hub))
+    assert wire["kind"] == "dataset" and parse_event(wire) == hub and type(parse_event(wire)) is DatasetEvent
+    local = DatasetEvent(step=4, path="/data/robot", format=None, frames=10, episodes=1)
+    assert dataset_line(local) == "/data/robot, no codebase_version, 1 episodes, 10 frames"
+    with pytest.raises(ValueError, match="dataset"):
+        DatasetEvent(step=0, repo="x", frames="many", episodes=1)
 
 
 def test_the_sdks_events_stay_dicts_and_give_their_typed_form() -> None:

@@ -86,6 +86,10 @@ def test_sign_in_start_a_job_watch_its_loss_and_download_the_model(
     expect(page.locator("[data-testid=timeline]")).to_contain_text("queued")
     expect(page.locator("[data-testid=timeline] .status").last).to_have_text("completed")
     expect(page.locator("[data-config=batch_size]")).to_have_text("2")
+    # What the worker read, in one line: the local directory, its format and size.
+    expect(page.locator("dd[data-field=read]")).to_have_text(
+        re.compile(rf"^{re.escape(str(dataset))}, LeRobot v2\.1, 4 episodes, [\d,]+ frames$")
+    )
 
     model = page.locator("tr[data-file='output/model.safetensors']")
     expect(model).to_be_visible()

@@ -1,13 +1,15 @@
 """Jobs end to end through the API, Redis and a real Celery worker running pi05-tiny on CPU:
 the lifecycle with events and files, a dataset that fails validation, cancel while running,
-a duplicate delivery."""
+a duplicate delivery, the dataset revision a job read from the (loopback) Hub."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -19,7 +21,8 @@ from relay.sft.job import FineTuneJob
 from relay.sft.train import train
 from relay_api.queue import Publisher
 from relay_api.schemas import EventOut
-from tests.service.stack import Stack, WorkerProcess, wait_for
+from tests.hub import FakeHub, Repo
+from tests.service.stack import ApiServer, Stack, WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -196,3 +199,71 @@ def test_a_duplicate_delivery_does_not_train_twice(
     assert job.status == "completed"
     assert job.to_dict()["attempts"] == 1
     assert_events_unique(job)
+
+
+def test_a_jobs_object_shows_the_hub_revision_and_commit_it_read(stack: Stack, dataset: Path) -> None:
+    # A worker of its own, on a queue of its own, that reaches a loopback Hub serving the dataset.
+    queue = f"fine-tunes-hub-{uuid.uuid4().hex[:6]}"
+    with FakeHub() as hub:
+        repo = Repo()
+        tagged = repo.add_commit(dataset, tag="v2.1")
+        repo.add_commit(dataset, branch="main")
+        hub.repos["relay-tests/tiny"] = repo
+        api = ApiServer(
+            stack.settings.model_copy(update={"fine_tune_queue": queue, "session_queue": queue + "-s"})
+        )
+        env = {
+            **os.environ,
+            **stack.env_settings,
+            "RELAY_FINE_TUNE_QUEUE": queue,
+            "RELAY_SESSION_QUEUE": queue + "-s",
+            "HF_ENDPOINT": hub.endpoint,
+        }
+        worker = WorkerProcess(env, stack.root / f"worker-{queue}.log")
+        worker.start()
+        client = Client(api.url, stack.new_user()[1], max_retries=0)
+        try:
+            worker.wait_ready()
+            config = SFTConfig(
+                model="pi05-tiny",
+                dataset_name="relay-tests/tiny",
+                dataset_revision="v2.1",
+                batch_size=2,
+                finetune="lora",
+                steps=2,
+            )
+            job = train(config, client=client)
+            assert job.dataset is None  # nothing is read before a worker opens it
+            job.wait(poll=1)
+            assert job.status == "completed", job.error
+            summary = json.loads((dataset / "meta/info.json").read_text())
+            read = {
+                "repo": "relay-tests/tiny",
+                "path": None,
+                "revision": "v2.1",
+                "sha": tagged,
+                "format": "v2.1",
+                "frames": summary["total_frames"],
+                "episodes": summary["total_episodes"],
+            }
+            assert job.dataset_revision == "v2.1"
+            events = job.events()
+            dataset_events = [e for e in events if e.kind == "dataset"]
+            assert dataset_events == [{"step": 0, "event": "dataset", **read}], events
+            assert job.dataset == read
+            assert job.refresh().to_dict()["dataset"] == read  # GET /v1/fine-tunes/{id}
+            EventOut.model_validate(
+                {
+                    "id": 1,
+                    "object": "fine_tune.event",
+                    "created_at": "2026-01-01T00:00:00Z",
+                    "kind": "dataset",
+                    "step": 0,
+                    "event": "dataset",
+                    **read,
+                }
+            )
+        finally:
+            client.close()
+            worker.stop()
+            api.stop()

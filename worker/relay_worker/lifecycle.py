@@ -20,10 +20,10 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session, sessionmaker
 
-from relay.events import CancelledEvent, ErrorEvent, MetricsEvent, RetryEvent, parse_event
+from relay.events import CancelledEvent, DatasetEvent, ErrorEvent, MetricsEvent, RetryEvent, parse_event
 from relay.sft import status as st
 from relay_api.db import database_now, rows_changed, with_retries
-from relay_api.event_rows import insert_event
+from relay_api.event_rows import ROW_KEYS, insert_event
 from relay_api.models import fine_tunes
 from relay_api.settings import Settings
 from relay_api.workers import live_workers
@@ -173,6 +173,8 @@ def record_event(
         }
         if isinstance(event, MetricsEvent) and event.loss is not None:
             progress["loss"] = float(event.loss)
+        if isinstance(event, DatasetEvent):  # the job's `dataset`: what this attempt read
+            progress["dataset"] = {key: value for key, value in event.items() if key not in ROW_KEYS}
         with db_sessions() as db:
             status = db.execute(
                 update(fine_tunes).where(_owned(claim)).values(progress).returning(fine_tunes.c.status)

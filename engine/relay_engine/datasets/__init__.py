@@ -1,8 +1,9 @@
 """LeRobot v2.1 datasets: fetch once, validate, normalize, serve samples with action chunks.
 
-path = resolve_dataset("lerobot/pusht_image")           # Hub revision v2.1, or a local directory
+path = resolve_dataset("lerobot/pusht_image")           # Hub revision v2.1 (else a v3.0 main), or a directory
+source = locate_dataset("lerobot/pusht_image", revision="v2.1")  # its root, revision, commit sha, format
 ds = open_dataset("lerobot/pusht_image", action_horizon=10)
-ds.summary, ds.norm_stats, ds.camera_map, len(ds), ds[i]  # ds[i] is a relay_engine.samples.Sample
+ds.summary, ds.norm_stats, ds.camera_map, ds.source, len(ds), ds[i]  # ds[i] is a relay_engine.samples.Sample
 """
 
 from relay_engine.datasets.dataset import (
@@ -12,13 +13,14 @@ from relay_engine.datasets.dataset import (
     open_dataset,
     shipped_norm_stats,
 )
-from relay_engine.datasets.hub import resolve_dataset
+from relay_engine.datasets.hub import DatasetSource, locate_dataset, resolve_dataset
 from relay_engine.datasets.norm_stats import NormStats, Stats, compute_norm_stats
 from relay_engine.datasets.summary import DatasetSummary
 from relay_engine.datasets.synth import write_synthetic_dataset
 from relay_engine.datasets.validation import Inspection, inspect_dataset
 
 __all__ = [
+    "DatasetSource",
     "DatasetSummary",
     "Inspection",
     "LeRobotDataset",
@@ -27,6 +29,7 @@ __all__ = [
     "compute_norm_stats",
     "dataset_norm_stats",
     "inspect_dataset",
+    "locate_dataset",
     "map_cameras",
     "open_dataset",
     "resolve_dataset",

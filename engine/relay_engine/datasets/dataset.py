@@ -21,7 +21,7 @@ from PIL import Image, UnidentifiedImageError
 
 from relay.catalog import ACTION_DIM, ACTION_HORIZON, MODEL_CAMERAS, STATE_DIM
 from relay_engine.datasets.frame_index import FrameIndex, ensure_frame_index
-from relay_engine.datasets.hub import resolve_dataset
+from relay_engine.datasets.hub import DatasetSource, locate_dataset, resolve_dataset
 from relay_engine.datasets.meta import require_meta
 from relay_engine.datasets.norm_stats import NormStats, compute_norm_stats
 from relay_engine.datasets.summary import DatasetSummary
@@ -38,7 +38,9 @@ class LeRobotDataset:
     """Frames of one dataset as training samples; build it with `open_dataset`.
 
     `name`, `summary`, `norm_stats` (what the samples are normalized with), `camera_map` (model
-    camera -> dataset feature), `action_horizon`; `len(ds)` frames; `ds[i]` a Sample.
+    camera -> dataset feature), `action_horizon`, `source` (what was read: the Hub revision and
+    commit, or the directory; None where the dataset was built without `open_dataset`); `len(ds)`
+    frames; `ds[i]` a Sample.
     """
 
     def __init__(
@@ -48,8 +50,10 @@ class LeRobotDataset:
         norm_stats: NormStats,
         camera_map: dict[str, str],
         action_horizon: int,
+        source: DatasetSource | None = None,
     ) -> None:
         self.name = name
+        self.source = source
         self.summary: DatasetSummary = replace(index.summary, name=name)
         self.norm_stats = norm_stats
         self.camera_map = camera_map
@@ -143,21 +147,24 @@ def open_dataset(
     action_horizon: int = ACTION_HORIZON,
     cache_dir: str | os.PathLike[str] | None = None,
     token: str | None = None,
+    revision: str | None = None,
 ) -> LeRobotDataset:
     """Resolve, validate and index a dataset (once per content), then serve its frames as samples.
+    `revision`: a Hub repo's branch, tag or commit (by default v2.1, else a v3.0 default branch).
 
     Raises DatasetError naming the dataset and every problem found, ConfigError for a camera map or
     horizon that cannot be honoured.
     """
     if isinstance(action_horizon, bool) or not isinstance(action_horizon, int) or action_horizon < 1:
         raise ConfigError(f"action_horizon must be a positive integer, got {action_horizon!r}")
-    root = resolve_dataset(name_or_path, cache_dir=cache_dir, token=token)
+    source = locate_dataset(name_or_path, revision=revision, cache_dir=cache_dir, token=token)
+    root = source.root
     meta = require_meta(root, name_or_path)
     index = FrameIndex(ensure_frame_index(meta, name_or_path, cache_dir_or_default(cache_dir)))
     shipped = shipped_norm_stats(root, name_or_path, index.summary)
     norm_stats = shipped[0] if shipped else index.norm_stats
     camera_map = map_cameras(name_or_path, index.summary, cameras)
-    return LeRobotDataset(name_or_path, index, norm_stats, camera_map, action_horizon)
+    return LeRobotDataset(name_or_path, index, norm_stats, camera_map, action_horizon, source)
 
 
 def map_cameras(name: str, summary: DatasetSummary, cameras: Mapping[str, str] | None) -> dict[str, str]:
@@ -212,12 +219,13 @@ def dataset_norm_stats(
     *,
     cache_dir: str | os.PathLike[str] | None = None,
     token: str | None = None,
+    revision: str | None = None,
 ) -> tuple[NormStats, str]:
     """The statistics training would use, and where they come from (the shipped file, or "computed").
 
     Unlike `open_dataset`, this builds no frame index: it reads only the numeric columns.
     """
-    root = resolve_dataset(name_or_path, cache_dir=cache_dir, token=token)
+    root = resolve_dataset(name_or_path, revision=revision, cache_dir=cache_dir, token=token)
     inspection = inspect_dataset(root, name_or_path)
     inspection.problems.raise_if_any()
     assert inspection.columns is not None

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from relay.events import Event
 from relay.families import FamilySpec
 from relay.optimizer import AdamParams
 from relay_engine.core.checkpoint import CheckpointStore
@@ -73,6 +74,8 @@ class PreparedRecipe:
     parallel: Parallel | None = None
     # What the result says beyond the step and loss (pi05: processes and strategy).
     extra: dict[str, Any] = field(default_factory=dict)
+    # What the run read (pi05: a DatasetEvent), reported once at the step it starts from.
+    data_read: Callable[[int], Event] | None = None
 
     def save_checkpoint(self, store: CheckpointStore, step: int, meta: dict[str, object]) -> None:
         """The learner's state in one complete checkpoint (a family laid out otherwise overrides it)."""

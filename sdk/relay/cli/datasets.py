@@ -1,7 +1,8 @@
 """`relay datasets`: check a LeRobot v2.1 dataset, print its norm stats, write a synthetic one.
 
 These commands run the engine on this machine (they need the engine extra); a dataset is a Hub
-repo id (revision v2.1), a local directory or a file:// URL.
+repo id (at --revision; by default v2.1, else a v3.0 default branch), a local directory or a file://
+URL.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ app = typer.Typer(
 _out = console()
 _err = console(stderr=True)
 
-DatasetArg = Annotated[
-    str, typer.Argument(help="A Hub dataset repo id (revision v2.1), a local directory or a file:// URL.")
+DatasetArg = Annotated[str, typer.Argument(help="A Hub dataset repo id, a local directory or a file:// URL.")]
+RevisionOption = Annotated[
+    str | None,
+    typer.Option(help="A Hub dataset's branch, tag or commit (default: v2.1, else a v3.0 default branch)."),
 ]
 CacheDirOption = Annotated[
     Path | None,
@@ -48,6 +51,7 @@ def check(
         typer.Option(help="MODEL_CAMERA=FEATURE, repeatable; by default the image features in order."),
     ] = None,
     cache_dir: CacheDirOption = None,
+    revision: RevisionOption = None,
     quick: Annotated[
         bool,
         typer.Option(
@@ -60,15 +64,18 @@ def check(
     A relational database directory (schema.json + tables/) is checked as one, for rt-j."""
     own = families.family_of_data(dataset)
     if own is not None:  # a family's own kind of data (an rt-j database), checked by its checker
+        if revision is not None:
+            fail(f"bad --revision: {dataset} is a {own.name} database directory, which has no revisions")
         _own_data_checker(own.name).check(dataset)
         return
     datasets = require("relay_engine.datasets")
     errors = require("relay_engine.errors")
     name = dataset_name(dataset)
     try:
-        root = datasets.resolve_dataset(name, cache_dir=cache_dir)
+        source = datasets.locate_dataset(name, revision=revision, cache_dir=cache_dir)
     except errors.EngineError as error:
         fail(str(error))
+    root = source.root
     inspection = datasets.inspect_dataset(root, name)
     problems: list[str] = inspection.problems.messages()
     if not quick and inspection.meta is not None:
@@ -87,7 +94,7 @@ def check(
         except errors.DatasetError as error:
             problems.append(error.problem)
             shipped = None
-        _print_summary(summary, root, camera_map, shipped[1] if shipped else None)
+        _print_summary(summary, source, camera_map, shipped[1] if shipped else None)
     if problems:
         plural = "s" if len(problems) > 1 else ""
         _err.print(f"[red]{len(problems)} problem{plural} in {escape(name)}:[/red]", soft_wrap=True)
@@ -122,6 +129,7 @@ def stats(
     ] = False,
     output: Annotated[Path | None, typer.Option(help="Write norm_stats.json (openpi's layout) here.")] = None,
     cache_dir: CacheDirOption = None,
+    revision: RevisionOption = None,
 ) -> None:
     """Print (or write) the normalization statistics training uses, in openpi's layout. For a
     relational database: each column's type and statistics, and each task's labels."""
@@ -133,7 +141,7 @@ def stats(
     errors = require("relay_engine.errors")
     name = dataset_name(dataset)
     try:
-        norm_stats, source = datasets.dataset_norm_stats(name, cache_dir=cache_dir)
+        norm_stats, source = datasets.dataset_norm_stats(name, revision=revision, cache_dir=cache_dir)
     except errors.EngineError as error:
         fail(str(error))
     text = norm_stats.to_json()
@@ -247,11 +255,14 @@ def synth_db(
 # -- helpers -----------------------------------------------------------------------------------------
 
 
-def _print_summary(summary: Any, root: Path, camera_map: dict[str, str], norm_stats_file: str | None) -> None:
+def _print_summary(
+    summary: Any, source: Any, camera_map: dict[str, str], norm_stats_file: str | None
+) -> None:
     table = Table(title=f"Dataset {summary.name}", title_justify="left", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value")
-    table.add_row("files", str(root))
+    table.add_row("read", escape(source.describe()))
+    table.add_row("files", str(source.root))
     table.add_row("robot type", summary.robot_type)
     table.add_row("episodes", f"{summary.episodes:,}")
     table.add_row("frames", f"{summary.frames:,}")

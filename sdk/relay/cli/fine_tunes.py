@@ -28,7 +28,7 @@ from relay.cli._common import (
 )
 from relay.cli.watch import watch_events
 from relay.errors import APIError, ConfigError
-from relay.events import METRICS
+from relay.events import METRICS, dataset_line
 from relay.formatting import duration_text, number_text, size_text
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 from relay.sft.job import Event, FineTuneJob, interrupted_note
@@ -78,6 +78,10 @@ def create(
         help="Required (here or in --config). LeRobot dataset on the Hub (lerobot/pusht_image) "
         "or a local directory.",
     ),
+    dataset_revision: str | None = typer.Option(
+        None,
+        help="A Hub dataset's branch, tag or commit to read (default: v2.1, else a v3.0 default branch).",
+    ),
     batch_size: int | None = typer.Option(
         None,
         help=f"Samples per step, 1 to {BATCH_SIZE_MAX} (default {SFTConfig.default_text('batch_size')}).",
@@ -120,6 +124,7 @@ def create(
         given = {
             "model": model,
             "dataset_name": dataset_name(dataset) if dataset else None,
+            "dataset_revision": dataset_revision,
             "batch_size": batch_size,
             "learning_rate": learning_rate,
             "steps": steps,
@@ -237,6 +242,8 @@ def _show_job(job: FineTuneJob, as_json: bool) -> None:
     record = job.to_dict()
     if not as_json:  # say which loss this is (JSON keeps the API's field names)
         record = {LOSS_LABEL if key == "loss" else key: value for key, value in record.items()}
+        if record.get("dataset"):  # what the engine read, in one line
+            record["dataset"] = dataset_line(record["dataset"])
     show_record(record, as_json)
 
 

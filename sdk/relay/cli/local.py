@@ -17,6 +17,7 @@ from relay.cli._common import console as make_console
 from relay.cli._common import dataset_name, fail, parse_pairs, split_targets
 from relay.cli._extras import require
 from relay.cli._launch import Launch, rank, run_launched
+from relay.events import dataset_line
 from relay.formatting import number_text
 from relay.progress import ProgressReport
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
@@ -62,6 +63,10 @@ def train(
         ..., help="A Hub dataset repo id or a local dataset directory (rt-j: a database directory)."
     ),
     task: str | None = typer.Option(None, help="rt-j models: the database's task to train on."),
+    dataset_revision: str | None = typer.Option(
+        None,
+        help="A Hub dataset's branch, tag or commit to read (default: v2.1, else a v3.0 default branch).",
+    ),
     steps: int = typer.Option(SFTConfig.default("steps"), help=f"Optimizer steps, 1 to {STEPS_MAX:,}."),
     output_dir: Path = typer.Option(..., help="Where checkpoints and the merged model go."),
     # No default here for the settings whose default depends on the model (SFTConfig fills them in).
@@ -131,6 +136,7 @@ def train(
         "targets": split_targets(targets),
         "cameras": parse_pairs(cameras, "camera") if cameras else None,
         "task": task,
+        "dataset_revision": dataset_revision,
     }
     config = _recipe_config(model, dataset, steps, given)
     _check_processes(config, nproc_per_node * nnodes)
@@ -194,6 +200,8 @@ class _TrainingProgress:
                 self.report.note(
                     f"step {event['step']}: {event['skipped']:.0%} of steps skipped (non-finite gradient)"
                 )
+        elif event.get("event") == "dataset":
+            self.report.note(f"reading {dataset_line(event)}")
         elif event.get("event") == "resumed":
             where = self.output_dir / "checkpoints"
             self.report.note(f"resuming from step {event['step']} (the last checkpoint in {where})")

@@ -7,12 +7,15 @@ answers with the same messages, so a rule is written once. A broken rule reads l
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from relay import catalog, families
 from relay.catalog import LORA_RANK_DEFAULT
+from relay.dataset_names import names_local_directory
 from relay.errors import ConfigError
 from relay.rules import (
     ABSENT,
@@ -38,7 +41,11 @@ GPUS_MAX = 64
 STEPS_MAX = 100_000
 NAME_MAX = 128
 DATASET_NAME_MAX = 1024
+# A Hub branch or tag name is far shorter; a commit sha is 40 characters.
+DATASET_REVISION_MAX = 256
 TASK_MAX = 128
+# A revision: no spaces or control characters (Git refuses both in a ref name).
+REVISION_PATTERN = r"^[^\s\x00-\x1f\x7f]+$"
 RECIPE_MODEL_RULE = "must be one of " + ", ".join(catalog.RECIPE_MODELS)
 
 # What each field must be; every message about a field ends with its rule.
@@ -48,6 +55,10 @@ RULES: dict[str, str] = {
         "must be a LeRobot dataset on the Hugging Face Hub such as lerobot/pusht_image, or a local "
         "dataset directory (for rt-j models: a relational database directory): "
         f"1 to {DATASET_NAME_MAX} characters, no control characters"
+    ),
+    "dataset_revision": (
+        "must name a branch, tag or commit of the dataset's Hub repo (by default v2.1, else a v3.0 "
+        f"default branch): 1 to {DATASET_REVISION_MAX} characters, no spaces or control characters"
     ),
     "task": (
         f"must name a task table of the database (rt-j models only): 1 to {TASK_MAX} characters, "
@@ -123,6 +134,10 @@ class SFTConfig(CheckedConfig):
 
     model: str
     dataset_name: str = Field(min_length=1, max_length=DATASET_NAME_MAX, pattern=NOT_BLANK_TEXT_PATTERN)
+    # Which revision of a Hub dataset to read; None: v2.1, else a v3.0 default branch (docs/datasets.md).
+    dataset_revision: str | None = Field(
+        None, min_length=1, max_length=DATASET_REVISION_MAX, pattern=REVISION_PATTERN
+    )
     batch_size: WholeNumber = Field(128, strict=True, ge=1, le=BATCH_SIZE_MAX)
     learning_rate: float = Field(2.5e-5, strict=True, gt=0, allow_inf_nan=False)
     steps: WholeNumber = Field(6000, strict=True, ge=1, le=STEPS_MAX)
@@ -185,6 +200,15 @@ class SFTConfig(CheckedConfig):
             raise ValueError(RULES["dataset_name"])
         return value
 
+    @field_validator("dataset_revision")
+    @classmethod
+    def _plain_dataset_revision(cls, value: str | None) -> str | None:
+        if value is not None and (
+            len(value) > DATASET_REVISION_MAX or not re.fullmatch(REVISION_PATTERN, value)
+        ):
+            raise ValueError(RULES["dataset_revision"])
+        return value
+
     @field_validator("cameras")
     @classmethod
     def _known_cameras(cls, value: dict[str, str] | None) -> dict[str, str] | None:
@@ -221,6 +245,7 @@ class SFTConfig(CheckedConfig):
                 f"missing task (required for {self.model}; it {RULES['task']})", "task", "missing_field"
             )
         self._refuse_fields(spec)
+        self._revision_of_a_hub_dataset()
         self._fit_finetune(spec)
         self._fit_gpus(spec)
         return self
@@ -232,6 +257,16 @@ class SFTConfig(CheckedConfig):
                 raise ConfigError(
                     f"bad {field}: {self.model} takes no {field} ({why})", field, "invalid_value"
                 )
+
+    def _revision_of_a_hub_dataset(self) -> None:
+        if self.dataset_revision is not None and names_local_directory(self.dataset_name):
+            raise ConfigError(
+                f"bad dataset_revision: {json.dumps(self.dataset_revision)} (dataset_name names a local "
+                "directory, which has no revisions; a revision is a branch, tag or commit of a Hub "
+                "dataset repo)",
+                "dataset_revision",
+                "invalid_value",
+            )
 
     def _fit_finetune(self, spec: families.FamilySpec) -> None:
         if spec.finetune is None:

@@ -59,7 +59,9 @@ class Event(dict[str, Any]):
 class FineTuneJob:
     """A recipe job. Attributes: ``id``, ``status``, ``step``, ``loss``, ``error``, ``output_dir``,
     ``created_at``, ``started_at``, ``finished_at``, ``attempts``, ``lease_lapsed_seconds`` (a running
-    job whose worker stopped renewing its lease: how long ago it lapsed) and the config's fields.
+    job whose worker stopped renewing its lease: how long ago it lapsed), ``dataset`` (what the engine
+    read: the Hub revision and commit, or the directory; the format, episodes and frames) and the
+    config's fields.
 
     ``loss`` is the mean training loss over the latest metrics window (the last 10 steps), the
     same number as the latest metrics event's ``loss``."""
@@ -75,10 +77,14 @@ class FineTuneJob:
     finished_at: str | None
     attempts: int
     lease_lapsed_seconds: float | None
+    # What the engine read once the dataset was open (repo or path, revision, sha, format, frames,
+    # episodes); None until then.
+    dataset: dict[str, Any] | None
     gpus: int | None
     task: str | None
     model: str
     dataset_name: str
+    dataset_revision: str | None
     batch_size: int
     learning_rate: float
     steps: int

@@ -107,6 +107,19 @@ def test_events_and_output_of_a_completed_run(
     assert metrics[0]["skipped"] == 0.0 and metrics[0]["lr"] > 0
     assert [e["step"] for e in events if e.get("event") == "checkpoint"] == [10, 20, 25]
     assert events[-1] == {"step": 25, "event": "finished"}
+    # First, once the dataset is open: what was read (a local directory: no revision or commit).
+    assert events[0] == {
+        "step": 0,
+        "event": "dataset",
+        "repo": None,
+        "path": str(synthetic_dataset_path),
+        "revision": None,
+        "sha": None,
+        "format": "v2.1",
+        "frames": len(synthetic_dataset),
+        "episodes": synthetic_dataset.summary.episodes,
+    }
+    assert [e.kind for e in events].count("dataset") == 1
 
     output = result.output_dir
     assert sorted(p.name for p in output.iterdir()) == [
@@ -181,4 +194,7 @@ def test_a_recipe_is_a_validated_sftconfig_whose_fingerprint_predates_that() -> 
     assert recipe.fingerprint() == hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:16]
     renamed = Recipe.from_config(recipe.config.model_copy(update={"name": "second"}), seed=3)
     assert renamed.fingerprint() == recipe.fingerprint()
+    # dataset_revision counts only when set: another revision is another recipe.
+    pinned = Recipe.from_config(recipe.config.model_copy(update={"dataset_revision": "v2.1"}), seed=3)
+    assert pinned.fingerprint() != recipe.fingerprint()
     assert Recipe.from_dict(json.loads(json.dumps(recipe.to_dict()))) == recipe

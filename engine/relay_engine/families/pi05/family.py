@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from relay import families as sdk_families
+from relay.events import Event
 from relay.optimizer import AdamParams
 from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.core.data import BatchOrder, DataPosition
@@ -79,6 +80,7 @@ class Pi05Family(Family):
             cameras=config.cameras,
             action_horizon=recipe.action_horizon,
             cache_dir=run.dataset_cache_dir,
+            revision=config.dataset_revision,
         )
         indices = _training_indices(dataset, recipe.episodes)
         policy = load_policy(
@@ -103,6 +105,7 @@ class Pi05Family(Family):
             write_output=write,
             parallel=parallel,
             extra={"processes": run.processes, "strategy": strategy if parallel is not None else None},
+            data_read=_data_read(dataset),
         )
 
     def open_session(self, config: Mapping[str, Any], device: torch.device | str) -> TrainingSession:
@@ -200,6 +203,14 @@ def _batch_source(
         )
 
     return batches
+
+
+def _data_read(dataset: Any) -> Callable[[int], Event] | None:
+    """The DatasetEvent of what `open_dataset` read (the whole dataset's episodes and frames)."""
+    source, summary = dataset.source, dataset.summary
+    if source is None:
+        return None
+    return lambda step: source.event(step, frames=summary.frames, episodes=summary.episodes)
 
 
 def _training_indices(dataset: Any, episodes: Iterable[int] | None) -> np.ndarray:

@@ -11,6 +11,15 @@ const POLL_MS = 2000;
 // Events that start another attempt of a job, shown in its timeline.
 const ATTEMPTS = new Set(["retry", "resumed"]);
 
+// What the engine read, in one line, as relay.events.dataset_line writes it: "lerobot/pusht_image at
+// v2.1 (commit 1a2b3c4d), LeRobot v2.1, 206 episodes, 25,650 frames".
+function datasetLine(read) {
+  const where = read.repo ? `${read.repo} at ${read.revision} (commit ${String(read.sha ?? "?").slice(0, 8)})` : String(read.path);
+  const version = read.format ? `LeRobot ${read.format}` : "no codebase_version";
+  const count = (n) => Number(n ?? 0).toLocaleString("en-US");
+  return `${where}, ${version}, ${count(read.episodes)} episodes, ${count(read.frames)} frames`;
+}
+
 // What an event reports (relay.events): the API names every event's `kind`; "metrics" or its `event`.
 function kindOf(event) {
   return event.kind ?? event.event ?? "metrics";
@@ -85,6 +94,7 @@ export async function jobView(ctx, id) {
       ["Last loss", number(job.loss)],
       ["Attempts", String(job.attempts)],
     ];
+    if (job.dataset) rows.splice(3, 0, ["Read", datasetLine(job.dataset)]);
     if (job.error) rows.push(["Error", job.error]);
     summary.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", { "data-field": k.toLowerCase() }, v)]));
     renderTimeline();
