@@ -79,7 +79,9 @@ def test_action_chunks_and_padding_are_lerobots(relay: LeRobotDataset, samples: 
         expected = np.zeros_like(sample["actions"])
         expected[:, :width] = relay.norm_stats.normalize_actions(EXPECTED["action"][i])
         np.testing.assert_array_equal(sample["actions"], expected, err_msg=f"index {i}")
-        np.testing.assert_array_equal(sample["action_is_pad"], EXPECTED["action_is_pad"][i], err_msg=f"index {i}")
+        np.testing.assert_array_equal(
+            sample["action_is_pad"], EXPECTED["action_is_pad"][i], err_msg=f"index {i}"
+        )
     # The fixture has chunks that run past their episode's end, and ones that do not.
     assert EXPECTED["action_is_pad"].any() and not EXPECTED["action_is_pad"].all(axis=1).any()
     assert not EXPECTED["action_is_pad"][:, 0].any()
