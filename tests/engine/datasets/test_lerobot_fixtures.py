@@ -93,9 +93,11 @@ def test_tasks_are_lerobots(samples: list[Sample]) -> None:
 
 
 def test_pixels_are_lerobots(samples: list[Sample]) -> None:
-    """Identical: both decode the same AV1 stream with PyAV (AV1 decoding is exact by the standard)
-    and convert it to RGB with the same FFmpeg conversion; and a wrong frame differs by far more than
-    any rounding (the square moves 2-3 pixels per frame)."""
+    """Identical, with no tolerance: both decode the same AV1 stream with PyAV's libdav1d (AV1
+    decoding is bit-exact by the standard) and convert it to RGB with FFmpeg's rgb24 conversion. That
+    held across PyAV versions: lerobot's 15.1 (FFmpeg libavcodec 61) wrote expected/, Relay's 18.1
+    (libavcodec 62) matched every pixel. A wrong frame would not pass as rounding either: consecutive
+    frames of an episode differ by at least 57 in some pixel (the square moves 2-3 pixels a frame)."""
     differences = []
     for camera, feature in CAMERAS.items():
         ours = np.stack([sample["image"][camera] for sample in samples])
