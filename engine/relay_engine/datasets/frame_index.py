@@ -42,7 +42,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from filelock import FileLock
 
 from relay_engine.datasets import frame_cache

@@ -17,12 +17,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 from PIL import Image
 
 from relay_engine.datasets.meta import DatasetMeta
-import numpy as np
-
 from relay_engine.datasets.validation import episode_batches, image_bytes
 from relay_engine.datasets.video import TOLERANCE_S, VideoError, decoded_times
 

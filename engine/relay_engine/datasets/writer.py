@@ -15,6 +15,7 @@ The synthetic maker and the benchmarks build on it.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -303,10 +304,8 @@ class DatasetWriter:
         return f"{version} {'image' if self.video is None else 'video'}"
 
     def abort(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the staging directory goes anyway
             self._close_v3_files()
-        except Exception:  # noqa: BLE001 -- the staging directory goes anyway
-            pass
         shutil.rmtree(self._staging, ignore_errors=True)
 
     def _features(self) -> dict[str, dict[str, object]]:
