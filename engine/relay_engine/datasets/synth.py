@@ -268,7 +268,7 @@ def _video_settings(format: str, video: bool | VideoSettings, codec: str) -> Vid
         raise ConfigError(f"video codec must be one of {', '.join(ENCODERS)}, got {codec!r}")
     else:
         settings = VideoSettings(
-            codec=codec, options=(("crf", "30"),) if codec == "av1" else (("crf", "23"),)
+            codec=codec, options=(("crf", "30"), ("preset", "12")) if codec == "av1" else (("crf", "23"),)
         )
     if not encoder_available(settings.encoder):
         raise ConfigError(

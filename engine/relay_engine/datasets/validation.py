@@ -255,10 +255,14 @@ def episode_batches(
     if meta.version == CODEBASE_VERSION:
         yield from parquet.iter_batches(batch_size=batch_size, columns=columns)
         return
-    position = parquet.schema_arrow.get_field_index("episode_index")
+    metadata = parquet.metadata
+    # The parquet (leaf) column of episode_index: an image struct has two leaves, so not the field's.
+    position = next(
+        (i for i in range(metadata.num_columns) if metadata.schema.column(i).path == "episode_index"), None
+    )
     groups = []
     for group in range(parquet.num_row_groups):
-        stats = parquet.metadata.row_group(group).column(position).statistics
+        stats = None if position is None else metadata.row_group(group).column(position).statistics
         if stats is None or not stats.has_min_max or stats.min <= episode <= stats.max:
             groups.append(group)
     if not groups:
@@ -320,7 +324,8 @@ def _check_videos(meta: DatasetMeta, problems: Problems) -> dict[str, tuple[int,
     def check(job: tuple[str, str]) -> tuple[int, int] | str:
         camera, relative = job
         path = meta.root / relative
-        codec = meta.features[camera].get("info", {}).get("video.codec", "unknown")
+        info = meta.features[camera].get("info")
+        codec = info.get("video.codec", "unknown") if isinstance(info, dict) else "unknown"
         if not path.is_file():
             return f"missing video files|camera {camera}: {relative} is missing"
         try:

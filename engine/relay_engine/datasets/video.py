@@ -213,7 +213,7 @@ class VideoEncoder:
         self.frames = 0
         self._container = av.open(str(path), mode="w")
         options = {"g": str(settings.g), **dict(settings.options)}
-        if settings.encoder == "libx264":
+        if settings.encoder in ("libx264", "libx264rgb"):
             options.setdefault("bf", "0")
         self._stream = self._container.add_stream(settings.encoder, rate=fps, options=options)
         self._stream.height, self._stream.width = size
