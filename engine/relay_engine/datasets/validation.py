@@ -87,7 +87,7 @@ def inspect_dataset(root: Path, name: str) -> Inspection:
         return inspection
     cameras = _first_frame_sizes(meta, problems)
     cameras.update(_check_videos(meta, problems))
-    cameras = {camera: cameras[camera] for camera in meta.camera_sizes}
+    cameras = {camera: cameras.get(camera, size) for camera, size in meta.camera_sizes.items()}
     inspection.summary = DatasetSummary(
         name=name,
         episodes=len(meta.episodes),
