@@ -402,9 +402,9 @@ def _read_v3_episodes(
         if missing:
             problems.add(f"{relative} has no column {', '.join(missing)}")
             continue
-        columns = {column: table.column(column).to_pylist() for column in needed}
+        columns: dict[str, list[Any]] = {column: table.column(column).to_pylist() for column in needed}
         for row in range(table.num_rows):
-            value = {column: columns[column][row] for column in needed}
+            value: dict[str, Any] = {column: columns[column][row] for column in needed}
             index, length = value["episode_index"], value["length"]
             integers = [value[c] for c in needed if not c.endswith("from_timestamp")]
             starts = [value[c] for c in needed if c.endswith("from_timestamp")]

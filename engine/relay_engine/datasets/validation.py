@@ -127,7 +127,7 @@ def _read_episode_files(meta: DatasetMeta, problems: Problems) -> list[tuple[Epi
     workers = min(8, os.cpu_count() or 1, len(by_file))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         results = dict(zip(by_file, pool.map(read, list(by_file)), strict=True))
-    readable = []
+    readable: list[tuple[EpisodeMeta, _EpisodeFile]] = []
     for relative, result in results.items():
         if isinstance(result, str):
             kind, _, message = result.partition("|")
@@ -263,14 +263,15 @@ def episode_batches(
     groups = []
     for group in range(parquet.num_row_groups):
         stats = None if position is None else metadata.row_group(group).column(position).statistics
-        if stats is None or not stats.has_min_max or stats.min <= episode <= stats.max:
+        low, high = (stats.min, stats.max) if stats is not None and stats.has_min_max else (None, None)
+        if low is None or high is None or low <= episode <= high:
             groups.append(group)
     if not groups:
         return
     for batch in parquet.iter_batches(
         batch_size=batch_size, row_groups=groups, columns=[*columns, "episode_index"]
     ):
-        mask = pc.equal(batch.column(batch.schema.get_field_index("episode_index")), episode)
+        mask = pc.equal(batch.column(batch.schema.get_field_index("episode_index")), pa.scalar(episode))
         kept = batch.filter(mask).select(columns)
         if kept.num_rows:
             yield kept
