@@ -51,7 +51,7 @@ def probe(path: Path) -> Probe:
             if not container.streams.video:
                 raise VideoError(f"{path.name} has no video stream")
             stream = container.streams.video[0]
-            codec = stream.codec_context.name
+            codec = stream.codec_context.codec.canonical_name
             try:
                 frame = next(container.decode(stream), None)
             except av.FFmpegError as error:

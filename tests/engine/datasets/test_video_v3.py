@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -287,3 +288,41 @@ def test_synth_cli_writes_v30_video(tmp_path: Path) -> None:
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "can be trained on" in checked.stdout
+
+
+@pytest.mark.parametrize(
+    ("settings", "codec"),
+    [
+        (VideoSettings(codec="hevc", options=(("crf", "23"), ("x265-params", "log-level=error"))), "hevc"),
+        (VideoSettings(codec="av1", options=(("crf", "30"), ("preset", "12"))), "av1"),
+    ],
+)
+def test_hevc_and_av1_cameras_decode(
+    made: dict[str, Path], tmp_path: Path, settings: VideoSettings, codec: str
+) -> None:
+    root = write(tmp_path / codec, format="v3.0", video=settings, episodes_per_file=2)
+    info = json.loads((root / "meta/info.json").read_text())
+    assert info["features"]["observation.images.top"]["info"]["video.codec"] == codec
+    reference = open_it(made["v2.1-images"], tmp_path / "cache")
+    assert_same_samples(reference, open_it(root, tmp_path / "cache"), "lossy")
+
+
+def test_a_frame_off_the_video_timeline_is_named(made: dict[str, Path], tmp_path: Path) -> None:
+    root = Path(shutil.copytree(made["v3.0-video"], tmp_path / "shifted"))
+    path = root / "meta/episodes/chunk-000/file-000.parquet"
+    rows = pq.read_table(path).to_pylist()
+    rows[1]["videos/observation.images.top/from_timestamp"] += 0.05  # half a frame at 10 fps
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    from relay_engine.datasets.image_check import decode_every_image
+    from relay_engine.datasets.meta import require_meta
+
+    bad = decode_every_image(require_meta(root, "shifted"))
+    assert len(bad) == rows[1]["length"]
+    assert {(b.episode, b.camera) for b in bad} == {(1, "observation.images.top")}
+    assert "videos/observation.images.top/chunk-000/file-000.mp4 has no frame at 1.35 s" in str(bad[0])
+    dataset = open_it(root, tmp_path / "cache")
+    frame = int(dataset.indices_of_episodes([1])[0])
+    with pytest.raises(DatasetError) as caught:
+        dataset[frame]
+    assert "episode 1, frame 0: camera observation.images.top" in str(caught.value)
+    assert "within 0.0001 s" in str(caught.value)
