@@ -23,6 +23,10 @@ TOLERANCE_S = 1e-4
 ENCODERS = {"h264": "libx264", "av1": "libsvtav1", "hevc": "libx265"}
 
 
+# Decoders a forked process inherited from its parent: never used, never freed.
+_INHERITED: list[object] = []
+
+
 class VideoError(Exception):
     """A video file that cannot be opened or decoded, or a frame that is not within the tolerance."""
 
@@ -142,7 +146,10 @@ class VideoFrames:
         return np.asarray(best.to_ndarray(format="rgb24"))
 
     def _opened(self, path: Path) -> _Open:
-        if self._pid != os.getpid():  # a forked copy: the parent's decoders are not ours to use
+        if self._pid != os.getpid():
+            # A forked copy: the parent's decoders are not ours to use, nor to close (freeing one
+            # waits for its decoding threads, which did not come across the fork), so they are kept.
+            _INHERITED.append(self._open)
             self._open = {}
             self._pid = os.getpid()
         opened = self._open.get(path)

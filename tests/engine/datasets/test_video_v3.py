@@ -326,3 +326,17 @@ def test_a_frame_off_the_video_timeline_is_named(made: dict[str, Path], tmp_path
         dataset[frame]
     assert "episode 1, frame 0: camera observation.images.top" in str(caught.value)
     assert "within 0.0001 s" in str(caught.value)
+
+
+def test_forked_loader_workers_open_their_own_decoders(made: dict[str, Path], tmp_path: Path) -> None:
+    import torch.utils.data
+
+    dataset = open_it(made["v3.0-video"], tmp_path / "cache")
+    expected = [
+        dataset[i]["image"]["left_wrist_0_rgb"] for i in range(len(dataset))
+    ]  # parent's decoders open
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=None, num_workers=2, multiprocessing_context="fork", shuffle=False
+    )
+    for i, sample in enumerate(loader):
+        np.testing.assert_array_equal(np.asarray(sample["image"]["left_wrist_0_rgb"]), expected[i])
