@@ -1,4 +1,4 @@
-"""Training samples from a LeRobot v2.1 dataset: `open_dataset(name) -> LeRobotDataset`.
+"""Training samples from a LeRobot v2.1 or v3.0 dataset: `open_dataset(name) -> LeRobotDataset`.
 
 A `LeRobotDataset` is a map-style dataset for `torch.utils.data.DataLoader`: `ds[i]` is frame i as
 a `relay_engine.samples.Sample`, with images at the dataset's own size (the model's processor
@@ -6,6 +6,8 @@ resizes them), the normalized state padded to 32, the frame's task as the prompt
 the next `action_horizon` actions within the episode (the last one repeated past the episode's
 end, and those steps marked in `action_is_pad`). It reads each frame from the frame index with a
 few `pread`s, so it holds nothing of the dataset in memory and pickles to worker processes cheaply.
+A video camera's frame is decoded from the dataset's mp4 at the frame's time in it (each process
+keeps its own decoder per file open).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from relay_engine.datasets.meta import require_meta
 from relay_engine.datasets.norm_stats import NormStats, compute_norm_stats
 from relay_engine.datasets.summary import DatasetSummary
 from relay_engine.datasets.validation import inspect_dataset
+from relay_engine.datasets.video import VideoError, VideoFrames
 from relay_engine.errors import ConfigError, DatasetError
 from relay_engine.paths import cache_dir_or_default
 from relay_engine.samples import Sample
@@ -51,9 +54,12 @@ class LeRobotDataset:
         camera_map: dict[str, str],
         action_horizon: int,
         source: DatasetSource | None = None,
+        root: Path | None = None,
     ) -> None:
         self.name = name
         self.source = source
+        self.root = root  # where video cameras' mp4 files are read from
+        self._video = VideoFrames()
         self.summary: DatasetSummary = replace(index.summary, name=name)
         self.norm_stats = norm_stats
         self.camera_map = camera_map
@@ -126,6 +132,8 @@ class LeRobotDataset:
         return int(np.searchsorted(self._index.episode_start, frame, side="right")) - 1
 
     def _image(self, feature: str, frame: int, position: int) -> np.ndarray:
+        if feature in self._index.video_files:
+            return self._video_image(feature, frame, position)
         encoded = self._index.image(feature, frame)
         try:
             with Image.open(io.BytesIO(encoded)) as image:
@@ -137,6 +145,20 @@ class LeRobotDataset:
                 self.name,
                 f"episode {self._index.episode_index[position]}, frame {episode_frame}: {feature} "
                 f"is not a readable image ({error})",
+            ) from None
+
+    def _video_image(self, feature: str, frame: int, position: int) -> np.ndarray:
+        relative, time = self._index.video_frame(feature, frame)
+        if self.root is None:
+            raise DatasetError(self.name, f"{feature} is a video camera, and the dataset's root is unknown")
+        try:
+            return self._video.frame(self.root / relative, time)
+        except VideoError as error:
+            episode_frame = frame - int(self._index.episode_start[position])
+            raise DatasetError(
+                self.name,
+                f"episode {self._index.episode_index[position]}, frame {episode_frame}: camera {feature}: "
+                f"{error}",
             ) from None
 
 
@@ -164,7 +186,7 @@ def open_dataset(
     shipped = shipped_norm_stats(root, name_or_path, index.summary)
     norm_stats = shipped[0] if shipped else index.norm_stats
     camera_map = map_cameras(name_or_path, index.summary, cameras)
-    return LeRobotDataset(name_or_path, index, norm_stats, camera_map, action_horizon, source)
+    return LeRobotDataset(name_or_path, index, norm_stats, camera_map, action_horizon, source, root=root)
 
 
 def map_cameras(name: str, summary: DatasetSummary, cameras: Mapping[str, str] | None) -> dict[str, str]:

@@ -23,6 +23,12 @@ Layout of `<cache>/frames/<key>/`:
     episode_start.npy            int64 (episodes + 1,)
     images/<feature>.bin         the encoded frames, back to back
     images/<feature>.offsets.npy int64 (frames + 1,)
+    videos.json                  per video camera, its mp4 files (relative to the dataset's root)
+    videos/<feature>.file.npy    int32 (frames,)     each frame's file, a position in videos.json
+    videos/<feature>.time.npy    float64 (frames,)   each frame's time in that file, in seconds
+
+Video cameras are not copied: their frames are decoded from the dataset's mp4 files per sample
+(relay_engine.datasets.video), at the episode's start in the file plus the frame's timestamp.
 """
 
 from __future__ import annotations
@@ -36,20 +42,20 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from filelock import FileLock
 
 from relay_engine.datasets import frame_cache
 from relay_engine.datasets.meta import DatasetMeta
 from relay_engine.datasets.norm_stats import NormStats, compute_norm_stats
 from relay_engine.datasets.summary import DatasetSummary
-from relay_engine.datasets.validation import FrameColumns, image_bytes, inspect_dataset
+from relay_engine.datasets.validation import FrameColumns, episode_batches, image_bytes, inspect_dataset
 from relay_engine.errors import DatasetError
 
 # Bump when the layout changes: old indexes are then rebuilt, not misread.
 FORMAT = "relay-frame-index-1"
 SUMMARY = "summary.json"
 SOURCE = "source.json"  # which dataset (name, root directory) an index was built from
+VIDEOS = "videos.json"
 NORM_STATS = "norm_stats.json"
 # Rows per read while copying images: bounds memory to a few dozen frames per camera.
 COPY_BATCH_ROWS = 64
@@ -61,11 +67,15 @@ def fingerprint(meta: DatasetMeta) -> str:
     (its schema, row groups and their statistics: it changes with the data, and costs one small read
     at the file's end). Touching a file, or copying the dataset without keeping times, keeps the key."""
     digest = hashlib.sha256(FORMAT.encode())
-    for relative in ("meta/info.json", "meta/tasks.jsonl", "meta/episodes.jsonl"):
+    for relative in meta.meta_files:
         digest.update(relative.encode() + b"\0" + (meta.root / relative).read_bytes())
-    for episode in meta.episodes:
-        relative = meta.data_file(episode.index)
+    for relative in meta.data_files():
         digest.update(f"{relative}\0".encode() + _parquet_footer(meta.root / relative) + b"\0")
+    for camera in meta.video_sizes:  # (none in an image dataset: its key is as it was)
+        for relative in dict.fromkeys(meta.video_file(e.index, camera)[0] for e in meta.episodes):
+            path = meta.root / relative
+            size = path.stat().st_size if path.is_file() else -1
+            digest.update(f"{relative}\0{size}\0".encode())
     return digest.hexdigest()[:32]
 
 
@@ -129,7 +139,9 @@ def _write(
     np.save(directory / "episode_index.npy", columns.episode_index)
     np.save(directory / "episode_start.npy", columns.episode_start)
     (directory / NORM_STATS).write_text(compute_norm_stats(columns.state, columns.actions).to_json())
-    _copy_images(directory / "images", meta, list(summary.cameras), name)
+    _copy_images(directory / "images", meta, list(meta.image_sizes), name)
+    if meta.video_sizes:
+        _write_video_times(directory, meta, columns)
     # Written last: its presence marks a complete index, should a rename ever be replaced by a copy.
     (directory / SUMMARY).write_text(json.dumps(summary.to_dict(), indent=2))
 
@@ -143,10 +155,13 @@ def _copy_images(directory: Path, meta: DatasetMeta, cameras: list[str], name: s
     try:
         for episode in meta.episodes:
             relative = meta.data_file(episode.index)
+            if not cameras:
+                break
             try:
                 # Streamed page by page (no pre-buffering of whole column chunks): less memory.
-                parquet = pq.ParquetFile(meta.root / relative, pre_buffer=False, buffer_size=STREAM_BUFFER)
-                batches = parquet.iter_batches(batch_size=COPY_BATCH_ROWS, columns=cameras)
+                batches = episode_batches(
+                    meta, episode.index, cameras, batch_size=COPY_BATCH_ROWS, buffer_size=STREAM_BUFFER
+                )
                 row = 0
                 for batch in batches:
                     for camera in cameras:
@@ -168,6 +183,27 @@ def _copy_images(directory: Path, meta: DatasetMeta, cameras: list[str], name: s
             output.close()
     for camera in cameras:
         np.save(directory / f"{camera}.offsets.npy", np.concatenate(offsets[camera]))
+
+
+def _write_video_times(directory: Path, meta: DatasetMeta, columns: FrameColumns) -> None:
+    """Per video camera, each frame's mp4 (a position in videos.json) and its time in that file:
+    the episode's start in the file plus the frame's timestamp, as lerobot queries it."""
+    (directory / "videos").mkdir()
+    listing: dict[str, list[str]] = {}
+    assert columns.timestamp is not None
+    for camera in meta.video_sizes:
+        files: dict[str, int] = {}
+        file_of = np.empty(len(columns.timestamp), dtype=np.int32)
+        time = np.empty(len(columns.timestamp), dtype=np.float64)
+        for position, episode in enumerate(columns.episode_index.tolist()):
+            relative, start = meta.video_file(int(episode), camera)
+            rows = slice(columns.episode_start[position], columns.episode_start[position + 1])
+            file_of[rows] = files.setdefault(relative, len(files))
+            time[rows] = start + columns.timestamp[rows]
+        np.save(directory / "videos" / f"{camera}.file.npy", file_of)
+        np.save(directory / "videos" / f"{camera}.time.npy", time)
+        listing[camera] = list(files)
+    (directory / VIDEOS).write_text(json.dumps(listing, indent=2))
 
 
 def _buffer_and_sizes(encoded: pa.Array) -> tuple[memoryview, np.ndarray]:
@@ -215,10 +251,16 @@ class FrameIndex:
         self._state = _NpyFile(directory / "state.npy")
         self._actions = _NpyFile(directory / "actions.npy")
         self._task_index = _NpyFile(directory / "task_index.npy")
+        videos = directory / VIDEOS
+        # Video camera -> its mp4 files, relative to the dataset's root.
+        self.video_files: dict[str, list[str]] = json.loads(videos.read_text()) if videos.is_file() else {}
         self._offsets = {
             camera: _NpyFile(directory / "images" / f"{camera}.offsets.npy")
             for camera in self.summary.cameras
+            if camera not in self.video_files
         }
+        self._video_file = {c: _NpyFile(directory / "videos" / f"{c}.file.npy") for c in self.video_files}
+        self._video_time = {c: _NpyFile(directory / "videos" / f"{c}.time.npy") for c in self.video_files}
 
     def __len__(self) -> int:
         return int(self.episode_start[-1])
@@ -235,6 +277,13 @@ class FrameIndex:
     def image(self, camera: str, frame: int) -> bytes:
         start, stop = self._rows(self._offsets[camera], frame, frame + 2)
         return self._pread(self.directory / "images" / f"{camera}.bin", int(stop - start), int(start))
+
+    def video_frame(self, camera: str, frame: int) -> tuple[str, float]:
+        """A video camera's frame: its mp4 (relative to the dataset's root) and its time in it."""
+        file = int(self._rows(self._video_file[camera], frame, frame + 1)[0])
+        return self.video_files[camera][file], float(
+            self._rows(self._video_time[camera], frame, frame + 1)[0]
+        )
 
     def _rows(self, array: _NpyFile, start: int, stop: int) -> np.ndarray:
         data = self._pread(

@@ -1,5 +1,8 @@
 """Decode every image of a dataset, as training will, and name each one that cannot be read.
 
+A video camera's frames are decoded from its mp4 over the episode's span, and each frame the
+episode asks for must be there within lerobot's tolerance (1e-4 s).
+
 `relay datasets check` runs this by default: a dataset with one truncated PNG in the middle of an
 episode passed the checks of the columns and failed training at that frame, after the GPU was
 paid for. Episode files are decoded in threads (Pillow's decoders and pyarrow's reads release the
@@ -14,11 +17,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import pyarrow.parquet as pq
+import numpy as np
+import pyarrow as pa
 from PIL import Image
 
 from relay_engine.datasets.meta import DatasetMeta
-from relay_engine.datasets.validation import image_bytes
+from relay_engine.datasets.validation import episode_batches, image_bytes
+from relay_engine.datasets.video import TOLERANCE_S, VideoError, decoded_times
 
 # Problems named one by one before the rest are only counted.
 NAMED_MAX = 50
@@ -60,13 +65,42 @@ def describe(bad: list[BadImage]) -> list[str]:
     return lines
 
 
+def _check_videos(meta: DatasetMeta, episode: int) -> list[BadImage]:
+    bad: list[BadImage] = []
+    length = next(e.length for e in meta.episodes if e.index == episode)
+    for camera in meta.video_sizes:
+        relative, start = meta.video_file(episode, camera)
+        wanted = start + np.arange(length) / meta.fps
+        try:
+            times = decoded_times(meta.root / relative, float(wanted[0]), float(wanted[-1]))
+        except VideoError as error:
+            bad.append(BadImage(episode, 0, camera, f"{relative}: {error}"))
+            continue
+        for frame, time in enumerate(wanted):
+            gap = float(np.min(np.abs(times - time))) if len(times) else float("inf")
+            if gap > TOLERANCE_S:
+                bad.append(
+                    BadImage(
+                        episode,
+                        frame,
+                        camera,
+                        f"{relative} has no frame at {time:.6g} s (nearest {gap:.3g} s away)",
+                    )
+                )
+    return bad
+
+
 def _check_episode(meta: DatasetMeta, episode: int) -> list[BadImage]:
+    bad_videos = _check_videos(meta, episode) if meta.video_sizes and meta.video_path else []
+    return bad_videos + _check_image_episode(meta, episode)
+
+
+def _check_image_episode(meta: DatasetMeta, episode: int) -> list[BadImage]:
     cameras = list(meta.image_sizes)
     if not cameras:
         return []
     try:
-        parquet = pq.ParquetFile(meta.root / meta.data_file(episode))
-        batches = parquet.iter_batches(batch_size=64, columns=[*cameras, "frame_index"])
+        batches = episode_batches(meta, episode, [*cameras, "frame_index"], batch_size=64)
         bad: list[BadImage] = []
         for batch in batches:
             frames = batch.column("frame_index").to_numpy()
@@ -77,7 +111,7 @@ def _check_episode(meta: DatasetMeta, episode: int) -> list[BadImage]:
                     if why is not None:
                         bad.append(BadImage(episode, int(frame), camera, why))
         return bad
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, pa.ArrowException):
         return []  # an unreadable file is reported by the column checks, by file name
 
 

@@ -1,4 +1,5 @@
-"""A synthetic LeRobot v2.1 image dataset whose correct actions can only be learned by looking.
+"""A synthetic LeRobot dataset (v2.1 or v3.0, images or video) whose correct actions can only be
+learned by looking.
 
 The task: a gripper (a white ring) moves on a plane towards a coloured target dot. Each episode
 places one dot per task colour at random; the episode's task ("move to the red dot") says which
@@ -28,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from relay_engine.datasets.writer import DatasetWriter, Episode, encode_png
+from relay_engine.datasets.video import ENCODERS, VideoSettings, encoder_available
+from relay_engine.datasets.writer import FORMATS, DatasetWriter, Episode
 from relay_engine.errors import ConfigError
 
 DEFAULT_CAMERAS: dict[str, tuple[int, int]] = {
@@ -70,6 +72,10 @@ def write_synthetic_dataset(
     distractors: int = 0,
     top_view: tuple[float, float, float] = (0.0, 0.0, 1.0),
     wrist_zoom: float = WRIST_ZOOM,
+    format: str = "v2.1",
+    video: bool | VideoSettings = False,
+    video_codec: str = "h264",
+    episodes_per_file: int = 1000,
 ) -> Path:
     """Write the dataset into `out_dir` (which must be empty or absent, unless `overwrite`); returns it.
 
@@ -79,13 +85,16 @@ def write_synthetic_dataset(
     camera frames (the benchmarks use it; the default keeps the dataset small and quick to write).
     `colours` names the tasks' colours (default: the first `num_tasks` of COLOURS); `distractors`
     adds that many dots of other colours; `top_view` is the first camera's (centre x, centre y,
-    zoom) and `wrist_zoom` the other cameras' zoom.
+    zoom) and `wrist_zoom` the other cameras' zoom. `format` is "v2.1" or "v3.0"; `video` stores the
+    cameras as mp4 (True: `video_codec`, h264 or av1, yuv420p; or the given VideoSettings);
+    `episodes_per_file` is v3.0's episodes per data and video file.
     """
     cameras = dict(DEFAULT_CAMERAS if cameras is None else cameras)
     low, high = (episode_length, episode_length) if isinstance(episode_length, int) else episode_length
     colours = list(COLOURS)[:num_tasks] if colours is None else list(colours)
     _check_options(episodes, low, high, cameras, state_dim, action_dim, len(colours), fps, noise)
     _check_variant(colours, distractors, top_view, wrist_zoom)
+    settings = _video_settings(format, video, video_codec)
     rng = np.random.default_rng(seed)
     scene = _Scene(
         lengths=(low, high),
@@ -108,6 +117,9 @@ def write_synthetic_dataset(
         tasks=[f"move to the {colour} dot" for colour in colours],
         robot_type="relay-synthetic",
         overwrite=overwrite,
+        format=format,
+        video=settings,
+        episodes_per_file=episodes_per_file,
     )
     try:
         for episode_index in range(episodes):
@@ -164,24 +176,22 @@ class _Scene:
         dots: np.ndarray,
         shown: list[str],
         background: np.ndarray,
-    ) -> dict[str, list[bytes]]:
-        """Each camera's PNG frames, one per position: the first camera the top view, the others
+    ) -> dict[str, list[np.ndarray]]:
+        """Each camera's frames, one per position: the first camera the top view, the others
         wrist views (the noise is drawn camera by camera, frame by frame)."""
         return {
             camera: [
-                encode_png(
-                    render(
-                        size,
-                        position,
-                        dots,
-                        shown,
-                        background,
-                        wrist=i > 0,
-                        noise=self.noise,
-                        rng=rng,
-                        top_view=self.top_view,
-                        wrist_zoom=self.wrist_zoom,
-                    )
+                render(
+                    size,
+                    position,
+                    dots,
+                    shown,
+                    background,
+                    wrist=i > 0,
+                    noise=self.noise,
+                    rng=rng,
+                    top_view=self.top_view,
+                    wrist_zoom=self.wrist_zoom,
                 )
                 for position in positions
             ]
@@ -245,6 +255,26 @@ def render(
     if noise:
         image += rng.integers(-noise, noise + 1, size=image.shape, dtype=np.int16)
     return np.clip(image, 0, 255).astype(np.uint8)
+
+
+def _video_settings(format: str, video: bool | VideoSettings, codec: str) -> VideoSettings | None:
+    if format not in FORMATS:
+        raise ConfigError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if isinstance(video, VideoSettings):
+        settings = video
+    elif not video:
+        return None
+    elif codec not in ENCODERS:
+        raise ConfigError(f"video codec must be one of {', '.join(ENCODERS)}, got {codec!r}")
+    else:
+        settings = VideoSettings(
+            codec=codec, options=(("crf", "30"), ("preset", "12")) if codec == "av1" else (("crf", "23"),)
+        )
+    if not encoder_available(settings.encoder):
+        raise ConfigError(
+            f"this PyAV's FFmpeg has no {settings.encoder} encoder (for {settings.codec} video)"
+        )
+    return settings
 
 
 def _check_variant(

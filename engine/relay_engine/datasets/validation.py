@@ -1,17 +1,19 @@
-"""Check a whole v2.1 dataset and read the columns training needs.
+"""Check a whole v2.1 or v3.0 dataset and read the columns training needs.
 
 `inspect_dataset` reads the meta files, then the numeric columns of every episode file (in
 threads: pyarrow decodes without the GIL), and checks, over all frames at once, the rules a data
 file must keep: its rows are its episode's frames 0..n-1 in order, each once; timestamps equal
 frame_index / fps; every task_index is a task; states and actions are finite numbers of the right
 width. The images are not decoded here (a full pass over them is what the frame index does), except
-the first frame of each camera, which gives the camera's real size.
+the first frame of each camera, which gives the camera's real size, and the first frame of every
+video file, which shows that the bundled FFmpeg decodes its codec.
 """
 
 from __future__ import annotations
 
 import io
 import os
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +25,19 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from PIL import Image, UnidentifiedImageError
 
-from relay_engine.datasets.meta import ACTION, STATE, TASKS, DatasetMeta, EpisodeMeta, read_meta
+from relay_engine.datasets.meta import (
+    ACTION,
+    CODEBASE_VERSION,
+    INFO,
+    STATE,
+    TASKS,
+    DatasetMeta,
+    EpisodeMeta,
+    read_meta,
+)
 from relay_engine.datasets.problems import Problems
 from relay_engine.datasets.summary import DatasetSummary
+from relay_engine.datasets.video import VideoError, probe
 
 # lerobot's `check_timestamps_sync` tolerance.
 TIMESTAMP_TOLERANCE_S = 1e-4
@@ -41,6 +53,7 @@ class FrameColumns:
     task_index: np.ndarray  # (frames,) int64
     episode_index: np.ndarray  # (episodes,) int64: the dataset's episode numbers
     episode_start: np.ndarray  # (episodes + 1,) int64: episode e is rows [start[e], start[e + 1])
+    timestamp: np.ndarray | None = None  # (frames,) float64: each frame's time in its episode
 
 
 @dataclass
@@ -73,6 +86,8 @@ def inspect_dataset(root: Path, name: str) -> Inspection:
     if meta is None:
         return inspection
     cameras = _first_frame_sizes(meta, problems)
+    cameras.update(_check_videos(meta, problems))
+    cameras = {camera: cameras.get(camera, size) for camera, size in meta.camera_sizes.items()}
     inspection.summary = DatasetSummary(
         name=name,
         episodes=len(meta.episodes),
@@ -100,27 +115,34 @@ def inspect_dataset(root: Path, name: str) -> Inspection:
 
 
 def _read_episode_files(meta: DatasetMeta, problems: Problems) -> list[tuple[EpisodeMeta, _EpisodeFile]]:
-    """The columns of each episode file that can be read; a problem for each one that cannot."""
+    """The columns of each episode that can be read; a problem for each data file that cannot.
+    Each data file is read once (in v3.0 one holds many episodes)."""
+    by_file: dict[str, list[EpisodeMeta]] = {}
+    for episode in meta.episodes:
+        by_file.setdefault(meta.data_file(episode.index), []).append(episode)
 
-    def read(index: int) -> _EpisodeFile | str:
-        return _read_episode_file(meta, index)
+    def read(relative: str) -> list[_EpisodeFile] | str:
+        return _read_data_file(meta, relative, by_file[relative])
 
-    workers = min(8, os.cpu_count() or 1, len(meta.episodes))
+    workers = min(8, os.cpu_count() or 1, len(by_file))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        results = list(pool.map(read, [episode.index for episode in meta.episodes]))
-    readable = []
-    for episode, result in zip(meta.episodes, results, strict=True):
+        results = dict(zip(by_file, pool.map(read, list(by_file)), strict=True))
+    readable: list[tuple[EpisodeMeta, _EpisodeFile]] = []
+    for relative, result in results.items():
         if isinstance(result, str):
             kind, _, message = result.partition("|")
             problems.add(message, kind=kind)
         else:
-            readable.append((episode, result))
+            readable.extend(zip(by_file[relative], result, strict=True))
+    readable.sort(key=lambda pair: pair[0].index)
     return readable
 
 
-def _read_episode_file(meta: DatasetMeta, episode_index: int) -> _EpisodeFile | str:
-    """The episode file's numeric columns, or "kind|message" naming the file and what is wrong."""
-    relative = meta.data_file(episode_index)
+def _read_data_file(
+    meta: DatasetMeta, relative: str, episodes: list[EpisodeMeta]
+) -> list[_EpisodeFile] | str:
+    """The numeric columns of each of the file's episodes, or "kind|message" naming the file and
+    what is wrong. A v2.1 file is one episode's; a v3.0 file's rows are split by episode_index."""
     try:
         parquet = pq.ParquetFile(meta.root / relative)
     except FileNotFoundError:
@@ -144,7 +166,7 @@ def _read_episode_file(meta: DatasetMeta, episode_index: int) -> _EpisodeFile | 
     except (OSError, pa.ArrowException) as error:
         return f"unreadable data files|{relative} cannot be read: {error}"
     try:
-        return _EpisodeFile(
+        whole = _EpisodeFile(
             state=_matrix(table, STATE, meta.state_dim),
             actions=_matrix(table, ACTION, meta.action_dim),
             timestamp=_vector(table, "timestamp").astype(np.float64),
@@ -154,6 +176,15 @@ def _read_episode_file(meta: DatasetMeta, episode_index: int) -> _EpisodeFile | 
         )
     except _ColumnError as error:
         return f"data files with bad columns|{relative}: {error}"
+    if meta.version == CODEBASE_VERSION:
+        return [whole]
+    parts = []
+    for episode in episodes:
+        rows = whole.episode_index == episode.index
+        parts.append(
+            _EpisodeFile(*(getattr(whole, name)[rows] for name in _EpisodeFile.__dataclass_fields__))
+        )
+    return parts
 
 
 class _ColumnError(ValueError):
@@ -215,6 +246,37 @@ def image_bytes(array: pa.Array) -> pa.Array:
     return cast(pa.StructArray, array).field("bytes") if pa.types.is_struct(array.type) else array
 
 
+def episode_batches(
+    meta: DatasetMeta, episode: int, columns: list[str], batch_size: int, buffer_size: int = 1 << 20
+) -> Iterator[pa.RecordBatch]:
+    """The episode's rows of `columns`, in file order, a batch at a time (streamed page by page).
+    In v3.0 only the row groups whose statistics may hold the episode are read, and filtered."""
+    parquet = pq.ParquetFile(meta.root / meta.data_file(episode), pre_buffer=False, buffer_size=buffer_size)
+    if meta.version == CODEBASE_VERSION:
+        yield from parquet.iter_batches(batch_size=batch_size, columns=columns)
+        return
+    metadata = parquet.metadata
+    # The parquet (leaf) column of episode_index: an image struct has two leaves, so not the field's.
+    position = next(
+        (i for i in range(metadata.num_columns) if metadata.schema.column(i).path == "episode_index"), None
+    )
+    groups = []
+    for group in range(parquet.num_row_groups):
+        stats = None if position is None else metadata.row_group(group).column(position).statistics
+        low, high = (stats.min, stats.max) if stats is not None and stats.has_min_max else (None, None)
+        if low is None or high is None or low <= episode <= high:
+            groups.append(group)
+    if not groups:
+        return
+    for batch in parquet.iter_batches(
+        batch_size=batch_size, row_groups=groups, columns=[*columns, "episode_index"]
+    ):
+        mask = pc.equal(batch.column(batch.schema.get_field_index("episode_index")), pa.scalar(episode))
+        kept = batch.filter(mask).select(columns)
+        if kept.num_rows:
+            yield kept
+
+
 def _first_frame_sizes(meta: DatasetMeta, problems: Problems) -> dict[str, tuple[int, int]]:
     """Each camera's (height, width), from its first decoded frame where it can be read."""
     sizes = dict(meta.image_sizes)
@@ -249,6 +311,46 @@ def _first_frame_sizes(meta: DatasetMeta, problems: Problems) -> dict[str, tuple
     return sizes
 
 
+def _check_videos(meta: DatasetMeta, problems: Problems) -> dict[str, tuple[int, int]]:
+    """Every video file the episodes name exists and its first frame decodes (so the bundled FFmpeg
+    decodes its codec); each video camera's (height, width), from its first file."""
+    if not meta.video_path:
+        return {}  # info.json's video_path is missing or broken, a problem already recorded
+    files: dict[str, dict[str, None]] = {camera: {} for camera in meta.video_sizes}
+    for episode in meta.episodes:
+        for camera in meta.video_sizes:
+            files[camera][meta.video_file(episode.index, camera)[0]] = None
+    jobs = [(camera, relative) for camera, found in files.items() for relative in found]
+
+    def check(job: tuple[str, str]) -> tuple[int, int] | str:
+        camera, relative = job
+        path = meta.root / relative
+        info = meta.features[camera].get("info")
+        codec = info.get("video.codec", "unknown") if isinstance(info, dict) else "unknown"
+        if not path.is_file():
+            return f"missing video files|camera {camera}: {relative} is missing"
+        try:
+            found = probe(path)
+        except VideoError as error:
+            return (
+                f"undecodable video files|camera {camera}: {relative} (codec {codec} in {INFO}) "
+                f"cannot be decoded: {error}"
+            )
+        return found.height, found.width
+
+    workers = min(8, os.cpu_count() or 1, max(1, len(jobs)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(check, jobs))
+    sizes: dict[str, tuple[int, int]] = {}
+    for (camera, _), result in zip(jobs, results, strict=True):
+        if isinstance(result, str):
+            kind, _, message = result.partition("|")
+            problems.add(message, kind=kind)
+        else:
+            sizes.setdefault(camera, result)
+    return sizes
+
+
 # -- checks over all frames --------------------------------------------------------------------------
 
 
@@ -262,8 +364,9 @@ def _check_frames(
     lengths = np.array([len(f.frame_index) for f in files], dtype=np.int64)
     for episode, length in zip(episodes, lengths, strict=True):
         if length != episode.length:
+            rows = "rows" if meta.version == CODEBASE_VERSION else f"rows of episode {episode.index}"
             problems.add(
-                f"{meta.data_file(episode.index)} has {length} rows but meta/episodes.jsonl says "
+                f"{meta.data_file(episode.index)} has {length} {rows} but {meta.episodes_file} says "
                 f"episode {episode.index} has {episode.length}",
                 kind="episode lengths",
             )
@@ -277,6 +380,7 @@ def _check_frames(
         task_index=frames.task_index,
         episode_index=frames.episode_numbers,
         episode_start=frames.start,
+        timestamp=frames.timestamp,
     )
 
 

@@ -1,4 +1,4 @@
-"""`relay datasets`: check a LeRobot v2.1 dataset, print its norm stats, write a synthetic one.
+"""`relay datasets`: check a LeRobot v2.1 or v3.0 dataset, print its norm stats, write a synthetic one.
 
 These commands run the engine on this machine (they need the engine extra); a dataset is a Hub
 repo id (at --revision; by default v2.1, else a v3.0 default branch), a local directory or a file://
@@ -24,7 +24,8 @@ from relay.cli._common import console, dataset_name, fail, parse_pairs
 from relay.cli._extras import require
 
 app = typer.Typer(
-    help="Check LeRobot v2.1 datasets, print their norm stats, write synthetic ones.", no_args_is_help=True
+    help="Check LeRobot v2.1 and v3.0 datasets, print their norm stats, write synthetic ones.",
+    no_args_is_help=True,
 )
 
 _out = console()
@@ -197,8 +198,20 @@ def synth(
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     noise: Annotated[int, typer.Option(help="Pixel noise amplitude, 0 to 64.")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace OUT_DIR if it is not empty.")] = False,
+    format: Annotated[
+        str, typer.Option("--format", help="LeRobot format: v2.1 (one file per episode) or v3.0.")
+    ] = "v2.1",
+    video: Annotated[
+        bool, typer.Option(help="Store the cameras as mp4 video instead of PNG images.")
+    ] = False,
+    video_codec: Annotated[
+        str, typer.Option(help="With --video: h264 (yuv420p) or av1 (libsvtav1, where PyAV has it).")
+    ] = "h264",
+    episodes_per_file: Annotated[
+        int, typer.Option(help="v3.0: episodes per data file and per video file.")
+    ] = 1000,
 ) -> None:
-    """Write a synthetic LeRobot v2.1 image dataset: move to the dot of the task's colour."""
+    """Write a synthetic LeRobot dataset (v2.1 images by default): move to the dot of the task's colour."""
     pi05 = require("relay_engine.families").family_named(families.PI05)
     errors = require("relay_engine.errors")
     episode_length = _length(length)
@@ -219,6 +232,10 @@ def synth(
             seed=seed,
             noise=noise,
             overwrite=overwrite,
+            format=format,
+            video=video,
+            video_codec=video_codec,
+            episodes_per_file=episodes_per_file,
         )
     except errors.EngineError as error:
         message = str(error)

@@ -60,7 +60,7 @@ def test_check_lists_every_problem_and_fails(broken: Path, cache_dir: Path) -> N
     edit_info(broken, change)
     code, output = relay("check", broken, "--cache-dir", cache_dir)
     assert code == 1
-    assert "datasets that store video aren't supported yet: observation.images.wrist" in output
+    assert "meta/info.json: video_path must be a template with {video_key} and {episode_index}" in output
     assert "meta/info.json: features.observation.state is 40 wide; at most 32 is supported" in output
     assert "Traceback" not in output
 

@@ -27,23 +27,26 @@ def test_a_good_dataset_has_no_problems(synthetic: Path) -> None:
     assert len(inspection.columns.state) == inspection.summary.frames
 
 
-def test_codebase_version_must_be_v21(broken: Path) -> None:
-    edit_info(broken, lambda info: info.update(codebase_version="v3.0"))
+def test_codebase_version_must_be_v21_or_v30(broken: Path) -> None:
+    edit_info(broken, lambda info: info.update(codebase_version="v2.0"))
     [problem] = problems_of(broken)
-    assert "meta/info.json: codebase_version is 'v3.0'" in problem
-    assert "v3.0 datasets are not supported yet" in problem
+    assert problem == "meta/info.json: codebase_version is 'v2.0'; Relay reads LeRobot v2.1 and v3.0 datasets"
 
 
-def test_video_features_are_refused_by_name(broken: Path) -> None:
+def test_video_features_without_a_video_path_are_refused_by_name(broken: Path) -> None:
     def to_video(info: dict) -> None:
         info["features"]["observation.images.wrist"]["dtype"] = "video"
 
     edit_info(broken, to_video)
-    assert problems_of(broken) == ["datasets that store video aren't supported yet: observation.images.wrist"]
+    problem = (
+        "meta/info.json: video_path must be a template with {video_key} and {episode_index} "
+        "(the dataset has video cameras), got None"
+    )
+    assert problems_of(broken) == [problem]
     with pytest.raises(DatasetError) as caught:
         open_dataset(str(broken), cache_dir=broken.parent / "cache")
     assert caught.value.dataset == str(broken)
-    assert caught.value.problem == "datasets that store video aren't supported yet: observation.images.wrist"
+    assert caught.value.problem == problem
 
 
 def test_state_and_action_must_be_present_and_at_most_32_wide(broken: Path) -> None:

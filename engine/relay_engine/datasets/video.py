@@ -1,0 +1,241 @@
+"""Video cameras: decode one frame at a timestamp, probe a file's codec, encode frames into an mp4.
+
+Decoding follows lerobot 0.6.1's rule: the frame whose presentation time is nearest the query
+timestamp, accepted only within `TOLERANCE_S` of it. `VideoFrames` keeps one PyAV container open per
+file (per process: a forked or unpickled copy opens its own) and, for each query, seeks to the
+keyframe at or before the timestamp and decodes forward to it, so a sample costs the frames between
+the keyframe and the one wanted, never the whole file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# lerobot's default `tolerance_s` for video frames.
+TOLERANCE_S = 1e-4
+# The codecs `relay datasets synth --video` can write, by name; PyAV picks the encoder.
+ENCODERS = {"h264": "libx264", "av1": "libsvtav1", "hevc": "libx265"}
+
+
+# Decoders a forked process inherited from its parent: never used, never freed.
+_INHERITED: list[object] = []
+
+
+class VideoError(Exception):
+    """A video file that cannot be opened or decoded, or a frame that is not within the tolerance."""
+
+
+def _av() -> Any:
+    import av
+
+    return av
+
+
+@dataclass(frozen=True)
+class Probe:
+    codec: str
+    height: int
+    width: int
+    pix_fmt: str
+    fps: float
+
+
+def probe(path: Path) -> Probe:
+    """The video stream's codec, size and rate, after decoding its first frame (so a codec this
+    FFmpeg has no decoder for, or a broken file, fails here, before training)."""
+    av = _av()
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise VideoError(f"{path.name} has no video stream")
+            stream = container.streams.video[0]
+            codec = stream.codec_context.codec.canonical_name
+            try:
+                frame = next(container.decode(stream), None)
+            except av.FFmpegError as error:
+                raise VideoError(f"its {codec} stream cannot be decoded: {error}") from None
+            if frame is None:
+                raise VideoError(f"its {codec} stream holds no frame this FFmpeg can decode")
+            rate = stream.average_rate or stream.guessed_rate or 0
+            return Probe(codec, frame.height, frame.width, str(stream.codec_context.pix_fmt), float(rate))
+    except av.FFmpegError as error:
+        raise VideoError(f"cannot be opened as a video: {error}") from None
+
+
+def decoder_available(codec: str) -> bool:
+    """Whether the bundled FFmpeg has a decoder for `codec` (its FFmpeg name: h264, hevc, av1...)."""
+    av = _av()
+    try:
+        av.codec.Codec(codec, "r")
+    except (av.FFmpegError, ValueError):
+        return False
+    return True
+
+
+def decoded_times(path: Path, start: float, stop: float, tolerance_s: float = TOLERANCE_S) -> np.ndarray:
+    """The times (seconds) of every frame of `path` from `start` to `stop`, each one decoded whole:
+    what `relay datasets check` compares with the times the episodes ask for."""
+    av = _av()
+    times = []
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            time_base = stream.time_base
+            container.seek(max(0, int((start - tolerance_s) / time_base) - 1), stream=stream, backward=True)
+            for frame in container.decode(stream):
+                if frame.pts is None:
+                    continue
+                time = float(frame.pts * time_base)
+                if time > stop + tolerance_s:
+                    break
+                if time >= start - tolerance_s:
+                    times.append(time)
+    except (av.FFmpegError, OSError, IndexError) as error:
+        raise VideoError(f"{path.name}: decoding from {start:.6g} s failed: {error}") from None
+    return np.array(times, dtype=np.float64)
+
+
+@dataclass
+class _Open:
+    container: Any
+    stream: Any
+
+
+@dataclass
+class VideoFrames:
+    """Decodes frames of video files, keeping each file's decoder open. Picklable."""
+
+    tolerance_s: float = TOLERANCE_S
+    _open: dict[Path, _Open] = field(default_factory=dict, repr=False)
+    _pid: int = field(default_factory=os.getpid, repr=False)
+
+    def frame(self, path: Path, timestamp: float) -> np.ndarray:
+        """uint8 (H, W, 3) RGB: the frame of `path` nearest `timestamp` (seconds in the file)."""
+        av = _av()
+        opened = self._opened(path)
+        stream = opened.stream
+        time_base: Fraction = stream.time_base
+        try:
+            # The keyframe at or before the timestamp (a little before, for rounding), then forward.
+            target = max(0, int((timestamp - self.tolerance_s) / time_base) - 1)
+            opened.container.seek(target, stream=stream, backward=True, any_frame=False)
+            best: Any = None
+            best_gap = float("inf")
+            for frame in opened.container.decode(stream):
+                if frame.pts is None:
+                    continue
+                gap = abs(float(frame.pts * time_base) - timestamp)
+                if gap < best_gap:
+                    best, best_gap = frame, gap
+                if float(frame.pts * time_base) >= timestamp + self.tolerance_s:
+                    break
+        except av.FFmpegError as error:
+            self._close(path)
+            raise VideoError(f"{path.name}: decoding at {timestamp:.6g} s failed: {error}") from None
+        if best is None or best_gap > self.tolerance_s:
+            found = "no frame" if best is None else f"the nearest frame is {best_gap:.6g} s away"
+            raise VideoError(
+                f"{path.name}: no frame at {timestamp:.6g} s within {self.tolerance_s:g} s ({found})"
+            )
+        return np.asarray(best.to_ndarray(format="rgb24"))
+
+    def _opened(self, path: Path) -> _Open:
+        if self._pid != os.getpid():
+            # A forked copy: the parent's decoders are not ours to use, nor to close (freeing one
+            # waits for its decoding threads, which did not come across the fork), so they are kept.
+            _INHERITED.append(self._open)
+            self._open = {}
+            self._pid = os.getpid()
+        opened = self._open.get(path)
+        if opened is None:
+            av = _av()
+            try:
+                container = av.open(str(path))
+            except (av.FFmpegError, OSError) as error:
+                raise VideoError(f"{path.name} cannot be opened: {error}") from None
+            if not container.streams.video:
+                container.close()
+                raise VideoError(f"{path.name} has no video stream")
+            opened = self._open[path] = _Open(container, container.streams.video[0])
+        return opened
+
+    def _close(self, path: Path) -> None:
+        opened = self._open.pop(path, None)
+        if opened is not None:
+            opened.container.close()
+
+    def close(self) -> None:
+        for path in list(self._open):
+            self._close(path)
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"tolerance_s": self.tolerance_s}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.tolerance_s = float(state["tolerance_s"])  # type: ignore[arg-type]
+        self._open = {}
+        self._pid = os.getpid()
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    """How `DatasetWriter` encodes video cameras: a codec name (h264, av1, hevc), the pixel format,
+    the keyframe interval and the encoder's options (crf, qp, preset...)."""
+
+    codec: str = "h264"
+    pix_fmt: str = "yuv420p"
+    g: int = 2
+    options: tuple[tuple[str, str], ...] = (("crf", "23"),)
+
+    @property
+    def encoder(self) -> str:
+        return ENCODERS.get(self.codec, self.codec)
+
+
+LOSSLESS_H264 = VideoSettings(codec="h264", pix_fmt="yuv444p", options=(("qp", "0"),))
+
+
+def encoder_available(name: str) -> bool:
+    av = _av()
+    try:
+        av.codec.Codec(name, "w")
+    except (av.FFmpegError, ValueError):
+        return False
+    return True
+
+
+class VideoEncoder:
+    """Frames appended one by one to one mp4 file; frame i is shown at i / fps."""
+
+    def __init__(self, path: Path, fps: int, size: tuple[int, int], settings: VideoSettings) -> None:
+        av = _av()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.frames = 0
+        self._container = av.open(str(path), mode="w")
+        options = {"g": str(settings.g), **dict(settings.options)}
+        if settings.encoder in ("libx264", "libx264rgb"):
+            options.setdefault("bf", "0")
+        self._stream = self._container.add_stream(settings.encoder, rate=fps, options=options)
+        self._stream.height, self._stream.width = size
+        self._stream.pix_fmt = settings.pix_fmt
+        self._av = av
+
+    def add(self, image: np.ndarray) -> None:
+        frame = self._av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
+        frame.pts = self.frames
+        for packet in self._stream.encode(frame):
+            self._container.mux(packet)
+        self.frames += 1
+
+    def close(self) -> Probe:
+        for packet in self._stream.encode():
+            self._container.mux(packet)
+        self._container.close()
+        return probe(self.path)

@@ -1,0 +1,342 @@
+"""LeRobot v3.0 datasets and video cameras (v2.1 and v3.0), written by our writer and read back.
+
+Each variant holds the same synthetic content as a v2.1 image dataset (same seed), so every sample
+must match it: state, action chunk, padding flags and prompt exactly, and pixels within the codec's
+tolerance (lossy H.264 yuv420p), or exactly (H.264 RGB, lossless).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from relay_engine.datasets import inspect_dataset, open_dataset
+from relay_engine.datasets.dataset import LeRobotDataset
+from relay_engine.datasets.synth import write_synthetic_dataset
+from relay_engine.datasets.video import LOSSLESS_H264, VideoSettings, encoder_available
+from relay_engine.errors import DatasetError
+
+CAMERAS = {"observation.images.top": (32, 32), "observation.images.wrist": (24, 32)}
+CONTENT = {"episodes": 5, "episode_length": (6, 14), "cameras": CAMERAS, "num_tasks": 2, "seed": 3}
+# Lossy H.264 (crf 23, yuv420p: chroma at half resolution) on 32x32 frames of flat colours with
+# sharp edges: the mean absolute error per pixel and channel (0-255), over all frames and in the
+# worst frame (measured: 6.6 and 10.1; the worst single pixels, at the dots' edges, are ~150 off).
+LOSSY_MEAN_ABS = 8.0
+LOSSY_WORST_FRAME_MEAN_ABS = 12.0
+# H.264 yuv444p with qp=0: lossless coding, only the RGB <-> YUV rounding: at most 1 off.
+YUV444_MAX_ABS = 1
+# H.264 in RGB with qp=0 (libx264rgb): lossless, so the pixels are the PNGs' exactly.
+LOSSLESS = VideoSettings(codec="libx264rgb", pix_fmt="rgb24", options=(("qp", "0"),))
+
+
+def write(root: Path, **options: object) -> Path:
+    return write_synthetic_dataset(root, **CONTENT, **options)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("formats")
+    return {
+        "v2.1-images": write(base / "v21-images"),
+        "v2.1-video": write(base / "v21-video", video=True),
+        "v3.0-images": write(base / "v30-images", format="v3.0", episodes_per_file=2),
+        "v3.0-video": write(base / "v30-video", format="v3.0", video=True, episodes_per_file=2),
+        "v3.0-lossless": write(base / "v30-lossless", format="v3.0", video=LOSSLESS, episodes_per_file=3),
+        "v2.1-yuv444": write(base / "v21-yuv444", video=LOSSLESS_H264),
+    }
+
+
+def open_it(root: Path, cache: Path) -> LeRobotDataset:
+    return open_dataset(str(root), cache_dir=cache, action_horizon=5)
+
+
+def assert_same_samples(reference: LeRobotDataset, other: LeRobotDataset, tolerance: str) -> None:
+    assert len(other) == len(reference)
+    assert other.summary.cameras == reference.summary.cameras
+    assert other.summary.tasks == reference.summary.tasks
+    assert other.episodes.tolist() == reference.episodes.tolist()
+    errors = []
+    for i in range(len(reference)):
+        want, got = reference[i], other[i]
+        np.testing.assert_array_equal(got["state"], want["state"])
+        np.testing.assert_array_equal(got["actions"], want["actions"])
+        np.testing.assert_array_equal(got["action_is_pad"], want["action_is_pad"])
+        assert got["prompt"] == want["prompt"]
+        assert other.episode_of(i) == reference.episode_of(i)
+        for camera in want["image"]:
+            assert got["image"][camera].shape == want["image"][camera].shape
+            assert got["image"][camera].dtype == np.uint8
+            difference = np.abs(
+                got["image"][camera].astype(np.int16) - want["image"][camera].astype(np.int16)
+            )
+            if tolerance == "exact":
+                assert difference.max() == 0, (i, camera)
+            elif tolerance == "yuv444":
+                assert difference.max() <= YUV444_MAX_ABS, (i, camera)
+            errors.append(difference)
+    if tolerance == "lossy":
+        assert float(np.mean([e.mean() for e in errors])) <= LOSSY_MEAN_ABS
+        assert max(float(e.mean()) for e in errors) <= LOSSY_WORST_FRAME_MEAN_ABS
+
+
+@pytest.mark.parametrize(
+    ("variant", "tolerance"),
+    [
+        ("v2.1-video", "lossy"),
+        ("v2.1-yuv444", "yuv444"),
+        ("v3.0-images", "exact"),
+        ("v3.0-video", "lossy"),
+        ("v3.0-lossless", "exact"),
+    ],
+)
+def test_every_sample_matches_the_v21_image_dataset(
+    made: dict[str, Path], tmp_path: Path, variant: str, tolerance: str
+) -> None:
+    if variant == "v3.0-lossless" and not encoder_available("libx264rgb"):
+        pytest.fail("PyAV's FFmpeg has no libx264rgb encoder")
+    reference = open_it(made["v2.1-images"], tmp_path / "cache")
+    other = open_it(made[variant], tmp_path / "cache")
+    assert_same_samples(reference, other, tolerance)
+
+
+def test_v30_video_layout_has_episodes_sharing_files(made: dict[str, Path]) -> None:
+    root = made["v3.0-video"]
+    info = json.loads((root / "meta/info.json").read_text())
+    assert info["codebase_version"] == "v3.0"
+    top = info["features"]["observation.images.top"]
+    assert top["dtype"] == "video"
+    assert top["info"]["video.codec"] == "h264" and top["info"]["video.pix_fmt"] == "yuv420p"
+    episodes = pq.read_table(root / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    lengths = [e["length"] for e in episodes]
+    assert len(set(lengths)) > 1  # episodes of different lengths
+    # Episodes 0 and 1 share file-000.mp4: episode 1 starts where episode 0 ends, inside the file.
+    first, second, third = episodes[:3]
+    key = "videos/observation.images.wrist"
+    assert first[f"{key}/file_index"] == second[f"{key}/file_index"] == 0
+    assert second[f"{key}/from_timestamp"] == pytest.approx(first[f"{key}/to_timestamp"])
+    assert second[f"{key}/from_timestamp"] > 0
+    assert third[f"{key}/file_index"] == 1 and third[f"{key}/from_timestamp"] == 0
+    assert sorted(p.name for p in (root / "videos/observation.images.top/chunk-000").iterdir()) == [
+        "file-000.mp4",
+        "file-001.mp4",
+        "file-002.mp4",
+    ]
+    assert pq.read_table(root / "meta/tasks.parquet").column("task").to_pylist() == [
+        "move to the red dot",
+        "move to the blue dot",
+    ]
+    stats = json.loads((root / "meta/stats.json").read_text())
+    assert set(stats["observation.state"]) >= {"min", "max", "mean", "std", "count", "q01", "q99"}
+
+
+def test_the_frame_at_an_episode_boundary_inside_one_mp4(made: dict[str, Path], tmp_path: Path) -> None:
+    reference = open_it(made["v2.1-images"], tmp_path / "cache")
+    lossless = open_it(made["v3.0-lossless"], tmp_path / "cache")
+    boundary = int(lossless.indices_of_episodes([1])[0])  # episode 1's first frame, mid file-000
+    for frame in (boundary - 1, boundary, boundary + 1):
+        for camera in reference.camera_map:
+            np.testing.assert_array_equal(lossless[frame]["image"][camera], reference[frame]["image"][camera])
+
+
+def test_a_missing_mp4_is_refused_naming_the_camera(made: dict[str, Path], tmp_path: Path) -> None:
+    root = Path(shutil.copytree(made["v3.0-video"], tmp_path / "missing"))
+    (root / "videos/observation.images.wrist/chunk-000/file-001.mp4").unlink()
+    problems = inspect_dataset(root, "missing").problems.messages()
+    assert problems == [
+        "camera observation.images.wrist: videos/observation.images.wrist/chunk-000/file-001.mp4 is missing"
+    ]
+    with pytest.raises(DatasetError) as caught:
+        open_it(root, tmp_path / "cache")
+    assert "camera observation.images.wrist" in str(caught.value)
+
+
+def test_an_undecodable_mp4_is_refused_naming_the_camera_and_codec(
+    made: dict[str, Path], tmp_path: Path
+) -> None:
+    root = Path(shutil.copytree(made["v2.1-video"], tmp_path / "broken"))
+    path = root / "videos/chunk-000/observation.images.top/episode_000002.mp4"
+    path.write_bytes(b"\0\0\0\x18ftypmp42" + bytes(range(256)) * 8)
+    [problem] = inspect_dataset(root, "broken").problems.messages()
+    assert problem.startswith(
+        "camera observation.images.top: videos/chunk-000/observation.images.top/episode_000002.mp4 "
+        "(codec h264 in meta/info.json) cannot be decoded"
+    )
+    with pytest.raises(DatasetError) as caught:
+        open_it(root, tmp_path / "cache")
+    assert "camera observation.images.top" in str(caught.value) and "codec h264" in str(caught.value)
+
+
+def test_an_unknown_version_is_refused(made: dict[str, Path], tmp_path: Path) -> None:
+    root = Path(shutil.copytree(made["v3.0-images"], tmp_path / "v4"))
+    info = json.loads((root / "meta/info.json").read_text())
+    info["codebase_version"] = "v4.0"
+    (root / "meta/info.json").write_text(json.dumps(info))
+    assert inspect_dataset(root, "v4").problems.messages() == [
+        "meta/info.json: codebase_version is 'v4.0'; Relay reads LeRobot v2.1 and v3.0 datasets"
+    ]
+
+
+def test_a_v30_episode_table_without_file_indices_is_refused(made: dict[str, Path], tmp_path: Path) -> None:
+    root = Path(shutil.copytree(made["v3.0-video"], tmp_path / "no-index"))
+    path = root / "meta/episodes/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table.drop_columns(["data/file_index"]), path)
+    problems = inspect_dataset(root, "no-index").problems.messages()
+    assert problems == [
+        "meta/episodes/chunk-000/file-000.parquet has no column data/file_index",
+        "meta/episodes/ lists no episodes",
+    ]
+
+
+def test_samples_pickle_to_another_process(made: dict[str, Path], tmp_path: Path) -> None:
+    import pickle
+
+    dataset = open_it(made["v3.0-video"], tmp_path / "cache")
+    first = dataset[3]["image"]["base_0_rgb"]
+    copy = pickle.loads(pickle.dumps(dataset))
+    np.testing.assert_array_equal(copy[3]["image"]["base_0_rgb"], first)
+
+
+def test_local_train_on_a_v30_video_dataset(made: dict[str, Path], tmp_path: Path) -> None:
+    dataset = write_synthetic_dataset(
+        tmp_path / "train-v30",
+        episodes=4,
+        episode_length=12,
+        cameras={"observation.images.top": (32, 32)},
+        format="v3.0",
+        video=True,
+        episodes_per_file=3,
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relay.cli",
+            "local",
+            "train",
+            "--model",
+            "pi05-tiny",
+            "--dataset",
+            str(dataset),
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--batch-size",
+            "2",
+            "--steps",
+            "3",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "RELAY_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert {"step": 3, "event": "finished"} in lines
+    assert lines[-1]["status"] == "completed"
+
+
+def test_synth_cli_writes_v30_video(tmp_path: Path) -> None:
+    out = tmp_path / "cli"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relay.cli",
+            "datasets",
+            "synth",
+            str(out),
+            "--episodes",
+            "2",
+            "--length",
+            "5",
+            "--format",
+            "v3.0",
+            "--video",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    info = json.loads((out / "meta/info.json").read_text())
+    assert info["codebase_version"] == "v3.0"
+    assert info["features"]["observation.images.top"]["dtype"] == "video"
+    checked = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relay.cli",
+            "datasets",
+            "check",
+            str(out),
+            "--cache-dir",
+            str(tmp_path / "c"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "can be trained on" in checked.stdout
+
+
+@pytest.mark.parametrize(
+    ("settings", "codec"),
+    [
+        (VideoSettings(codec="hevc", options=(("crf", "23"), ("x265-params", "log-level=error"))), "hevc"),
+        (VideoSettings(codec="av1", options=(("crf", "30"), ("preset", "12"))), "av1"),
+    ],
+)
+def test_hevc_and_av1_cameras_decode(
+    made: dict[str, Path], tmp_path: Path, settings: VideoSettings, codec: str
+) -> None:
+    root = write(tmp_path / codec, format="v3.0", video=settings, episodes_per_file=2)
+    info = json.loads((root / "meta/info.json").read_text())
+    assert info["features"]["observation.images.top"]["info"]["video.codec"] == codec
+    reference = open_it(made["v2.1-images"], tmp_path / "cache")
+    assert_same_samples(reference, open_it(root, tmp_path / "cache"), "lossy")
+
+
+def test_a_frame_off_the_video_timeline_is_named(made: dict[str, Path], tmp_path: Path) -> None:
+    root = Path(shutil.copytree(made["v3.0-video"], tmp_path / "shifted"))
+    path = root / "meta/episodes/chunk-000/file-000.parquet"
+    rows = pq.read_table(path).to_pylist()
+    rows[1]["videos/observation.images.top/from_timestamp"] += 0.05  # half a frame at 10 fps
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    from relay_engine.datasets.image_check import decode_every_image
+    from relay_engine.datasets.meta import require_meta
+
+    bad = decode_every_image(require_meta(root, "shifted"))
+    assert len(bad) == rows[1]["length"]
+    assert {(b.episode, b.camera) for b in bad} == {(1, "observation.images.top")}
+    assert "videos/observation.images.top/chunk-000/file-000.mp4 has no frame at 1.35 s" in str(bad[0])
+    dataset = open_it(root, tmp_path / "cache")
+    frame = int(dataset.indices_of_episodes([1])[0])
+    with pytest.raises(DatasetError) as caught:
+        dataset[frame]
+    assert "episode 1, frame 0: camera observation.images.top" in str(caught.value)
+    assert "within 0.0001 s" in str(caught.value)
+
+
+def test_forked_loader_workers_open_their_own_decoders(made: dict[str, Path], tmp_path: Path) -> None:
+    import torch.utils.data
+
+    dataset = open_it(made["v3.0-video"], tmp_path / "cache")
+    expected = [
+        dataset[i]["image"]["left_wrist_0_rgb"] for i in range(len(dataset))
+    ]  # parent's decoders open
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=None, num_workers=2, multiprocessing_context="fork", shuffle=False
+    )
+    for i, sample in enumerate(loader):
+        np.testing.assert_array_equal(np.asarray(sample["image"]["left_wrist_0_rgb"]), expected[i])
