@@ -46,6 +46,15 @@ class Probe:
     fps: float
 
 
+def _single_threaded(stream: Any) -> Any:
+    """Decode on the calling thread only. FFmpeg's decoding threads (libdav1d's for AV1, frame and
+    slice threads for the others) do not survive a fork: a DataLoader worker forked after its parent
+    decoded segfaulted in the next decode. Processes, not threads, spread the decoding."""
+    stream.thread_type = "NONE"
+    stream.codec_context.thread_count = 1
+    return stream
+
+
 def probe(path: Path) -> Probe:
     """The video stream's codec, size and rate, after decoding its first frame (so a codec this
     FFmpeg has no decoder for, or a broken file, fails here, before training)."""
@@ -54,7 +63,7 @@ def probe(path: Path) -> Probe:
         with av.open(str(path)) as container:
             if not container.streams.video:
                 raise VideoError(f"{path.name} has no video stream")
-            stream = container.streams.video[0]
+            stream = _single_threaded(container.streams.video[0])
             codec = stream.codec_context.codec.canonical_name
             try:
                 frame = next(container.decode(stream), None)
@@ -85,7 +94,7 @@ def decoded_times(path: Path, start: float, stop: float, tolerance_s: float = TO
     times = []
     try:
         with av.open(str(path)) as container:
-            stream = container.streams.video[0]
+            stream = _single_threaded(container.streams.video[0])
             time_base = stream.time_base
             container.seek(max(0, int((start - tolerance_s) / time_base) - 1), stream=stream, backward=True)
             for frame in container.decode(stream):
@@ -162,7 +171,7 @@ class VideoFrames:
             if not container.streams.video:
                 container.close()
                 raise VideoError(f"{path.name} has no video stream")
-            opened = self._open[path] = _Open(container, container.streams.video[0])
+            opened = self._open[path] = _Open(container, _single_threaded(container.streams.video[0]))
         return opened
 
     def _close(self, path: Path) -> None:
