@@ -182,7 +182,10 @@ def record_event(
             if status is None:
                 db.rollback()
                 raise FencedOut(claim.job_id)
-            insert_event(db, claim.job_id, event, claim.attempt, now)
+            if not isinstance(event, DatasetEvent):
+                # What was read is the job's `dataset`, not one of its events: a job's events are
+                # its training's (metrics first, as the API has always listed them).
+                insert_event(db, claim.job_id, event, claim.attempt, now)
             db.commit()
         return JobState(status)
 
