@@ -8,6 +8,7 @@ tolerance (lossy H.264 yuv420p), or exactly (H.264 RGB, lossless).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from relay_engine.datasets.dataset import LeRobotDataset
 from relay_engine.datasets.synth import write_synthetic_dataset
 from relay_engine.datasets.video import LOSSLESS_H264, VideoSettings, encoder_available
 from relay_engine.errors import DatasetError
+from tests.engine.training.test_local_cli import local_train
 
 CAMERAS = {"observation.images.top": (32, 32), "observation.images.wrist": (24, 32)}
 CONTENT = {"episodes": 5, "episode_length": (6, 14), "cameras": CAMERAS, "num_tasks": 2, "seed": 3}
@@ -220,24 +222,13 @@ def test_local_train_on_a_v30_video_dataset(made: dict[str, Path], tmp_path: Pat
             sys.executable,
             "-m",
             "relay.cli",
-            "local",
-            "train",
-            "--model",
-            "pi05-tiny",
-            "--dataset",
-            str(dataset),
-            "--output-dir",
-            str(tmp_path / "out"),
-            "--batch-size",
-            "2",
-            "--steps",
-            "3",
-            "--json",
+            *local_train(dataset, tmp_path / "out"),
+            *("--batch-size", "2", "--steps", "3", "--json"),
         ],
         capture_output=True,
         text=True,
         timeout=600,
-        env={**__import__("os").environ, "RELAY_CACHE_DIR": str(tmp_path / "cache")},
+        env={**os.environ, "RELAY_CACHE_DIR": str(tmp_path / "cache")},
     )
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
