@@ -28,9 +28,17 @@ CAMERAS = {"base_0_rgb": "observation.images.top", "left_wrist_0_rgb": "observat
 FRAMES = len(EXPECTED["index"])
 
 
-@pytest.fixture(scope="module")
-def relay(tmp_path_factory: pytest.TempPathFactory) -> LeRobotDataset:
-    return open_dataset(str(FIXTURE), cameras=CAMERAS, cache_dir=tmp_path_factory.mktemp("cache"))
+@pytest.fixture(scope="module", params=["decoded at open", "decoded per sample"])
+def relay(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LeRobotDataset:
+    """Both ways Relay reads a video camera: every frame decoded once into the frame index (a
+    dataset that fits the cache's limit), and each sample's frame decoded from the mp4 (one that
+    does not: a limit of 0 turns the first off)."""
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "decoded per sample":
+            patch.setenv("RELAY_VIDEO_CACHE_MAX_BYTES", "0")
+        dataset = open_dataset(str(FIXTURE), cameras=CAMERAS, cache_dir=tmp_path_factory.mktemp("cache"))
+    assert bool(dataset._index.decoded) == (request.param == "decoded at open")
+    return dataset
 
 
 @pytest.fixture(scope="module")

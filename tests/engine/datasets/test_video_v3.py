@@ -298,7 +298,9 @@ def test_hevc_and_av1_cameras_decode(
     assert_same_samples(reference, open_it(root, tmp_path / "cache"), "lossy")
 
 
-def test_a_frame_off_the_video_timeline_is_named(made: dict[str, Path], tmp_path: Path) -> None:
+def test_a_frame_off_the_video_timeline_is_named(
+    made: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = Path(shutil.copytree(made["v3.0-video"], tmp_path / "shifted"))
     path = root / "meta/episodes/chunk-000/file-000.parquet"
     rows = pq.read_table(path).to_pylist()
@@ -311,6 +313,13 @@ def test_a_frame_off_the_video_timeline_is_named(made: dict[str, Path], tmp_path
     assert len(bad) == rows[1]["length"]
     assert {(b.episode, b.camera) for b in bad} == {(1, "observation.images.top")}
     assert "videos/observation.images.top/chunk-000/file-000.mp4 has no frame at 1.35 s" in str(bad[0])
+    # Decoding every frame into the frame index at open finds it before training starts ...
+    with pytest.raises(DatasetError) as at_open:
+        open_it(root, tmp_path / "cache")
+    assert "episode 1, frame 0: camera observation.images.top" in str(at_open.value)
+    assert "file-000.mp4: no frame at 1.35 s within 0.0001 s" in str(at_open.value)
+    # ... and a dataset too large for that names it when the sample is read.
+    monkeypatch.setenv("RELAY_VIDEO_CACHE_MAX_BYTES", "0")
     dataset = open_it(root, tmp_path / "cache")
     frame = int(dataset.indices_of_episodes([1])[0])
     with pytest.raises(DatasetError) as caught:
@@ -319,10 +328,14 @@ def test_a_frame_off_the_video_timeline_is_named(made: dict[str, Path], tmp_path
     assert "within 0.0001 s" in str(caught.value)
 
 
-def test_forked_loader_workers_open_their_own_decoders(made: dict[str, Path], tmp_path: Path) -> None:
+def test_forked_loader_workers_open_their_own_decoders(
+    made: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch.utils.data
 
+    monkeypatch.setenv("RELAY_VIDEO_CACHE_MAX_BYTES", "0")  # decoded per sample, in each worker
     dataset = open_it(made["v3.0-video"], tmp_path / "cache")
+    assert not dataset._index.decoded
     expected = [
         dataset[i]["image"]["left_wrist_0_rgb"] for i in range(len(dataset))
     ]  # parent's decoders open
@@ -331,3 +344,43 @@ def test_forked_loader_workers_open_their_own_decoders(made: dict[str, Path], tm
     )
     for i, sample in enumerate(loader):
         np.testing.assert_array_equal(np.asarray(sample["image"]["left_wrist_0_rgb"]), expected[i])
+
+
+@pytest.mark.parametrize("variant", ["v3.0-video", "v2.1-video"])
+def test_frames_decoded_at_open_are_the_frames_decoded_per_sample_in_any_order(
+    made: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: str
+) -> None:
+    """The two ways a video camera is read give the same pixels: the frame index's copy, decoded
+    once in order, and a decoder seeking per sample, in a shuffled order (so some queries seek and
+    some decode on from the frame before) and then backwards."""
+    decoded = open_it(made[variant], tmp_path / "cache")
+    assert set(decoded._index.decoded) == set(decoded.summary.cameras)
+    assert (decoded._index.directory / "decoded" / "complete.json").is_file()
+    monkeypatch.setenv("RELAY_VIDEO_CACHE_MAX_BYTES", "0")
+    per_sample = open_it(made[variant], tmp_path / "cache-per-sample")
+    assert not per_sample._index.decoded
+    order = np.random.default_rng(0).permutation(len(decoded)).tolist()
+    order += sorted(order)[:12] + list(range(len(decoded) - 1, -1, -1))
+    for i in order:
+        for camera, image in per_sample[i]["image"].items():
+            np.testing.assert_array_equal(decoded[i]["image"][camera], image, err_msg=f"{i} {camera}")
+
+
+def test_decoding_into_the_cache_keeps_to_its_limit(
+    made: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from relay_engine.datasets import decoded_frames
+
+    probe_dataset = open_it(made["v3.0-video"], tmp_path / "probe")
+    needed = decoded_frames.decoded_size(len(probe_dataset), probe_dataset.summary.cameras)
+    assert sum(p.stat().st_size for p in (probe_dataset._index.directory / "decoded").glob("*.rgb")) == needed
+    monkeypatch.setenv("RELAY_VIDEO_CACHE_MAX_BYTES", str(needed - 1))
+    over = open_it(made["v3.0-video"], tmp_path / "over")
+    assert not over._index.decoded and not (over._index.directory / "decoded").exists()
+    over[0]  # decoded per sample
+    monkeypatch.setenv("RELAY_VIDEO_CACHE_MAX_BYTES", str(needed))
+    reopened = open_it(made["v3.0-video"], tmp_path / "over")  # the same index, now decoded into
+    assert reopened._index.directory == over._index.directory and reopened._index.decoded
+    monkeypatch.setenv("RELAY_VIDEO_CACHE_MAX_BYTES", "lots")
+    with pytest.raises(ValueError, match="bad RELAY_VIDEO_CACHE_MAX_BYTES: 'lots'"):
+        open_it(made["v3.0-video"], tmp_path / "again")
