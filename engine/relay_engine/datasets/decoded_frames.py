@@ -205,7 +205,7 @@ class DecodedFrames:
         if self._descriptor is None or self._pid != os.getpid():
             self._descriptor, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
         image = np.empty(self.shape, dtype=np.uint8)  # read into it: one copy, and the caller may write
-        if os.preadv(self._descriptor, [memoryview(image)], frame * self.frame_bytes) != self.frame_bytes:
+        if os.preadv(self._descriptor, [image.data], frame * self.frame_bytes) != self.frame_bytes:
             raise VideoError(f"the decoded frames at {self.path} are truncated")
         return image
 
