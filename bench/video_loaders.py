@@ -21,9 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HORIZON = 10
 
@@ -49,6 +49,7 @@ def loader_rate(args: argparse.Namespace) -> dict[str, object]:
     from torch.utils.data import DataLoader
 
     torch.set_num_threads(1)
+    dataset: Any
     if args.loader == "lerobot":
         dataset, extra = lerobot_dataset(args.root)
     else:
@@ -60,7 +61,7 @@ def loader_rate(args: argparse.Namespace) -> dict[str, object]:
         if bool(dataset._index.decoded) != (args.loader == "relay"):
             raise SystemExit(f"{args.loader}: the index at {args.cache} has the wrong kind of video frames")
         extra = {"decoded_in_index": sorted(dataset._index.decoded)}
-    loader = DataLoader(
+    loader: DataLoader[Any] = DataLoader(
         dataset,
         batch_size=args.batch_size,
         shuffle=True,
@@ -95,7 +96,7 @@ def loader_rate(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
-def lerobot_dataset(root: Path) -> tuple[object, dict[str, object]]:
+def lerobot_dataset(root: Path) -> tuple[Any, dict[str, object]]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from lerobot.datasets.lerobot_dataset import LeRobotDataset, LeRobotDatasetMetadata
 
@@ -150,4 +151,4 @@ def raw_decode(root: Path, processes: int) -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
