@@ -14,7 +14,7 @@ from relay_engine.datasets.dataset import (
     shipped_norm_stats,
 )
 from relay_engine.datasets.hub import DatasetSource, locate_dataset, resolve_dataset
-from relay_engine.datasets.norm_stats import NormStats, Stats, compute_norm_stats
+from relay_engine.datasets.norm_stats import NormStats, Stats, compute_norm_stats, lerobot_quantile_gap
 from relay_engine.datasets.summary import DatasetSummary
 from relay_engine.datasets.synth import write_synthetic_dataset
 from relay_engine.datasets.validation import Inspection, inspect_dataset
@@ -29,6 +29,7 @@ __all__ = [
     "compute_norm_stats",
     "dataset_norm_stats",
     "inspect_dataset",
+    "lerobot_quantile_gap",
     "locate_dataset",
     "map_cameras",
     "open_dataset",

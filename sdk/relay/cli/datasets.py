@@ -156,6 +156,8 @@ def stats(
     elif output is None:
         origin = "computed over every frame; exact quantiles" if source == "computed" else f"from {source}"
         _out.print(f"Norm stats of [bold]{escape(name)}[/bold] ({origin})", soft_wrap=True)
+        if source == "computed":
+            _print_lerobot_quantile_gap(datasets, name, norm_stats, revision, cache_dir)
         for label, values in (("state", norm_stats.state), ("actions", norm_stats.actions)):
             table = Table(title=label, title_justify="left")
             for column in ("dim", "mean", "std", "q01", "q99"):
@@ -167,6 +169,21 @@ def stats(
             _out.print(table)
     if output is not None and not json_output:
         _out.print(f"wrote {output}", soft_wrap=True, markup=False)
+
+
+def _print_lerobot_quantile_gap(
+    datasets: Any, name: str, norm_stats: Any, revision: str | None, cache_dir: Path | None
+) -> None:
+    """Say how far the dataset's own meta/stats.json quantiles (lerobot's) are from the exact ones."""
+    root = datasets.resolve_dataset(name, revision=revision, cache_dir=cache_dir)
+    gap = datasets.lerobot_quantile_gap(root, norm_stats)
+    if gap is not None:
+        _out.print(
+            f"meta/stats.json's q01/q99 (lerobot's estimates: per-episode histograms, averaged) differ "
+            f"from these by up to {gap:.1%} of the q01..q99 span; Relay normalizes with these.",
+            soft_wrap=True,
+            markup=False,
+        )
 
 
 @app.command()

@@ -119,3 +119,27 @@ def test_pixels_are_lerobots(samples: list[Sample]) -> None:
                 f"{error.size} values differ, in indices {np.flatnonzero(worst).tolist()}"
             )
     assert not differences, "; ".join(differences)
+
+
+def test_stats_says_how_far_lerobots_quantiles_are_from_the_exact_ones(tmp_path: Path) -> None:
+    """lerobot's meta/stats.json quantiles are per-episode histogram estimates averaged over the
+    episodes; Relay normalizes with exact ones, and `relay datasets stats` says how far apart they are."""
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from relay.cli import app
+
+    files = sorted((FIXTURE / "data").rglob("*.parquet"))
+    table = pq.read_table(files, columns=["observation.state", "action"])
+    lerobot_stats = json.loads((FIXTURE / "meta" / "stats.json").read_text())
+    gap = 0.0
+    for key in ("observation.state", "action"):
+        values = np.asarray(table.column(key).to_pylist(), dtype=np.float64)
+        exact = {q: np.quantile(values, float(q[1:]) / 100, axis=0) for q in ("q01", "q99")}
+        span = np.maximum(exact["q99"] - exact["q01"], 1e-6)
+        for q in ("q01", "q99"):
+            gap = max(gap, float(np.max(np.abs(np.asarray(lerobot_stats[key][q]) - exact[q]) / span)))
+    assert gap > 0.1  # far apart on this fixture: its four episodes cover different ranges
+    result = CliRunner().invoke(app, ["datasets", "stats", str(FIXTURE), "--cache-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert f"differ from these by up to {gap:.1%} of the q01..q99 span" in " ".join(result.output.split())
