@@ -118,6 +118,21 @@ def decoded_times(path: Path, start: float, stop: float, tolerance_s: float = TO
 FORWARD_WINDOW_S = 0.25
 
 
+def video_decoders() -> list[str]:
+    """The names (h264, hevc, av1, ...: what meta/info.json's `video.codec` holds) of every video
+    codec the bundled FFmpeg can decode: what a worker tells the API it reads."""
+    av = _av()
+    names = set()
+    for name in av.codecs_available:
+        try:
+            codec = av.codec.Codec(name, "r")
+        except (av.FFmpegError, ValueError):
+            continue  # an encoder only
+        if codec.type == "video":
+            names.add(codec.canonical_name)
+    return sorted(names)
+
+
 def decode_in_order(path: Path, start: float) -> Iterator[tuple[float, np.ndarray]]:
     """Every frame of `path` from the keyframe at or before `start` (seconds) to the end, in order:
     (its time in seconds, uint8 (H, W, 3) RGB). One decoder on the calling thread."""
