@@ -106,12 +106,17 @@ def build(
             height, width = where.size
             with open(staging / f"{camera}.rgb", "wb") as output:
                 output.truncate(frames * height * width * 3)
-        jobs = [(camera, file) for camera, where in cameras.items() for file in range(len(where.files))]
+        jobs = [
+            (camera, where.files[file], rows)
+            for camera, where in cameras.items()
+            for file, rows in enumerate(_rows_by_file(where))
+            if len(rows)
+        ]
         with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), _cores()))) as pool:
             failures = [
                 failure
                 for failure in pool.map(
-                    lambda job: _decode_file(staging, root, job[0], cameras[job[0]], job[1]), jobs
+                    lambda job: _decode_file(staging, root, job[0], cameras[job[0]], job[1], job[2]), jobs
                 )
                 if failure is not None
             ]
@@ -141,14 +146,18 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+def _rows_by_file(where: CameraFrames) -> list[np.ndarray]:
+    """Per file (a position in `where.files`), the rows it holds, in time order: one sort."""
+    order = np.lexsort((where.time, where.file_of))
+    bounds = np.searchsorted(where.file_of[order], np.arange(len(where.files) + 1))
+    return [order[bounds[i] : bounds[i + 1]] for i in range(len(where.files))]
+
+
 def _decode_file(
-    staging: Path, root: Path, camera: str, where: CameraFrames, position: int
+    staging: Path, root: Path, camera: str, where: CameraFrames, relative: str, rows: np.ndarray
 ) -> tuple[int, str, str, str] | None:
-    """Decode one mp4 in order, writing each frame the dataset asks of it to its rows.
-    None when done, else (first failing row, camera, file, reason)."""
-    relative = where.files[position]
-    rows = np.flatnonzero(where.file_of == position)
-    rows = rows[np.argsort(where.time[rows], kind="stable")]
+    """Decode one mp4 in order, writing each frame the dataset asks of it to its rows (in time
+    order). None when done, else (first failing row, camera, file, reason)."""
     wanted = where.time[rows]
     height, width = where.size
     frame_bytes = height * width * 3
