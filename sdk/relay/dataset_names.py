@@ -8,8 +8,24 @@ nothing the API lets through as a Hub name is read from a worker's disk (`"."` o
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from urllib.parse import unquote, urlparse
+
+# A Hub dataset repo id: `name` or `owner/name`, each part a letter or digit, then letters, digits, `_`,
+# `-` and single dots (never `..`). ASCII only, and no lookaround, so that the API's OpenAPI document
+# can state it as the JSON Schema pattern it enforces.
+_HUB_PART = r"[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*\.?"
+HUB_REPO_ID_PATTERN = rf"{_HUB_PART}(?:/{_HUB_PART})?"
+# The names that mean a local directory (names_local_directory), as a pattern.
+LOCAL_NAME_PATTERN = r"(?:/|~|\./|\.\./|file:)[^\x00-\x1f\x7f]*|\.\.?"
+# Every name a dataset may have: a Hub repo id or a local directory.
+DATASET_NAME_PATTERN = rf"^(?:{HUB_REPO_ID_PATTERN}|{LOCAL_NAME_PATTERN})$"
+
+
+def is_hub_repo_id(name: str) -> bool:
+    """Whether `name` is a well-formed Hub dataset repo id (lerobot/pusht_image)."""
+    return re.fullmatch(HUB_REPO_ID_PATTERN, name) is not None
 
 
 def local_dataset_path(name_or_path: str) -> Path | None:

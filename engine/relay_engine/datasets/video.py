@@ -90,11 +90,29 @@ def decoder_available(codec: str) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class DecodedSpan:
+    """The frames of a file from `start` to `stop` (seconds), each one decoded whole."""
+
+    times: np.ndarray  # float64: the time of each frame within the tolerance of [start, stop]
+    # Whether the file ends before `stop` (plus the tolerance), and then the time of its last
+    # decodable frame (None: none from the keyframe before `start` on).
+    ends_early: bool = False
+    last: float | None = None
+
+
 def decoded_times(path: Path, start: float, stop: float, tolerance_s: float = TOLERANCE_S) -> np.ndarray:
-    """The times (seconds) of every frame of `path` from `start` to `stop`, each one decoded whole:
-    what `relay datasets check` compares with the times the episodes ask for."""
+    """The times (seconds) of every frame of `path` from `start` to `stop`, each one decoded whole."""
+    return decoded_span(path, start, stop, tolerance_s).times
+
+
+def decoded_span(path: Path, start: float, stop: float, tolerance_s: float = TOLERANCE_S) -> DecodedSpan:
+    """Every frame of `path` from `start` to `stop`, each one decoded whole, and where the file ends
+    if that is before `stop`: what `relay datasets check` compares with the times an episode asks for."""
     av = _av()
     times = []
+    last: float | None = None
+    ended = True
     try:
         with av.open(str(path)) as container:
             stream = _single_threaded(container.streams.video[0])
@@ -105,12 +123,14 @@ def decoded_times(path: Path, start: float, stop: float, tolerance_s: float = TO
                     continue
                 time = float(frame.pts * time_base)
                 if time > stop + tolerance_s:
+                    ended = False
                     break
+                last = time
                 if time >= start - tolerance_s:
                     times.append(time)
     except (av.FFmpegError, OSError, IndexError) as error:
         raise VideoError(f"{path.name}: decoding from {start:.6g} s failed: {error}") from None
-    return np.array(times, dtype=np.float64)
+    return DecodedSpan(np.array(times, dtype=np.float64), ended, last if ended else None)
 
 
 # How far ahead of the decoder's last frame a query may be and still be decoded forward, without a
