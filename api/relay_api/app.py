@@ -21,9 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
-from starlette.convertors import PathConvertor
 from starlette.exceptions import HTTPException
-from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relay import __version__
@@ -183,23 +181,18 @@ async def _http_answer(request: Request, error: HTTPException) -> JSONResponse:
     return _answer(error.status_code, message, code=getattr(error, "code", None), headers=headers)
 
 
+# The path parameters that span slashes ({path:path} of a job's files, {name:path} of a dataset),
+# which the document writes as plain {path} and {name}; each is its template's last.
+SPANNING_PARAMETERS = ("{path}", "{name}")
+
+
 def _allowed_methods(request: Request) -> list[str]:
     """Every method the document lists for this path (Starlette's 405 names only the first route's)."""
-    # The parameters that span slashes ({path:path}, {name:path}), per template.
-    spanning = {
-        (route.path_format, name)
-        for route in request.app.routes
-        if isinstance(route, Route)
-        for name, convertor in route.param_convertors.items()
-        if isinstance(convertor, PathConvertor)
-    }
     methods: set[str] = set()
     for template, operations in request.app.openapi()["paths"].items():
-        pattern = re.sub(
-            r"\\{([^}\\]+)\\}",
-            lambda found: ".+" if (template, found[1]) in spanning else "[^/]+",  # noqa: B023
-            re.escape(template),
-        )
+        pattern = re.sub(r"\\{[^}]+\\}", "[^/]+", re.escape(template))
+        if template.endswith(SPANNING_PARAMETERS):
+            pattern = pattern.removesuffix("[^/]+") + ".+"
         if re.fullmatch(pattern, request.url.path):
             methods |= {method.upper() for method in operations}
     return sorted(methods)

@@ -24,7 +24,6 @@ from tests.isolation import free_port
 from tests.service.stack import PARKED_QUEUE, ApiServer, Stack
 
 REPO = "relay-tests/video"
-CAMERAS = {"observation.images.top": (32, 32), "observation.images.wrist": (24, 32)}
 
 
 def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
@@ -35,11 +34,8 @@ def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def video(stack: Stack) -> Path:
-    return stack.dataset(
-        "v30-video", episodes=5, episode_length=(6, 14), cameras=CAMERAS, num_tasks=2, format="v3.0",
-        video=True, episodes_per_file=2,
-    )  # fmt: skip
+def video(video_dataset: Path) -> Path:
+    return video_dataset
 
 
 @pytest.fixture(scope="module")
