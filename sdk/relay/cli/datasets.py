@@ -372,8 +372,8 @@ def _print_description(description: DatasetDescription) -> None:
     _out.print(table)
 
     model_cameras: dict[str, list[str]] = {}
-    for camera, feature in description.camera_map.items():
-        model_cameras.setdefault(feature, []).append(camera)
+    for model_camera, feature in description.camera_map.items():
+        model_cameras.setdefault(feature, []).append(model_camera)
     cameras = Table(title="Cameras (model camera: the map a job uses without --camera)", title_justify="left")
     for column in ("feature", "stored", "height x width", "video", "model camera"):
         cameras.add_column(column)
