@@ -19,9 +19,7 @@ _HUB_PART = r"[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*\.?"
 HUB_REPO_ID_PATTERN = rf"{_HUB_PART}(?:/{_HUB_PART})?"
 # The names that mean a local directory, as a pattern: an absolute path, `~...`, `./...`, `../...`,
 # `.`, `..`, or a file: URL of this host (local_dataset_path).
-LOCAL_NAME_PATTERN = (
-    r"(?:/|~|\./|\.\./|file:(?:///|//localhost/|/[^/\x00-\x1f\x7f]))[^\x00-\x1f\x7f]*|\.\.?"
-)
+LOCAL_NAME_PATTERN = r"(?:/|~|\./|\.\./|file:(?:///|//localhost/|/[^/\x00-\x1f\x7f]))[^\x00-\x1f\x7f]*|\.\.?"
 # Every name a dataset may have: a Hub repo id or a local directory.
 DATASET_NAME_PATTERN = rf"^(?:{HUB_REPO_ID_PATTERN}|{LOCAL_NAME_PATTERN})$"
 
