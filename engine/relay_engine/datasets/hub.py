@@ -163,6 +163,7 @@ class _Fetch:
         from huggingface_hub.errors import (
             GatedRepoError,
             HfHubHTTPError,
+            HFValidationError,
             LocalEntryNotFoundError,
             RepositoryNotFoundError,
         )
@@ -190,6 +191,8 @@ class _Fetch:
             ) from None
         except HfHubHTTPError as error:
             raise self._error(f"{self.endpoint} answered: {error}", DatasetError.UNAVAILABLE) from None
+        except HFValidationError as error:  # relay.dataset_names' rule is the Hub's: not expected
+            raise self._error(f"is not a Hub repo id: {error}", DatasetError.BAD_NAME) from None
         except OSError as error:
             raise self._error(
                 f"cannot be fetched into {self.cache}: {error}", DatasetError.UNAVAILABLE

@@ -130,7 +130,8 @@ def test_what_cannot_be_described_says_why(
     assert reason == "no_such_revision" and "has no revision 'v9.9'" in message
     assert reason_of(str(tmp_path / "absent"))[0] == "not_found"
     assert reason_of("not a repo")[0] == "bad_name"
-    assert reason_of("a..b/c")[0] == "bad_name"
+    for malformed in ("a..b/c", "a--b", "x.git", "-a/b", "a/b/c", "a" * 97):
+        assert reason_of(malformed)[0] == "bad_name", malformed
     old = Path(shutil.copytree(synthetic / "meta", tmp_path / "old" / "meta")).parent
     info = json.loads((old / "meta/info.json").read_text())
     info["codebase_version"] = "v2.0"
