@@ -31,8 +31,9 @@ from relay_api.settings import Settings
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=schemas.ERRORS)
 
 NAME_RULE = (
-    "must be a Hub dataset repo id such as lerobot/pusht_image (letters, digits, _, - and single dots, "
-    "one / at most), or a local dataset directory (an absolute path, ~/..., ./... or a file:// URL): "
+    "must be a Hub dataset repo id such as lerobot/pusht_image (owner/name: letters, digits, _, - and ., "
+    "1 to 96 a part, starting and ending with a letter, digit or _, no -- or .., not ending in .git), "
+    "or a local dataset directory (an absolute path, ~/..., ./... or a file:// URL): "
     f"1 to {DATASET_NAME_MAX} characters, no control characters"
 )
 _NAME = re.compile(DATASET_NAME_PATTERN)
