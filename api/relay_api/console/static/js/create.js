@@ -120,7 +120,7 @@ function cameraPicker(ctx, inputs, properties, rules) {
     if (!dataset || !camerasApply(rules, inputs.model && inputs.model.input.value)) return reset(null);
     const mine = ++asked;
     pending = new AbortController();
-    info.replaceChildren(h("span.muted", {}, `Reading ${dataset}…`));
+    reset(h("span.muted", {}, `Reading ${dataset}…`)); // the cameras offered were another dataset's
     const query = at ? `?revision=${encodeURIComponent(at)}` : "";
     try {
       const described = await get(`/v1/datasets/${encodeURIComponent(dataset)}${query}`, { signal: pending.signal });
