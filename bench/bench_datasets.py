@@ -10,8 +10,19 @@
    numeric columns of every episode file, exact quantiles), against reading the state and action
    columns with pyarrow alone (`pyarrow.parquet.read_table` over the files). Goal: ratio at most 2.
 
+4. Video (--video, instead of 1-3): steady samples/s on a LeRobot v3.0 dataset with two AV1 video
+   cameras (libsvtav1, a keyframe every 2 frames: lerobot's encoder defaults), shuffled, batches
+   of 8, DataLoader workers 0 and 2, in interleaved rounds, each measurement a fresh process
+   (video_loaders.py): Relay's loader (frames decoded once into the frame index at the first
+   open, whose time is reported too), Relay decoding per sample (RELAY_VIDEO_CACHE_MAX_BYTES=0,
+   the path of a dataset too large for that), lerobot 0.6.1's LeRobotDataset + DataLoader as
+   lerobot-train makes them (in lerobot's own environment: --lerobot-python), and the raw decode
+   rate of the same mp4s (PyAV, every frame in order, one process per worker). Goals: Relay at
+   least 2x lerobot, and at least 0.7 of the raw decode rate.
+
     python bench/bench_datasets.py                  # the full run: writes 5 GB of parquet
     python bench/bench_datasets.py --rss-gb 0.5     # quicker
+    python bench/bench_datasets.py --video          # the video comparison (needs lerobot's venv)
 
 Timings are medians of --repeats alternating runs; the machine is shared, so expect noise.
 """
@@ -22,12 +33,14 @@ import argparse
 import io
 import json
 import multiprocessing
+import os
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -54,7 +67,26 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/relay-bench-datasets"))
     parser.add_argument("--keep", action="store_true", help="keep the generated datasets")
+    parser.add_argument("--video", action="store_true", help="run the video comparison (4) instead")
+    parser.add_argument("--video-episodes", type=int, default=20)
+    parser.add_argument("--video-length", type=int, default=100, help="frames per episode")
+    parser.add_argument("--video-size", default="224x224", help="each of the two cameras, HxW")
+    parser.add_argument(
+        "--lerobot-python",
+        default="/work/lerobot-venv/bin/python",
+        help="a Python with lerobot[dataset]==0.6.1 (tests/fixtures/make_lerobot_datasets.py says how)",
+    )
     args = parser.parse_args()
+    if args.video:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            line = bench_video(args)
+        finally:
+            if not args.keep:
+                shutil.rmtree(args.workdir, ignore_errors=True)
+        print("\n== summary ==")
+        print(line)
+        return
 
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
@@ -220,6 +252,105 @@ def bench_stats(workdir: Path, frames: int, repeats: int) -> str:
     )
     print(line, flush=True)
     return line
+
+
+# -- 4. video -----------------------------------------------------------------------------------------
+
+VIDEO_LOADERS = ("relay", "relay-per-sample", "lerobot", "raw")
+
+
+def bench_video(args: argparse.Namespace) -> str:
+    from relay_engine.datasets.synth import write_synthetic_dataset
+
+    root = args.workdir / "video-v3"
+    height, width = (int(side) for side in args.video_size.split("x"))
+    frames = args.video_episodes * args.video_length
+    print(f"[video] writing {frames:,} frames, 2 AV1 cameras at {height}x{width} ...", flush=True)
+    shutil.rmtree(root, ignore_errors=True)
+    write_synthetic_dataset(
+        root,
+        episodes=args.video_episodes,
+        episode_length=args.video_length,
+        cameras={"observation.images.top": (height, width), "observation.images.wrist": (height, width)},
+        format="v3.0",
+        video=True,
+        video_codec="av1",
+    )
+    mp4_bytes = sum(p.stat().st_size for p in root.rglob("*.mp4"))
+    loaders = list(VIDEO_LOADERS)
+    if not Path(args.lerobot_python).is_file():
+        print(f"[video] no lerobot environment at {args.lerobot_python}: lerobot is left out", flush=True)
+        loaders.remove("lerobot")
+    # The first open: validation, the frame index and every video frame decoded into it.
+    cache = args.workdir / "cache"
+    start = time.perf_counter()
+    dataset = open_dataset(str(root), cache_dir=cache)
+    first_open_s = time.perf_counter() - start
+    decoded_bytes = sum(p.stat().st_size for p in (dataset._index.directory / "decoded").glob("*.rgb"))
+    index_bytes = sum(p.stat().st_size for p in dataset._index.directory.rglob("*") if p.is_file())
+    os.environ["RELAY_VIDEO_CACHE_MAX_BYTES"] = "0"  # the per-sample loader's index: no decoded frames
+    open_dataset(str(root), cache_dir=args.workdir / "cache-per-sample")
+    del os.environ["RELAY_VIDEO_CACHE_MAX_BYTES"]
+    print(
+        f"[video] first open: {first_open_s:.1f} s for {frames:,} frames x 2 cameras; mp4s "
+        f"{mp4_bytes / MB:.1f} MB, decoded frames {decoded_bytes / MB:.0f} MB "
+        f"(the whole index {index_bytes / MB:.0f} MB)",
+        flush=True,
+    )
+    configs = [(loader, workers) for workers in (0, 2) for loader in loaders]
+    rates: dict[tuple[str, int], list[float]] = {config: [] for config in configs}
+    backend = ""
+    rng = np.random.default_rng(0)
+    for round_number in range(args.repeats):
+        for position in rng.permutation(len(configs)).tolist():
+            loader, workers = configs[position]
+            result = _measure_video(args, root, loader, workers)
+            backend = str(result.get("video_backend", backend))
+            rates[loader, workers].append(float(result["samples_per_s"]))
+            print(f"[video] round {round_number + 1} {loader:16} workers {workers}: "
+                  f"{result['samples_per_s']:.1f} samples/s", flush=True)  # fmt: skip
+    lines = [
+        f"video: {frames:,} frames, 2 AV1 cameras at {height}x{width} (g=2, crf 30), v3.0, shuffled, "
+        f"batches of 8, medians of {args.repeats} interleaved rounds; first open (decoding every "
+        f"frame into the index) {first_open_s:.1f} s, {decoded_bytes / MB:.0f} MB on disk"
+        + (f"; lerobot's video backend: {backend}" if backend else "")
+    ]
+    for workers in (0, 2):
+        median = {loader: statistics.median(rates[loader, workers]) for loader in loaders}
+        row = ", ".join(f"{loader} {median[loader]:.1f}" for loader in loaders)
+        lines.append(f"  workers {workers}: samples/s {row}")
+        for loader in ("relay", "relay-per-sample"):
+            ratios = []
+            if "lerobot" in median:
+                vs_lerobot = _round_ratios(rates[loader, workers], rates["lerobot", workers])
+                ratios.append(
+                    f"÷ lerobot {vs_lerobot:.2f}x (goal >= 2: {'met' if vs_lerobot >= 2 else 'MISSED'})"
+                )
+            vs_raw = _round_ratios(rates[loader, workers], rates["raw", workers])
+            ratios.append(f"÷ raw decode {vs_raw:.2f} (goal >= 0.7: {'met' if vs_raw >= 0.7 else 'MISSED'})")
+            lines.append(f"    {loader}: " + ", ".join(ratios))
+        if "lerobot" in median:
+            vs_raw = _round_ratios(rates["lerobot", workers], rates["raw", workers])
+            lines.append(f"    lerobot: ÷ raw decode {vs_raw:.2f}")
+    line = "\n".join(lines)
+    print(line, flush=True)
+    return line
+
+
+def _measure_video(args: argparse.Namespace, root: Path, loader: str, workers: int) -> dict[str, Any]:
+    python = args.lerobot_python if loader == "lerobot" else sys.executable
+    cache = args.workdir / ("cache-per-sample" if loader == "relay-per-sample" else "cache")
+    command = [python, str(Path(__file__).with_name("video_loaders.py")), "--loader", loader]
+    command += ["--root", str(root), "--cache", str(cache), "--workers", str(workers)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{loader} (workers {workers}) failed:\n{done.stderr[-3000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _round_ratios(numerator: list[float], denominator: list[float]) -> float:
+    """The median over rounds of the ratio within each round."""
+    return statistics.median(a / b for a, b in zip(numerator, denominator, strict=True))
 
 
 def _fmt(values: list[float]) -> str:

@@ -26,13 +26,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relay import __version__
 from relay.sft.config import SFTConfig
-from relay_api import console, openapi, params, routes, session_routes, states
+from relay_api import console, dataset_routes, openapi, params, routes, session_routes, states
 from relay_api.channel import api_channel
 from relay_api.db import api_pool_sizes, is_outage, read_session_factory, session_factory
 from relay_api.enqueued import EnqueuedNotes
 from relay_api.errors import APIProblem, database_unavailable, error_body
 from relay_api.files import ChecksumCache
 from relay_api.guard import Guard
+from relay_api.inspectors import Inspectors
 from relay_api.keys import KeyCache
 from relay_api.metrics import Metrics, RequestMetrics
 from relay_api.queue import Publisher
@@ -58,6 +59,7 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
             freeze_startup_objects()
         yield
         app.state.enqueued.close()
+        app.state.inspectors.close()
         await app.state.channel.aclose()
 
     app = FastAPI(
@@ -91,6 +93,7 @@ def _open_state(app: FastAPI, settings: Settings, publisher: Publisher | None) -
     app.state.checksums = ChecksumCache()
     app.state.channel = api_channel(settings)
     app.state.ready_sessions = ReadyCache()
+    app.state.inspectors = Inspectors()  # the engine processes that describe datasets, started on first use
 
 
 def _add_api(app: FastAPI) -> None:
@@ -100,6 +103,7 @@ def _add_api(app: FastAPI) -> None:
     app.include_router(routes.router, dependencies=known_query)
     app.include_router(session_routes.router, dependencies=known_query)
     app.include_router(states.router, dependencies=known_query)
+    app.include_router(dataset_routes.router, dependencies=known_query)
     app.add_exception_handler(APIProblem, _problem_answer)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_answer)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_answer)  # type: ignore[arg-type]
@@ -177,12 +181,17 @@ async def _http_answer(request: Request, error: HTTPException) -> JSONResponse:
     return _answer(error.status_code, message, code=getattr(error, "code", None), headers=headers)
 
 
+# The path parameters that span slashes ({path:path} of a job's files, {name:path} of a dataset),
+# which the document writes as plain {path} and {name}; each is its template's last.
+SPANNING_PARAMETERS = ("{path}", "{name}")
+
+
 def _allowed_methods(request: Request) -> list[str]:
     """Every method the document lists for this path (Starlette's 405 names only the first route's)."""
     methods: set[str] = set()
     for template, operations in request.app.openapi()["paths"].items():
         pattern = re.sub(r"\\{[^}]+\\}", "[^/]+", re.escape(template))
-        if template.endswith("{path}"):  # a {path:path} parameter spans slashes
+        if template.endswith(SPANNING_PARAMETERS):
             pattern = pattern.removesuffix("[^/]+") + ".+"
         if re.fullmatch(pattern, request.url.path):
             methods |= {method.upper() for method in operations}

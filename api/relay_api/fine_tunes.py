@@ -11,6 +11,7 @@ import json
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import bindparam, select, text, update
@@ -93,6 +94,44 @@ def check_dataset(name: str, settings: Settings) -> None:
         )
 
 
+def check_video_codecs(name: str, settings: Settings, workers: list[LiveWorker]) -> None:
+    """Refuse a local dataset with a video camera whose codec (meta/info.json's `video.codec`) no
+    live worker decodes, where the API sees the workers' disk; before any GPU time is spent. With
+    no live worker, or one that has not said what it decodes, nothing is known and nothing refused."""
+    path = local_dataset_path(name) if names_local_directory(name) else None
+    if path is None or not settings.api_shares_workers_disk or not workers:
+        return
+    told = [worker.video_decoders for worker in workers]
+    readable = frozenset().union(*(decoders for decoders in told if decoders is not None))
+    if any(decoders is None for decoders in told):
+        return
+    for camera, codec in video_codecs(path).items():
+        if codec not in readable:
+            raise _bad_dataset(
+                name,
+                f"camera {camera} is stored as {codec} video, which no live worker can decode; "
+                "re-encode it as av1, h264 or hevc (the codecs lerobot writes)",
+            )
+
+
+def video_codecs(root: Path) -> dict[str, str]:
+    """Each video camera's codec as the dataset's meta/info.json names it (none if it cannot be read:
+    the worker's validation then says why)."""
+    try:
+        features = json.loads((root / "meta" / "info.json").read_text(encoding="utf-8"))["features"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return {}
+    codecs = {}
+    for camera, feature in features.items() if isinstance(features, dict) else ():
+        if not isinstance(feature, dict) or feature.get("dtype") != "video":
+            continue
+        info = feature.get("info") or feature.get("video_info") or {}
+        codec = info.get("video.codec") if isinstance(info, dict) else None
+        if isinstance(codec, str) and codec:
+            codecs[camera] = codec
+    return codecs
+
+
 def _bad_dataset(name: str, rule: str) -> APIProblem:
     return APIProblem(
         400, f"bad dataset_name: {json.dumps(name)} ({rule})", param="dataset_name", code="invalid_value"
@@ -105,7 +144,7 @@ def gpu_count(number: int) -> str:
 
 
 def place_on_workers(
-    db: Db, config: SFTConfig, reconcile_seconds: float, *, cpu_full_size: bool = False
+    db: Db, config: SFTConfig, settings: Settings, *, cpu_full_size: bool = False
 ) -> SFTConfig:
     """Fill in `gpus` where the service chooses it, and refuse a job no worker could ever run.
 
@@ -113,10 +152,12 @@ def place_on_workers(
     alive yet). A job of more GPUs than one worker has spans several (a gang); one asking for more
     than all live workers have together is refused, naming `gpus`; so is one whose memory plan
     does not fit enough of the live workers' GPUs (check_memory; `cpu_full_size` is
-    RELAY_ALLOW_CPU_FULL_SIZE). With no live worker nothing is known, so nothing is refused: the
-    job waits for workers.
+    RELAY_ALLOW_CPU_FULL_SIZE), and so is a dataset whose video codec none decodes
+    (check_video_codecs). With no live worker nothing is known, so nothing is refused: the job
+    waits for workers.
     """
-    workers = live_workers(db, reconcile_seconds)
+    workers = live_workers(db, settings.reconcile_seconds)
+    check_video_codecs(config.dataset_name, settings, workers)
     if config.gpus is None:
         largest = max((w.gpus for w in workers), default=1)
         config = config.model_copy(update={"gpus": min(largest, config.batch_size)})

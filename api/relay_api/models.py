@@ -177,6 +177,9 @@ class WorkerHeartbeat(Base):
     gpus: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     # Bytes of memory of the smallest of those GPUs; None on a host without GPUs (CPU slots).
     gpu_memory: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The video codecs its decoder library reads, a JSON list of names (h264, hevc, av1...); None
+    # from a worker that does not say.
+    video_decoders: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class FineTuneHost(Base):

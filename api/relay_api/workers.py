@@ -5,6 +5,7 @@ module)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, select
@@ -18,15 +19,27 @@ from relay_api.models import worker_heartbeats
 class LiveWorker:
     gpus: int  # GPUs (or CPU slots) it gives one job
     gpu_memory: int | None  # bytes of each of those GPUs; None: CPU slots
+    video_decoders: frozenset[str] | None = None  # video codecs it decodes; None: it did not say
 
 
-_LIVE_WORKERS = select(worker_heartbeats.c.gpus, worker_heartbeats.c.gpu_memory).where(
-    worker_heartbeats.c.seen_at >= bindparam("horizon")
-)
+_LIVE_WORKERS = select(
+    worker_heartbeats.c.gpus, worker_heartbeats.c.gpu_memory, worker_heartbeats.c.video_decoders
+).where(worker_heartbeats.c.seen_at >= bindparam("horizon"))
 
 
 def live_workers(db: Db, reconcile_seconds: float) -> list[LiveWorker]:
     """The workers alive now, per their heartbeats."""
     horizon = utcnow() - dt.timedelta(seconds=WORKER_MISSED_BEATS * reconcile_seconds)
     rows = db.execute(_LIVE_WORKERS, {"horizon": horizon})
-    return [LiveWorker(int(gpus), None if memory is None else int(memory)) for gpus, memory in rows]
+    return [
+        LiveWorker(int(gpus), None if memory is None else int(memory), _decoders(decoders))
+        for gpus, memory, decoders in rows
+    ]
+
+
+def _decoders(column: str | None) -> frozenset[str] | None:
+    try:
+        names = json.loads(column) if column else None
+    except ValueError:
+        return None
+    return frozenset(str(name) for name in names) if isinstance(names, list) else None

@@ -20,11 +20,24 @@ EngineError = InputError
 
 
 class DatasetError(EngineError):
-    """A dataset that cannot be fetched or trained on. The message names the dataset and the field or file."""
+    """A dataset that cannot be fetched or trained on. The message names the dataset and the field or file.
 
-    def __init__(self, dataset: str, problem: str) -> None:
+    `reason` says which kind of problem it is, for an answer that depends on it (the API's status):
+    `refused` (the dataset is there, and Relay does not read it as it is), `not_found` (no such
+    directory or Hub repo), `no_such_revision` (the Hub repo has no such branch, tag or commit),
+    `bad_name` (neither a Hub repo id nor a local directory) or `unavailable` (the Hub cannot be
+    reached, or answered an error, or the cache cannot be written)."""
+
+    REFUSED = "refused"
+    NOT_FOUND = "not_found"
+    NO_SUCH_REVISION = "no_such_revision"
+    BAD_NAME = "bad_name"
+    UNAVAILABLE = "unavailable"
+
+    def __init__(self, dataset: str, problem: str, *, reason: str = REFUSED) -> None:
         self.dataset = dataset
         self.problem = problem
+        self.reason = reason
         super().__init__(f"dataset {dataset}: {problem}")
 
 

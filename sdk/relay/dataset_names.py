@@ -8,8 +8,26 @@ nothing the API lets through as a Hub name is read from a worker's disk (`"."` o
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from urllib.parse import unquote, urlparse
+
+# A Hub dataset repo id, by the Hub's rules (huggingface_hub's validate_repo_id, in ASCII): `name` or
+# `owner/name`, each part 1 to 96 letters, digits, `_`, `-` and `.`, starting and ending with a letter,
+# digit or `_`; no `--` or `..`, and not ending in `.git`. Written so that the API's OpenAPI document
+# can state it as the JSON Schema pattern it enforces.
+_HUB_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+HUB_REPO_ID_PATTERN = rf"(?!.*(?:--|\.\.))(?!.*\.git$){_HUB_PART}(?:/{_HUB_PART})?"
+# The names that mean a local directory, as a pattern: an absolute path, `~...`, `./...`, `../...`,
+# `.`, `..`, or a file: URL of this host (local_dataset_path).
+LOCAL_NAME_PATTERN = r"(?:/|~|\./|\.\./|file:(?:///|//localhost/|/[^/\x00-\x1f\x7f]))[^\x00-\x1f\x7f]*|\.\.?"
+# Every name a dataset may have: a Hub repo id or a local directory.
+DATASET_NAME_PATTERN = rf"^(?:{HUB_REPO_ID_PATTERN}|{LOCAL_NAME_PATTERN})$"
+
+
+def is_hub_repo_id(name: str) -> bool:
+    """Whether `name` is a well-formed Hub dataset repo id (lerobot/pusht_image)."""
+    return re.fullmatch(HUB_REPO_ID_PATTERN, name) is not None
 
 
 def local_dataset_path(name_or_path: str) -> Path | None:
@@ -26,7 +44,10 @@ def local_dataset_path(name_or_path: str) -> Path | None:
         or name_or_path in (".", "..")
         or name_or_path.startswith(("~", "./", "../"))
     ):
-        return Path(name_or_path).expanduser().absolute()
+        try:
+            return Path(name_or_path).expanduser().absolute()
+        except RuntimeError:  # `~someone` with no such user (or no home directory): the name as it is
+            return Path(name_or_path).absolute()
     return None
 
 

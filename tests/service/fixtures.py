@@ -43,6 +43,19 @@ def dataset(stack: Stack) -> Path:
     return stack.dataset()
 
 
+# Two cameras of different sizes, five episodes, two tasks.
+VIDEO_CAMERAS = {"observation.images.top": (32, 32), "observation.images.wrist": (24, 32)}
+
+
+@pytest.fixture(scope="session")
+def video_dataset(stack: Stack) -> Path:
+    """A LeRobot v3.0 dataset with H.264 video cameras, two episodes to an mp4."""
+    return stack.dataset(
+        "v30-video", episodes=5, episode_length=(6, 14), cameras=VIDEO_CAMERAS, num_tasks=2, format="v3.0",
+        video=True, episodes_per_file=2,
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def parked(stack: Stack) -> Iterator[TestClient]:
     """The API in this process, publishing recipe jobs to a queue no worker reads: they stay queued."""

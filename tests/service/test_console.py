@@ -6,6 +6,7 @@ user's job and session absent. Every page is fenced to the server: none may reac
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from relay.sft.config import SFTConfig
 from relay.sft.train import train
 from relay_api.models import fine_tunes
 from tests.service.browser import chromium, fenced_page, sign_in
-from tests.service.stack import Stack, WorkerProcess, wait_for
+from tests.service.stack import PARKED_QUEUE, ApiServer, Stack, WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -254,3 +255,79 @@ def test_the_jobs_table_pages_with_the_cursor_and_refreshes_itself(
     newest = api_create(origin, user[1], name="while-watching")["id"]
     expect(rows.first).to_have_attribute("data-job", newest)  # no reload: the table refreshed itself
     assert fence.refused == []
+
+
+def test_the_form_offers_the_datasets_cameras_and_sends_the_chosen_mapping(
+    browser: Browser, stack: Stack, video_dataset: Path, user: tuple[str, str], tmp_path: Path
+) -> None:
+    # An API that sees the workers' disk (as `relay server`), so it may describe a local dataset;
+    # its jobs stay queued.
+    api = ApiServer(
+        stack.settings.model_copy(update={"fine_tune_queue": PARKED_QUEUE, "api_shares_workers_disk": True})
+    )
+    try:
+        origin = api.url
+        page, fence = fenced_page(browser, origin)
+        crashes: list[str] = []
+        page.on("pageerror", lambda error: crashes.append(str(error)))
+        sign_in(page, origin, user[1])
+        page.goto(f"{origin}/#/new")
+        page.select_option("#field-model", "pi05-tiny")
+        page.fill("#field-dataset_name", str(video_dataset))
+        page.press("#field-dataset_name", "Tab")
+        frames = json.loads((video_dataset / "meta/info.json").read_text())["total_frames"]
+        expect(page.locator("[data-testid=dataset-summary]")).to_have_text(
+            f"LeRobot v3.0, 5 episodes, {frames} frames, 10 fps, video h264"
+        )
+        # Every model camera is offered the dataset's cameras, the default mapping chosen.
+        features = ["", "observation.images.top", "observation.images.wrist"]
+        for camera, chosen in (
+            ("base_0_rgb", "observation.images.top"),
+            ("left_wrist_0_rgb", "observation.images.wrist"),
+            ("right_wrist_0_rgb", ""),
+        ):
+            select = page.locator(f"#camera-{camera}")
+            expect(select).to_have_value(chosen)
+            assert select.locator("option").evaluate_all("os => os.map(o => o.value)") == features
+        expect(page.locator("#camera-base_0_rgb option").nth(1)).to_have_text(
+            "observation.images.top (video, 32x32)"
+        )
+        expect(page.locator("#field-cameras")).to_be_hidden()  # the picker stands in for the text box
+
+        page.select_option("#camera-base_0_rgb", "observation.images.wrist")
+        page.select_option("#camera-left_wrist_0_rgb", "")
+        page.select_option("#camera-right_wrist_0_rgb", "observation.images.top")
+        page.fill("#field-batch_size", "2")
+        page.fill("#field-steps", "20")
+        page.click("button:has-text('Start fine-tune')")
+        page.wait_for_url(re.compile(r".*#/jobs/ft-[0-9a-f]{12}$"))
+        job_id = page.url.rsplit("/", 1)[1]
+        job = httpx.get(f"{origin}/v1/fine-tunes/{job_id}", headers={"authorization": f"Bearer {user[1]}"})
+        assert job.json()["cameras"] == {
+            "base_0_rgb": "observation.images.wrist",
+            "right_wrist_0_rgb": "observation.images.top",
+        }
+        assert job.json()["dataset_name"] == str(video_dataset)
+
+        # A dataset that cannot be described shows the API's message, and the text box again.
+        page.goto(f"{origin}/#/new")
+        page.select_option("#field-model", "pi05-tiny")
+        nowhere = tmp_path / "nowhere"
+        page.fill("#field-dataset_name", str(nowhere))
+        page.press("#field-dataset_name", "Tab")
+        expect(page.locator("[data-testid=dataset-error]")).to_have_text(
+            f"dataset {nowhere}: no such directory: {nowhere}"
+        )
+        expect(page.locator("[data-testid=camera-picker]")).to_be_hidden()
+        expect(page.locator("#field-cameras")).to_be_visible()
+        page.fill("#field-dataset_name", "not a dataset")  # typed: described after a pause
+        expect(page.locator("[data-testid=dataset-error]")).to_contain_text(
+            'bad name: "not a dataset" (must be a Hub dataset repo id'
+        )
+        # Back to a good one: its cameras are offered again.
+        page.fill("#field-dataset_name", str(video_dataset))
+        expect(page.locator("#camera-left_wrist_0_rgb")).to_have_value("observation.images.wrist")
+        expect(page.locator("[data-testid=dataset-error]")).to_have_count(0)
+        assert crashes == [] and fence.refused == []
+    finally:
+        api.stop()

@@ -283,6 +283,7 @@ def test_a_405_lists_every_method_the_path_takes(parked: TestClient, alice: dict
         ("DELETE", "/v1/fine-tunes", "GET, POST"),
         ("GET", "/v1/fine-tunes/ft-1/cancel", "POST"),
         ("POST", "/v1/fine-tunes/ft-1/files/checkpoints/a/b", "GET, HEAD"),
+        ("DELETE", "/v1/datasets/lerobot/pusht", "GET"),
     ]:
         response = parked.request(method, path, headers=alice)
         assert response.status_code == 405 and response.headers.get_list("allow") == [allowed], (

@@ -65,9 +65,7 @@ def full_pi05(**fields: object) -> SFTConfig:
 
 def place(stack: Stack, config: SFTConfig, *, cpu_full_size: bool = False) -> SFTConfig:
     with stack.sessions() as session:
-        return place_on_workers(
-            session, config, stack.settings.reconcile_seconds, cpu_full_size=cpu_full_size
-        )
+        return place_on_workers(session, config, stack.settings, cpu_full_size=cpu_full_size)
 
 
 def test_small_gpus_refuse_a_full_pi05_job_naming_the_batch_size(

@@ -20,6 +20,7 @@ from schemathesis import checks as st_checks
 from schemathesis.config import SchemathesisConfig
 
 from relay_api.app import create_app
+from tests.hub import FakeHub
 from tests.service.stack import PARKED_QUEUE, Stack
 
 pytestmark = pytest.mark.slow
@@ -36,11 +37,19 @@ CHECKS = st_checks.CHECKS.get_all()
 def app_and_key(stack: Stack) -> Iterator[tuple[object, str]]:
     # Jobs and sessions go to queues no worker reads: they stay queued or starting.
     parked = stack.settings.model_copy(
-        update={"fine_tune_queue": PARKED_QUEUE, "session_queue": PARKED_QUEUE + "-sessions"}
+        update={
+            "fine_tune_queue": PARKED_QUEUE,
+            "session_queue": PARKED_QUEUE + "-sessions",
+            "dataset_cache_dir": stack.root / "cache",
+        }
     )
     app = create_app(parked)
-    with TestClient(app):  # runs the app's lifespan
-        yield app, stack.new_user()[1]
+    # The datasets it is asked to describe are looked for on a loopback Hub that has none (the Hub
+    # itself cannot be reached from tests: that would be a 502).
+    with FakeHub() as hub, pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_ENDPOINT", hub.endpoint)
+        with TestClient(app):  # runs the app's lifespan
+            yield app, stack.new_user()[1]
 
 
 def adjust(case: schemathesis.Case) -> None:

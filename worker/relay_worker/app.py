@@ -58,12 +58,13 @@ class Reconciler(threading.Thread):
         db_sessions = session_factory(settings)
         name, started_at = worker_name(), utcnow()
         memory = self._gpu_memory()
-        self._beat(db_sessions, name, started_at, memory)
+        decoders = heartbeat.video_decoders()
+        self._beat(db_sessions, name, started_at, memory, decoders)
         # Until then, leases that lapsed without a word are not judged: after a database outage, the
         # workers it stopped need a lease's time to give their jobs back (which does not count).
         judge_leases_at = 0.0
         while not self.stopping.wait(settings.reconcile_seconds):
-            self._beat(db_sessions, name, started_at, memory)
+            self._beat(db_sessions, name, started_at, memory, decoders)
             judge = time.monotonic() >= judge_leases_at
             try:
                 report = reconcile(db_sessions, settings, publish, self.broker.started_at(), judge)
@@ -88,9 +89,11 @@ class Reconciler(threading.Thread):
         return heartbeat.gpu_memory(settings.worker_gpus or os.environ.get("CUDA_VISIBLE_DEVICES"))
 
     @staticmethod
-    def _beat(sessions: Any, name: str, started_at: Any, gpu_memory: int | None) -> None:
+    def _beat(
+        sessions: Any, name: str, started_at: Any, gpu_memory: int | None, decoders: list[str] | None
+    ) -> None:
         try:
-            heartbeat.beat(sessions, name, started_at, settings.worker_slots, gpu_memory)
+            heartbeat.beat(sessions, name, started_at, settings.worker_slots, gpu_memory, decoders)
         except Exception:  # only /metrics' count of live workers depends on it
             log.warning("could not write this worker's heartbeat", exc_info=True)
 

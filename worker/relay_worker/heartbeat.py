@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import subprocess
 
 from sqlalchemy import delete
@@ -22,16 +23,23 @@ def beat(
     started_at: dt.datetime,
     gpus: int = 1,
     gpu_memory: int | None = None,
+    video_decoders: list[str] | None = None,
 ) -> None:
     """Note that worker `name` is alive now, and gives a job `gpus` GPUs (processes) of
-    `gpu_memory` bytes each (None: CPU slots, no GPU)."""
+    `gpu_memory` bytes each (None: CPU slots, no GPU), and decodes `video_decoders` (codec names)."""
     now = utcnow()
+    decoders = None if video_decoders is None else json.dumps(video_decoders)
     with sessions() as session:
         row = session.get(WorkerHeartbeat, name)
         if row is None:
             session.add(
                 WorkerHeartbeat(
-                    name=name, started_at=started_at, seen_at=now, gpus=gpus, gpu_memory=gpu_memory
+                    name=name,
+                    started_at=started_at,
+                    seen_at=now,
+                    gpus=gpus,
+                    gpu_memory=gpu_memory,
+                    video_decoders=decoders,
                 )
             )
             session.execute(delete(WorkerHeartbeat).where(WorkerHeartbeat.seen_at < now - FORGET_AFTER))
@@ -39,7 +47,18 @@ def beat(
             row.seen_at = now
             row.gpus = gpus
             row.gpu_memory = gpu_memory
+            row.video_decoders = decoders
         session.commit()
+
+
+def video_decoders() -> list[str] | None:
+    """The video codecs this host's decoder library (PyAV's FFmpeg) reads; None if it cannot say."""
+    try:
+        from relay_engine.datasets.video import video_decoders as listed
+
+        return listed()
+    except Exception:  # no engine or no PyAV here: the API then assumes nothing about this worker
+        return None
 
 
 def gpu_memory(visible: str | None) -> int | None:

@@ -4,6 +4,7 @@ path = resolve_dataset("lerobot/pusht_image")           # Hub revision v2.1 (els
 source = locate_dataset("lerobot/pusht_image", revision="v2.1")  # its root, revision, commit sha, format
 ds = open_dataset("lerobot/pusht_image", action_horizon=10)
 ds.summary, ds.norm_stats, ds.camera_map, ds.source, len(ds), ds[i]  # ds[i] is a relay_engine.samples.Sample
+describe_dataset("lerobot/pusht_image")                  # cameras, widths, episodes, format: meta files only
 """
 
 from relay_engine.datasets.dataset import (
@@ -13,8 +14,9 @@ from relay_engine.datasets.dataset import (
     open_dataset,
     shipped_norm_stats,
 )
+from relay_engine.datasets.describe import describe_dataset
 from relay_engine.datasets.hub import DatasetSource, locate_dataset, resolve_dataset
-from relay_engine.datasets.norm_stats import NormStats, Stats, compute_norm_stats
+from relay_engine.datasets.norm_stats import NormStats, Stats, compute_norm_stats, lerobot_quantile_gap
 from relay_engine.datasets.summary import DatasetSummary
 from relay_engine.datasets.synth import write_synthetic_dataset
 from relay_engine.datasets.validation import Inspection, inspect_dataset
@@ -28,7 +30,9 @@ __all__ = [
     "Stats",
     "compute_norm_stats",
     "dataset_norm_stats",
+    "describe_dataset",
     "inspect_dataset",
+    "lerobot_quantile_gap",
     "locate_dataset",
     "map_cameras",
     "open_dataset",

@@ -6,8 +6,9 @@ resizes them), the normalized state padded to 32, the frame's task as the prompt
 the next `action_horizon` actions within the episode (the last one repeated past the episode's
 end, and those steps marked in `action_is_pad`). It reads each frame from the frame index with a
 few `pread`s, so it holds nothing of the dataset in memory and pickles to worker processes cheaply.
-A video camera's frame is decoded from the dataset's mp4 at the frame's time in it (each process
-keeps its own decoder per file open).
+A video camera's frame was decoded into the frame index at the dataset's first open, where the
+decoded frames fit the cache's limit; otherwise it is decoded from the dataset's mp4 at the frame's
+time in it (each process keeps its own decoder per file open).
 """
 
 from __future__ import annotations
@@ -148,10 +149,13 @@ class LeRobotDataset:
             ) from None
 
     def _video_image(self, feature: str, frame: int, position: int) -> np.ndarray:
-        relative, time = self._index.video_frame(feature, frame)
-        if self.root is None:
-            raise DatasetError(self.name, f"{feature} is a video camera, and the dataset's root is unknown")
+        decoded = self._index.decoded.get(feature)
         try:
+            if decoded is not None:
+                return decoded.frame(frame)
+            relative, time = self._index.video_frame(feature, frame)
+            if self.root is None:
+                raise DatasetError(self.name, f"{feature} is a video camera; the dataset's root is unknown")
             return self._video.frame(self.root / relative, time)
         except VideoError as error:
             episode_frame = frame - int(self._index.episode_start[position])

@@ -26,9 +26,12 @@ Layout of `<cache>/frames/<key>/`:
     videos.json                  per video camera, its mp4 files (relative to the dataset's root)
     videos/<feature>.file.npy    int32 (frames,)     each frame's file, a position in videos.json
     videos/<feature>.time.npy    float64 (frames,)   each frame's time in that file, in seconds
+    decoded/                     video cameras' frames, decoded once (where they fit the limit)
 
-Video cameras are not copied: their frames are decoded from the dataset's mp4 files per sample
-(relay_engine.datasets.video), at the episode's start in the file plus the frame's timestamp.
+A video camera's frame is the one at the episode's start in its mp4 plus the frame's timestamp.
+Where the decoded frames fit `RELAY_VIDEO_CACHE_MAX_BYTES`, every frame is decoded once, in order,
+into `decoded/` (relay_engine.datasets.decoded_frames); otherwise each sample decodes its frame
+from the dataset's mp4 (relay_engine.datasets.video).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 from filelock import FileLock
 
-from relay_engine.datasets import frame_cache
+from relay_engine.datasets import decoded_frames, frame_cache
 from relay_engine.datasets.meta import DatasetMeta
 from relay_engine.datasets.norm_stats import NormStats, compute_norm_stats
 from relay_engine.datasets.summary import DatasetSummary
@@ -98,17 +101,24 @@ def _parquet_footer(path: Path) -> bytes:
 
 
 def ensure_frame_index(meta: DatasetMeta, name: str, cache: Path) -> Path:
-    """The index directory of the dataset `meta` describes, validating and building it if needed.
+    """The index directory of the dataset `meta` describes, validating and building it if needed,
+    and decoding its video cameras into it where they fit (relay_engine.datasets.decoded_frames).
 
     Raises DatasetError with every problem found if the dataset cannot be trained on.
     """
     target = cache / "frames" / fingerprint(meta)
-    if (target / SUMMARY).is_file():
-        return target
+    if not (target / SUMMARY).is_file():
+        _build(meta, name, target, cache)
+    if meta.video_sizes and not (target / decoded_frames.DIRECTORY).is_dir():
+        _decode_videos(target, meta.root, name)
+    return target
+
+
+def _build(meta: DatasetMeta, name: str, target: Path, cache: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{target}.lock"):
         if (target / SUMMARY).is_file():
-            return target
+            return
         # Left by a build that was killed; nobody else builds this index while we hold the lock.
         for stale in target.parent.glob(f".{target.name}.*"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -127,7 +137,36 @@ def ensure_frame_index(meta: DatasetMeta, name: str, cache: Path) -> Path:
     # to its size limit.
     frame_cache.remove_older_copies(cache, target)
     frame_cache.prune(cache, frame_cache.limit_bytes(), keep=target)
-    return target
+
+
+def _decode_videos(target: Path, root: Path, name: str) -> None:
+    """Decode the index's video cameras into it once, if their frames fit (else they are decoded per
+    sample). Under the index's build lock, so that workers opening the dataset at once decode it once."""
+    summary = DatasetSummary.from_dict(json.loads((target / SUMMARY).read_text()))
+    files: dict[str, list[str]] = json.loads((target / VIDEOS).read_text())
+    sizes = {camera: summary.cameras[camera] for camera in files}
+    if not decoded_frames.fits(target, summary.frames, sizes):
+        return
+    with FileLock(f"{target}.lock"):
+        if (target / decoded_frames.DIRECTORY).is_dir():
+            return
+        cameras = {
+            camera: decoded_frames.CameraFrames(
+                files=files[camera],
+                file_of=np.load(target / "videos" / f"{camera}.file.npy"),
+                time=np.load(target / "videos" / f"{camera}.time.npy"),
+                size=sizes[camera],
+            )
+            for camera in files
+        }
+        decoded_frames.build(
+            target,
+            root,
+            cameras,
+            np.load(target / "episode_start.npy"),
+            np.load(target / "episode_index.npy"),
+            name,
+        )
 
 
 def _write(
@@ -260,6 +299,8 @@ class FrameIndex:
             if camera not in self.video_files
         }
         self._video_file = {c: _NpyFile(directory / "videos" / f"{c}.file.npy") for c in self.video_files}
+        # Video camera -> its frames decoded into the index, where they were (else decoded per sample).
+        self.decoded = decoded_frames.open_decoded(directory)
         self._video_time = {c: _NpyFile(directory / "videos" / f"{c}.time.npy") for c in self.video_files}
 
     def __len__(self) -> int:
@@ -307,6 +348,8 @@ class FrameIndex:
         for descriptor in self._descriptors.values():
             os.close(descriptor)
         self._descriptors = {}
+        for frames in getattr(self, "decoded", {}).values():
+            frames.close()
         in_use = getattr(self, "_in_use", None)
         if in_use is not None:
             os.close(in_use)

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
 
-from relay.dataset_names import local_dataset_path
+from relay.dataset_names import is_hub_repo_id, local_dataset_path
 from relay.events import DatasetEvent
 from relay_engine.errors import DatasetError
 from relay_engine.paths import cache_dir_or_default
@@ -47,7 +46,8 @@ INFO = "meta/info.json"
 # data/chunk-*/episode_*.parquet, videos/chunk-*/<camera>/episode_*.mp4. v3.0: meta/tasks.parquet,
 # meta/episodes/chunk-*/file-*.parquet, data/chunk-*/file-*.parquet, videos/<camera>/chunk-*/file-*.mp4.
 FETCH_PATTERNS = ["meta/*", "data/*", "videos/*", "norm_stats.json"]
-_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
+# What describing a dataset reads (relay_engine.datasets.describe): info.json, the tasks, the episodes.
+META_PATTERNS = ["meta/*"]
 _DEFAULT_ENDPOINT = "https://huggingface.co"
 
 
@@ -108,10 +108,12 @@ def locate_dataset(
     revision: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     token: str | None = None,
+    meta_only: bool = False,
 ) -> DatasetSource:
     """Where the dataset's files are and what was read. Local: an absolute path, `~/...`, `./...` or
     a `file://` URL (which takes no revision). Anything else is a Hub dataset repo id, fetched into
-    the cache (once) at `revision`, else v2.1, else its default branch if that is v3.0."""
+    the cache (once) at `revision`, else v2.1, else its default branch if that is v3.0; with
+    `meta_only`, only the revision's `meta/` files are fetched (what describing it reads)."""
     local = local_path(name_or_path)
     if local is not None:
         if revision is not None:
@@ -121,15 +123,17 @@ def locate_dataset(
                 "tag or commit of a Hub dataset repo",
             )
         if not local.is_dir():
-            raise DatasetError(name_or_path, f"no such directory: {local}")
+            raise DatasetError(name_or_path, f"no such directory: {local}", reason=DatasetError.NOT_FOUND)
         return DatasetSource(name_or_path, local, format=codebase_version(local))
-    if not _REPO_ID.fullmatch(name_or_path) or ".." in name_or_path:
+    if not is_hub_repo_id(name_or_path):
         raise DatasetError(
             name_or_path,
             "is neither a Hub dataset repo id (like lerobot/pusht_image) nor a local directory "
             "(an absolute path or a file:// URL)",
+            reason=DatasetError.BAD_NAME,
         )
-    return _Fetch(name_or_path, cache_dir_or_default(cache_dir), token).source(revision)
+    patterns = META_PATTERNS if meta_only else FETCH_PATTERNS
+    return _Fetch(name_or_path, cache_dir_or_default(cache_dir), token, patterns).source(revision)
 
 
 def local_path(name_or_path: str) -> Path | None:
@@ -150,8 +154,8 @@ def codebase_version(root: Path) -> str | None:
 class _Fetch:
     """One repo's fetch: the revision chosen as the module says, its files downloaded under a lock."""
 
-    def __init__(self, repo_id: str, cache: Path, token: str | None) -> None:
-        self.repo_id, self.cache, self.token = repo_id, cache, token
+    def __init__(self, repo_id: str, cache: Path, token: str | None, patterns: list[str]) -> None:
+        self.repo_id, self.cache, self.token, self.patterns = repo_id, cache, token, patterns
         self.endpoint = (os.environ.get("HF_ENDPOINT") or _DEFAULT_ENDPOINT).rstrip("/")
 
     def source(self, revision: str | None) -> DatasetSource:
@@ -159,6 +163,7 @@ class _Fetch:
         from huggingface_hub.errors import (
             GatedRepoError,
             HfHubHTTPError,
+            HFValidationError,
             LocalEntryNotFoundError,
             RepositoryNotFoundError,
         )
@@ -175,17 +180,23 @@ class _Fetch:
         except RepositoryNotFoundError:
             raise self._error(
                 f"no such dataset repo on {self.endpoint} (a private one needs HF_TOKEN; "
-                "a local directory needs an absolute path or a file:// URL)" + _local_hint(self.repo_id)
+                "a local directory needs an absolute path or a file:// URL)" + _local_hint(self.repo_id),
+                DatasetError.NOT_FOUND,
             ) from None
         except LocalEntryNotFoundError:
             raise self._error(
                 f"cannot reach {self.endpoint}, and it is not in the cache at {self.cache}"
-                + _local_hint(self.repo_id)
+                + _local_hint(self.repo_id),
+                DatasetError.UNAVAILABLE,
             ) from None
         except HfHubHTTPError as error:
-            raise self._error(f"{self.endpoint} answered: {error}") from None
+            raise self._error(f"{self.endpoint} answered: {error}", DatasetError.UNAVAILABLE) from None
+        except HFValidationError as error:  # relay.dataset_names' rule is the Hub's: not expected
+            raise self._error(f"is not a Hub repo id: {error}", DatasetError.BAD_NAME) from None
         except OSError as error:
-            raise self._error(f"cannot be fetched into {self.cache}: {error}") from None
+            raise self._error(
+                f"cannot be fetched into {self.cache}: {error}", DatasetError.UNAVAILABLE
+            ) from None
 
     def _choose(self, revision: str | None) -> DatasetSource:
         """The named revision; else v2.1; else the default branch, if it is v3.0."""
@@ -197,7 +208,8 @@ class _Fetch:
             except RevisionNotFoundError:
                 raise self._error(
                     f"has no revision {revision!r} (branch, tag or commit) on {self.endpoint}"
-                    + self._revisions()
+                    + self._revisions(),
+                    DatasetError.NO_SUCH_REVISION,
                 ) from None
             return self._download(revision, snapshot, READ_FORMATS)
         try:
@@ -214,7 +226,8 @@ class _Fetch:
         except RevisionNotFoundError:
             raise self._error(
                 f"has no {REVISION} revision (branch or tag) and no default branch on {self.endpoint}"
-                + self._revisions()
+                + self._revisions(),
+                DatasetError.NOT_FOUND,
             ) from None
         return self._download(DEFAULT_BRANCH, snapshot, (DEFAULT_BRANCH_FORMAT,))
 
@@ -224,7 +237,7 @@ class _Fetch:
         found = codebase_version(snapshot)
         if found not in formats:
             raise self._error(self._refusal(revision, sha, found, formats))
-        root = self._snapshot(sha, FETCH_PATTERNS)
+        root = self._snapshot(sha, self.patterns)
         return DatasetSource(self.repo_id, root, repo=self.repo_id, revision=revision, sha=sha, format=found)
 
     def _refusal(self, revision: str, sha: str, found: str | None, formats: tuple[str, ...]) -> str:
@@ -257,8 +270,8 @@ class _Fetch:
             )
         )
 
-    def _error(self, problem: str) -> DatasetError:
-        return DatasetError(self.repo_id, problem)
+    def _error(self, problem: str, reason: str = DatasetError.REFUSED) -> DatasetError:
+        return DatasetError(self.repo_id, problem, reason=reason)
 
     def _revisions(self) -> str:
         """` (its revisions: main, v3.0)`, a hint for a message; empty where the Hub will not say."""

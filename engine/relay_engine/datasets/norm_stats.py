@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -154,3 +155,39 @@ def _parse_stats(stats: dict[str, Any], name: str) -> Stats:
 def _check_width(values: np.ndarray, width: int, name: str) -> None:
     if np.shape(values)[-1] != width:
         raise ValueError(f"{name} are {np.shape(values)[-1]} wide; the stats are for {width}")
+
+
+# Where a LeRobot v3.0 dataset keeps lerobot's statistics, and its names for the two quantities.
+LEROBOT_STATS = "meta/stats.json"
+_LEROBOT_KEYS = (("state", "observation.state"), ("actions", "action"))
+
+
+def lerobot_quantile_gap(root: Path, stats: NormStats) -> float | None:
+    """How far `meta/stats.json`'s q01/q99 (written by lerobot) are from the exact ones in `stats`:
+    the largest difference over both quantities, dimensions and quantiles, as a fraction of the
+    exact q01..q99 span (what normalization scales by). None if the dataset has no such file.
+
+    Why Relay does not use them: lerobot estimates each episode's quantiles from a 5000-bin
+    histogram and then averages them across episodes, which is exact for no dataset of more than
+    one episode (an average of per-episode 1st percentiles is not the dataset's 1st percentile).
+    """
+    path = root / LEROBOT_STATS
+    try:
+        written = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    gap = 0.0
+    found = False
+    for field, key in _LEROBOT_KEYS:
+        exact: Stats = getattr(stats, field)
+        span = np.maximum(exact.q99 - exact.q01, EPSILON)
+        for quantile in ("q01", "q99"):
+            try:
+                theirs = np.asarray(written[key][quantile], dtype=np.float64).reshape(-1)
+            except (KeyError, TypeError, ValueError):
+                continue
+            if theirs.shape != (exact.width,):
+                continue
+            found = True
+            gap = max(gap, float(np.max(np.abs(theirs - getattr(exact, quantile)) / span)))
+    return gap if found else None

@@ -15,7 +15,7 @@ import io
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -37,7 +37,7 @@ from relay_engine.datasets.meta import (
 )
 from relay_engine.datasets.problems import Problems
 from relay_engine.datasets.summary import DatasetSummary
-from relay_engine.datasets.video import VideoError, probe
+from relay_engine.datasets.video import Probe, VideoError, probe
 
 # lerobot's `check_timestamps_sync` tolerance.
 TIMESTAMP_TOLERANCE_S = 1e-4
@@ -62,6 +62,8 @@ class Inspection:
     meta: DatasetMeta | None = None
     summary: DatasetSummary | None = None
     columns: FrameColumns | None = None
+    # Each video camera's first mp4 as decoded: its codec, size, pixel format and rate.
+    videos: dict[str, Probe] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -86,7 +88,8 @@ def inspect_dataset(root: Path, name: str) -> Inspection:
     if meta is None:
         return inspection
     cameras = _first_frame_sizes(meta, problems)
-    cameras.update(_check_videos(meta, problems))
+    inspection.videos = _check_videos(meta, problems)
+    cameras.update({camera: (found.height, found.width) for camera, found in inspection.videos.items()})
     cameras = {camera: cameras.get(camera, size) for camera, size in meta.camera_sizes.items()}
     inspection.summary = DatasetSummary(
         name=name,
@@ -311,9 +314,9 @@ def _first_frame_sizes(meta: DatasetMeta, problems: Problems) -> dict[str, tuple
     return sizes
 
 
-def _check_videos(meta: DatasetMeta, problems: Problems) -> dict[str, tuple[int, int]]:
+def _check_videos(meta: DatasetMeta, problems: Problems) -> dict[str, Probe]:
     """Every video file the episodes name exists and its first frame decodes (so the bundled FFmpeg
-    decodes its codec); each video camera's (height, width), from its first file."""
+    decodes its codec); each video camera's first file as probed (codec, size, pixel format, rate)."""
     if not meta.video_path:
         return {}  # info.json's video_path is missing or broken, a problem already recorded
     files: dict[str, dict[str, None]] = {camera: {} for camera in meta.video_sizes}
@@ -322,7 +325,7 @@ def _check_videos(meta: DatasetMeta, problems: Problems) -> dict[str, tuple[int,
             files[camera][meta.video_file(episode.index, camera)[0]] = None
     jobs = [(camera, relative) for camera, found in files.items() for relative in found]
 
-    def check(job: tuple[str, str]) -> tuple[int, int] | str:
+    def check(job: tuple[str, str]) -> Probe | str:
         camera, relative = job
         path = meta.root / relative
         info = meta.features[camera].get("info")
@@ -336,19 +339,19 @@ def _check_videos(meta: DatasetMeta, problems: Problems) -> dict[str, tuple[int,
                 f"undecodable video files|camera {camera}: {relative} (codec {codec} in {INFO}) "
                 f"cannot be decoded: {error}"
             )
-        return found.height, found.width
+        return found
 
     workers = min(8, os.cpu_count() or 1, max(1, len(jobs)))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(check, jobs))
-    sizes: dict[str, tuple[int, int]] = {}
+    probes: dict[str, Probe] = {}
     for (camera, _), result in zip(jobs, results, strict=True):
         if isinstance(result, str):
             kind, _, message = result.partition("|")
             problems.add(message, kind=kind)
         else:
-            sizes.setdefault(camera, result)
-    return sizes
+            probes.setdefault(camera, result)
+    return probes
 
 
 # -- checks over all frames --------------------------------------------------------------------------

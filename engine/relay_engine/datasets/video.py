@@ -4,12 +4,15 @@ Decoding follows lerobot 0.6.1's rule: the frame whose presentation time is near
 timestamp, accepted only within `TOLERANCE_S` of it. `VideoFrames` keeps one PyAV container open per
 file (per process: a forked or unpickled copy opens its own) and, for each query, seeks to the
 keyframe at or before the timestamp and decodes forward to it, so a sample costs the frames between
-the keyframe and the one wanted, never the whole file.
+the keyframe and the one wanted, never the whole file; a query a few frames ahead of the last one
+decodes on without a seek. That is the path of a dataset too large to decode into the cache;
+`decode_in_order` is what fills the cache (relay_engine.datasets.decoded_frames).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -87,11 +90,29 @@ def decoder_available(codec: str) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class DecodedSpan:
+    """The frames of a file from `start` to `stop` (seconds), each one decoded whole."""
+
+    times: np.ndarray  # float64: the time of each frame within the tolerance of [start, stop]
+    # Whether the file ends before `stop` (plus the tolerance), and then the time of its last
+    # decodable frame (None: none from the keyframe before `start` on).
+    ends_early: bool = False
+    last: float | None = None
+
+
 def decoded_times(path: Path, start: float, stop: float, tolerance_s: float = TOLERANCE_S) -> np.ndarray:
-    """The times (seconds) of every frame of `path` from `start` to `stop`, each one decoded whole:
-    what `relay datasets check` compares with the times the episodes ask for."""
+    """The times (seconds) of every frame of `path` from `start` to `stop`, each one decoded whole."""
+    return decoded_span(path, start, stop, tolerance_s).times
+
+
+def decoded_span(path: Path, start: float, stop: float, tolerance_s: float = TOLERANCE_S) -> DecodedSpan:
+    """Every frame of `path` from `start` to `stop`, each one decoded whole, and where the file ends
+    if that is before `stop`: what `relay datasets check` compares with the times an episode asks for."""
     av = _av()
     times = []
+    last: float | None = None
+    ended = True
     try:
         with av.open(str(path)) as container:
             stream = _single_threaded(container.streams.video[0])
@@ -102,18 +123,67 @@ def decoded_times(path: Path, start: float, stop: float, tolerance_s: float = TO
                     continue
                 time = float(frame.pts * time_base)
                 if time > stop + tolerance_s:
+                    ended = False
                     break
+                last = time
                 if time >= start - tolerance_s:
                     times.append(time)
     except (av.FFmpegError, OSError, IndexError) as error:
         raise VideoError(f"{path.name}: decoding from {start:.6g} s failed: {error}") from None
-    return np.array(times, dtype=np.float64)
+    return DecodedSpan(np.array(times, dtype=np.float64), ended, last if ended else None)
+
+
+# How far ahead of the decoder's last frame a query may be and still be decoded forward, without a
+# seek (which flushes the decoder and starts again at a keyframe): a few frames' worth.
+FORWARD_WINDOW_S = 0.25
+
+
+def video_decoders() -> list[str]:
+    """The names (h264, hevc, av1, ...: what meta/info.json's `video.codec` holds) of every video
+    codec the bundled FFmpeg can decode: what a worker tells the API it reads."""
+    av = _av()
+    names = set()
+    for name in av.codecs_available:
+        try:
+            codec = av.codec.Codec(name, "r")
+        except (av.FFmpegError, ValueError):
+            continue  # an encoder only
+        if codec.type == "video":
+            names.add(codec.canonical_name)
+    return sorted(names)
+
+
+def decode_in_order(path: Path, start: float) -> Iterator[tuple[float, np.ndarray]]:
+    """Every frame of `path` from the keyframe at or before `start` (seconds) to the end, in order:
+    (its time in seconds, uint8 (H, W, 3) RGB). One decoder on the calling thread."""
+    av = _av()
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise VideoError("it has no video stream")
+            stream = _single_threaded(container.streams.video[0])
+            time_base = stream.time_base
+            if start > 0:
+                container.seek(max(0, int(start / time_base) - 1), stream=stream, backward=True)
+            for frame in container.decode(stream):
+                if frame.pts is not None:
+                    yield float(frame.pts * time_base), np.asarray(frame.to_ndarray(format="rgb24"))
+    except (av.FFmpegError, OSError) as error:
+        raise VideoError(f"decoding failed: {error}") from None
 
 
 @dataclass
 class _Open:
     container: Any
     stream: Any
+    frames: Any = None  # the decoding generator, positioned after `last_time`
+    last_time: float | None = None
+
+    def can_reach(self, timestamp: float, tolerance_s: float) -> bool:
+        """Whether the next frames decoded in order reach `timestamp` soon (a query just ahead)."""
+        if self.frames is None or self.last_time is None:
+            return False
+        return self.last_time + tolerance_s < timestamp <= self.last_time + FORWARD_WINDOW_S
 
 
 @dataclass
@@ -131,23 +201,32 @@ class VideoFrames:
         stream = opened.stream
         time_base: Fraction = stream.time_base
         try:
-            # The keyframe at or before the timestamp (a little before, for rounding), then forward.
-            target = max(0, int((timestamp - self.tolerance_s) / time_base) - 1)
-            opened.container.seek(target, stream=stream, backward=True, any_frame=False)
+            if not opened.can_reach(timestamp, self.tolerance_s):
+                # The keyframe at or before the timestamp (a little before, for rounding), then forward.
+                target = max(0, int((timestamp - self.tolerance_s) / time_base) - 1)
+                opened.container.seek(target, stream=stream, backward=True, any_frame=False)
+                opened.frames = opened.container.decode(stream)
+                opened.last_time = None
             best: Any = None
             best_gap = float("inf")
-            for frame in opened.container.decode(stream):
+            assert opened.frames is not None
+            for frame in opened.frames:
                 if frame.pts is None:
                     continue
-                gap = abs(float(frame.pts * time_base) - timestamp)
+                time = float(frame.pts * time_base)
+                opened.last_time = time
+                gap = abs(time - timestamp)
                 if gap < best_gap:
                     best, best_gap = frame, gap
-                if float(frame.pts * time_base) >= timestamp + self.tolerance_s:
+                # Frames come in time order, 1/fps apart: the first one within the tolerance is
+                # the nearest, so the decoder stops there (one frame sooner than waiting for a later one).
+                if gap <= self.tolerance_s or time >= timestamp + self.tolerance_s:
                     break
         except av.FFmpegError as error:
             self._close(path)
             raise VideoError(f"{path.name}: decoding at {timestamp:.6g} s failed: {error}") from None
         if best is None or best_gap > self.tolerance_s:
+            opened.last_time = None  # the decoder may be anywhere now: seek next time
             found = "no frame" if best is None else f"the nearest frame is {best_gap:.6g} s away"
             raise VideoError(
                 f"{path.name}: no frame at {timestamp:.6g} s within {self.tolerance_s:g} s ({found})"

@@ -1,4 +1,5 @@
-"""`relay datasets`: check a LeRobot v2.1 or v3.0 dataset, print its norm stats, write a synthetic one.
+"""`relay datasets`: describe or check a LeRobot v2.1 or v3.0 dataset, print its norm stats, write a
+synthetic one.
 
 These commands run the engine on this machine (they need the engine extra); a dataset is a Hub
 repo id (at --revision; by default v2.1, else a v3.0 default branch), a local directory or a file://
@@ -22,9 +23,10 @@ from rich.table import Table
 from relay import families
 from relay.cli._common import console, dataset_name, fail, parse_pairs
 from relay.cli._extras import require
+from relay.dataset_description import DatasetDescription
 
 app = typer.Typer(
-    help="Check LeRobot v2.1 and v3.0 datasets, print their norm stats, write synthetic ones.",
+    help="Describe and check LeRobot v2.1 and v3.0 datasets, print their norm stats, write synthetic ones.",
     no_args_is_help=True,
 )
 
@@ -42,6 +44,31 @@ CacheDirOption = Annotated[
         help="Where fetched datasets and frame indexes go [default: RELAY_CACHE_DIR or ~/.cache/relay]."
     ),
 ]
+
+
+@app.command()
+def inspect(
+    dataset: DatasetArg,
+    cache_dir: CacheDirOption = None,
+    revision: RevisionOption = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the description as JSON.")] = False,
+) -> None:
+    """Describe the dataset from its meta files alone (of a Hub repo only meta/ is fetched): its
+    cameras (image or video; size; a video camera's codec, pixel format and fps), state and action
+    widths, fps, episodes, frames, tasks, format, what was read, and the camera map a job would use.
+    Nothing is decoded: `relay datasets check` checks the files."""
+    if families.family_of_data(dataset) is not None:
+        fail(f"{dataset} is a relational database directory; `relay datasets check {dataset}` describes it")
+    datasets = require("relay_engine.datasets")
+    errors = require("relay_engine.errors")
+    try:
+        description = datasets.describe_dataset(dataset_name(dataset), revision=revision, cache_dir=cache_dir)
+    except errors.EngineError as error:
+        fail(str(error))
+    if json_output:
+        print(description.model_dump_json(indent=2))
+        return
+    _print_description(description)
 
 
 @app.command()
@@ -95,7 +122,7 @@ def check(
         except errors.DatasetError as error:
             problems.append(error.problem)
             shipped = None
-        _print_summary(summary, source, camera_map, shipped[1] if shipped else None)
+        _print_summary(summary, source, camera_map, shipped[1] if shipped else None, inspection)
     if problems:
         plural = "s" if len(problems) > 1 else ""
         _err.print(f"[red]{len(problems)} problem{plural} in {escape(name)}:[/red]", soft_wrap=True)
@@ -156,6 +183,8 @@ def stats(
     elif output is None:
         origin = "computed over every frame; exact quantiles" if source == "computed" else f"from {source}"
         _out.print(f"Norm stats of [bold]{escape(name)}[/bold] ({origin})", soft_wrap=True)
+        if source == "computed":
+            _print_lerobot_quantile_gap(datasets, name, norm_stats, revision, cache_dir)
         for label, values in (("state", norm_stats.state), ("actions", norm_stats.actions)):
             table = Table(title=label, title_justify="left")
             for column in ("dim", "mean", "std", "q01", "q99"):
@@ -167,6 +196,21 @@ def stats(
             _out.print(table)
     if output is not None and not json_output:
         _out.print(f"wrote {output}", soft_wrap=True, markup=False)
+
+
+def _print_lerobot_quantile_gap(
+    datasets: Any, name: str, norm_stats: Any, revision: str | None, cache_dir: Path | None
+) -> None:
+    """Say how far the dataset's own meta/stats.json quantiles (lerobot's) are from the exact ones."""
+    root = datasets.resolve_dataset(name, revision=revision, cache_dir=cache_dir)
+    gap = datasets.lerobot_quantile_gap(root, norm_stats)
+    if gap is not None:
+        _out.print(
+            f"meta/stats.json's q01/q99 (lerobot's estimates: per-episode histograms, averaged) differ "
+            f"from these by up to {gap:.1%} of the q01..q99 span; Relay normalizes with these.",
+            soft_wrap=True,
+            markup=False,
+        )
 
 
 @app.command()
@@ -273,12 +317,13 @@ def synth_db(
 
 
 def _print_summary(
-    summary: Any, source: Any, camera_map: dict[str, str], norm_stats_file: str | None
+    summary: Any, source: Any, camera_map: dict[str, str], norm_stats_file: str | None, inspection: Any
 ) -> None:
     table = Table(title=f"Dataset {summary.name}", title_justify="left", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value")
     table.add_row("read", escape(source.describe()))
+    table.add_row("format", f"LeRobot {inspection.meta.version}")
     table.add_row("files", str(source.root))
     table.add_row("robot type", summary.robot_type)
     table.add_row("episodes", f"{summary.episodes:,}")
@@ -293,18 +338,64 @@ def _print_summary(
     for camera, feature in camera_map.items():
         model_cameras.setdefault(feature, []).append(camera)
     cameras = Table(title="Cameras", title_justify="left")
-    for column in ("image feature", "height x width", "model camera"):
+    for column in ("feature", "stored", "height x width", "video (its first mp4)", "model camera"):
         cameras.add_column(column)
     for feature, (height, width) in summary.cameras.items():
-        cameras.add_row(feature, f"{height} x {width}", ", ".join(model_cameras.get(feature, ["(unused)"])))
+        video = feature in inspection.meta.video_sizes
+        probed = inspection.videos.get(feature)
+        cameras.add_row(
+            escape(feature),
+            "video" if video else "image",
+            f"{height} x {width}",
+            f"{probed.codec}, {probed.pix_fmt}, {probed.fps:g} fps"
+            if probed
+            else ("not decodable" if video else ""),
+            ", ".join(model_cameras.get(feature, ["(unused)"])),
+        )
     _out.print(cameras)
 
-    tasks = Table(title=f"Tasks ({len(summary.tasks)})", title_justify="left")
+    _print_tasks(summary.tasks)
+
+
+def _print_description(description: DatasetDescription) -> None:
+    table = Table(title=f"Dataset {description.name}", title_justify="left", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    table.add_row("read", escape(description.read()))
+    table.add_row("format", f"LeRobot {description.format}")
+    table.add_row("robot type", escape(description.robot_type))
+    table.add_row("episodes", f"{description.episodes:,}")
+    table.add_row("frames", f"{description.frames:,}")
+    table.add_row("fps", f"{description.fps:g}")
+    table.add_row("state width", str(description.state_dim))
+    table.add_row("action width", str(description.action_dim))
+    _out.print(table)
+
+    model_cameras: dict[str, list[str]] = {}
+    for model_camera, feature in description.camera_map.items():
+        model_cameras.setdefault(feature, []).append(model_camera)
+    cameras = Table(title="Cameras (model camera: the map a job uses without --camera)", title_justify="left")
+    for column in ("feature", "stored", "height x width", "video", "model camera"):
+        cameras.add_column(column)
+    for camera in description.cameras:
+        cameras.add_row(
+            escape(camera.feature),
+            camera.stored,
+            camera.size(),
+            escape(camera.video()),
+            ", ".join(model_cameras.get(camera.feature, ["(unused)"])),
+        )
+    _out.print(cameras)
+    _print_tasks({task.task_index: task.task for task in description.tasks})
+
+
+def _print_tasks(tasks_by_index: dict[int, str]) -> None:
+    tasks = Table(title=f"Tasks ({len(tasks_by_index)})", title_justify="left")
     tasks.add_column("task_index", justify="right")
     tasks.add_column("task (the prompt)")
-    shown = list(summary.tasks.items())
+    shown = list(tasks_by_index.items())
     for index, task in shown[:10]:
-        tasks.add_row(str(index), task)
+        tasks.add_row(str(index), escape(task))
     if len(shown) > 10:
         tasks.add_row("...", f"and {len(shown) - 10} more")
     _out.print(tasks)

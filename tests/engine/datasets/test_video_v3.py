@@ -12,15 +12,20 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
+from relay.cli import app
 from relay_engine.datasets import inspect_dataset, open_dataset
 from relay_engine.datasets.dataset import LeRobotDataset
+from relay_engine.datasets.image_check import decode_every_image
+from relay_engine.datasets.meta import require_meta
 from relay_engine.datasets.synth import write_synthetic_dataset
 from relay_engine.datasets.video import LOSSLESS_H264, VideoSettings, encoder_available
 from relay_engine.errors import DatasetError
@@ -298,19 +303,33 @@ def test_hevc_and_av1_cameras_decode(
     assert_same_samples(reference, open_it(root, tmp_path / "cache"), "lossy")
 
 
-def test_a_frame_off_the_video_timeline_is_named(made: dict[str, Path], tmp_path: Path) -> None:
+def test_a_frame_off_the_video_timeline_is_named(
+    made: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = Path(shutil.copytree(made["v3.0-video"], tmp_path / "shifted"))
     path = root / "meta/episodes/chunk-000/file-000.parquet"
     rows = pq.read_table(path).to_pylist()
     rows[1]["videos/observation.images.top/from_timestamp"] += 0.05  # half a frame at 10 fps
     pq.write_table(pa.Table.from_pylist(rows), path)
-    from relay_engine.datasets.image_check import decode_every_image
-    from relay_engine.datasets.meta import require_meta
 
     bad = decode_every_image(require_meta(root, "shifted"))
-    assert len(bad) == rows[1]["length"]
     assert {(b.episode, b.camera) for b in bad} == {(1, "observation.images.top")}
-    assert "videos/observation.images.top/chunk-000/file-000.mp4 has no frame at 1.35 s" in str(bad[0])
+    frames = [b for b in bad if b.frame is not None]
+    [span] = [b for b in bad if b.frame is None]
+    # Episode 1 ends its file, so its last frame (half a frame past the video's last) is past the
+    # video's end, named in the episode's line; each of the others has no frame within 1e-4 s.
+    length = rows[1]["length"]
+    assert [b.frame for b in frames] == list(range(length - 1))
+    assert "videos/observation.images.top/chunk-000/file-000.mp4 has no frame at 1.35 s" in str(frames[0])
+    assert f"before the episode's frame {length - 1} " in str(span)
+    assert f"{length - 1} of its frames have no video frame within 0.0001 s of their time" in str(span)
+    # Decoding every frame into the frame index at open finds it before training starts ...
+    with pytest.raises(DatasetError) as at_open:
+        open_it(root, tmp_path / "cache")
+    assert "episode 1, frame 0: camera observation.images.top" in str(at_open.value)
+    assert "file-000.mp4: no frame at 1.35 s within 0.0001 s" in str(at_open.value)
+    # ... and a dataset too large for that names it when the sample is read.
+    monkeypatch.setenv("RELAY_VIDEO_CACHE_MAX_BYTES", "0")
     dataset = open_it(root, tmp_path / "cache")
     frame = int(dataset.indices_of_episodes([1])[0])
     with pytest.raises(DatasetError) as caught:
@@ -319,10 +338,14 @@ def test_a_frame_off_the_video_timeline_is_named(made: dict[str, Path], tmp_path
     assert "within 0.0001 s" in str(caught.value)
 
 
-def test_forked_loader_workers_open_their_own_decoders(made: dict[str, Path], tmp_path: Path) -> None:
+def test_forked_loader_workers_open_their_own_decoders(
+    made: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch.utils.data
 
+    monkeypatch.setenv("RELAY_VIDEO_CACHE_MAX_BYTES", "0")  # decoded per sample, in each worker
     dataset = open_it(made["v3.0-video"], tmp_path / "cache")
+    assert not dataset._index.decoded
     expected = [
         dataset[i]["image"]["left_wrist_0_rgb"] for i in range(len(dataset))
     ]  # parent's decoders open
@@ -331,3 +354,137 @@ def test_forked_loader_workers_open_their_own_decoders(made: dict[str, Path], tm
     )
     for i, sample in enumerate(loader):
         np.testing.assert_array_equal(np.asarray(sample["image"]["left_wrist_0_rgb"]), expected[i])
+
+
+@pytest.mark.parametrize("variant", ["v3.0-video", "v2.1-video"])
+def test_frames_decoded_at_open_are_the_frames_decoded_per_sample_in_any_order(
+    made: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: str
+) -> None:
+    """The two ways a video camera is read give the same pixels: the frame index's copy, decoded
+    once in order, and a decoder seeking per sample, in a shuffled order (so some queries seek and
+    some decode on from the frame before) and then backwards."""
+    decoded = open_it(made[variant], tmp_path / "cache")
+    assert set(decoded._index.decoded) == set(decoded.summary.cameras)
+    assert (decoded._index.directory / "decoded" / "complete.json").is_file()
+    monkeypatch.setenv("RELAY_VIDEO_CACHE_MAX_BYTES", "0")
+    per_sample = open_it(made[variant], tmp_path / "cache-per-sample")
+    assert not per_sample._index.decoded
+    order = np.random.default_rng(0).permutation(len(decoded)).tolist()
+    order += sorted(order)[:12] + list(range(len(decoded) - 1, -1, -1))
+    for i in order:
+        for camera, image in per_sample[i]["image"].items():
+            np.testing.assert_array_equal(decoded[i]["image"][camera], image, err_msg=f"{i} {camera}")
+
+
+def test_decoding_into_the_cache_keeps_to_its_limit(
+    made: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from relay_engine.datasets import decoded_frames
+
+    probe_dataset = open_it(made["v3.0-video"], tmp_path / "probe")
+    needed = decoded_frames.decoded_size(len(probe_dataset), probe_dataset.summary.cameras)
+    assert sum(p.stat().st_size for p in (probe_dataset._index.directory / "decoded").glob("*.rgb")) == needed
+    monkeypatch.setenv("RELAY_VIDEO_CACHE_MAX_BYTES", str(needed - 1))
+    over = open_it(made["v3.0-video"], tmp_path / "over")
+    assert not over._index.decoded and not (over._index.directory / "decoded").exists()
+    over[0]  # decoded per sample
+    monkeypatch.setenv("RELAY_VIDEO_CACHE_MAX_BYTES", str(needed))
+    reopened = open_it(made["v3.0-video"], tmp_path / "over")  # the same index, now decoded into
+    assert reopened._index.directory == over._index.directory and reopened._index.decoded
+    monkeypatch.setenv("RELAY_VIDEO_CACHE_MAX_BYTES", "lots")
+    with pytest.raises(ValueError, match="bad RELAY_VIDEO_CACHE_MAX_BYTES: 'lots'"):
+        open_it(made["v3.0-video"], tmp_path / "again")
+
+
+def remux(path: Path, keep: Callable[[int], bool]) -> int:
+    """Rewrite an mp4 with only the packets (frames, in decoding order) `keep` accepts, as a
+    recording cut short or a dropped frame leaves it; the number of packets it had."""
+    import av
+
+    rewritten = path.with_suffix(".rewritten.mp4")
+    count = 0
+    with av.open(str(path)) as source, av.open(str(rewritten), "w") as target:
+        stream = source.streams.video[0]
+        out = target.add_stream_from_template(stream)
+        for packet in source.demux(stream):
+            if packet.dts is None:  # the flushing packet
+                continue
+            if keep(count):
+                packet.stream = out
+                target.mux(packet)
+            count += 1
+    rewritten.replace(path)
+    return count
+
+
+def check_cli(root: Path, cache: Path) -> tuple[int, str]:
+    result = CliRunner().invoke(
+        app, ["datasets", "check", str(root), "--cache-dir", str(cache)], env={"COLUMNS": "300"}
+    )
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.output
+
+
+def test_check_shows_the_format_and_each_video_cameras_codec(made: dict[str, Path], tmp_path: Path) -> None:
+    code, output = check_cli(made["v3.0-video"], tmp_path / "cache")
+    assert code == 0, output
+    assert "│ format       │ LeRobot v3.0" in output
+    assert (
+        "│ observation.images.top   │ video  │ 32 x 32        │ h264, yuv420p, 10 fps │ base_0_rgb" in output
+    )
+    assert (
+        "│ observation.images.wrist │ video  │ 24 x 32        │ h264, yuv420p, 10 fps │ left_wrist_0_rgb"
+        in output
+    )
+    code, output = check_cli(made["v2.1-images"], tmp_path / "cache")
+    assert code == 0, output
+    assert "│ format       │ LeRobot v2.1" in output
+    assert "│ observation.images.top   │ image  │ 32 x 32" in output
+
+
+def test_a_truncated_mp4_names_the_episode_it_cuts_short(made: dict[str, Path], tmp_path: Path) -> None:
+    root = Path(shutil.copytree(made["v3.0-video"], tmp_path / "truncated"))
+    episodes = pq.read_table(root / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    first, second = episodes[0]["length"], episodes[1]["length"]  # both in file-000.mp4
+    relative = "videos/observation.images.top/chunk-000/file-000.mp4"
+    assert remux(root / relative, lambda packet: packet < first + 2) == first + second
+    meta = require_meta(root, "truncated")
+    [span] = decode_every_image(meta)
+    start = episodes[1]["videos/observation.images.top/from_timestamp"]
+    assert (span.episode, span.frame, span.camera) == (1, None, "observation.images.top")
+    assert str(span) == (
+        f"episode 1, camera observation.images.top: {relative} holds 2 decodable frames from {start:.6g} s "
+        f"to {start + (second - 1) / 10:.6g} s, where the episode has {second} rows; the video ends at "
+        f"{start + 0.1:.6g} s, before the episode's frames 2 to {second - 1} (at {start + 0.2:.6g} s)"
+    )
+    code, output = check_cli(root, tmp_path / "cache")
+    assert code == 1
+    assert f"  - {span} (its frames without a video frame cannot be trained on)" in output
+    # The probe of its first frame still passes: only decoding the episode's span shows it.
+    assert inspect_dataset(root, "truncated").problems.messages() == []
+
+
+def test_a_frame_dropped_mid_episode_is_named(made: dict[str, Path], tmp_path: Path) -> None:
+    root = Path(shutil.copytree(made["v2.1-video"], tmp_path / "dropped"))
+    relative = "videos/chunk-000/observation.images.wrist/episode_000002.mp4"
+    length = remux(root / relative, lambda packet: packet != 3)  # a P-frame: the others still decode
+    meta = require_meta(root, "dropped")
+    assert next(e.length for e in meta.episodes if e.index == 2) == length
+    bad = decode_every_image(meta)
+    assert [(b.episode, b.frame, b.camera) for b in bad] == [
+        (2, 3, "observation.images.wrist"),
+        (2, None, "observation.images.wrist"),
+    ]
+    assert str(bad[0]).endswith(f"{relative} has no frame at 0.3 s (nearest 0.1 s away)")
+    assert str(bad[1]) == (
+        f"episode 2, camera observation.images.wrist: {relative} holds {length - 1} decodable frames "
+        f"from 0 s to {(length - 1) / 10:.6g} s, where the episode has {length} rows; 1 of its frames "
+        "has no video frame within 0.0001 s of its time"
+    )
+    code, output = check_cli(root, tmp_path / "cache")
+    assert code == 1
+    lines = [line for line in output.splitlines() if line.startswith("  - ")]
+    assert lines == [
+        f"  - {bad[1]} (its frames without a video frame cannot be trained on)",
+        f"  - {bad[0]} (the frame cannot be trained on)",
+    ]

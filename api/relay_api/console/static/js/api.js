@@ -31,10 +31,11 @@ function headers(extra) {
   return { ...(key ? { authorization: `Bearer ${key}` } : {}), ...extra };
 }
 
-export async function request(method, path, body, extraHeaders = {}) {
+export async function request(method, path, body, extraHeaders = {}, signal = undefined) {
   const init = {
     method,
     headers: headers({ ...(body === undefined ? {} : { "content-type": "application/json" }), ...extraHeaders }),
+    signal,
   };
   if (body !== undefined) init.body = JSON.stringify(body);
   const answer = await fetch(path, init);
@@ -49,7 +50,7 @@ export async function request(method, path, body, extraHeaders = {}) {
   return parsed;
 }
 
-export const get = (path) => request("GET", path);
+export const get = (path, { signal } = {}) => request("GET", path, undefined, {}, signal);
 export const post = (path, body, extraHeaders) => request("POST", path, body, extraHeaders);
 
 // A file of a job, fetched with the key and handed to the browser as a download (a plain link

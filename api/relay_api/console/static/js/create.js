@@ -1,12 +1,14 @@
 // The form that starts a fine-tune: one input per field of the recipe (from the API's schema),
-// and the API's own message next to each field it refuses.
+// and the API's own message next to each field it refuses. A dataset, once entered, is described
+// by the API (GET /v1/datasets/{name}): a one-line summary under it, and its cameras offered for
+// each model camera, the mapping a job would use preselected.
 
-import { post } from "./api.js";
+import { get, post } from "./api.js";
 import { h, notice } from "./dom.js";
 import { recipeSchema } from "./schema.js";
 
 export async function createView(ctx) {
-  const { fields, properties, required } = await recipeSchema();
+  const { fields, properties, required, rules } = await recipeSchema();
   // One key per form shown: a double submit (or a retry after a lost answer) starts one job.
   const idempotencyKey = "console-" + Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, "0")).join("");
   const inputs = {};
@@ -24,6 +26,8 @@ export async function createView(ctx) {
       h("div", {}, input, errors[field]),
     ];
   });
+
+  const picker = cameraPicker(ctx, inputs, properties, rules);
 
   const form = h(
     "form.create",
@@ -49,6 +53,8 @@ export async function createView(ctx) {
       const value = input.value.trim();
       if (value !== "") body[field] = parse(value, schema);
     }
+    const cameras = picker.chosen();
+    if (cameras !== null) body.cameras = cameras;
     submit.disabled = true;
     try {
       const job = await post("/v1/fine-tunes", body, { "idempotency-key": idempotencyKey });
@@ -78,6 +84,119 @@ export async function createView(ctx) {
     const first = Object.keys(errors).find((field) => errors[field].textContent);
     if (first) inputs[first].input.focus();
   }
+}
+
+// The dataset's summary under its field, and a choice of its cameras for each model camera in
+// place of the `cameras` text box, while the entered dataset can be described. `chosen()` is the
+// mapping to send (null: the text box's, as typed).
+function cameraPicker(ctx, inputs, properties, rules) {
+  const name = inputs.dataset_name && inputs.dataset_name.input;
+  const revision = inputs.dataset_revision && inputs.dataset_revision.input;
+  const text = inputs.cameras && inputs.cameras.input;
+  if (!name || !text) return { chosen: () => null };
+  const modelCameras = (properties.cameras.propertyNames && properties.cameras.propertyNames.enum) || [];
+  const info = h("div.dataset-info", { "data-testid": "dataset-info", "aria-live": "polite" });
+  const choices = h("div.camera-picker", { "data-testid": "camera-picker", hidden: true });
+  name.after(info);
+  text.before(choices);
+  let shown = null; // the description whose cameras are offered
+  let asked = 0;
+  let pending = null;
+  let timer = null;
+
+  function reset(content) {
+    shown = null;
+    choices.hidden = true;
+    choices.replaceChildren();
+    text.hidden = false;
+    info.replaceChildren(...(content ? [content] : []));
+  }
+
+  async function describe() {
+    clearTimeout(timer);
+    const dataset = name.value.trim();
+    const at = revision ? revision.value.trim() : "";
+    if (pending) pending.abort();
+    if (!dataset || !camerasApply(rules, inputs.model && inputs.model.input.value)) return reset(null);
+    const mine = ++asked;
+    pending = new AbortController();
+    reset(h("span.muted", {}, `Reading ${dataset}…`)); // the cameras offered were another dataset's
+    const query = at ? `?revision=${encodeURIComponent(at)}` : "";
+    try {
+      const described = await get(`/v1/datasets/${encodeURIComponent(dataset)}${query}`, { signal: pending.signal });
+      if (mine === asked) offer(described);
+    } catch (error) {
+      if (mine !== asked || (error && error.name === "AbortError") || ctx.failed(error)) return;
+      const message = h("div.notice.error", { "data-testid": "dataset-error", role: "alert" }, error.message);
+      reset(message);
+    }
+  }
+
+  function offer(described) {
+    shown = described;
+    const codecs = [...new Set(described.cameras.filter((c) => c.stored === "video").map((c) => c.codec || "?"))];
+    const stored = codecs.length ? `video ${codecs.join(", ")}` : "images";
+    const read = described.repo ? ` (${described.revision}, commit ${(described.sha || "?").slice(0, 8)})` : "";
+    const line = `LeRobot ${described.format}, ${described.episodes.toLocaleString("en-US")} episodes, ` +
+      `${described.frames.toLocaleString("en-US")} frames, ${described.fps} fps, ${stored}${read}`;
+    info.replaceChildren(h("span.summary", { "data-testid": "dataset-summary" }, line));
+    choices.replaceChildren(
+      ...modelCameras.map((camera) => {
+        const select = h(
+          "select",
+          { id: `camera-${camera}`, "data-camera": camera },
+          h("option", { value: "" }, "none (masked)"),
+          ...described.cameras.map((c) =>
+            h(
+              "option",
+              { value: c.feature, selected: described.camera_map[camera] === c.feature },
+              `${c.feature} (${c.stored}, ${c.height}x${c.width})`,
+            ),
+          ),
+        );
+        return h("label.camera", { for: `camera-${camera}` }, h("span", {}, camera), select);
+      }),
+    );
+    choices.hidden = false;
+    text.hidden = true;
+  }
+
+  function later() {
+    clearTimeout(timer);
+    timer = setTimeout(describe, 600);
+  }
+  name.addEventListener("input", later);
+  name.addEventListener("change", describe);
+  if (revision) {
+    revision.addEventListener("input", later);
+    revision.addEventListener("change", describe);
+  }
+  if (inputs.model) inputs.model.input.addEventListener("change", describe);
+  ctx.onLeave(() => {
+    clearTimeout(timer);
+    if (pending) pending.abort();
+  });
+
+  return {
+    chosen() {
+      if (!shown || choices.hidden) return null;
+      const mapping = {};
+      for (const select of choices.querySelectorAll("select[data-camera]")) {
+        if (select.value) mapping[select.dataset.camera] = select.value;
+      }
+      return mapping;
+    },
+  };
+}
+
+// Whether a recipe of `model` takes `cameras`: the schema's rules say which models take none.
+function camerasApply(rules, model) {
+  if (!model) return true;
+  return !rules.some((rule) => {
+    const models = rule.if && rule.if.properties && rule.if.properties.model && rule.if.properties.model.enum;
+    const cameras = rule.then && rule.then.properties && rule.then.properties.cameras;
+    return models && models.includes(model) && cameras && cameras.type === "null";
+  });
 }
 
 // The schema of a field that may also be null: the non-null branch.

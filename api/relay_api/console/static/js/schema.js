@@ -9,7 +9,12 @@ export async function recipeSchema() {
       .then((answer) => answer.json())
       .then((doc) => {
         const schema = doc.components.schemas.SFTConfig;
-        return { fields: Object.keys(schema.properties), properties: schema.properties, required: schema.required || [] };
+        return {
+          fields: Object.keys(schema.properties),
+          properties: schema.properties,
+          required: schema.required || [],
+          rules: schema.allOf || [], // the rules across fields: which models take which fields
+        };
       })
       .catch((error) => {
         cached = null;
