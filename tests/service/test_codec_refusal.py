@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 from fastapi.testclient import TestClient
 
@@ -37,10 +38,10 @@ def test_the_workers_say_which_video_codecs_they_decode(stack: Stack) -> None:
 
 
 def test_a_camera_in_a_codec_no_worker_decodes_is_refused_at_create_naming_it(
-    stack: Stack, alice: dict[str, str]
+    stack: Stack, alice: dict[str, str], video_dataset: Path
 ) -> None:
     assert beating_workers(stack)  # with no live worker nothing is known, and nothing refused
-    readable = stack.dataset("v30-video", format="v3.0", video=True)
+    readable = video_dataset
     unreadable = stack.root / "datasets" / "v30-unknown-codec"
     shutil.copytree(readable, unreadable, dirs_exist_ok=True)
     info_path = unreadable / "meta" / "info.json"

@@ -51,7 +51,7 @@ CAMERAS = ("observation.images.top=32x32", "observation.images.wrist=24x32")
 def video_dataset(stack: Stack) -> Path:
     """`relay datasets synth --format v3.0 --video`, small: 4 episodes of 8 to 12 frames, two
     episodes per data file and per mp4, two cameras."""
-    path = stack.root / "datasets" / "v30-video"
+    path = stack.root / "datasets" / "v30-video-from-the-cli"  # not the shared fixture's name: its own shape
     if not path.exists():
         result = CliRunner().invoke(
             app,
