@@ -44,7 +44,7 @@ CAMERAS = {"observation.images.top": (64, 64), "observation.images.wrist": (64, 
 # The dataset's layout: what users bring today, LeRobot v3.0 with the cameras as H.264 mp4s
 # (`relay datasets synth --format v3.0 --video`). {"format": "v2.1", "video": False} writes PNG
 # frames instead. Since video is decoded once when the dataset is first opened, the two train at
-# the same speed (before that, per-sample decoding made this demo 45% slower on video).
+# about the same speed (before that, per-sample decoding made this demo 45% slower on video).
 LAYOUT: dict[str, Any] = {"format": "v3.0", "video": True}
 
 
