@@ -28,7 +28,7 @@ export class LiveChart {
 
   // Why the chart has no points yet, in the words of the job's summary (its metrics_note).
   explain(text) {
-    this.empty.textContent = text || "No points yet";
+    this.empty.textContent = text ? text[0].toUpperCase() + text.slice(1) : "No points yet";
   }
 
   add(step, value, receivedAt) {
