@@ -68,14 +68,17 @@ def summarize(
     config = job["config"]
     steps, status = int(config["steps"]), job["status"]
     pace = _Pace(batch_size=int(config["batch_size"]))
-    metrics: list[Mapping[str, Any]] = []
+    # Plain tuples on this path: a long job has tens of thousands of metrics events.
+    metrics: list[tuple[int, Mapping[str, Any]]] = []
+    losses = _Losses()
     checkpoints: dict[int, Mapping[str, Any]] = {}
     validations: list[ValidationFigures] = []
     evaluations: list[EvalFigures] = []
     for event in events:
         kind, step, data = shown_kind(event["kind"]), int(event["step"]), event["data"]
         if kind == METRICS:
-            metrics.append({"step": step, **data})
+            metrics.append((step, data))
+            losses.add(step, data.get("loss"))
             pace.add_window(step, data)
         elif kind == "resumed":
             pace.restart_at(step)
@@ -107,7 +110,7 @@ def summarize(
         steps_per_second=pace.steps_per_second(),
         samples_per_second=pace.samples_per_second(),
         latest_steps_per_second=pace.latest,
-        loss=_training_loss(metrics),
+        loss=losses.summary(),
         metrics_note=None if metrics else _no_metrics_note(job, steps),
         checkpoints=[
             _checkpoint(checkpoints[at], windows, validations, evaluations, work_dir)
@@ -168,23 +171,41 @@ class _Pace:
         return self.samples / self.seconds if self.seconds > 0 else None
 
 
-def _training_loss(metrics: Sequence[Mapping[str, Any]]) -> TrainingLoss:
-    losses = [LossAt(step=m["step"], loss=m["loss"]) for m in metrics if m.get("loss") is not None]
-    if not losses:
-        return TrainingLoss()
-    return TrainingLoss(first=losses[0], last=losses[-1], best=min(losses, key=lambda at: at.loss))
+class _Losses:
+    """The first and latest training loss reported, and the lowest (the earliest on a tie)."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, float] | None = None
+        self.last: tuple[int, float] | None = None
+        self.best: tuple[int, float] | None = None
+
+    def add(self, step: int, loss: float | None) -> None:
+        if loss is None:
+            return
+        self.last = (step, loss)
+        if self.first is None:
+            self.first = self.last
+        if self.best is None or loss < self.best[1]:
+            self.best = self.last
+
+    def summary(self) -> TrainingLoss:
+        def at(found: tuple[int, float] | None) -> LossAt | None:
+            return None if found is None else LossAt(step=found[0], loss=found[1])
+
+        return TrainingLoss(first=at(self.first), last=at(self.last), best=at(self.best))
 
 
 class _Windows:
     """The metrics events by step, to find the window that ends at a step (or the latest before it)."""
 
-    def __init__(self, metrics: Sequence[Mapping[str, Any]]) -> None:
-        self.by_step = sorted(metrics, key=lambda m: int(m["step"]))
-        self.steps = [int(m["step"]) for m in self.by_step]
+    def __init__(self, metrics: Sequence[tuple[int, Mapping[str, Any]]]) -> None:
+        self.by_step = sorted(metrics, key=lambda window: window[0])
+        self.steps = [step for step, _ in self.by_step]
 
-    def at(self, step: int) -> Mapping[str, Any]:
+    def at(self, step: int) -> tuple[int | None, Mapping[str, Any]]:
+        """The window's step and figures; (None, {}) when none ends at or before `step`."""
         found = bisect.bisect_right(self.steps, step)
-        return self.by_step[found - 1] if found else {}
+        return self.by_step[found - 1] if found else (None, {})
 
 
 def _checkpoint(
@@ -198,14 +219,14 @@ def _checkpoint(
     the validation and evaluation reported at its step."""
     step = int(event["step"])
     path = f"{CHECKPOINTS}/{checkpoint_dir(step)}"
-    window = windows.at(step)
+    window_step, window = windows.at(step)
     return CheckpointSummary(
         step=step,
         path=path,
         kept=(work_dir / path / CHECKPOINT_MANIFEST).is_file(),
         created_at=iso(event["created_at"]),
         seconds=event["data"].get("seconds"),
-        metrics_step=window.get("step"),
+        metrics_step=window_step,
         loss=window.get("loss"),
         grad_norm=window.get("grad_norm"),
         lr=window.get("lr"),
