@@ -162,6 +162,8 @@ def assert_the_results_card(page: Page, origin: str, key: str, job_id: str) -> N
     expect(page.locator("[data-use=download]")).to_have_text(
         f"relay fine-tunes download {job_id} --dir {job_id}"
     )
+    expect(page.locator("[data-use=note]")).to_have_count(0)  # completed: nothing to wait for
+    expect(page.locator("[data-testid=use]")).not_to_contain_text("null")
     expect(page.locator("[data-use=python]")).to_contain_text(f'policy = load_policy("{job_id}")')
     expect(page.locator("[data-use=lerobot]")).to_contain_text("refuses a pi05-tiny output")
     expect(page.locator("[data-use=deploy]")).to_contain_text(f"relay local eval --model {job_id} --dataset ")

@@ -69,10 +69,10 @@ export function useThisModel(use) {
     use.note ? h("p.muted", { "data-use": "note" }, capitalized(use.note) + ".") : null,
     ...block("download", "Download (shell)", use.download),
     ...block("python", "Python: download, and load with Relay's engine", use.python),
-    ...(use.lerobot ? block("lerobot", "lerobot: PI05Policy", use.lerobot) : [h("h3", {}, "lerobot"), h("p.muted", { "data-use": "lerobot" }, capitalized(use.lerobot_note) + ".")]),
+    ...(use.lerobot ? block("lerobot", "lerobot: PI05Policy", use.lerobot) : [h("h3", {}, "lerobot"), h("p.muted", { "data-use": "lerobot" }, `${use.lerobot_note}.`)]),
     h("h3", {}, "Deploy"),
     h("p", { "data-use": "deploy" }, use.deploy),
-  ];
+  ].filter((node) => node !== null);
 }
 
 function capitalized(text) {
