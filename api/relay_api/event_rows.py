@@ -32,6 +32,11 @@ def stored_kind(kind: str, attempt: int) -> str:
     return f"{kind}:{attempt}" if kind in PER_ATTEMPT_EVENTS else kind
 
 
+def shown_kind(stored: str) -> str:
+    """A row's kind as the event's: without the attempt that stored_kind adds."""
+    return stored.partition(":")[0]
+
+
 def insert_event(db: Session, job_id: str, event: Event, attempt: int, now: dt.datetime) -> None:
     """Write one typed event as attempt `attempt` of the job (see insert_event_row)."""
     data = {key: value for key, value in event.items() if key not in ROW_KEYS}
@@ -62,7 +67,7 @@ def insert_event_row(
 
 def event_object(row: Mapping[str, Any]) -> dict[str, Any]:
     """An event as the engine reported it (``{"step": 10, "loss": ...}``), with its id, time and kind."""
-    kind = row["kind"].partition(":")[0]
+    kind = shown_kind(row["kind"])
     event: dict[str, Any] = {
         "id": row["id"],
         "object": "fine_tune.event",

@@ -17,7 +17,8 @@ from starlette.concurrency import run_in_threadpool
 
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
-from relay_api import event_rows, fine_tunes, schemas
+from relay_api import event_rows, fine_tunes, job_summary, schemas
+from relay_api.db import utcnow
 from relay_api.deps import (
     CurrentUser,
     DbDep,
@@ -92,6 +93,22 @@ def retrieve_fine_tune(job_id: JobId, user: CurrentUser, request: Request) -> Re
     with read_db(request) as db:
         job = fine_tunes.get(db, user, job_id, shown_only=True)
     return JSONResponse(fine_tunes.job_object(job))
+
+
+@router.get(
+    "/{job_id}/summary",
+    summary="A fine-tune's results card",
+    responses={200: {"model": schemas.FineTuneSummary}, **schemas.NOT_FOUND},
+)
+def fine_tune_summary(job_id: JobId, user: CurrentUser, request: Request, settings: SettingsDep) -> Response:
+    """Figures computed from the job and its events: duration, elapsed and ETA while running, pace
+    (steps and samples per second), first, last and best training loss, each checkpoint with the
+    figures at its step (and whether its files are kept), validation and closed-loop results once
+    reported, and how to use the model (commands with the job's id). The console's job page, the
+    SDK's `FineTuneJob.summary()` and `relay fine-tunes retrieve` show this answer."""
+    with read_db(request) as db:
+        card = job_summary.job_summary(db, user, job_id, settings.job_dir(job_id), utcnow())
+    return JSONResponse(card)
 
 
 @router.post(

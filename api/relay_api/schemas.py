@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 
 from relay.events import EVENT_KINDS, METRICS, EventBase, admits_none, fields_of
 
+# A job's results card (GET /v1/fine-tunes/{id}/summary): its shape is the SDK's, which reads it back.
+from relay.sft.summary import FineTuneSummary as FineTuneSummary
+
 
 class DatasetReadOut(BaseModel):
     """What the job's engine read (its latest `dataset` event): a Hub dataset's repo, the revision

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from relay.catalog import ACTION_HORIZON
-from relay.events import CheckpointEvent, Event, RecipeResult, ResumedEvent
+from relay.events import METRICS_EVERY, CheckpointEvent, Event, RecipeResult, ResumedEvent
 from relay.sft.config import SFTConfig
 from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.core.data import BatchOrder, DataPosition
@@ -42,7 +42,7 @@ from relay_engine.distributed import join, launched, leave
 from relay_engine.errors import ConfigError
 from relay_engine.families import Family, PreparedRecipe, RecipeRun, family_for
 
-LOG_EVERY = 10
+LOG_EVERY = METRICS_EVERY
 # SFTConfig's fields when checkpoints began to carry a recipe's fingerprint (name aside).
 FINGERPRINTED_FIELDS = frozenset(
     {"model", "dataset_name", "batch_size", "learning_rate", "steps", "finetune", "lora_rank"}

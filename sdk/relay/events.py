@@ -35,6 +35,8 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
 METRICS = "metrics"
+# A recipe's metrics event comes every this many steps (and at its last step): the window its means cover.
+METRICS_EVERY = 10
 
 
 class EventBase(dict[str, Any]):
@@ -89,10 +91,17 @@ class MetricsEvent(EventBase):
 
 
 class CheckpointEvent(EventBase):
-    """A complete checkpoint at `step`; ``seconds``: how long it took to write."""
+    """A complete checkpoint at `step` (in the directory ``checkpoint_dir(step)``); ``seconds``: how
+    long it took to write."""
 
     kind: ClassVar[str] = "checkpoint"
     seconds: float | None
+
+
+def checkpoint_dir(step: int) -> str:
+    """The name of the checkpoint directory of `step`: ``step-00001000`` (a job's files list it under
+    ``checkpoints/``)."""
+    return f"step-{step:08d}"
 
 
 class ResumedEvent(EventBase):

@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from relay.cli import app
 from relay.cli._common import JSON_HINT
 from relay.cli.watch import BLOCKS
+from relay.formatting import duration_text, number_text
 from relay.http_client import Client
 from relay.sft.config import SFTConfig
 from relay.sft.job import interrupted_note
@@ -163,8 +164,27 @@ def test_fine_tunes_commands(
 
     assert job_id in run("fine-tunes", "list")
     assert [json.loads(line)["id"] for line in run("fine-tunes", "list", "--json").splitlines()] == [job_id]
-    assert "completed" in run("fine-tunes", "retrieve", job_id)
-    assert json.loads(run("fine-tunes", "retrieve", job_id, "--json")) == created
+    shown = run("fine-tunes", "retrieve", job_id)
+    assert "completed" in shown
+    retrieved = json.loads(run("fine-tunes", "retrieve", job_id, "--json"))
+    card = retrieved.pop("summary")
+    assert retrieved == created
+    # The results card under the job: the API's summary, in words.
+    lines = shown.splitlines()
+    results = lines[lines.index("Results") + 1 : lines.index("", lines.index("Results"))]
+    rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in results)
+    first, last = card["loss"]["first"], card["loss"]["last"]
+    assert rows["training loss"].startswith(
+        f"first {number_text(first['loss'])} (step 10), last {number_text(last['loss'])} (step 10), best "
+    )
+    assert rows["duration"].startswith(f"{duration_text(card['duration_seconds'])} (queued ")
+    assert rows["pace"].startswith(f"{number_text(card['steps_per_second'], 3)} steps/s, ")
+    assert rows["progress"] == "10/10 steps (100%)" and "ETA" not in rows  # it has ended
+    checkpoint = next(line for line in lines if "checkpoints/step-00000010/" in line)
+    cells = [cell.strip() for cell in checkpoint.split("│") if cell.strip()]
+    assert cells[:2] == ["10", number_text(card["checkpoints"][0]["loss"])]
+    assert f"relay fine-tunes download {job_id} --dir {job_id}" in shown
+    assert f'policy = load_policy("{job_id}")' in shown and "Invalid paligemma_variant: pi05-tiny" in shown
 
     text = run("fine-tunes", "events", job_id)
     assert "step     10  loss" in text and "finished" in text

@@ -292,6 +292,7 @@ def test_the_docs_describe_the_api(stack: Stack) -> None:
         "/v1/fine-tunes",
         "/v1/fine-tunes/{job_id}",
         "/v1/fine-tunes/{job_id}/cancel",
+        "/v1/fine-tunes/{job_id}/summary",
         "/v1/fine-tunes/{job_id}/events",
         "/v1/fine-tunes/{job_id}/files",
         "/v1/fine-tunes/{job_id}/files/{path}",

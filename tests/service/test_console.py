@@ -1,7 +1,9 @@
 """The web console in a real browser (Debian's headless Chromium through Playwright) against the
-real service: sign in, start a pi05-tiny job and watch its loss chart grow, read its events,
-download its model, cancel a long job, see the API's 409 and a field's error, and find another
-user's job and session absent. Every page is fenced to the server: none may reach the internet."""
+real service: sign in, start a pi05-tiny job and watch its loss chart grow, read its events and
+its results card, download its model, see a running job's ETA and cancel it, a queued job's empty
+charts say why, a long log newest first with the validation and closed-loop figures, see the
+API's 409 and a field's error, and find another user's job and session absent. Every page is
+fenced to the server: none may reach the internet."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from sqlalchemy import update
 from relay.http_client import Client
 from relay.sft.config import SFTConfig
 from relay.sft.train import train
+from relay_api.db import utcnow
+from relay_api.event_rows import insert_event_row
 from relay_api.models import fine_tunes
 from tests.service.browser import chromium, fenced_page, sign_in
 from tests.service.stack import PARKED_QUEUE, ApiServer, Stack, WorkerProcess, wait_for
@@ -82,8 +86,9 @@ def test_sign_in_start_a_job_watch_its_loss_and_download_the_model(
     assert points(page, "loss") == points(page, "grad_norm") == points(page, "lr") == 2
 
     events = page.locator("table[data-testid=events] tbody tr")
-    expect(events.last).to_have_attribute("data-event", "finished")
+    expect(events.first).to_have_attribute("data-event", "finished")  # newest first
     assert page.locator("table[data-testid=events] tr[data-event=checkpoint]").count() == 2
+    assert_the_results_card(page, origin, user[1], job_id)
     expect(page.locator("[data-testid=timeline]")).to_contain_text("queued")
     expect(page.locator("[data-testid=timeline] .status").last).to_have_text("completed")
     expect(page.locator("[data-config=batch_size]")).to_have_text("2")
@@ -122,6 +127,53 @@ def test_sign_in_start_a_job_watch_its_loss_and_download_the_model(
     assert fence.refused == []
 
 
+def figures(text: str) -> list[float]:
+    return [float(found) for found in re.findall(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?", text)]
+
+
+def assert_the_results_card(page: Page, origin: str, key: str, job_id: str) -> None:
+    """The card of a completed 20-step job shows the API's summary of it."""
+    card = httpx.get(
+        f"{origin}/v1/fine-tunes/{job_id}/summary", headers={"authorization": f"Bearer {key}"}
+    ).json()
+    results = page.locator("[data-testid=results]")
+    expect(results.locator("[data-result=progress]")).to_have_text("20 / 20 steps (100%)")
+    expect(results.locator("[data-result=duration]")).to_contain_text("(queued ")
+    expect(results.locator("[data-result=eta]")).to_have_count(0)  # it has ended
+    loss = results.locator("[data-result=loss]")
+    expect(loss).to_have_text(
+        re.compile(r"^first \S+ \(step 10\), last \S+ \(step 20\), best \S+ \(step (10|20)\)$")
+    )
+    shown = figures(loss.inner_text())
+    for at, name in ((0, "first"), (2, "last"), (4, "best")):
+        assert shown[at] == pytest.approx(card["loss"][name]["loss"], rel=1e-3)
+    pace = figures(results.locator("[data-result=pace]").inner_text())
+    assert pace[0] == pytest.approx(card["steps_per_second"], rel=1e-2)
+    # Each checkpoint's figures, in its table and beside its files.
+    rows = page.locator("table[data-testid=checkpoint-figures] tbody tr")
+    expect(rows).to_have_count(2)
+    for row, checkpoint in zip(rows.all(), card["checkpoints"], strict=True):
+        assert figures(row.locator("[data-figure=loss]").inner_text())[0] == pytest.approx(
+            checkpoint["loss"], rel=1e-3
+        )
+    expect(page.locator("tr[data-folder='checkpoints/step-00000020']")).to_contain_text("step 20 · loss ")
+    expect(page.locator("tr[data-folder=output]")).to_contain_text("trained 20 steps, last loss ")
+    # Use this model, with the job's id in every command.
+    expect(page.locator("[data-use=download]")).to_have_text(
+        f"relay fine-tunes download {job_id} --dir {job_id}"
+    )
+    expect(page.locator("[data-use=note]")).to_have_count(0)  # completed: nothing to wait for
+    expect(page.locator("[data-testid=use]")).not_to_contain_text("null")
+    expect(page.locator("[data-use=python]")).to_contain_text(f'policy = load_policy("{job_id}")')
+    expect(page.locator("[data-use=lerobot]")).to_contain_text("refuses a pi05-tiny output")
+    expect(page.locator("[data-use=deploy]")).to_contain_text(f"relay local eval --model {job_id} --dataset ")
+    # The charts' x axis spans the job's steps.
+    assert page.evaluate("[relayConsole.plots.loss.scales.x.min, relayConsole.plots.loss.scales.x.max]") == [
+        0,
+        20,
+    ]
+
+
 def test_cancel_a_long_job(
     browser: Browser,
     stack: Stack,
@@ -137,12 +189,21 @@ def test_cancel_a_long_job(
     sign_in(page, stack.api_url, user[1])
     page.goto(f"{stack.api_url}/#/jobs/{job.id}")
     expect(page.locator("h1 .status")).to_have_text("running", timeout=120_000)
+    # While it runs: the time since it started and an ETA at its latest pace; the charts span all
+    # 100,000 steps from their first point.
+    expect(page.locator("[data-result=eta]")).to_contain_text(" left at ", timeout=120_000)
+    expect(page.locator("[data-result=elapsed]")).to_contain_text("(queued ")
+    wait_for(lambda: points(page, "loss") >= 1, 120, "the first loss point")
+    assert page.evaluate("relayConsole.plots.loss.scales.x.max") == 100_000
     page.click("h1 button:has-text('Cancel')")
     expect(page.locator("[data-testid=messages]")).to_contain_text("Cancel requested")
     expect(page.locator("h1 .status")).to_have_text("cancelled", timeout=60_000)
-    expect(page.locator("table[data-testid=events] tbody tr").last).to_have_attribute(
+    expect(page.locator("table[data-testid=events] tbody tr").first).to_have_attribute(
         "data-event", "cancelled"
     )
+    expect(page.locator("[data-result=duration]")).to_be_visible()
+    expect(page.locator("[data-result=eta]")).to_have_count(0)
+    expect(page.locator("[data-use=note]")).to_contain_text("This job ended cancelled, so it has no output")
     assert fence.refused == []
 
 
@@ -156,6 +217,12 @@ def test_a_cancel_that_comes_too_late_shows_the_apis_409(
     page.goto(f"{origin}/#/jobs/{job['id']}")
     cancel = page.locator("h1 button:has-text('Cancel')")
     expect(cancel).to_be_visible()
+    # A queued job's charts say why they are empty.
+    for chart in ("loss", "grad_norm", "lr"):
+        expect(page.locator(f"[data-chart={chart}] [data-empty]")).to_have_text(
+            "No metrics yet: the job is queued, waiting for a worker"
+        )
+    expect(page.locator("[data-result=queued]")).to_be_visible()
 
     def end_the_job_first(route: Route) -> None:
         # The job ends between the click and the API's answer, as a worker would end it; done as
@@ -171,6 +238,72 @@ def test_a_cancel_that_comes_too_late_shows_the_apis_409(
         f"Could not cancel (409): fine-tune {job['id']} is already completed"
     )
     expect(page.locator("h1 .status")).to_have_text("completed")
+
+
+def test_a_long_log_newest_first_and_the_validation_and_closed_loop_figures(
+    browser: Browser, stack: Stack, user: tuple[str, str]
+) -> None:
+    """Events as a worker writes them (the one writer, event_rows.insert_event_row) for a job that
+    stays queued: 60 metrics windows, two checkpoints, and a validation and an evaluation report at
+    each. The card shows their figures (the summary's validation and eval slots), the log its newest
+    50 events until Show all."""
+    origin = stack.parked_api_url
+    job = api_create(origin, user[1], steps=1000)
+    written = utcnow()
+    with stack.sessions() as session:
+        for n in range(1, 61):
+            window = {
+                "loss": 1 / n,
+                "grad_norm": 1.0,
+                "lr": 1e-3,
+                "steps_per_second": 2.0,
+                "samples_per_second": 40.0,
+            }
+            insert_event_row(session, job["id"], 10 * n, "metrics", 0, window, written)
+        for step, action_mse, success_rate in ((200, 0.012, 0.6), (400, 0.015, 0.55)):
+            insert_event_row(session, job["id"], step, "checkpoint", 0, {"seconds": 1.5}, written)
+            figures = {"action_mse": action_mse, "blind_mse": 0.028}
+            insert_event_row(session, job["id"], step, "validation", 0, figures, written)
+            insert_event_row(session, job["id"], step, "eval", 0, {"success_rate": success_rate}, written)
+        session.execute(update(fine_tunes).where(fine_tunes.c.id == job["id"]).values(step=600))
+        session.commit()
+    page, fence = fenced_page(browser, origin)
+    sign_in(page, origin, user[1])
+    page.goto(f"{origin}/#/jobs/{job['id']}")
+
+    results = page.locator("[data-testid=results]")
+    expect(results.locator("[data-result=validation]")).to_have_text(
+        "best action_mse 0.012 vs blind 0.028 (2.33x) at step 200; "
+        "last action_mse 0.015 vs blind 0.028 (1.87x) at step 400"
+    )
+    expect(results.locator("[data-result=eval]")).to_have_text(
+        "success 55% at step 400 (best 60% at step 200)"
+    )
+    expect(results.locator("[data-result=loss]")).to_have_text(
+        "first 1 (step 10), last 0.01667 (step 600), best 0.01667 (step 600)"
+    )
+    rows = page.locator("table[data-testid=checkpoint-figures] tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.first.locator("[data-figure=validation]")).to_have_text("0.012")
+    expect(rows.first.locator("[data-figure=success]")).to_have_text("60%")
+    expect(rows.first.locator("[data-figure=loss]")).to_have_text("0.05")
+    expect(rows.first).to_contain_text("pruned")  # no files on this disk
+
+    wait_for(lambda: points(page, "loss") == 60, 30, "every loss point")
+    assert page.evaluate("[relayConsole.plots.loss.scales.x.min, relayConsole.plots.loss.scales.x.max]") == [
+        0,
+        1000,
+    ]
+    log = page.locator("table[data-testid=events] tbody tr")
+    expect(log).to_have_count(50)
+    expect(page.locator("h2:has-text('Events')")).to_contain_text("(newest 50 of 66)")
+    expect(log.first).to_have_attribute("data-event", "eval")  # the last written
+    page.click("[data-testid=show-all]")
+    expect(log).to_have_count(66)
+    expect(log.last.locator("td").nth(2)).to_have_text("10")  # the oldest, at the bottom
+    page.click("[data-testid=show-all]")
+    expect(log).to_have_count(50)
+    assert fence.refused == []
 
 
 def test_a_bad_batch_size_shows_the_apis_message_next_to_the_field(

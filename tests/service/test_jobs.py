@@ -4,6 +4,7 @@ a duplicate delivery, the dataset revision a job read from the (loopback) Hub.""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import os
@@ -46,7 +47,12 @@ def assert_events_unique(job: FineTuneJob) -> None:
 
 
 def test_a_job_runs_to_completion_with_its_events_and_files(
-    worker: WorkerProcess, client: Client, dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    stack: Stack,
+    worker: WorkerProcess,
+    client: Client,
+    dataset: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     job = train(tiny(dataset, steps=20, name="lifecycle"), client=client)
     assert job.status == "queued" and job.id.startswith("ft-")
@@ -136,9 +142,54 @@ def test_a_job_runs_to_completion_with_its_events_and_files(
     assert answer.headers["x-checksum-sha256"] == hashlib.sha256(answer.content).hexdigest()
     assert answer.headers["x-checksum-sha256"] == files[checkpoint]["sha256"]
 
+    assert_the_card_agrees_with_the_events(stack, client, job, files)
+
     # A finished job stays finished.
     with pytest.raises(RuntimeError, match=r"409 fine-tune ft-[0-9a-f]{12} is already completed"):
         job.cancel()
+
+
+def assert_the_card_agrees_with_the_events(
+    stack: Stack, client: Client, job: FineTuneJob, files: dict[str, dict[str, object]]
+) -> None:
+    """GET /v1/fine-tunes/{id}/summary of a completed job: its figures are its events' and its row's."""
+    card = job.summary()
+    events = job.events()
+    metrics = [e for e in events if e.kind == "metrics"]
+    losses = [(e["step"], e["loss"]) for e in metrics]
+    assert (card.status, card.step, card.steps, card.progress) == ("completed", 20, 20, 1.0)
+    assert card.loss.first is not None and card.loss.last is not None and card.loss.best is not None
+    assert (card.loss.first.step, card.loss.first.loss) == losses[0]
+    assert (card.loss.last.step, card.loss.last.loss) == losses[-1]
+    assert card.loss.best.loss == min(loss for _, loss in losses)
+    # The run's pace lies between its windows' paces; samples are steps times the batch of 2.
+    rates = [e["steps_per_second"] for e in metrics]
+    assert card.steps_per_second is not None and min(rates) <= card.steps_per_second <= max(rates)
+    assert card.samples_per_second == pytest.approx(2 * card.steps_per_second)
+    assert card.latest_steps_per_second == rates[-1]
+    started = dt.datetime.fromisoformat(job.to_dict()["started_at"])
+    finished = dt.datetime.fromisoformat(job.to_dict()["finished_at"])
+    assert card.duration_seconds == card.elapsed_seconds == round((finished - started).total_seconds(), 1)
+    assert card.eta_seconds is None and card.metrics_note is None
+    # Each checkpoint beside its files, with the loss of the window that ends at its step.
+    written = {e["step"]: e.get("seconds") for e in events if e.kind == "checkpoint"}
+    assert [(c.step, c.metrics_step, c.loss, c.seconds) for c in card.checkpoints] == [
+        (step, step, dict(losses)[step], seconds) for step, seconds in written.items()
+    ]
+    for checkpoint in card.checkpoints:
+        assert checkpoint.kept and any(path.startswith(checkpoint.path + "/") for path in files)
+    assert card.validation is None and card.eval is None  # the job reported neither
+    assert card.use.ready and card.use.download == f"relay fine-tunes download {job.id} --dir {job.id}"
+    assert f'load_policy("{job.id}")' in card.use.python
+    # The answer is the shape /openapi.json gives it; another user's job is not found.
+    document = httpx.get(f"{client.base_url}/openapi.json").json()
+    answer = document["paths"]["/v1/fine-tunes/{job_id}/summary"]["get"]["responses"]["200"]
+    assert answer["content"]["application/json"]["schema"]["$ref"].endswith("/FineTuneSummary")
+    _, other_key = stack.new_user()
+    theirs = httpx.get(
+        f"{client.base_url}/v1/fine-tunes/{job.id}/summary", headers={"authorization": f"Bearer {other_key}"}
+    )
+    assert theirs.status_code == 404 and f"no fine-tune {job.id}" in theirs.json()["error"]["message"]
 
 
 def test_a_dataset_that_fails_validation_ends_the_job_in_error_and_the_worker_goes_on(
@@ -175,6 +226,12 @@ def test_cancelling_a_running_job_stops_it_within_a_step(
     job = train(tiny(dataset, steps=100_000, batch_size=1), client=client)
     wait_for(lambda: job.refresh().step >= 10, 120, "the job to report progress", every=0.2)
     assert job.status == "running"
+    # While it runs, the card has an ETA at the latest window's pace, and no duration yet.
+    card = job.summary()
+    assert card.status == "running" and card.latest_steps_per_second is not None
+    assert card.eta_seconds == pytest.approx((card.steps - card.step) / card.latest_steps_per_second, abs=0.1)
+    assert card.elapsed_seconds is not None and card.duration_seconds is None
+    assert not card.use.ready and card.use.note == "the output is written when the job completes"
 
     job.cancel()
     assert job.status in ("cancel_requested", "cancelled")

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from relay.events import checkpoint_dir
 from relay_engine.errors import DiskFullError
 
 MANIFEST = "manifest.json"
@@ -123,7 +124,7 @@ class CheckpointStore:
 
     @staticmethod
     def name_of(step: int) -> str:
-        return f"step-{step:08d}"
+        return checkpoint_dir(step)
 
     def save(self, step: int, write_files: Callable[[Path], None], meta: dict[str, object]) -> Path:
         """Write a checkpoint: `write_files(dir)` fills a fresh directory; `meta` goes in its manifest.

@@ -28,10 +28,18 @@ from relay.cli._common import (
 )
 from relay.cli.watch import watch_events
 from relay.errors import APIError, ConfigError
-from relay.events import METRICS, dataset_line
+from relay.events import METRICS, METRICS_EVERY, dataset_line
 from relay.formatting import duration_text, number_text, size_text
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 from relay.sft.job import Event, FineTuneJob, interrupted_note
+from relay.sft.summary import (
+    EvalFigures,
+    EvalSummary,
+    FineTuneSummary,
+    ModelUse,
+    ValidationFigures,
+    ValidationSummary,
+)
 from relay.sft.train import train
 
 app = typer.Typer(
@@ -188,11 +196,22 @@ def list_(
 
 @app.command()
 def retrieve(
-    job_id: str, as_json: bool = typer.Option(False, "--json", help="Print the job as JSON.")
+    job_id: str,
+    as_json: bool = typer.Option(
+        False, "--json", help='Print the job as JSON, its results card under "summary".'
+    ),
 ) -> None:
-    """One fine-tune, as the API reports it now."""
+    """One fine-tune, as the API reports it now, and its results card: pace, elapsed and ETA (or
+    duration), first/last/best training loss, checkpoints with the figures at their steps, and how
+    to use the model."""
     with _clear_errors():
-        _show_job(sft.retrieve(job_id), as_json)
+        job = sft.retrieve(job_id)
+        card = job.summary()
+    if as_json:
+        print(json.dumps({**job.to_dict(), "summary": card.model_dump(mode="json")}))
+        return
+    _show_job(job, as_json)
+    _show_card(card)
 
 
 @app.command()
@@ -245,6 +264,122 @@ def _show_job(job: FineTuneJob, as_json: bool) -> None:
         if record.get("dataset"):  # what the engine read, in one line
             record["dataset"] = dataset_line(record["dataset"])
     show_record(record, as_json)
+
+
+def _show_card(card: FineTuneSummary) -> None:
+    """The results card under the job's fields: the same figures as the console's job page."""
+    out.print()
+    out.print("[bold]Results[/bold]")
+    table = Table(show_header=False, box=None)
+    for key, value in _results_rows(card):
+        table.add_row(f"[bold]{key}[/bold]", escape(value))
+    show_table(table)
+    if card.checkpoints:
+        out.print()
+        out.print("[bold]Checkpoints[/bold] (a job keeps its newest two)")
+        show_table(_checkpoints_table(card))
+    _show_use(card.use)
+
+
+def _results_rows(card: FineTuneSummary) -> list[tuple[str, str]]:
+    rows = [("progress", f"{card.step}/{card.steps} steps ({card.progress:.0%})")]
+    if card.duration_seconds is not None:
+        rows.append(("duration", _seconds_text(card.duration_seconds, card.queued_seconds)))
+    elif card.elapsed_seconds is not None:
+        rows.append(("elapsed", _seconds_text(card.elapsed_seconds, card.queued_seconds)))
+    elif card.queued_seconds is not None:
+        rows.append(("queued", duration_text(card.queued_seconds)))
+    if card.eta_seconds is not None:
+        pace = f"{number_text(card.latest_steps_per_second, 3)} steps/s (the latest {METRICS_EVERY} steps)"
+        rows.append(("ETA", f"{duration_text(card.eta_seconds)} left at {pace}"))
+    if card.steps_per_second is not None:
+        pace = f"{number_text(card.steps_per_second, 3)} steps/s"
+        rows.append(("pace", f"{pace}, {number_text(card.samples_per_second, 3)} samples/s (the whole run)"))
+    loss = card.loss
+    if loss.first and loss.last and loss.best:
+        shown = [f"{name} {number_text(at.loss)} (step {at.step})" for name, at in loss]
+        rows.append(("training loss", ", ".join(shown)))
+    if card.metrics_note:
+        rows.append(("metrics", card.metrics_note))
+    if card.validation is not None:
+        rows.append(("validation", _validation_text(card.validation)))
+    if card.eval is not None:
+        rows.append(("closed loop", _eval_text(card.eval)))
+    return rows
+
+
+def _show_use(use: ModelUse) -> None:
+    """The "use this model" block: each command or snippet as it is to be copied."""
+    out.print()
+    out.print("[bold]Use this model[/bold]" + (f" ({escape(use.note)})" if use.note else ""))
+    blocks = [("download", use.download), ("python", use.python)]
+    blocks += [("lerobot", use.lerobot or f"# {use.lerobot_note}"), ("deploy", use.deploy)]
+    for name, text in blocks:
+        out.print(f"  [bold]{name}[/bold]")
+        for line in text.splitlines():
+            out.print(f"    {escape(line)}", highlight=False, soft_wrap=True)
+
+
+def _checkpoints_table(card: FineTuneSummary) -> Table:
+    with_validation = any(c.validation for c in card.checkpoints)
+    with_eval = any(c.eval for c in card.checkpoints)
+    table = Table()
+    columns = ["step", LOSS_LABEL, "grad_norm", "lr", "written in"]
+    columns += ["validation action_mse"] * with_validation + ["success rate"] * with_eval + ["files"]
+    for column in columns:
+        table.add_column(column)
+    for checkpoint in card.checkpoints:
+        row = [
+            str(checkpoint.step),
+            number_text(checkpoint.loss),
+            number_text(checkpoint.grad_norm),
+            number_text(checkpoint.lr),
+            "-" if checkpoint.seconds is None else f"{number_text(checkpoint.seconds, 3)} s",
+        ]
+        if with_validation:
+            row.append(number_text(checkpoint.validation.action_mse if checkpoint.validation else None))
+        if with_eval:
+            rate = checkpoint.eval.success_rate if checkpoint.eval else None
+            row.append("-" if rate is None else f"{rate:.0%}")
+        row.append(f"{checkpoint.path}/" if checkpoint.kept else "pruned")
+        table.add_row(*row)
+    return table
+
+
+def _seconds_text(seconds: float, queued: float | None) -> str:
+    return duration_text(seconds) + ("" if queued is None else f" (queued {duration_text(queued)} before)")
+
+
+def _validation_text(validation: ValidationSummary) -> str:
+    """`best action_mse 0.012 vs blind 0.028 (2.33x) at step 1000; last ...`."""
+
+    def one(figures: ValidationFigures) -> str:
+        text = f"action_mse {number_text(figures.action_mse)}"
+        if figures.blind_mse is not None:
+            text += f" vs blind {number_text(figures.blind_mse)}"
+            if figures.action_mse:
+                text += f" ({figures.blind_mse / figures.action_mse:.2f}x)"
+        return f"{text} at step {figures.step}"
+
+    parts = [
+        f"{name} {one(figures)}"
+        for name, figures in (("best", validation.best), ("last", validation.last))
+        if figures
+    ]
+    return "; ".join(parts)
+
+
+def _eval_text(evaluation: EvalSummary) -> str:
+    """`success 55% at step 2000 (best 60% at step 1000)`."""
+
+    def rate(figures: EvalFigures) -> str:
+        shown = "-" if figures.success_rate is None else f"{figures.success_rate:.0%}"
+        return f"{shown} at step {figures.step}"
+
+    text = f"success {rate(evaluation.last)}" if evaluation.last else "success -"
+    if evaluation.best and evaluation.last and evaluation.best.step != evaluation.last.step:
+        text += f" (best {rate(evaluation.best)})"
+    return text
 
 
 def _print_event(event: Event, as_json: bool, steps: int) -> None:

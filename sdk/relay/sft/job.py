@@ -13,6 +13,7 @@ from relay.formatting import number_text
 from relay.progress import ProgressReport
 from relay.sft import status as job_status
 from relay.sft.config import SFTConfig
+from relay.sft.summary import FineTuneSummary
 
 FINE_TUNES = "/v1/fine-tunes"
 CONFIG_FIELDS: tuple[str, ...] = tuple(SFTConfig.model_fields)
@@ -126,6 +127,13 @@ class FineTuneJob:
         """Bring the job up to date."""
         self._update(self._client.request("GET", f"{FINE_TUNES}/{self.id}"))
         return self
+
+    def summary(self) -> FineTuneSummary:
+        """The job's results card, as the API computes it from the job and its events: duration,
+        elapsed and ETA while running, steps and samples per second, the first, last and best
+        training loss, each checkpoint with the figures at its step, validation and closed-loop
+        results once reported, and how to use the model (``summary.use``: commands with the id)."""
+        return FineTuneSummary.model_validate(self._client.request("GET", f"{FINE_TUNES}/{self.id}/summary"))
 
     def cancel(self) -> FineTuneJob:
         """Ask the job to stop: a queued job is cancelled at once, a running one within a step or so."""

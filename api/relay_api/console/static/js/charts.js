@@ -1,24 +1,34 @@
-// A live line chart of one figure against step (uPlot), grown a point at a time.
+// A live line chart of one figure against step (uPlot), grown a point at a time. Its x axis spans
+// the job's steps (0 to the last) from the first point on, so a chart shows how far the run has
+// come; until that point it says why it is empty (the job's summary knows: queued, starting ...).
 
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 import { h, number } from "./dom.js";
 
 // When each chart last received a point and the frame that shows it began (performance.now()),
-// for the console benchmark's latency: window.relayConsole.charts[name] = {points, received, drawn}.
+// for the console benchmark's latency: window.relayConsole.charts[name] = {points, received, drawn};
+// window.relayConsole.plots[name] is the uPlot itself (the browser tests read its x scale).
 const probe = (window.relayConsole ??= { charts: {} });
+probe.plots ??= {};
 
 export class LiveChart {
-  constructor(name, title, color) {
+  constructor(name, title, color, steps) {
     this.name = name;
     this.steps = [];
     this.values = [];
     this.plot = null;
     this.color = color;
     this.title = title;
-    this.empty = h("div.empty", {}, "No points yet");
+    this.lastStep = steps;
+    this.empty = h("div.empty", { "data-empty": "" }, "Loading…");
     this.area = h("div");
     this.node = h("div.card.chart", { "data-chart": name, "data-points": "0" }, h("h3", {}, title), this.empty, this.area);
     probe.charts[name] = { points: 0, received: null, drawn: null };
+  }
+
+  // Why the chart has no points yet, in the words of the job's summary (its metrics_note).
+  explain(text) {
+    this.empty.textContent = text ? text[0].toUpperCase() + text.slice(1) : "No points yet";
   }
 
   add(step, value, receivedAt) {
@@ -42,16 +52,18 @@ export class LiveChart {
       this.plot.setData(data);
       return;
     }
-    if (!this.node.isConnected) return;
+    if (!this.node.isConnected || !this.steps.length) return;
     this.empty.remove();
     const width = Math.max(280, this.area.clientWidth || 340);
+    const lastStep = this.lastStep;
     this.plot = new uPlot(
       {
         width,
         height: 190,
         legend: { show: false },
         cursor: { drag: { x: false, y: false } },
-        scales: { x: { time: false } },
+        // 0 to the job's last step, whatever has arrived so far.
+        scales: { x: { time: false, range: (_plot, min, max) => [0, Math.max(lastStep || 0, max)] } },
         // Learning rates are tiny: label the axis in exponent form when the values call for it.
         axes: [{ label: "step", size: 36 }, { size: 64, values: (_plot, ticks) => ticks.map((tick) => number(tick, 3)) }],
         series: [{ label: "step" }, { label: this.title, stroke: this.color, width: 2, points: { size: 4 } }],
@@ -59,6 +71,7 @@ export class LiveChart {
       data,
       this.area,
     );
+    probe.plots[this.name] = this.plot;
     new ResizeObserver(() => {
       const next = Math.max(280, this.area.clientWidth);
       if (this.plot && Math.abs(next - this.plot.width) > 4) this.plot.setSize({ width: next, height: 190 });

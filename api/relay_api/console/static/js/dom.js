@@ -33,6 +33,18 @@ export function number(value, digits = 4) {
   return Number(value.toPrecision(digits)).toString();
 }
 
+// 75 -> "1m15s", 3700 -> "1h01m", as the CLI writes durations (relay.formatting.duration_text).
+export function duration(seconds) {
+  if (seconds === null || seconds === undefined) return "—";
+  const whole = Math.floor(seconds);
+  const hours = Math.floor(whole / 3600);
+  const minutes = Math.floor((whole % 3600) / 60);
+  const secs = whole % 60;
+  const two = (n) => String(n).padStart(2, "0");
+  if (hours) return `${hours}h${two(minutes)}m`;
+  return minutes ? `${minutes}m${two(secs)}s` : `${secs}s`;
+}
+
 // Decimal units (1 MB = 1,000,000 bytes), as the CLI writes them (relay.formatting.size_text).
 export function bytes(count) {
   const units = ["B", "kB", "MB", "GB", "TB"];

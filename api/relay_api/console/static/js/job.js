@@ -1,13 +1,23 @@
-// A fine-tune's page: its status and how it got there, live charts of loss, grad_norm and
-// learning rate fed by the API's event stream, the event log, its config, its files, Cancel.
+// A fine-tune's page: its status and how it got there, its results card (the API's summary of the
+// job: pace, ETA, losses, checkpoints, validation and evaluation, how to use the model), live
+// charts of loss, grad_norm and learning rate fed by the API's event stream, the event log
+// (newest first), its config, its files, Cancel.
 
 import { APIError, download, followEvents, get, post } from "./api.js";
 import { LiveChart } from "./charts.js";
 import { bytes, h, notFound, notice, number, statusBadge, when } from "./dom.js";
 import { recipeSchema } from "./schema.js";
+import { checkpointLine, checkpointsTable, resultsFigures, useThisModel } from "./results.js";
 
 const TERMINAL = new Set(["completed", "cancelled", "error"]);
 const POLL_MS = 2000;
+// The summary reads every event of the job: asked for less often than the job itself, and for a
+// job of many events (a 10,000-event job's takes about a quarter of a second) at most a twentieth
+// of the time, so an open page costs the API at most 5% of a core.
+const SUMMARY_MS = 4000;
+const SUMMARY_SHARE = 20;
+// The event log shows the newest this many until "Show all" is pressed.
+const LOG_ROWS = 50;
 // Events that start another attempt of a job, shown in its timeline.
 const ATTEMPTS = new Set(["retry", "resumed"]);
 
@@ -40,27 +50,37 @@ export async function jobView(ctx, id) {
 
   const title = h("h1", {}, `Fine-tune ${job.id}`);
   const messages = h("div", { "data-testid": "messages" });
-  const summary = h("dl.kv");
+  const facts = h("dl.kv");
   const timeline = h("ol.timeline", { "data-testid": "timeline" });
+  const results = h("div.card.results", { "data-testid": "results" }, h("p.muted", {}, "Loading…"));
+  const checkpoints = h("div", { "data-testid": "checkpoints" });
+  const use = h("div.use", { "data-testid": "use" });
   const charts = {
-    loss: new LiveChart("loss", "loss", "#1f4e79"),
-    grad_norm: new LiveChart("grad_norm", "grad_norm", "#b54708"),
-    lr: new LiveChart("lr", "learning rate", "#067647"),
+    loss: new LiveChart("loss", "loss", "#1f4e79", job.steps),
+    grad_norm: new LiveChart("grad_norm", "grad_norm", "#b54708", job.steps),
+    lr: new LiveChart("lr", "learning rate", "#067647", job.steps),
   };
   ctx.onLeave(() => Object.values(charts).forEach((chart) => chart.destroy()));
   const log = h("tbody");
   const logCount = h("span.muted");
+  const showAll = h("button.link", { type: "button", "data-testid": "show-all", hidden: true, onclick: toggleLog });
   const files = h("tbody");
   const events = [];
+  let card = null; // the API's summary of the job (GET /v1/fine-tunes/{id}/summary)
+  let fileList = [];
+  let logExpanded = false;
   const cancel = h("button.danger", { type: "button", onclick: cancelJob }, "Cancel");
 
   ctx.root.append(
     title,
     messages,
-    h("div.card", {}, summary, h("h2", {}, "Status"), timeline),
+    h("div.card", {}, facts, h("h2", {}, "Status"), timeline),
+    h("h2", {}, "Results"),
+    results,
+    checkpoints,
     h("h2", {}, "Training"),
     h("div.grid", {}, ...Object.values(charts).map((chart) => chart.node)),
-    h("h2", {}, "Events ", logCount),
+    h("h2", {}, "Events ", logCount, " ", showAll),
     h(
       "div.log",
       {},
@@ -80,8 +100,9 @@ export async function jobView(ctx, id) {
       h("thead", {}, h("tr", {}, h("th", {}, "Path"), h("th.num", {}, "Size"), h("th", {}, "sha256"), h("th", {}, ""))),
       files,
     ),
+    h("h2", {}, "Use this model"),
+    use,
   );
-  for (const chart of Object.values(charts)) chart.draw();
 
   function render() {
     title.replaceChildren(`Fine-tune ${job.id}`, statusBadge(job.status));
@@ -96,7 +117,7 @@ export async function jobView(ctx, id) {
     ];
     if (job.dataset) rows.splice(3, 0, ["Read", datasetLine(job.dataset)]);
     if (job.error) rows.push(["Error", job.error]);
-    summary.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", { "data-field": k.toLowerCase() }, v)]));
+    facts.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", { "data-field": k.toLowerCase() }, v)]));
     renderTimeline();
   }
 
@@ -124,21 +145,86 @@ export async function jobView(ctx, id) {
       charts.grad_norm.add(event.step, event.grad_norm, receivedAt);
       charts.lr.add(event.step, event.lr, receivedAt);
     }
-    const { id: eventId, object, created_at, step, event: _name, kind: _kind, ...details } = event;
-    log.append(
-      h(
-        "tr",
-        { "data-event": kind },
-        h("td.num", {}, eventId),
-        h("td", {}, when(created_at)),
-        h("td.num", {}, step),
-        h("td", {}, kind),
-        h("td.mono", {}, Object.entries(details).map(([k, v]) => `${k}=${typeof v === "number" ? number(v) : JSON.stringify(v)}`).join("  ")),
-      ),
-    );
-    logCount.textContent = `(${events.length})`;
+    // Newest first: the new row goes on top, and the oldest shown leaves unless all are shown.
+    log.prepend(eventRow(event));
+    if (!logExpanded && log.children.length > LOG_ROWS) log.lastElementChild.remove();
+    renderLogCount();
     if (ATTEMPTS.has(kind)) renderTimeline();
-    if (kind === "checkpoint" || kind === "finished") refreshFiles();
+    if (kind === "checkpoint" || kind === "finished") filesAndSummarySoon();
+  }
+
+  // Once per burst: an old job's stream brings all its checkpoints at once.
+  let pending = null;
+  function filesAndSummarySoon() {
+    if (pending !== null) return;
+    pending = setTimeout(() => {
+      pending = null;
+      if (ctx.signal.aborted) return;
+      refreshFiles();
+      refreshSummary();
+    }, 300);
+  }
+
+  function eventRow(event) {
+    const kind = kindOf(event);
+    const { id: eventId, object, created_at, step, event: _name, kind: _kind, ...details } = event;
+    return h(
+      "tr",
+      { "data-event": kind },
+      h("td.num", {}, eventId),
+      h("td", {}, when(created_at)),
+      h("td.num", {}, step),
+      h("td", {}, kind),
+      h("td.mono", {}, Object.entries(details).map(([k, v]) => `${k}=${typeof v === "number" ? number(v) : JSON.stringify(v)}`).join("  ")),
+    );
+  }
+
+  function renderLogCount() {
+    const shown = log.children.length;
+    logCount.textContent = shown < events.length ? `(newest ${shown} of ${events.length})` : `(${events.length})`;
+    showAll.hidden = events.length <= LOG_ROWS;
+    showAll.textContent = logExpanded ? "Show the newest only" : `Show all ${events.length}`;
+  }
+
+  // The whole log, or back to the newest LOG_ROWS.
+  function toggleLog() {
+    logExpanded = !logExpanded;
+    const shown = logExpanded ? events : events.slice(-LOG_ROWS);
+    log.replaceChildren(...shown.map(eventRow).reverse());
+    renderLogCount();
+  }
+
+  let summaryTook = 0;
+  async function refreshSummary() {
+    const started = performance.now();
+    try {
+      card = await get(`/v1/fine-tunes/${encodeURIComponent(job.id)}/summary`);
+    } catch (error) {
+      if (!ctx.failed(error)) messages.replaceChildren(notice("error", error.message));
+      return;
+    } finally {
+      summaryTook = performance.now() - started;
+    }
+    renderCard();
+  }
+
+  // While the job has not ended: the card again after SUMMARY_MS, or SUMMARY_SHARE times as long
+  // as the last answer took.
+  function pollSummary() {
+    const wait = Math.max(SUMMARY_MS, SUMMARY_SHARE * summaryTook);
+    setTimeout(async () => {
+      if (ctx.signal.aborted) return; // the page was left
+      if (!TERMINAL.has(job.status)) await refreshSummary();
+      if (!TERMINAL.has(job.status)) pollSummary();
+    }, wait);
+  }
+
+  function renderCard() {
+    results.replaceChildren(resultsFigures(card));
+    checkpoints.replaceChildren(...checkpointsTable(card));
+    use.replaceChildren(...useThisModel(card.use));
+    for (const chart of Object.values(charts)) chart.explain(card.metrics_note);
+    renderFiles();
   }
 
   async function refresh() {
@@ -159,12 +245,25 @@ export async function jobView(ctx, id) {
       ctx.failed(error);
       return;
     }
-    if (!answer.data.length) {
+    fileList = answer.data;
+    renderFiles();
+  }
+
+  // The files, each checkpoint's under a row with the figures at its step (from the summary).
+  function renderFiles() {
+    if (!fileList.length) {
       files.replaceChildren(h("tr", {}, h("td.muted", { colspan: 4 }, "No files yet: checkpoints appear as they are written, the model when the job completes.")));
       return;
     }
-    files.replaceChildren(
-      ...answer.data.map((file) =>
+    const rows = [];
+    let group = null;
+    for (const file of fileList) {
+      const folder = file.path.split("/").slice(0, file.path.startsWith("checkpoints/") ? 2 : 1).join("/");
+      if (folder !== group) {
+        group = folder;
+        rows.push(groupRow(folder));
+      }
+      rows.push(
         h(
           "tr",
           { "data-file": file.path },
@@ -173,8 +272,21 @@ export async function jobView(ctx, id) {
           h("td.mono", { "data-sha256": "" }, file.sha256 ?? h("span.muted", {}, "given with the download")),
           h("td", {}, h("button", { type: "button", onclick: (event) => fetchFile(file.path, event.target) }, "Download")),
         ),
-      ),
-    );
+      );
+    }
+    files.replaceChildren(...rows);
+  }
+
+  function groupRow(folder) {
+    let text = "";
+    if (folder === "output") {
+      text = "the model, merged: trained " + (card ? `${card.step} steps` : `${job.step} steps`);
+      if (card && card.loss.last) text += `, last loss ${number(card.loss.last.loss)}`;
+    } else {
+      const checkpoint = card ? card.checkpoints.find((c) => c.path === folder) : null;
+      text = checkpoint ? checkpointLine(checkpoint) : "";
+    }
+    return h("tr.group", { "data-folder": folder }, h("td", { colspan: 4 }, h("span.mono", {}, `${folder}/`), text ? h("span.muted", {}, `  ${text}`) : null));
   }
 
   async function fetchFile(path, button) {
@@ -206,9 +318,11 @@ export async function jobView(ctx, id) {
 
   render();
   refreshFiles();
+  refreshSummary();
   ctx.every(POLL_MS, () => {
     if (!TERMINAL.has(job.status)) refresh();
   });
+  pollSummary();
   followEvents(`/v1/fine-tunes/${encodeURIComponent(job.id)}/events?stream=true`, {
     signal: ctx.signal,
     onEvent: (_id, event) => addEvent(event, performance.now()),
@@ -217,6 +331,7 @@ export async function jobView(ctx, id) {
       if (!ctx.signal.aborted) {
         refresh();
         refreshFiles();
+        refreshSummary();
       }
     })
     .catch((error) => {

@@ -1,0 +1,121 @@
+// A job's results card on its page, drawn from the API's summary of the job
+// (GET /v1/fine-tunes/{id}/summary, relay.sft.summary.FineTuneSummary): the same figures as
+// `relay fine-tunes retrieve` prints, computed once by the API.
+
+import { duration, h, number } from "./dom.js";
+
+// The card's figures: progress, time (elapsed and ETA while running, duration once ended), pace,
+// the training loss, validation and closed-loop results once reported, or why there are none yet.
+export function resultsFigures(card) {
+  const rows = [["Progress", "progress", `${card.step} / ${card.steps} steps (${Math.round(card.progress * 100)}%)`]];
+  const queued = card.queued_seconds === null ? "" : ` (queued ${duration(card.queued_seconds)} before)`;
+  if (card.duration_seconds !== null) rows.push(["Duration", "duration", duration(card.duration_seconds) + queued]);
+  else if (card.elapsed_seconds !== null) rows.push(["Elapsed", "elapsed", duration(card.elapsed_seconds) + queued]);
+  else if (card.queued_seconds !== null) rows.push(["Queued", "queued", duration(card.queued_seconds)]);
+  if (card.eta_seconds !== null) {
+    rows.push(["ETA", "eta", `${duration(card.eta_seconds)} left at ${number(card.latest_steps_per_second, 3)} steps/s (the latest metrics window)`]);
+  }
+  if (card.steps_per_second !== null) {
+    rows.push(["Pace", "pace", `${number(card.steps_per_second, 3)} steps/s, ${number(card.samples_per_second, 3)} samples/s (the whole run)`]);
+  }
+  const loss = card.loss;
+  if (loss.first && loss.last && loss.best) {
+    const at = (name, point) => `${name} ${number(point.loss)} (step ${point.step})`;
+    rows.push(["Training loss", "loss", [at("first", loss.first), at("last", loss.last), at("best", loss.best)].join(", ")]);
+  }
+  if (card.validation) rows.push(["Validation", "validation", validationText(card.validation)]);
+  if (card.eval) rows.push(["Closed loop", "eval", evalText(card.eval)]);
+  const list = h("dl.kv", {}, ...rows.flatMap(([label, field, value]) => [h("dt", {}, label), h("dd", { "data-result": field }, value)]));
+  return card.metrics_note ? h("div", {}, list, h("p.muted", { "data-result": "note" }, capitalized(card.metrics_note))) : list;
+}
+
+// "best action_mse 0.012 vs blind 0.028 (2.33x) at step 1000; last ..."
+function validationText(validation) {
+  const one = (figures) => {
+    let text = `action_mse ${number(figures.action_mse)}`;
+    if (figures.blind_mse !== null && figures.blind_mse !== undefined) {
+      text += ` vs blind ${number(figures.blind_mse)}`;
+      if (figures.action_mse) text += ` (${(figures.blind_mse / figures.action_mse).toFixed(2)}x)`;
+    }
+    return `${text} at step ${figures.step}`;
+  };
+  return [["best", validation.best], ["last", validation.last]]
+    .filter(([, figures]) => figures)
+    .map(([name, figures]) => `${name} ${one(figures)}`)
+    .join("; ");
+}
+
+// "success 55% at step 2000 (best 60% at step 1000)"
+function evalText(evaluation) {
+  const rate = (figures) => `${figures.success_rate === null ? "—" : percent(figures.success_rate)} at step ${figures.step}`;
+  let text = evaluation.last ? `success ${rate(evaluation.last)}` : "success —";
+  if (evaluation.best && evaluation.last && evaluation.best.step !== evaluation.last.step) text += ` (best ${rate(evaluation.best)})`;
+  return text;
+}
+
+// A checkpoint's figures in one line, beside its files: "step 20 · loss 0.5 · ...".
+export function checkpointLine(c) {
+  const parts = [`step ${c.step}`, `loss ${number(c.loss)}`, `grad_norm ${number(c.grad_norm)}`, `lr ${number(c.lr)}`];
+  if (c.seconds !== null && c.seconds !== undefined) parts.push(`written in ${number(c.seconds, 3)} s`);
+  if (c.validation) parts.push(`validation action_mse ${number(c.validation.action_mse)}`);
+  if (c.eval && c.eval.success_rate !== null) parts.push(`success ${percent(c.eval.success_rate)}`);
+  return parts.join(" · ");
+}
+
+// "Use this model": the commands and code with the job's id in them, ready to copy.
+export function useThisModel(use) {
+  const block = (name, label, text) => [h("h3", {}, label), h("pre.code", { "data-use": name }, text)];
+  return [
+    use.note ? h("p.muted", { "data-use": "note" }, capitalized(use.note) + ".") : null,
+    ...block("download", "Download (shell)", use.download),
+    ...block("python", "Python: download, and load with Relay's engine", use.python),
+    ...(use.lerobot ? block("lerobot", "lerobot: PI05Policy", use.lerobot) : [h("h3", {}, "lerobot"), h("p.muted", { "data-use": "lerobot" }, `${use.lerobot_note}.`)]),
+    h("h3", {}, "Deploy"),
+    h("p", { "data-use": "deploy" }, use.deploy),
+  ].filter((node) => node !== null);
+}
+
+function capitalized(text) {
+  return text ? text[0].toUpperCase() + text.slice(1) : text;
+}
+
+function percent(share) {
+  return `${Math.round(share * 100)}%`;
+}
+
+// Every checkpoint, pruned ones too, with the figures at its step.
+export function checkpointsTable(card) {
+  if (!card.checkpoints.length) return [];
+  const withValidation = card.checkpoints.some((c) => c.validation);
+  const withEval = card.checkpoints.some((c) => c.eval);
+  const head = ["Step", "Loss", "grad_norm", "Learning rate", "Written in"];
+  if (withValidation) head.push("Validation action_mse");
+  if (withEval) head.push("Success rate");
+  head.push("Files");
+  return [
+    h("h3", {}, "Checkpoints ", h("span.muted", {}, "(a job keeps its newest two)")),
+    h(
+      "table",
+      { "data-testid": "checkpoint-figures" },
+      h("thead", {}, h("tr", {}, ...head.map((name, i) => h(i < head.length - 1 ? "th.num" : "th", {}, name)))),
+      h(
+        "tbody",
+        {},
+        ...card.checkpoints.map((c) =>
+          h(
+            "tr",
+            { "data-checkpoint": c.step },
+            h("td.num", {}, c.step),
+            h("td.num", { "data-figure": "loss" }, number(c.loss)),
+            h("td.num", {}, number(c.grad_norm)),
+            h("td.num", {}, number(c.lr)),
+            h("td.num", {}, c.seconds === null || c.seconds === undefined ? "—" : `${number(c.seconds, 3)} s`),
+            withValidation ? h("td.num", { "data-figure": "validation" }, c.validation ? number(c.validation.action_mse) : "—") : null,
+            withEval ? h("td.num", { "data-figure": "success" }, c.eval && c.eval.success_rate !== null ? percent(c.eval.success_rate) : "—") : null,
+            h("td", {}, c.kept ? h("span.mono", {}, `${c.path}/`) : h("span.muted", {}, "pruned")),
+          ),
+        ),
+      ),
+    ),
+  ];
+}

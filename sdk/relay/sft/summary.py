@@ -1,0 +1,238 @@
+"""A fine-tune's results card, as one typed object: ``GET /v1/fine-tunes/{id}/summary``.
+
+The API computes it from the job's row and events (relay_api.job_summary), so the console's job
+page, ``FineTuneJob.summary()`` and ``relay fine-tunes retrieve`` show the same numbers. This
+module holds its shape (which the API's document shows) and the "use this model" texts, with the
+job's id filled in (``model_use``).
+
+``validation`` and ``eval`` are left empty until the job reports events of those kinds: a held-out
+validation split scored at each checkpoint, and closed-loop evaluation in a simulator.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from relay import families
+
+JobStatus = Literal["queued", "running", "cancel_requested", "completed", "cancelled", "error"]
+
+
+class LossAt(BaseModel):
+    """A training loss (the mean over one metrics window) and the step its window ends at."""
+
+    step: int
+    loss: float
+
+
+class TrainingLoss(BaseModel):
+    """The training loss of the job's first and latest metrics events, and the lowest of any."""
+
+    first: LossAt | None = None
+    last: LossAt | None = None
+    best: LossAt | None = None
+
+
+class ValidationFigures(BaseModel):
+    """A validation event's figures at `step`: the sampled-chunk action error on the held-out
+    episodes (``action_mse``) and the blind baseline's (``blind_mse``); any other figures it
+    reports ride along."""
+
+    model_config = ConfigDict(extra="allow")
+
+    step: int
+    action_mse: float | None = None
+    blind_mse: float | None = None
+
+
+class ValidationSummary(BaseModel):
+    """The validation events' best (lowest ``action_mse``) and latest."""
+
+    best: ValidationFigures | None = None
+    last: ValidationFigures | None = None
+
+
+class EvalFigures(BaseModel):
+    """A closed-loop evaluation at `step`: the share of episodes that succeeded, 0 to 1 (any other
+    figures it reports ride along)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    step: int
+    success_rate: float | None = Field(None, ge=0, le=1)
+
+
+class EvalSummary(BaseModel):
+    """The evaluations' best (highest ``success_rate``) and latest."""
+
+    best: EvalFigures | None = None
+    last: EvalFigures | None = None
+
+
+class CheckpointSummary(BaseModel):
+    """A complete checkpoint and the training figures at its step, beside its files."""
+
+    step: int
+    path: str = Field(description="Its directory among the job's files: `checkpoints/step-00001000`.")
+    kept: bool = Field(
+        description="Whether its files are still there to download (a job keeps its newest two)."
+    )
+    created_at: str | None = None
+    seconds: float | None = Field(None, description="How long it took to write.")
+    metrics_step: int | None = Field(
+        None,
+        description="The step of the metrics event the figures below come from: the window that "
+        "ends at the checkpoint's step (or the latest before it). Null when none came before it.",
+    )
+    loss: float | None = None
+    grad_norm: float | None = None
+    lr: float | None = None
+    validation: ValidationFigures | None = None
+    eval: EvalFigures | None = None
+
+
+class ModelUse(BaseModel):
+    """How to use the job's output, with its id filled in: the commands and code to copy."""
+
+    ready: bool = Field(description="Whether the output exists to download: the job has completed.")
+    note: str | None = Field(None, description="Why the output is not there yet (or will never be).")
+    directory: str = Field(description="Where the commands below put the output (named by the id).")
+    download: str = Field(description="The shell command that downloads the output, sha256-checked.")
+    python: str = Field(description="The same download from Python, and loading it with Relay's engine.")
+    lerobot: str | None = Field(
+        None, description="Loading it in lerobot (`PI05Policy`); null where lerobot cannot: `lerobot_note`."
+    )
+    lerobot_note: str | None = None
+    deploy: str = Field(description="What there is to serve it with today.")
+
+
+class FineTuneSummary(BaseModel):
+    """A fine-tune's results: its pace, its training loss, its checkpoints with their figures, the
+    validation and closed-loop figures once reported, and how to use the model."""
+
+    object: Literal["fine_tune.summary"] = "fine_tune.summary"
+    id: str
+    status: JobStatus
+    step: int
+    steps: int
+    progress: float = Field(description="step / steps, 0 to 1.")
+    queued_seconds: float | None = Field(
+        None, description="From creation until a worker started it (until now while it waits)."
+    )
+    elapsed_seconds: float | None = Field(
+        None, description="Since a worker started it: until now while it runs, until its end once ended."
+    )
+    duration_seconds: float | None = Field(
+        None, description="From start to end, once it has ended (null if it never started)."
+    )
+    eta_seconds: float | None = Field(
+        None,
+        description="While running: the steps left at the latest metrics window's pace (checkpoint "
+        "writes and the final export not counted).",
+    )
+    steps_per_second: float | None = Field(
+        None,
+        description="Training pace over the whole run: the metrics windows' steps over the time they "
+        "took (opening the data and writing checkpoints left out).",
+    )
+    samples_per_second: float | None = Field(None, description="The same in samples (steps x batch size).")
+    latest_steps_per_second: float | None = Field(
+        None, description="The latest metrics window's pace: what the ETA divides by."
+    )
+    loss: TrainingLoss
+    metrics_note: str | None = Field(
+        None, description="Why the job has no metrics yet (null once it has): what the charts wait for."
+    )
+    checkpoints: list[CheckpointSummary]
+    validation: ValidationSummary | None = Field(
+        None, description="Held-out validation: the best and latest `validation` events (null until one)."
+    )
+    eval: EvalSummary | None = Field(
+        None, description="Closed-loop evaluation: the best and latest success rates (null until one)."
+    )
+    use: ModelUse
+
+
+def model_use(job_id: str, model: str, dataset_name: str, status: str, task: str | None = None) -> ModelUse:
+    """The "use this model" block of a job of `model` on `dataset_name` (an RT-J job's `task`), in
+    `status`, with its id filled in."""
+    directory = job_id
+    family = families.family_of(model)
+    relational = family is not None and family.name == families.RTJ
+    download = f"relay fine-tunes download {job_id} --dir {directory}"
+    fetch = (
+        "from relay.sft import retrieve\n\n"
+        f'retrieve("{job_id}").download("{directory}")  # every file checked against its sha256\n\n'
+    )
+    lerobot: str | None = None
+    lerobot_note: str | None = None
+    if relational:
+        python = (
+            fetch + "# the engine extra: pip install 'relay-intelligence[engine]'\n"
+            "from relay_engine.relational import RelationalTransformer\n\n"
+            f'model = RelationalTransformer("{directory}")  # model.predict(batch, task_head="task")'
+        )
+        lerobot_note = "an RT-J model reads databases, not cameras: lerobot has no policy for it"
+        score = f"relay local eval --model {directory} --dataset {dataset_name} --task {task or 'TASK'}"
+    else:
+        python = (
+            fetch + "# the engine extra: pip install 'relay-intelligence[engine]'\n"
+            "from relay_engine.models import load_policy\n\n"
+            f'policy = load_policy("{directory}")  # a Pi05Policy: sample_actions(batch) gives action chunks'
+        )
+        if model == "pi05-tiny":
+            lerobot_note = (
+                "lerobot builds only pi05's real sizes, so it refuses a pi05-tiny output "
+                "(Invalid paligemma_variant: pi05-tiny); load it with Relay's engine (above)"
+            )
+        else:
+            lerobot = (
+                "# in lerobot's environment (lerobot 0.6.1 opens Relay's output as it is)\n"
+                "from lerobot.policies.pi05.modeling_pi05 import PI05Policy\n"
+                "from lerobot.processor import (\n"
+                "    PolicyProcessorPipeline,\n"
+                "    policy_action_to_transition,\n"
+                "    transition_to_policy_action,\n"
+                ")\n\n"
+                f'policy = PI05Policy.from_pretrained("{directory}")\n'
+                "preprocess = PolicyProcessorPipeline.from_pretrained(\n"
+                f'    "{directory}", config_filename="policy_preprocessor.json"\n'
+                ")\n"
+                "postprocess = PolicyProcessorPipeline.from_pretrained(\n"
+                f'    "{directory}",\n'
+                '    config_filename="policy_postprocessor.json",\n'
+                "    to_transition=policy_action_to_transition,\n"
+                "    to_output=transition_to_policy_action,\n"
+                ")\n"
+                "# observation: the dataset's cameras, state and task; the action comes back in robot units\n"
+                "action = postprocess(policy.select_action(preprocess(observation)))"
+            )
+        score = f"relay local eval --model {directory} --dataset {dataset_name}"
+    deploy = (
+        "Relay does not serve models yet (deployments are planned). Today: download the output and "
+        "run it where your robot is, with lerobot or Relay's engine (above). "
+        f"`{score}` scores it on a dataset (held-out episodes: --episodes)."
+    )
+    return ModelUse(
+        ready=status == "completed",
+        note=_not_ready_note(status),
+        directory=directory,
+        download=download,
+        python=python,
+        lerobot=lerobot,
+        lerobot_note=lerobot_note,
+        deploy=deploy,
+    )
+
+
+def _not_ready_note(status: str) -> str | None:
+    if status == "completed":
+        return None
+    if status in ("cancelled", "error"):
+        return (
+            f"this job ended {status}, so it has no output; the checkpoints it kept download with "
+            "--checkpoints"
+        )
+    return "the output is written when the job completes"

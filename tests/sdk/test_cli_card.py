@@ -1,0 +1,90 @@
+"""`relay fine-tunes retrieve`'s results card, drawn from a summary as the API answers it: a running
+job's ETA, and the validation and closed-loop figures once a job reports them (test_cli.py checks
+the card of a real job through the served API)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from relay.cli.fine_tunes import _show_card
+from relay.sft.summary import FineTuneSummary, model_use
+
+
+def running_card() -> FineTuneSummary:
+    return FineTuneSummary.model_validate(
+        {
+            "id": "ft-0123456789ab",
+            "status": "running",
+            "step": 2000,
+            "steps": 6000,
+            "progress": 2000 / 6000,
+            "queued_seconds": 4.0,
+            "elapsed_seconds": 3725.0,
+            "eta_seconds": 8000.0,
+            "steps_per_second": 0.52,
+            "samples_per_second": 66.5,
+            "latest_steps_per_second": 0.5,
+            "loss": {
+                "first": {"step": 10, "loss": 0.91},
+                "last": {"step": 2000, "loss": 0.12},
+                "best": {"step": 1990, "loss": 0.11},
+            },
+            "checkpoints": [
+                {
+                    "step": 1000,
+                    "path": "checkpoints/step-00001000",
+                    "kept": False,
+                    "loss": 0.2,
+                    "seconds": 30.0,
+                },
+                {
+                    "step": 2000,
+                    "path": "checkpoints/step-00002000",
+                    "kept": True,
+                    "loss": 0.12,
+                    "validation": {"step": 2000, "action_mse": 0.015, "blind_mse": 0.028},
+                    "eval": {"step": 2000, "success_rate": 0.55},
+                },
+            ],
+            "validation": {
+                "best": {"step": 1000, "action_mse": 0.012, "blind_mse": 0.028},
+                "last": {"step": 2000, "action_mse": 0.015, "blind_mse": 0.028},
+            },
+            "eval": {
+                "best": {"step": 1000, "success_rate": 0.6},
+                "last": {"step": 2000, "success_rate": 0.55},
+            },
+            "use": model_use("ft-0123456789ab", "pi05", "lerobot/pusht_image", "running").model_dump(),
+        }
+    )
+
+
+def test_a_running_jobs_card_has_its_eta_validation_and_success_rate(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _show_card(running_card())
+    lines = capsys.readouterr().out.splitlines()
+    results = lines[lines.index("Results") + 1 : lines.index("", lines.index("Results"))]
+    rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in results)
+    assert rows["progress"] == "2000/6000 steps (33%)"
+    assert rows["elapsed"] == "1h02m (queued 4s before)"
+    assert rows["ETA"] == "2h13m left at 0.5 steps/s (the latest 10 steps)"
+    assert rows["pace"] == "0.52 steps/s, 66.5 samples/s (the whole run)"
+    assert rows["training loss"] == "first 0.91 (step 10), last 0.12 (step 2000), best 0.11 (step 1990)"
+    assert rows["validation"] == (
+        "best action_mse 0.012 vs blind 0.028 (2.33x) at step 1000; "
+        "last action_mse 0.015 vs blind 0.028 (1.87x) at step 2000"
+    )
+    assert rows["closed loop"] == "success 55% at step 2000 (best 60% at step 1000)"
+    checkpoints = [
+        [cell.strip() for cell in line.split("│") if cell.strip()] for line in lines if "│" in line
+    ]
+    assert checkpoints == [
+        ["1000", "0.2", "-", "-", "30 s", "-", "-", "pruned"],
+        ["2000", "0.12", "-", "-", "-", "0.015", "55%", "checkpoints/step-00002000/"],
+    ]
+    text = "\n".join(lines)
+    assert "Use this model (the output is written when the job completes)" in text
+    assert 'policy = PI05Policy.from_pretrained("ft-0123456789ab")' in text
