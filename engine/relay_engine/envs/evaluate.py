@@ -191,7 +191,6 @@ class EnvMaker:
                     f"environment {env_id!r} needs {mapping.package or mapping.module} "
                     f"({error.name or error} is missing): pip install {mapping.package or mapping.module}"
                 ) from None
-        import relay_engine.envs  # noqa: F401 (registers relay/Dot-v0)
 
     def make(self) -> Any:
         import gymnasium
@@ -410,7 +409,7 @@ class _Episode:
     max_reward: float = -np.inf
     length: int = 0
     success: bool = False
-    frames: list[np.ndarray] | None = None
+    video: _Video | None = None  # the first episodes' mp4, written as frames arrive
 
 
 class _Rollouts:
@@ -443,8 +442,8 @@ class _Rollouts:
     def run(self) -> list[EpisodeRecord]:
         self.policy.eval()
         envs = self.maker.vector(self.num_envs)
+        running: list[_Episode | None] = [self._start() for _ in range(self.num_envs)]
         try:
-            running: list[_Episode | None] = [self._start() for _ in range(self.num_envs)]
             observations, infos = envs.reset(seed=[e.seed for e in running if e is not None])
             self._note_reset(running, observations, infos, np.ones(self.num_envs, dtype=bool))
             while any(e is not None for e in running):
@@ -459,20 +458,23 @@ class _Rollouts:
                     observations, infos = self._reset_done(envs, running, done)
         finally:
             envs.close()
+            for episode in running:  # stopped early: close the videos begun
+                if episode is not None and episode.video is not None:
+                    with contextlib.suppress(Exception):
+                        episode.video.close()
         return [self._records[i] for i in range(self.episodes)]
 
     def _start(self) -> _Episode | None:
         if self._next >= self.episodes:
             return None
         index, self._next = self._next, self._next + 1
-        recorded = self.videos is not None and index < self.videos.count
         seed = self.seed + index
         return _Episode(
             index=index,
             seed=seed,
             prompt=None,
             generator=torch.Generator().manual_seed(seed),
-            frames=[] if recorded else None,
+            video=self.videos.open(index) if self.videos is not None and index < self.videos.count else None,
         )
 
     def _refill(self, running: Sequence[_Episode | None], observations: Mapping[str, Any]) -> None:
@@ -512,8 +514,8 @@ class _Rollouts:
             episode.reward += float(rewards[row])
             episode.max_reward = max(episode.max_reward, float(rewards[row]))
             episode.success = episode.success or bool(succeeded[row])
-            if episode.frames is not None:
-                episode.frames.append(np.asarray(observation_at(observations, self.adapter.video)[row]))
+            if episode.video is not None:
+                episode.video.add(observation_at(observations, self.adapter.video)[row])
 
     def _note_reset(
         self,
@@ -530,8 +532,8 @@ class _Rollouts:
                 continue
             if isinstance(tasks[row], str):
                 episode.prompt = tasks[row]
-            if episode.frames is not None:
-                episode.frames.append(np.asarray(observation_at(observations, self.adapter.video)[row]))
+            if episode.video is not None:
+                episode.video.add(observation_at(observations, self.adapter.video)[row])
 
     def _reset_done(
         self, envs: Any, running: list[_Episode | None], done: np.ndarray
@@ -550,8 +552,8 @@ class _Rollouts:
 
     def _finish(self, episode: _Episode) -> None:
         video = None
-        if episode.frames is not None and self.videos is not None:
-            video = str(self.videos.write(episode.index, episode.frames))
+        if episode.video is not None:
+            video = str(episode.video.close())
         record = EpisodeRecord(
             episode=episode.index,
             seed=episode.seed,
@@ -576,26 +578,40 @@ def _info_values(infos: Mapping[str, Any], key: str, count: int) -> list[Any]:
 
 @dataclass(frozen=True)
 class _Videos:
+    """Where the first `count` episodes' videos go, and their frame rate."""
+
     directory: Path
     count: int
     fps: int
 
-    def write(self, episode: int, frames: Sequence[np.ndarray]) -> Path:
-        """An H.264 mp4 of the frames (padded to even sizes, as yuv420p needs)."""
+    def open(self, episode: int) -> _Video:
+        return _Video(self.directory / f"episode_{episode:04d}.mp4", self.fps)
+
+
+class _Video:
+    """One episode's H.264 mp4, encoded frame by frame as the episode runs (so a long episode of
+    large frames is never held in memory), padded to even sizes as yuv420p needs."""
+
+    def __init__(self, path: Path, fps: int) -> None:
+        self.path = path
+        self.fps = fps
+        self._encoder: Any = None
+        self._frame = np.zeros(0, dtype=np.uint8)
+
+    def add(self, image: np.ndarray) -> None:
         from relay_engine.datasets.video import VideoEncoder, VideoSettings
 
-        height, width = frames[0].shape[:2]
-        size = (height + height % 2, width + width % 2)
-        path = self.directory / f"episode_{episode:04d}.mp4"
-        encoder = VideoEncoder(path, self.fps, size, VideoSettings(g=self.fps))
-        padded = np.zeros((*size, 3), dtype=np.uint8)
-        try:
-            for frame in frames:
-                padded[:height, :width] = np.asarray(frame, dtype=np.uint8)[..., :3]
-                encoder.add(padded)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                encoder.close()
-            raise
-        encoder.close()
-        return path
+        image = np.asarray(image, dtype=np.uint8)[..., :3]
+        height, width = image.shape[:2]
+        if self._encoder is None:
+            size = (height + height % 2, width + width % 2)
+            self._encoder = VideoEncoder(self.path, self.fps, size, VideoSettings(g=self.fps))
+            self._frame = np.zeros((*size, 3), dtype=np.uint8)
+        self._frame[:height, :width] = image
+        self._encoder.add(self._frame)
+
+    def close(self) -> Path:
+        if self._encoder is not None:
+            self._encoder.close()
+            self._encoder = None
+        return self.path
