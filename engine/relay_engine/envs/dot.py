@@ -13,7 +13,8 @@ policy acting instead of the expert:
 - `info["task"]`: the episode's prompt ("move to the red dot"), which the policy reads.
 
 Options (keyword arguments of `gymnasium.make`) choose the variant, as `relay datasets synth`'s
-do: `colours` (the tasks; a list, or a comma-separated string), `cameras` (feature name ->
+do: `colours` (the tasks; a list, or a comma-separated string; or `num_tasks`, the first N of
+red, blue, green, ...; default red), `cameras` (feature name ->
 (height, width)), `distractors`, `state_dim`, `top_view`, `wrist_zoom`, `noise`, and `mix_seed`
 (the synth `seed` of the dataset whose extra state columns to reproduce; it matters only for
 `state_dim` > 2). `reset(options={"task_index": i})` picks the task; otherwise it is drawn.
@@ -30,6 +31,7 @@ import numpy as np
 from gymnasium import spaces
 
 from relay_engine.envs.dot_world import (
+    COLOURS,
     DEFAULT_CAMERAS,
     MAX_STEP,
     WRIST_ZOOM,
@@ -48,7 +50,8 @@ class DotEnv(gymnasium.Env[Observation, np.ndarray]):
     def __init__(
         self,
         *,
-        colours: Sequence[str] | str = ("red",),
+        colours: Sequence[str] | str | None = None,
+        num_tasks: int = 1,
         cameras: Mapping[str, Sequence[int]] | None = None,
         distractors: int = 0,
         state_dim: int = 2,
@@ -62,6 +65,10 @@ class DotEnv(gymnasium.Env[Observation, np.ndarray]):
             raise ConfigError(f"render_mode must be 'rgb_array' or None, got {render_mode!r}")
         if isinstance(colours, str):
             colours = [colour.strip() for colour in colours.split(",") if colour.strip()]
+        elif colours is None:  # as `relay datasets synth --tasks N`: the first N colours
+            if not 1 <= num_tasks <= len(COLOURS):
+                raise ConfigError(f"num_tasks must be 1 to {len(COLOURS)}, got {num_tasks}")
+            colours = list(COLOURS)[:num_tasks]
         self.task = DotTask(
             colours=tuple(colours),
             cameras={

@@ -90,7 +90,8 @@ def evaluate_in_env(
       norm_stats.json; for a model without one, the mapping's default_stats, else the
       environment's space bounds).
     - `env_options`: keyword arguments of `gymnasium.make` (a variant of relay/Dot-v0:
-      `{"colours": ["orange"]}`). `prompt`: overrides the mapping's task text.
+      `{"colours": ["orange"]}`). `prompt`: the task given to the policy in every episode
+      (default: the episode's own, `info["task"]` at reset, else the mapping's).
     - `num_steps`: the sampler's Euler steps; `device`: auto, cpu or cuda (a loaded policy stays
       where it is).
     - `on_episode(record)`: called as each episode ends, in the order they end.
@@ -293,7 +294,8 @@ class PolicyAdapter:
     columns: list[int]  # the dataset's action columns, in the env action's order
     low: np.ndarray | None  # the action space's bounds, when actions are clipped into them
     high: np.ndarray | None
-    prompt: str
+    prompt: str  # when the environment says no task of its own
+    prompt_override: str | None  # the caller's, over the environment's
     video: str
     action_dtype: np.dtype[Any]
     idle_action: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
@@ -344,14 +346,16 @@ class PolicyAdapter:
             columns=columns,
             low=low if mapping.clip_actions and finite else None,
             high=high if mapping.clip_actions and finite else None,
-            prompt=prompt if prompt is not None else mapping.prompt,
+            prompt=mapping.prompt,
+            prompt_override=prompt,
             video=mapping.video or next(iter(features)),
             action_dtype=np.dtype(space.dtype),
             idle_action=np.clip(np.zeros(space.shape), low, high).astype(space.dtype),
         )
 
     def sample(self, observations: Mapping[str, Any], row: int, prompt: str | None) -> Sample:
-        """Environment `row`'s observation as the model's input (normalized state, no actions)."""
+        """Environment `row`'s observation as the model's input (normalized state, no actions);
+        `prompt` is the episode's task as the environment said it, if it did."""
         images = {
             camera: np.asarray(observation_at(observations, path)[row], dtype=np.uint8)
             for path, camera in self.cameras.items()
@@ -364,7 +368,7 @@ class PolicyAdapter:
             "image": images,
             "state": state,
             "state_dim": self.stats.state_dim if self.state is not None else 0,
-            "prompt": prompt if prompt else self.prompt,
+            "prompt": self.prompt_override or prompt or self.prompt,
         }
         return sample  # type: ignore[return-value]  # a Sample without actions, as sampling takes
 

@@ -51,7 +51,9 @@ def evaluate(
         help="The normalization: a norm_stats.json, a model or a dataset directory "
         "[default: the model's norm_stats.json, else the environment's defaults].",
     ),
-    prompt: str | None = typer.Option(None, help="The task given to the policy [default: the mapping's]."),
+    prompt: str | None = typer.Option(
+        None, help="The task given to the policy [default: the episode's own, else the mapping's]."
+    ),
     num_steps: int = typer.Option(10, help="Euler steps of the sampler."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     json_output: bool = typer.Option(False, "--json", help="Print the report as JSON."),

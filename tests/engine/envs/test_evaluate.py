@@ -7,6 +7,7 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -137,3 +138,27 @@ def test_relay_eval_prints_a_table_and_json(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "no Gymnasium environment 'nope/Nothing-v0'" in result.output
     result = runner.invoke(app, ["eval", "rt-j-tiny", "--env", DOT_ENV_ID, "--episodes", "1"])
     assert result.exit_code == 1 and "only pi05 policies act in an environment" in result.output
+
+
+def test_the_policy_reads_each_episodes_prompt_from_the_env(
+    tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompts: list[str] = []
+    collate = tiny.collate
+
+    def seen(samples: list[dict[str, Any]], **kwargs: Any) -> Any:
+        prompts.extend(sample["prompt"] for sample in samples)
+        return collate(samples, **kwargs)
+
+    monkeypatch.setattr(tiny, "collate", seen)
+    options: dict[str, Any] = {
+        "episodes": 6,
+        "max_steps": 2,
+        "num_envs": 3,
+        "env_options": {"colours": "orange,red"},
+    }
+    evaluate_in_env(tiny, DOT_ENV_ID, **options)
+    assert set(prompts) == {"move to the orange dot", "move to the red dot"}
+    prompts.clear()
+    evaluate_in_env(tiny, DOT_ENV_ID, prompt="move to the blue dot", **options)  # the caller's wins
+    assert set(prompts) == {"move to the blue dot"}
