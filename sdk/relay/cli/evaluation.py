@@ -29,16 +29,16 @@ def evaluate(
     env: str = typer.Option(..., "--env", help="A Gymnasium environment id, like relay/Dot-v0."),
     episodes: int = typer.Option(10, help="How many episodes to run."),
     max_steps: int | None = typer.Option(
-        None, help="An episode's limit in environment steps [default: the environment's]."
+        None, help="An episode's limit in environment steps (default: the environment's)."
     ),
     seed: int = typer.Option(0, help="Episode k is reset with seed + k."),
     videos: Path | None = typer.Option(None, help="Write mp4s of the first episodes into this directory."),
     video_episodes: int = typer.Option(4, help="How many of the first episodes get a video."),
     num_envs: int | None = typer.Option(
-        None, help="Environments stepped at once, one batched forward pass [default: min(episodes, 8)]."
+        None, help="Environments stepped at once, one batched forward pass (default: min(episodes, 8))."
     ),
     actions_per_chunk: int | None = typer.Option(
-        None, help="Actions executed from each sampled chunk [default: half the model's chunk]."
+        None, help="Actions executed from each sampled chunk (default: half the model's chunk)."
     ),
     env_option: list[str] = typer.Option(
         [],
@@ -49,10 +49,10 @@ def evaluate(
     norm_stats: Path | None = typer.Option(
         None,
         help="The normalization: a norm_stats.json, a model or a dataset directory "
-        "[default: the model's norm_stats.json, else the environment's defaults].",
+        "(default: the model's norm_stats.json, else the environment's defaults).",
     ),
     prompt: str | None = typer.Option(
-        None, help="The task given to the policy [default: the episode's own, else the mapping's]."
+        None, help="The task given to the policy (default: the episode's own, else the mapping's)."
     ),
     num_steps: int = typer.Option(10, help="Euler steps of the sampler."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
