@@ -62,6 +62,7 @@ def evaluate_in_env(
     videos: str | os.PathLike[str] | None = None,
     video_episodes: int = DEFAULT_VIDEO_EPISODES,
     num_envs: int | None = None,
+    asynchronous: bool = False,
     actions_per_chunk: int | None = None,
     mapping: EnvMapping | None = None,
     norm_stats: NormStats | str | os.PathLike[str] | None = None,
@@ -80,7 +81,9 @@ def evaluate_in_env(
       registered `max_episode_steps`). `seed`: episode k is reset with `seed + k`.
     - `videos`: a directory for mp4s (H.264, PyAV) of the first `video_episodes` episodes, one
       camera each (`EnvMapping.video`); `episode_0000.mp4`, ...
-    - `num_envs`: environments stepped at once (default min(episodes, 8)).
+    - `num_envs`: environments stepped at once (default min(episodes, 8)); `asynchronous`: each in
+      a process of its own (Gymnasium's AsyncVectorEnv), for simulators whose step costs more
+      than passing the observation between processes (rendering gym-pusht, MuJoCo).
     - `actions_per_chunk`: actions executed from each sampled chunk before the next forward pass
       (1 to the model's action horizon; default half the horizon).
     - `mapping`: the environment's observations and actions as the model's dataset names them
@@ -125,6 +128,7 @@ def evaluate_in_env(
         policy=policy,
         episodes=episodes,
         num_envs=min(num_envs or DEFAULT_NUM_ENVS, episodes),
+        asynchronous=asynchronous,
         seed=seed,
         per_chunk=per_chunk,
         num_steps=num_steps,
@@ -208,11 +212,15 @@ class EnvMaker:
         except TypeError as error:  # an option the environment does not take
             raise ConfigError(f"environment {self.env_id!r}: bad option ({error})") from None
 
-    def vector(self, count: int) -> Any:
-        """`count` environments, stepped in this process; done ones wait for our reset."""
-        from gymnasium.vector import AutoresetMode, SyncVectorEnv
+    def vector(self, count: int, asynchronous: bool = False) -> Any:
+        """`count` environments, stepped in this process or each in its own; an environment whose
+        episode ended waits for our reset (which seeds the next episode)."""
+        from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
-        return SyncVectorEnv([self.make for _ in range(count)], autoreset_mode=AutoresetMode.DISABLED)
+        makers = [self.make for _ in range(count)]
+        if asynchronous:
+            return AsyncVectorEnv(makers, autoreset_mode=AutoresetMode.DISABLED)
+        return SyncVectorEnv(makers, autoreset_mode=AutoresetMode.DISABLED)
 
 
 def _registered_limit(env_id: str, env: Any) -> int:
@@ -428,6 +436,7 @@ class _Rollouts:
         policy: Pi05Policy,
         episodes: int,
         num_envs: int,
+        asynchronous: bool,
         seed: int,
         per_chunk: int,
         num_steps: int,
@@ -436,6 +445,7 @@ class _Rollouts:
     ) -> None:
         self.maker, self.adapter, self.policy = maker, adapter, policy
         self.episodes, self.num_envs, self.seed = episodes, num_envs, seed
+        self.asynchronous = asynchronous
         self.per_chunk, self.num_steps = per_chunk, num_steps
         self.videos, self.on_episode = videos, on_episode
         self.steps = 0
@@ -445,7 +455,7 @@ class _Rollouts:
 
     def run(self) -> list[EpisodeRecord]:
         self.policy.eval()
-        envs = self.maker.vector(self.num_envs)
+        envs = self.maker.vector(self.num_envs, self.asynchronous)
         running: list[_Episode | None] = [self._start() for _ in range(self.num_envs)]
         try:
             observations, infos = envs.reset(seed=[e.seed for e in running if e is not None])

@@ -37,6 +37,9 @@ def evaluate(
     num_envs: int | None = typer.Option(
         None, help="Environments stepped at once, one batched forward pass (default: min(episodes, 8))."
     ),
+    async_envs: bool = typer.Option(
+        False, "--async-envs", help="Step each environment in a process of its own (slow simulators)."
+    ),
     actions_per_chunk: int | None = typer.Option(
         None, help="Actions executed from each sampled chunk (default: half the model's chunk)."
     ),
@@ -73,6 +76,7 @@ def evaluate(
             videos=videos,
             video_episodes=video_episodes,
             num_envs=num_envs,
+            asynchronous=async_envs,
             actions_per_chunk=actions_per_chunk,
             env_options=options,
             norm_stats=norm_stats,
