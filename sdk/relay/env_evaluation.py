@@ -8,6 +8,8 @@ model_validate_json`) needs no engine.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -34,6 +36,9 @@ class EnvEvalReport(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     env_id: str
+    env_options: dict[str, Any] = Field(
+        default_factory=dict, description="The environment's constructor arguments given (a variant)."
+    )
     model: str = Field(description="The model's name or directory, as given.")
     success_rate: float = Field(description="The fraction of episodes that succeeded, 0 to 1.")
     mean_reward: float = Field(description="The mean over episodes of each episode's summed reward.")

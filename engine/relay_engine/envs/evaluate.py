@@ -140,6 +140,7 @@ def evaluate_in_env(
     seconds = time.perf_counter() - started
     return EnvEvalReport(
         env_id=env_id,
+        env_options=dict(env_options or {}),
         model=model_name,
         success_rate=float(np.mean([r.success for r in records])),
         mean_reward=float(np.mean([r.reward for r in records])),
