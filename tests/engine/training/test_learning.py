@@ -7,8 +7,8 @@ than blind); this one is shorter and seeded: 800 steps on 160 episodes, both cam
 at 2e-3. It checks that the tuned model beats both the base and the blind baseline on episodes it
 never trained on. Its dataset is what users bring: LeRobot v3.0 with the cameras as H.264 video,
 written by `relay datasets synth --format v3.0 --video` (lossy, so the pixels differ a little from
-the v2.1 PNGs of the same seed). Measured (one thread): blind 0.0386, base 0.0442, tuned 0.0202
-(1.91x better than blind); on the v2.1 image dataset of the same seed: 0.0386, 0.0444, 0.0201.
+the v2.1 PNGs of the same seed). Measured (one thread): blind 0.0294, base 0.0352, tuned 0.0188
+(1.56x better than blind).
 
 The second test is the bar for pi05-tiny's own defaults (catalog.MODEL_DEFAULTS): a recipe that
 names nothing but the model, the dataset and 1,000 steps, on `relay datasets synth --episodes
