@@ -41,7 +41,7 @@ from relay_engine.core.data import BatchOrder, DataPosition, batch_loader
 from relay_engine.core.loop import LoopState, run_loop
 from relay_engine.core.schedule import learning_rate
 from relay_engine.datasets import open_dataset, write_synthetic_dataset
-from relay_engine.datasets.synth import COLOURS
+from relay_engine.envs.dot_world import COLOURS
 from relay_engine.families.pi05.export import write_output
 from relay_engine.families.pi05.learner import Pi05Learner
 from relay_engine.models import build_policy

@@ -10,6 +10,11 @@ if [ ! -x /usr/bin/chromium ]; then
     echo "installing chromium for the browser tests"
     apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 fi
+# gym-pusht's opencv-python (the PushT harness test) loads libGL and glib's libgthread.
+if ! ldconfig -p | grep -q "libGL.so.1" || ! ldconfig -p | grep -q "libgthread-2.0.so.0"; then
+    echo "installing libgl1 and libglib2.0-0 for opencv-python"
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libgl1 libglib2.0-0
+fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi

@@ -1,6 +1,7 @@
 """Relay's training engine: LeRobot datasets, pi0.5, LoRA/full tuning, the loop and its checkpoints.
 
     from relay_engine import Trainer, TrainingArguments, load_policy, open_dataset
+    from relay_engine import evaluate_in_env   # closed-loop evaluation in Gymnasium environments
 
 The names below load on first use, so `import relay_engine.errors` stays cheap.
 """
@@ -21,6 +22,7 @@ _PUBLIC = {
     "AdamParams": "relay.optimizer",
     "Recipe": "relay_engine.recipe",
     "run_recipe": "relay_engine.recipe",
+    "evaluate_in_env": "relay_engine.envs.evaluate",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -80,6 +80,27 @@ class RobotFeatures:
     def output_features(self) -> dict[str, Any]:
         return {ACTION_KEY: {"type": "ACTION", "shape": [self.action_dim]}}
 
+    @classmethod
+    def read(cls, directory: Path) -> RobotFeatures | None:
+        """The features lerobot's config.json in `directory` names, or None where it names none
+        (a base model, or Relay's own older config.json)."""
+        path = directory / LEROBOT_CONFIG_FILE
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        inputs = config.get("input_features") if config.get("type") == "pi05" else None
+        outputs = config.get("output_features") or {}
+        if not isinstance(inputs, dict) or not inputs or ACTION_KEY not in outputs:
+            return None
+        cameras = {
+            name: (int(feature["shape"][1]), int(feature["shape"][2]))
+            for name, feature in inputs.items()
+            if feature.get("type") == "VISUAL"
+        }
+        state = inputs.get(STATE_KEY, {}).get("shape", [0])
+        return cls(cameras, int(state[0]), int(outputs[ACTION_KEY]["shape"][0]))
+
 
 def variants(config: Pi05Config) -> tuple[str, str]:
     """lerobot's names for the language model's and the action expert's sizes. A size lerobot has

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 from relay_engine.datasets import open_dataset
-from relay_engine.datasets.synth import COLOURS, GAIN
+from relay_engine.envs.dot_world import COLOURS, GAIN
 from tests.engine.datasets.conftest import SYNTH_CAMERAS
 
 
@@ -83,7 +83,7 @@ def test_the_action_is_given_by_the_image_not_by_the_state(synthetic: Path, cach
 
 def test_task_variants_change_what_the_cameras_see(tmp_path: Path) -> None:
     from relay_engine.datasets import write_synthetic_dataset
-    from relay_engine.datasets.synth import render
+    from relay_engine.envs.dot_world import render
 
     path = write_synthetic_dataset(
         tmp_path / "variant", episodes=2, episode_length=4, colours=["orange"], distractors=2, seed=1
