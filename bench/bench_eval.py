@@ -21,6 +21,10 @@ and their seeds (seed + k), the step limit, environments side by side (`--num-en
 torch's threads, and videos of the first 10 episodes (lerobot-eval always renders 10; its render
 size is set to the observation's 96x96, and Relay is asked for the same 10).
 
+Same policy: before the rounds, both sides sample one chunk from PushT's first observation with the
+same noise (lerobot_eval_side.py --chunk-of); the largest difference, as a fraction of the action
+range, is printed (0.2 to 0.3%, from the two libraries' different resizing of 96x96 to 32x32).
+
 Figures: policy steps/s = environment steps of the episodes ÷ the wall time of the episodes
 (Relay's report `seconds`; for lerobot, `eval_policy_all` timed from outside): process start,
 model load and making the environments excluded. The whole process's wall time is reported too.
@@ -43,6 +47,8 @@ from typing import Any
 
 import torch
 from bench_lerobot_opens_output import LEROBOT_TORCH, lerobot_python, make_tiny_output
+
+from relay_engine.datasets.norm_stats import NormStats
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -81,6 +87,12 @@ def main() -> None:
         root = Path(tmp)
         print(f"training pi05-tiny {args.train_steps} steps on a PushT-shaped dataset ...", flush=True)
         output = make_tiny_output(root, args.train_steps, cameras=PUSHT_CAMERAS)
+        chunk_difference = same_chunk(python, output, root, environment)
+        print(
+            f"same policy: lerobot's action chunk is within {chunk_difference:.2%} of the action range "
+            "of Relay's (PushT's first observation, the same noise)",
+            flush=True,
+        )
         runs: dict[str, list[dict[str, Any]]] = {"relay": [], "lerobot": []}
         for round_index in range(args.rounds):
             order = ["relay", "lerobot"] if round_index % 2 == 0 else ["lerobot", "relay"]
@@ -97,7 +109,7 @@ def main() -> None:
                     f"{run['steps_per_s']:6.1f} steps/s ({run['process_s']:.1f} s with start and load)",
                     flush=True,
                 )
-    report = summarize(runs, args)
+    report = summarize(runs, args, chunk_difference)
     out = ROOT / "bench" / "out"
     out.mkdir(exist_ok=True)
     (out / "bench_eval.json").write_text(json.dumps(report, indent=2))
@@ -111,6 +123,51 @@ def ensure_lerobot_eval(python: Path) -> None:
         return
     print(f"installing {' '.join(LEROBOT_EVAL)} into {python}'s environment", flush=True)
     subprocess.run([str(python), "-m", "pip", "install", "-q", LEROBOT_TORCH, *LEROBOT_EVAL], check=True)
+
+
+def same_chunk(python: Path, output: Path, root: Path, environment: dict[str, str]) -> float:
+    """The largest difference between the action chunks Relay and lerobot sample from the output
+    for PushT's first observation (seed 0) and the same noise, as a fraction of the action's range
+    (q01 to q99 of the training data)."""
+    import gymnasium
+    import numpy as np
+
+    from relay_engine.envs.evaluate import PolicyAdapter, load_evaluated_policy
+    from relay_engine.envs.mapping import PUSHT_PROMPT, mapping_for
+
+    policy, _, model_dir = load_evaluated_policy(output, "cpu")
+    mapping = mapping_for(ENV_ID)
+    __import__(str(mapping.module))
+    env = gymnasium.make(ENV_ID, **mapping.make_kwargs)
+    observation, _ = env.reset(seed=0)
+    env.close()
+    batched = {key: np.asarray(value)[None] for key, value in observation.items()}
+    stats = NormStats.from_json((output / "norm_stats.json").read_text())
+    adapter = PolicyAdapter.build(policy, model_dir, mapping, env, stats, None)
+    config = policy.config
+    noise = torch.randn(
+        (1, config.action_horizon, config.action_dim), generator=torch.Generator().manual_seed(0)
+    )
+    with torch.inference_mode():
+        batch = policy.collate([adapter.sample(batched, 0, PUSHT_PROMPT)])
+        chunk = policy.sample_actions(batch, num_steps=10, noise=noise).float().numpy()
+    relay_actions = stats.unnormalize_actions(chunk)[0][:, adapter.columns]
+    inputs = root / "chunk_inputs.npz"
+    np.savez(
+        inputs,
+        image=observation["pixels"],
+        state=observation["agent_pos"],
+        noise=noise.numpy(),
+        prompt=PUSHT_PROMPT,
+    )
+    command = [str(python), str(HERE / "lerobot_eval_side.py"), "--chunk-of", str(output), str(inputs)]
+    lerobot_environment = {k: v for k, v in environment.items() if k != "PYTHONPATH"}
+    done = subprocess.run(command, capture_output=True, text=True, env=lerobot_environment, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"lerobot's chunk failed:\n{done.stderr[-3000:]}")
+    lerobot_actions = np.asarray(json.loads(done.stdout.strip().splitlines()[-1]))
+    action_range = (stats.actions.q99 - stats.actions.q01)[adapter.columns]
+    return float((np.abs(lerobot_actions - relay_actions) / action_range).max())
 
 
 def run_relay(
@@ -178,7 +235,9 @@ def _figures(steps: int, executed: int, seconds: float, process_s: float, succes
     }
 
 
-def summarize(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> dict[str, Any]:
+def summarize(
+    runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, chunk_difference: float
+) -> dict[str, Any]:
     relay, lerobot = runs["relay"], runs["lerobot"]
     ratios = [r["steps_per_s"] / o["steps_per_s"] for r, o in zip(relay, lerobot, strict=True)]
     process_ratios = [
@@ -197,6 +256,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
             "threads": args.threads or torch.get_num_threads(),
             "video_episodes": LEROBOT_VIDEO_EPISODES,
         },
+        "chunk_difference_of_action_range": chunk_difference,
         "relay": _side(relay),
         "lerobot": _side(lerobot),
         "ratio": statistics.median(ratios),

@@ -2,6 +2,7 @@
 (for bench_eval.py):
 
     python lerobot_eval_side.py --policy.path=OUT --env.type=pusht ...   (lerobot-eval's options)
+    python lerobot_eval_side.py --chunk-of OUT INPUTS.npz    (one chunk, to compare with Relay's)
 
 lerobot's pi05 builds two model sizes only (gemma_2b with gemma_300m and SigLIP So400m, PaliGemma's
 vocabulary), and the full size does not fit this machine's CPUs for an evaluation. So before
@@ -180,7 +181,49 @@ def count_steps(path: Path) -> None:
     lerobot_eval.eval_policy_all = timed_eval_policy_all
 
 
+def chunk_of(directory: Path, inputs_path: Path) -> None:
+    """One action chunk from lerobot's PI05Policy and processors, for the observation and noise in
+    `inputs_path` (an npz Relay wrote); prints the un-normalized chunk as JSON."""
+    import numpy as np
+    import torch
+    from lerobot.policies.pi05.modeling_pi05 import PI05Policy
+    from lerobot.processor import (
+        PolicyProcessorPipeline,
+        policy_action_to_transition,
+        transition_to_policy_action,
+    )
+
+    inputs = np.load(inputs_path)
+    policy = PI05Policy.from_pretrained(directory)
+    policy.eval()
+    pre = PolicyProcessorPipeline.from_pretrained(
+        directory,
+        config_filename="policy_preprocessor.json",
+        overrides={"tokenizer_processor": {"tokenizer": byte_tokenizer()}},
+    )
+    post = PolicyProcessorPipeline.from_pretrained(
+        directory,
+        config_filename="policy_postprocessor.json",
+        to_transition=policy_action_to_transition,
+        to_output=transition_to_policy_action,
+    )
+    image = torch.from_numpy(inputs["image"]).permute(2, 0, 1)[None].float() / 255
+    observation = {
+        "observation.image": image,
+        "observation.state": torch.from_numpy(inputs["state"])[None].float(),
+        "task": [str(inputs["prompt"])],
+    }
+    with torch.inference_mode():
+        chunk = policy.predict_action_chunk(pre(observation), noise=torch.from_numpy(inputs["noise"]))
+        actions = post(chunk)
+    print(json.dumps(actions[0].tolist()))
+
+
 def main() -> None:
+    if sys.argv[1] == "--chunk-of":
+        teach_sizes(json.loads((Path(sys.argv[2]) / "relay_config.json").read_text()))
+        chunk_of(Path(sys.argv[2]), Path(sys.argv[3]))
+        return
     directory = policy_path(sys.argv[1:])
     relay_config = json.loads((directory / "relay_config.json").read_text())
     if relay_config.get("tokenizer") != "bytes":
