@@ -56,8 +56,11 @@ def lerobot_python(given: str | None) -> Path:
     return python
 
 
-def make_tiny_output(root: Path, steps: int) -> Path:
-    cameras = {"observation.images.top": (64, 64), "observation.images.wrist": (48, 48)}
+TWO_CAMERAS = {"observation.images.top": (64, 64), "observation.images.wrist": (48, 48)}
+
+
+def make_tiny_output(root: Path, steps: int, cameras: dict[str, tuple[int, int]] = TWO_CAMERAS) -> Path:
+    """`pi05-tiny` trained `steps` steps on a synthetic dataset with these cameras (in `root`)."""
     data = write_synthetic_dataset(root / "dataset", episodes=8, episode_length=(10, 14), cameras=cameras)
     dataset = open_dataset(str(data))
     out = root / "tiny"
