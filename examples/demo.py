@@ -40,6 +40,9 @@ LEARNING_RATE = 2e-3
 # heart would fail on the held-out ones; this one has to find the dot.
 EPISODES = 400
 HELD_OUT_EPISODES = 40
+# Closed-loop episodes in relay/Dot-v0, seeded apart from every episode written above.
+CLOSED_LOOP_EPISODES = 40
+CLOSED_LOOP_SEED = 1000
 CAMERAS = {"observation.images.top": (64, 64), "observation.images.wrist": (64, 64)}
 # The dataset's layout: what users bring today, LeRobot v3.0 with the cameras as H.264 mp4s
 # (`relay datasets synth --format v3.0 --video`). {"format": "v2.1", "video": False} writes PNG
@@ -202,6 +205,24 @@ def main() -> None:
         (f"fine-tuned ({STEPS} steps, {job.id})", tuned),
     ):
         print(f"  {name:<44} {error:7.4f}  {blind / error:7.2f}x")
+
+    # 5. Does the tuned policy work in closed loop? It acts in relay/Dot-v0, the environment the
+    #    dataset's demonstrations were recorded in, on episodes it never saw (their own seeds):
+    #    success is reaching the orange dot within the episode's 50 steps.
+    from relay_engine.envs import evaluate_in_env
+
+    episodes = f"{CLOSED_LOOP_EPISODES} new episodes, seed {CLOSED_LOOP_SEED}"
+    print(f"\nclosed loop in relay/Dot-v0 ({episodes}) ...", flush=True)
+    scene = {"colours": task["colours"], "cameras": CAMERAS}
+    print(f"  {'policy':<44} {'success':>7}  {'mean steps':>10}")
+    policies = (("pi05-tiny base, before fine-tuning", "pi05-tiny"), (f"fine-tuned ({job.id})", str(output)))
+    for name, model in policies:
+        report = evaluate_in_env(
+            model, "relay/Dot-v0", episodes=CLOSED_LOOP_EPISODES, seed=CLOSED_LOOP_SEED, env_options=scene,
+            videos=HOME / "videos" / name.split(" ")[0],
+        )  # fmt: skip
+        print(f"  {name:<44} {report.success_rate:7.0%}  {report.mean_length:10.1f}")
+    print(f"  (videos of the first episodes: {HOME / 'videos'})")
 
 
 if __name__ == "__main__":
