@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from relay import families
 from relay.dataset_names import local_dataset_path, names_local_directory
-from relay.events import CancelledEvent
+from relay.events import CancelledEvent, ValidationEvent
 from relay.memory_plan import GB, MemoryPlan, gpu_shortfall, plan_named, weight_count
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
@@ -41,9 +41,9 @@ def new_job_id() -> str:
     return JOB_ID_PREFIX + secrets.token_hex(6)
 
 
-def job_object(row: Mapping[str, Any]) -> dict[str, Any]:
+def job_object(row: Mapping[str, Any], validation: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A job as the API shows it (schemas.FineTuneOut, the one definition of its shape): its own
-    attributes, then the config's fields."""
+    attributes, then the config's fields. `validation`: its block (validation_blocks), if any."""
     config = row["config"]
     job = {
         "id": row["id"],
@@ -59,6 +59,7 @@ def job_object(row: Mapping[str, Any]) -> dict[str, Any]:
         "attempts": row["attempt"],
         "lease_lapsed_seconds": lease_lapsed_seconds(row),
         "dataset": row.get("dataset"),
+        "validation": validation,
         **{name: config.get(name) for name in CONFIG_FIELDS},
     }
     return FineTuneOut.model_validate(job).model_dump(mode="json")
@@ -416,6 +417,41 @@ _CALLERS_EVENTS = (
     .order_by(fine_tune_events.c.id)
     .limit(bindparam("limit"))
 )
+
+
+# A job's validation scores, in step order: validation_blocks reads them for the jobs that have a split.
+_VALIDATION_SCORES = (
+    select(fine_tune_events.c.job_id, fine_tune_events.c.step, fine_tune_events.c.data)
+    .where(
+        fine_tune_events.c.job_id.in_(bindparam("job_ids", expanding=True)),
+        fine_tune_events.c.kind == ValidationEvent.kind,
+    )
+    .order_by(fine_tune_events.c.job_id, fine_tune_events.c.step)
+)
+
+
+def validation_blocks(db: Db, rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The `validation` block of each job of `rows` that has been scored: its best scores (the
+    lowest action_mse, the earliest of equals), its last, and how many. One query, and none when
+    no job of `rows` has validation_episodes."""
+    job_ids = [row["id"] for row in rows if (row["config"] or {}).get("validation_episodes") is not None]
+    if not job_ids:
+        return {}
+    blocks: dict[str, dict[str, Any]] = {}
+    for job_id, step, data in db.execute(_VALIDATION_SCORES, {"job_ids": job_ids}):
+        scores = {"step": step, **data}
+        block = blocks.setdefault(job_id, {"best": scores, "last": scores, "scored": 0})
+        block["last"] = scores
+        block["scored"] += 1
+        if _lower_action_error(scores, block["best"]):
+            block["best"] = scores
+    _end_read(db)
+    return blocks
+
+
+def _lower_action_error(scores: Mapping[str, Any], best: Mapping[str, Any]) -> bool:
+    error, best_error = scores.get("action_mse"), best.get("action_mse")
+    return error is not None and (best_error is None or error < best_error)
 
 
 def get(db: Db, user_id: int, job_id: str, shown_only: bool = False) -> dict[str, Any]:

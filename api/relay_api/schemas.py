@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 
-from relay.events import EVENT_KINDS, METRICS, EventBase, admits_none, fields_of
+from relay.events import EVENT_KINDS, METRICS, EventBase, ValidationEvent, admits_none, fields_of
 
 
 class DatasetReadOut(BaseModel):
@@ -25,6 +25,41 @@ class DatasetReadOut(BaseModel):
     format: str | None = None
     frames: int
     episodes: int
+
+
+def _validation_scores_out() -> type[BaseModel]:
+    """One scoring of a job's validation split: a `validation` event's fields (its step among them)."""
+    declared: dict[str, Any] = {
+        name: (hint, None) if admits_none(hint) else (hint, ...)
+        for name, hint in fields_of(ValidationEvent).items()
+    }
+    return create_model(
+        "ValidationScoresOut",
+        __config__=ConfigDict(extra="forbid"),
+        __doc__=ValidationEvent.__doc__,
+        **declared,
+    )
+
+
+if TYPE_CHECKING:
+    ValidationScoresOut = BaseModel
+else:
+    ValidationScoresOut = _validation_scores_out()
+
+
+class ValidationOut(BaseModel):
+    """A job's validation split as scored so far (its `validation` events)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    best: ValidationScoresOut = Field(
+        description="The scoring with the lowest `action_mse` so far (the earliest of equals), with its "
+        "step: the checkpoint to pick."
+    )
+    last: ValidationScoresOut = Field(
+        description="The latest scoring: the latest checkpoint's, or the end's."
+    )
+    scored: int = Field(description="How many times the split has been scored.")
 
 
 class FineTuneOut(BaseModel):
@@ -54,6 +89,12 @@ class FineTuneOut(BaseModel):
         "Hub repo, the revision and its commit sha, or the local path; the format, episodes and frames. "
         "Null until then, and for jobs that read no LeRobot dataset.",
     )
+    validation: ValidationOut | None = Field(
+        None,
+        description="A job with `validation_episodes`: the held-out scores, best and last (its "
+        "`validation` events, at each checkpoint and at the end). Null before the first, and for "
+        "jobs without a validation split.",
+    )
     model: str
     dataset_name: str
     dataset_revision: str | None = None
@@ -68,6 +109,7 @@ class FineTuneOut(BaseModel):
     name: str | None
     gpus: int | None = None  # the processes (GPUs) the job runs on; None only for jobs older than the field
     task: str | None = None
+    validation_episodes: list[int] | float | str | None = None
 
 
 class FineTuneList(BaseModel):
@@ -111,7 +153,8 @@ else:  # the union of the kinds' models, told apart by `kind`
 class EventOut(RootModel[EventOutChoice]):
     """The engine's report: every 10 steps a metrics event (``step`` and ``loss``, ``grad_norm``,
     ``lr``, ``skipped``, the speed), or an event named by ``event`` ("checkpoint", "resumed",
-    "retry", "cancelled", "finished", "error", "dataset") with its details; ``kind`` names either."""
+    "retry", "cancelled", "finished", "error", "dataset", "validation") with its details; ``kind``
+    names either."""
 
     @property
     def id(self) -> int:

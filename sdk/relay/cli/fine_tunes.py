@@ -28,7 +28,7 @@ from relay.cli._common import (
 )
 from relay.cli.watch import watch_events
 from relay.errors import APIError, ConfigError
-from relay.events import METRICS, dataset_line
+from relay.events import METRICS, ValidationEvent, dataset_line, validation_line
 from relay.formatting import duration_text, number_text, size_text
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 from relay.sft.job import Event, FineTuneJob, interrupted_note
@@ -109,6 +109,11 @@ def create(
         None, "--camera", help="MODEL_CAMERA=DATASET_FEATURE, repeatable."
     ),
     name: str | None = typer.Option(None, help="A name for the job."),
+    validation_episodes: str | None = typer.Option(
+        None,
+        help="Hold these episodes out of training and score them at each checkpoint and at the end: "
+        "episodes like 40-49 or 3,7,9, or a fraction of the episodes like 0.1 (default: none).",
+    ),
     config_file: Path | None = typer.Option(
         None, "--config", help="A JSON file with the config's fields; options given here override it."
     ),
@@ -134,6 +139,7 @@ def create(
             "targets": split_targets(target),
             "cameras": parse_pairs(camera, "camera") if camera else None,
             "name": name,
+            "validation_episodes": validation_episodes,
         }
         fields.update({k: v for k, v in given.items() if v is not None})  # the options override the file
         job = train(SFTConfig.parse(fields), idempotency_key=idempotency_key)
@@ -244,6 +250,8 @@ def _show_job(job: FineTuneJob, as_json: bool) -> None:
         record = {LOSS_LABEL if key == "loss" else key: value for key, value in record.items()}
         if record.get("dataset"):  # what the engine read, in one line
             record["dataset"] = dataset_line(record["dataset"])
+        if record.get("validation"):  # the held-out scores, best and last, a line each
+            record["validation"] = validation_text(record["validation"])
     show_record(record, as_json)
 
 
@@ -256,6 +264,11 @@ def _print_event(event: Event, as_json: bool, steps: int) -> None:
             f"id {event.id:>6}  step {event['step']:>6}  loss {number_text(event.get('loss'))}"
             f"  grad_norm {number_text(event.get('grad_norm'))}  lr {number_text(event.get('lr'))}"
             f"  skipped {_share(event.get('skipped'))}  {_pace(event, steps)}"
+        )
+    elif event.kind == ValidationEvent.kind:
+        line = (
+            f"id {event.id:>6}  step {event['step']:>6}  validation  {validation_line(event)}"
+            f"  ({_value(event.get('seconds'))} s)"
         )
     else:
         details = "  ".join(f"{k} {_value(v)}" for k, v in event.items() if k not in ("step", "event"))
@@ -286,3 +299,12 @@ def _share(value: float | None) -> str:
 def _value(value: Any) -> str:
     """An event's detail: a float to 4 significant digits (a checkpoint's seconds), the rest as is."""
     return number_text(value) if isinstance(value, float) else str(value)
+
+
+def validation_text(block: dict[str, Any]) -> str:
+    """A job's validation block for people: the best scores and the last, a line each."""
+    best, last = block["best"], block["last"]
+    lines = [f"best at step {best['step']}: {validation_line(best)}"]
+    if last["step"] != best["step"]:
+        lines.append(f"last at step {last['step']}: {validation_line(last)}")
+    return "\n".join(lines)
