@@ -199,7 +199,8 @@ def validation_line(scored: Mapping[str, Any]) -> str:
             ratio = blind / action
             parts[0] += f" ({ratio:.2f}x better)" if ratio >= 1 else f" ({1 / ratio:.2f}x worse)"
     parts.append(f"validation loss {number_text(scored.get('validation_loss'))}")
-    parts.append(f"{scored.get('frames', 0):,} frames of {scored.get('episodes', 0):,} episodes")
+    episodes = int(scored.get("episodes") or 0)
+    parts.append(f"{scored.get('frames', 0):,} frames of {episodes:,} episode{'' if episodes == 1 else 's'}")
     return ", ".join(parts)
 
 

@@ -34,7 +34,8 @@ function validationLine(scores) {
       action += ratio >= 1 ? ` (${ratio.toFixed(2)}x better)` : ` (${(1 / ratio).toFixed(2)}x worse)`;
     }
   }
-  return `${action}, validation loss ${number(scores.validation_loss)}, ${count(scores.frames)} frames of ${count(scores.episodes)} episodes`;
+  const episodes = `${count(scores.episodes)} episode${scores.episodes === 1 ? "" : "s"}`;
+  return `${action}, validation loss ${number(scores.validation_loss)}, ${count(scores.frames)} frames of ${episodes}`;
 }
 
 // The job's validation block (best and last), a line each.

@@ -1,0 +1,233 @@
+"""A recipe's validation split on pi05-tiny: held-out frames never reach the training sampler, they
+are scored after each checkpoint with figures that repeat, the scoring leaves training as it was,
+and the figures are `relay local eval`'s on the output."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from relay.events import CheckpointEvent, MetricsEvent, ValidationEvent
+from relay.sft.config import SFTConfig
+from relay_engine import Trainer, TrainingArguments
+from relay_engine.datasets import LeRobotDataset
+from relay_engine.errors import ConfigError
+from relay_engine.families import family_named
+from relay_engine.families.base import EvaluationRequest
+from relay_engine.families.pi05 import validation
+from relay_engine.models import load_policy
+from relay_engine.recipe import Recipe, run_recipe
+
+HELD_OUT = [2, 5]
+
+
+def recipe_for(dataset: Path, **changes: Any) -> Recipe:
+    config: dict[str, Any] = dict(
+        model="pi05-tiny", dataset_name=str(dataset), batch_size=8, learning_rate=1e-3, steps=8
+    )
+    engine: dict[str, Any] = dict(checkpoint_every=4, log_every=1, num_workers=0)
+    for name, value in changes.items():
+        (config if name in SFTConfig.model_fields else engine)[name] = value
+    return Recipe.from_config(SFTConfig(**config), **engine)
+
+
+def run(recipe: Recipe, work_dir: Path, cache: Path) -> list[Any]:
+    events: list[Any] = []
+    run_recipe(recipe, work_dir, on_event=events.append, should_stop=lambda: False, dataset_cache_dir=cache)
+    return events
+
+
+def held_out_frames(dataset: LeRobotDataset, episodes: list[int]) -> set[int]:
+    return {int(i) for i in dataset.indices_of_episodes(episodes)}
+
+
+class FrameReads:
+    """Every frame LeRobotDataset.__getitem__ reads, split by whether the validator was scoring."""
+
+    def __init__(self) -> None:
+        self.training: list[int] = []
+        self.scoring: list[int] = []
+        self.in_validator = False
+
+
+@pytest.fixture
+def frame_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[FrameReads]:
+    reads = FrameReads()
+    read = LeRobotDataset.__getitem__
+    score = validation.Validator.__call__
+
+    def recorded_read(self: LeRobotDataset, frame: int) -> Any:
+        (reads.scoring if reads.in_validator else reads.training).append(int(frame))
+        return read(self, frame)
+
+    def recorded_score(self: validation.Validator, step: int) -> ValidationEvent:
+        reads.in_validator = True
+        try:
+            return score(self, step)
+        finally:
+            reads.in_validator = False
+
+    monkeypatch.setattr(LeRobotDataset, "__getitem__", recorded_read)
+    monkeypatch.setattr(validation.Validator, "__call__", recorded_score)
+    yield reads
+
+
+def test_the_training_sampler_never_reads_a_held_out_frame(
+    synthetic_dataset_path: Path,
+    synthetic_dataset: LeRobotDataset,
+    dataset_cache: Path,
+    tmp_path: Path,
+    frame_reads: FrameReads,
+) -> None:
+    held = held_out_frames(synthetic_dataset, HELD_OUT)
+    training = set(range(len(synthetic_dataset))) - held
+    # More than an epoch of the training frames, so every one of them is read.
+    steps = math.ceil(len(training) / 8) + 1
+    events = run(
+        recipe_for(synthetic_dataset_path, validation_episodes=HELD_OUT, steps=steps, checkpoint_every=steps),
+        tmp_path,
+        dataset_cache,
+    )
+    assert frame_reads.training and not held & set(frame_reads.training)
+    assert set(frame_reads.training) == training
+    # The validator read the held-out frames, all of them (fewer than 256), and nothing else.
+    assert set(frame_reads.scoring) == held
+    assert [e.step for e in events if isinstance(e, ValidationEvent)] == [steps]
+
+
+def test_each_checkpoint_is_followed_by_scores_that_repeat_and_that_local_eval_gives(
+    synthetic_dataset_path: Path, synthetic_dataset: LeRobotDataset, dataset_cache: Path, tmp_path: Path
+) -> None:
+    recipe = recipe_for(synthetic_dataset_path, validation_episodes="2,5")
+    events = run(recipe, tmp_path / "first", dataset_cache)
+
+    kinds = [(e.step, e.kind) for e in events if e.kind in ("checkpoint", "validation")]
+    assert kinds == [(4, "checkpoint"), (4, "validation"), (8, "checkpoint"), (8, "validation")]
+    scores = [e for e in events if isinstance(e, ValidationEvent)]
+    frames = len(held_out_frames(synthetic_dataset, HELD_OUT))
+    for event in scores:
+        assert event.frames == frames and event.episodes == 2 and event.seconds > 0
+        figures = (event.validation_loss, event.action_mse, event.blind_mse)
+        assert all(math.isfinite(v) and v > 0 for v in figures)
+    # The blind baseline does not train: one figure for the run. The policy does: its scores move.
+    assert scores[0].blind_mse == scores[1].blind_mse
+    assert scores[0].action_mse != scores[1].action_mse
+    assert scores[0].validation_loss != scores[1].validation_loss
+
+    # The same seed, the same figures: the held-out noise is drawn from it, not from the run's state.
+    again = [e for e in run(recipe, tmp_path / "again", dataset_cache) if isinstance(e, ValidationEvent)]
+    for first, second in zip(scores, again, strict=True):
+        for field in ("validation_loss", "action_mse", "blind_mse", "frames"):
+            assert first[field] == pytest.approx(second[field], rel=1e-6), field
+
+    # The end's scores are what `relay local eval` says of the output on the held-out episodes,
+    # against the blind baseline of the others (pi05-tiny trains every weight: nothing to merge).
+    others = sorted(set(synthetic_dataset.episodes.tolist()) - set(HELD_OUT))
+    request = EvaluationRequest(
+        model=str(tmp_path / "first" / "output"),
+        dataset=str(synthetic_dataset_path),
+        episodes=HELD_OUT,
+        blind_from=others,
+        device="cpu",
+    )
+    report = family_named("pi05").evaluate(request)
+    assert report["frames"] == frames
+    assert report["mse"] == pytest.approx(scores[-1].action_mse, rel=1e-4)
+    assert report["blind_mse"] == pytest.approx(scores[-1].blind_mse, rel=1e-6)
+
+
+def test_scoring_leaves_training_as_it_was(
+    synthetic_dataset_path: Path, synthetic_dataset: LeRobotDataset, dataset_cache: Path, tmp_path: Path
+) -> None:
+    # Holding episodes 2 and 5 out trains on the same frames as training on the others only; the
+    # scoring between steps (eval mode, its own noise) must not change a single training loss.
+    others = sorted(set(synthetic_dataset.episodes.tolist()) - set(HELD_OUT))
+    with_split = recipe_for(synthetic_dataset_path, validation_episodes=HELD_OUT)
+    scored = run(with_split, tmp_path / "a", dataset_cache)
+    plain = run(recipe_for(synthetic_dataset_path, episodes=others), tmp_path / "b", dataset_cache)
+    losses = lambda events: [e.loss for e in events if isinstance(e, MetricsEvent)]  # noqa: E731
+    assert len(losses(plain)) == 8
+    assert losses(scored) == pytest.approx(losses(plain), abs=1e-6)
+    assert not any(isinstance(e, ValidationEvent) for e in plain)
+    assert [e.step for e in scored if isinstance(e, CheckpointEvent)] == [4, 8]
+
+
+def test_a_fraction_holds_out_episodes_chosen_from_the_seed(synthetic_dataset: LeRobotDataset) -> None:
+    split = validation.split_frames(synthetic_dataset, None, 0.25, seed=0)
+    again = validation.split_frames(synthetic_dataset, None, 0.25, seed=0)
+    assert split.held_out_episodes == again.held_out_episodes
+    assert len(split.held_out_episodes) == 2  # a quarter of 8
+    held = held_out_frames(synthetic_dataset, split.held_out_episodes)
+    assert set(split.training.tolist()) == set(range(len(synthetic_dataset))) - held
+    assert set(split.scored.tolist()) == held
+    # With --episodes, the fraction is of those episodes.
+    limited = validation.split_frames(synthetic_dataset, [0, 1, 2, 3], 0.5, seed=0)
+    assert set(limited.held_out_episodes) < {0, 1, 2, 3} and len(limited.held_out_episodes) == 2
+
+
+def test_at_most_256_frames_are_scored_evenly_spaced() -> None:
+    frames = np.arange(1000, 2000)
+    chosen = validation.evenly_spaced(frames, 256)
+    assert len(chosen) == 256 == len(set(chosen.tolist()))
+    assert chosen[0] == 1000 and chosen[-1] == 1999
+    gaps = np.diff(chosen)
+    assert gaps.min() >= 3 and gaps.max() <= 4
+    assert validation.evenly_spaced(frames[:10], 256).tolist() == frames[:10].tolist()
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ([99], "bad validation_episodes: [99] (the dataset has no episode 99; its episodes are 0 to 7)"),
+        ("0-7", 'bad validation_episodes: "0-7" (it holds out every one of the 8 training episodes'),
+    ],
+)
+def test_episodes_the_dataset_cannot_give_are_refused_before_training_naming_the_field(
+    synthetic_dataset_path: Path, dataset_cache: Path, tmp_path: Path, spec: object, message: str
+) -> None:
+    events: list[Any] = []
+    with pytest.raises(ConfigError) as caught:
+        run_recipe(
+            recipe_for(synthetic_dataset_path, validation_episodes=spec),
+            tmp_path,
+            on_event=events.append,
+            should_stop=lambda: False,
+            dataset_cache_dir=dataset_cache,
+        )
+    assert str(caught.value).startswith(message) and caught.value.param == "validation_episodes"
+    assert not any(isinstance(e, MetricsEvent) for e in events)
+
+
+def test_the_local_trainer_scores_after_each_epoch_and_returns_the_ends_scores(
+    synthetic_dataset: LeRobotDataset, tmp_path: Path
+) -> None:
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        num_train_epochs=2,
+        per_device_train_batch_size=32,
+        learning_rate=1e-3,
+        validation_episodes=HELD_OUT,
+        disable_tqdm=True,
+    )
+    trainer = Trainer(model=load_policy("pi05-tiny"), args=args, train_dataset=synthetic_dataset)
+    held = held_out_frames(synthetic_dataset, HELD_OUT)
+    assert len(trainer.training_data) == len(synthetic_dataset) - len(held)
+    result = trainer.train()
+    scores = [e for e in trainer.events if isinstance(e, ValidationEvent)]
+    per_epoch = math.ceil(len(trainer.training_data) / 32)
+    assert [e.step for e in scores] == [per_epoch, 2 * per_epoch] == [per_epoch, result["steps"]]
+    assert result["validation_action_mse"] == scores[-1].action_mse
+    assert result["validation_blind_mse"] == scores[-1].blind_mse
+    assert result["validation_loss"] == scores[-1].validation_loss
+
+    with pytest.raises(ConfigError, match=r"bad validation_episodes: 1\.5"):
+        TrainingArguments(output_dir=str(tmp_path), max_steps=1, validation_episodes=1.5)
+    subset = torch.utils.data.Subset(synthetic_dataset, range(20))
+    with pytest.raises(ConfigError, match="must then be a whole LeRobot dataset"):
+        Trainer(model=load_policy("pi05-tiny"), args=args, train_dataset=subset)
