@@ -1,0 +1,83 @@
+"""What a validation split costs a recipe job: the seconds of one scoring of the held-out frames
+(at most 256) against the seconds of one training step, on pi05-tiny, and the share of a run's
+time that scoring at every checkpoint adds.
+
+    python bench/bench_validation.py [--episodes 40] [--held-out 8] [--batch-size 16]
+                                     [--steps 60] [--checkpoint-every 20]
+
+It writes a synthetic dataset (the demo's shape, smaller), runs the recipe once without a split
+and once with one (the same training frames: the split's episodes are left out of the first run
+with `episodes`), and prints the figures and ratios. Figures depend on the machine: quote the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relay.events import ValidationEvent
+from relay.sft.config import SFTConfig
+from relay_engine.datasets import write_synthetic_dataset
+from relay_engine.recipe import Recipe, run_recipe
+
+
+def timed_run(recipe: Recipe, work_dir: Path, cache: Path) -> tuple[float, list[Any]]:
+    events: list[Any] = []
+    started = time.perf_counter()
+    run_recipe(recipe, work_dir, on_event=events.append, should_stop=lambda: False, dataset_cache_dir=cache)
+    return time.perf_counter() - started, events
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--episodes", type=int, default=40)
+    parser.add_argument("--held-out", type=int, default=8, help="the last N episodes are held out")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--checkpoint-every", type=int, default=20)
+    options = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        dataset = write_synthetic_dataset(
+            root / "dots", episodes=options.episodes, episode_length=(40, 60), seed=0
+        )
+        held = list(range(options.episodes - options.held_out, options.episodes))
+        training = list(range(options.episodes - options.held_out))
+        config = {
+            "model": "pi05-tiny",
+            "dataset_name": str(dataset),
+            "batch_size": options.batch_size,
+            "steps": options.steps,
+        }
+        engine = {"checkpoint_every": options.checkpoint_every, "num_workers": 0}
+        plain = Recipe.from_config(SFTConfig(**config), episodes=training, **engine)
+        split = Recipe.from_config(SFTConfig(**config, validation_episodes=held), **engine)
+        timed_run(plain, root / "warm", root / "cache")  # the frame index, and torch warmed up
+        without, _ = timed_run(plain, root / "plain", root / "cache")
+        with_split, events = timed_run(split, root / "split", root / "cache")
+
+    scores = [e for e in events if isinstance(e, ValidationEvent)]
+    scoring = sum(e.seconds or 0.0 for e in scores) / len(scores)
+    step = without / options.steps
+    print(f"torch threads: {torch.get_num_threads()}")
+    print(f"held-out frames scored: {scores[0].frames} of {len(held)} episodes; scorings: {len(scores)}")
+    print(f"one scoring: {scoring:.2f} s; one training step: {step:.3f} s; ratio {scoring / step:.1f} steps")
+    ratio = with_split / without
+    print(f"run without a split: {without:.1f} s; with one: {with_split:.1f} s; ratio {ratio:.2f}")
+    last = scores[-1]
+    print(
+        f"last scores: action_mse {last.action_mse:.4f}, blind_mse {last.blind_mse:.4f}, "
+        f"validation_loss {last.validation_loss:.4f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
