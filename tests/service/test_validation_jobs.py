@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 
 
 def tiny(dataset: Path, **fields: object) -> SFTConfig:
-    return SFTConfig(model="pi05-tiny", dataset_name=str(dataset), batch_size=2, steps=20, **fields)
+    defaults = {"model": "pi05-tiny", "dataset_name": str(dataset), "batch_size": 2, "steps": 20}
+    return SFTConfig(**{**defaults, **fields})
 
 
 def test_a_job_with_a_validation_split_reports_its_scores_everywhere(
