@@ -7,12 +7,14 @@ time that scoring at every checkpoint adds.
 
 It writes a synthetic dataset (the demo's shape, smaller), runs the recipe once without a split
 and once with one (the same training frames: the split's episodes are left out of the first run
-with `episodes`), and prints the figures and ratios. Figures depend on the machine: quote the ratios.
+with `episodes`), and prints the figures and ratios (and writes them to
+bench/out/bench_validation.json). Figures depend on the machine: quote the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +26,8 @@ from relay.events import ValidationEvent
 from relay.sft.config import SFTConfig
 from relay_engine.datasets import write_synthetic_dataset
 from relay_engine.recipe import Recipe, run_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def timed_run(recipe: Recipe, work_dir: Path, cache: Path) -> tuple[float, list[Any]]:
@@ -77,6 +81,20 @@ def main() -> None:
         f"last scores: action_mse {last.action_mse:.4f}, blind_mse {last.blind_mse:.4f}, "
         f"validation_loss {last.validation_loss:.4f}"
     )
+    report = {
+        "options": vars(options),
+        "torch_threads": torch.get_num_threads(),
+        "frames_scored": scores[0].frames,
+        "scoring_seconds": scoring,
+        "step_seconds": step,
+        "scoring_in_steps": scoring / step,
+        "run_seconds": {"without_split": without, "with_split": with_split},
+        "run_ratio": ratio,
+        "last_scores": dict(last),
+    }
+    out = ROOT / "bench" / "out"
+    out.mkdir(exist_ok=True)
+    (out / "bench_validation.json").write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
