@@ -5,7 +5,7 @@ and the figures are `relay local eval`'s on the output."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,22 +16,47 @@ import torch
 from relay.events import CheckpointEvent, MetricsEvent, ValidationEvent
 from relay.sft.config import SFTConfig
 from relay_engine import Trainer, TrainingArguments
-from relay_engine.datasets import LeRobotDataset
+from relay_engine.datasets import LeRobotDataset, open_dataset, write_synthetic_dataset
 from relay_engine.errors import ConfigError
 from relay_engine.families import family_named
 from relay_engine.families.base import EvaluationRequest
 from relay_engine.families.pi05 import validation
+from relay_engine.families.pi05.evaluate import flow_loss
 from relay_engine.models import load_policy
 from relay_engine.recipe import Recipe, run_recipe
 
-HELD_OUT = [2, 5]
+# A dataset of its own, small enough that two runs of more than an epoch take seconds: 5 episodes of
+# 6 to 8 frames; episode 2 is held out.
+HELD_OUT = [2]
+BATCH_SIZE = 8
+
+
+@dataclass
+class FrameReads:
+    """Every frame LeRobotDataset.__getitem__ reads, split by whether the validator was scoring."""
+
+    training: list[int] = field(default_factory=list)
+    scoring: list[int] = field(default_factory=list)
+    in_validator: bool = False
+
+
+@dataclass(frozen=True)
+class Runs:
+    """One run with the split (its frame reads recorded) and one that trains on the other episodes."""
+
+    dataset: LeRobotDataset
+    steps: int
+    scored: list[Any]
+    plain: list[Any]
+    reads: FrameReads
+    output: Path
 
 
 def recipe_for(dataset: Path, **changes: Any) -> Recipe:
     config: dict[str, Any] = dict(
-        model="pi05-tiny", dataset_name=str(dataset), batch_size=8, learning_rate=1e-3, steps=8
+        model="pi05-tiny", dataset_name=str(dataset), batch_size=BATCH_SIZE, learning_rate=1e-3, steps=4
     )
-    engine: dict[str, Any] = dict(checkpoint_every=4, log_every=1, num_workers=0)
+    engine: dict[str, Any] = dict(checkpoint_every=2, log_every=1, num_workers=0)
     for name, value in changes.items():
         (config if name in SFTConfig.model_fields else engine)[name] = value
     return Recipe.from_config(SFTConfig(**config), **engine)
@@ -47,20 +72,23 @@ def held_out_frames(dataset: LeRobotDataset, episodes: list[int]) -> set[int]:
     return {int(i) for i in dataset.indices_of_episodes(episodes)}
 
 
-class FrameReads:
-    """Every frame LeRobotDataset.__getitem__ reads, split by whether the validator was scoring."""
-
-    def __init__(self) -> None:
-        self.training: list[int] = []
-        self.scoring: list[int] = []
-        self.in_validator = False
+@pytest.fixture(scope="module")
+def small_dataset_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_synthetic_dataset(
+        tmp_path_factory.mktemp("small") / "dataset", episodes=5, episode_length=(6, 8), seed=4
+    )
 
 
-@pytest.fixture
-def frame_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[FrameReads]:
+@pytest.fixture(scope="module")
+def runs(small_dataset_path: Path, dataset_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    root = tmp_path_factory.mktemp("validation")
+    dataset = open_dataset(str(small_dataset_path), cache_dir=dataset_cache)
+    others = sorted(set(dataset.episodes.tolist()) - set(HELD_OUT))
+    training = len(dataset) - len(held_out_frames(dataset, HELD_OUT))
+    # More than an epoch of the training frames (so every one is read), checkpoints halfway and at the end.
+    steps = 2 * math.ceil((math.ceil(training / BATCH_SIZE) + 1) / 2)
     reads = FrameReads()
-    read = LeRobotDataset.__getitem__
-    score = validation.Validator.__call__
+    read, score = LeRobotDataset.__getitem__, validation.Validator.__call__
 
     def recorded_read(self: LeRobotDataset, frame: int) -> Any:
         (reads.scoring if reads.in_validator else reads.training).append(int(frame))
@@ -73,46 +101,42 @@ def frame_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[FrameReads]:
         finally:
             reads.in_validator = False
 
-    monkeypatch.setattr(LeRobotDataset, "__getitem__", recorded_read)
-    monkeypatch.setattr(validation.Validator, "__call__", recorded_score)
-    yield reads
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LeRobotDataset, "__getitem__", recorded_read)
+        patch.setattr(validation.Validator, "__call__", recorded_score)
+        recipe = recipe_for(
+            small_dataset_path, validation_episodes=HELD_OUT, steps=steps, checkpoint_every=steps // 2
+        )
+        scored = run(recipe, root / "scored", dataset_cache)
+    plain_recipe = recipe_for(small_dataset_path, episodes=others, steps=steps, checkpoint_every=steps // 2)
+    plain = run(plain_recipe, root / "plain", dataset_cache)
+    return Runs(dataset, steps, scored, plain, reads, root / "scored" / "output")
 
 
-def test_the_training_sampler_never_reads_a_held_out_frame(
-    synthetic_dataset_path: Path,
-    synthetic_dataset: LeRobotDataset,
-    dataset_cache: Path,
-    tmp_path: Path,
-    frame_reads: FrameReads,
-) -> None:
-    held = held_out_frames(synthetic_dataset, HELD_OUT)
-    training = set(range(len(synthetic_dataset))) - held
-    # More than an epoch of the training frames, so every one of them is read.
-    steps = math.ceil(len(training) / 8) + 1
-    events = run(
-        recipe_for(synthetic_dataset_path, validation_episodes=HELD_OUT, steps=steps, checkpoint_every=steps),
-        tmp_path,
-        dataset_cache,
-    )
-    assert frame_reads.training and not held & set(frame_reads.training)
-    assert set(frame_reads.training) == training
+def test_the_training_sampler_never_reads_a_held_out_frame(runs: Runs) -> None:
+    held = held_out_frames(runs.dataset, HELD_OUT)
+    training = set(range(len(runs.dataset))) - held
+    assert runs.reads.training and not held & set(runs.reads.training)
+    assert set(runs.reads.training) == training  # more than an epoch: every training frame
     # The validator read the held-out frames, all of them (fewer than 256), and nothing else.
-    assert set(frame_reads.scoring) == held
-    assert [e.step for e in events if isinstance(e, ValidationEvent)] == [steps]
+    assert set(runs.reads.scoring) == held
 
 
-def test_each_checkpoint_is_followed_by_scores_that_repeat_and_that_local_eval_gives(
-    synthetic_dataset_path: Path, synthetic_dataset: LeRobotDataset, dataset_cache: Path, tmp_path: Path
+def test_each_checkpoint_is_followed_by_scores_that_local_eval_gives_again(
+    runs: Runs, small_dataset_path: Path
 ) -> None:
-    recipe = recipe_for(synthetic_dataset_path, validation_episodes="2,5")
-    events = run(recipe, tmp_path / "first", dataset_cache)
-
-    kinds = [(e.step, e.kind) for e in events if e.kind in ("checkpoint", "validation")]
-    assert kinds == [(4, "checkpoint"), (4, "validation"), (8, "checkpoint"), (8, "validation")]
-    scores = [e for e in events if isinstance(e, ValidationEvent)]
-    frames = len(held_out_frames(synthetic_dataset, HELD_OUT))
+    half = runs.steps // 2
+    kinds = [(e.step, e.kind) for e in runs.scored if e.kind in ("checkpoint", "validation")]
+    assert kinds == [
+        (half, "checkpoint"),
+        (half, "validation"),
+        (runs.steps, "checkpoint"),
+        (runs.steps, "validation"),
+    ]
+    scores = [e for e in runs.scored if isinstance(e, ValidationEvent)]
+    frames = len(held_out_frames(runs.dataset, HELD_OUT))
     for event in scores:
-        assert event.frames == frames and event.episodes == 2 and event.seconds > 0
+        assert event.frames == frames and event.episodes == 1 and event.seconds > 0
         figures = (event.validation_loss, event.action_mse, event.blind_mse)
         assert all(math.isfinite(v) and v > 0 for v in figures)
     # The blind baseline does not train: one figure for the run. The policy does: its scores move.
@@ -120,18 +144,13 @@ def test_each_checkpoint_is_followed_by_scores_that_repeat_and_that_local_eval_g
     assert scores[0].action_mse != scores[1].action_mse
     assert scores[0].validation_loss != scores[1].validation_loss
 
-    # The same seed, the same figures: the held-out noise is drawn from it, not from the run's state.
-    again = [e for e in run(recipe, tmp_path / "again", dataset_cache) if isinstance(e, ValidationEvent)]
-    for first, second in zip(scores, again, strict=True):
-        for field in ("validation_loss", "action_mse", "blind_mse", "frames"):
-            assert first[field] == pytest.approx(second[field], rel=1e-6), field
-
-    # The end's scores are what `relay local eval` says of the output on the held-out episodes,
-    # against the blind baseline of the others (pi05-tiny trains every weight: nothing to merge).
-    others = sorted(set(synthetic_dataset.episodes.tolist()) - set(HELD_OUT))
+    # The end's scores, again from the output with the same seed: `relay local eval` on the held-out
+    # episodes against the blind baseline of the others (pi05-tiny trains every weight: nothing to
+    # merge), and the validation loss. The same weights and seed give the same figures.
+    others = sorted(set(runs.dataset.episodes.tolist()) - set(HELD_OUT))
     request = EvaluationRequest(
-        model=str(tmp_path / "first" / "output"),
-        dataset=str(synthetic_dataset_path),
+        model=str(runs.output),
+        dataset=str(small_dataset_path),
         episodes=HELD_OUT,
         blind_from=others,
         device="cpu",
@@ -140,22 +159,19 @@ def test_each_checkpoint_is_followed_by_scores_that_repeat_and_that_local_eval_g
     assert report["frames"] == frames
     assert report["mse"] == pytest.approx(scores[-1].action_mse, rel=1e-4)
     assert report["blind_mse"] == pytest.approx(scores[-1].blind_mse, rel=1e-6)
+    held = sorted(held_out_frames(runs.dataset, HELD_OUT))
+    loss = flow_loss(load_policy(str(runs.output)), runs.dataset, held, seed=0)
+    assert loss == pytest.approx(scores[-1].validation_loss, rel=1e-4)
 
 
-def test_scoring_leaves_training_as_it_was(
-    synthetic_dataset_path: Path, synthetic_dataset: LeRobotDataset, dataset_cache: Path, tmp_path: Path
-) -> None:
-    # Holding episodes 2 and 5 out trains on the same frames as training on the others only; the
-    # scoring between steps (eval mode, its own noise) must not change a single training loss.
-    others = sorted(set(synthetic_dataset.episodes.tolist()) - set(HELD_OUT))
-    with_split = recipe_for(synthetic_dataset_path, validation_episodes=HELD_OUT)
-    scored = run(with_split, tmp_path / "a", dataset_cache)
-    plain = run(recipe_for(synthetic_dataset_path, episodes=others), tmp_path / "b", dataset_cache)
+def test_scoring_leaves_training_as_it_was(runs: Runs) -> None:
+    # Holding episode 2 out trains on the same frames as training on the others only; the scoring
+    # between steps (eval mode, its own noise) must not change a single training loss.
     losses = lambda events: [e.loss for e in events if isinstance(e, MetricsEvent)]  # noqa: E731
-    assert len(losses(plain)) == 8
-    assert losses(scored) == pytest.approx(losses(plain), abs=1e-6)
-    assert not any(isinstance(e, ValidationEvent) for e in plain)
-    assert [e.step for e in scored if isinstance(e, CheckpointEvent)] == [4, 8]
+    assert len(losses(runs.plain)) == runs.steps
+    assert losses(runs.scored) == pytest.approx(losses(runs.plain), abs=1e-6)
+    assert not any(isinstance(e, ValidationEvent) for e in runs.plain)
+    assert [e.step for e in runs.scored if isinstance(e, CheckpointEvent)] == [runs.steps // 2, runs.steps]
 
 
 def test_a_fraction_holds_out_episodes_chosen_from_the_seed(synthetic_dataset: LeRobotDataset) -> None:
@@ -205,22 +221,23 @@ def test_episodes_the_dataset_cannot_give_are_refused_before_training_naming_the
 
 
 def test_the_local_trainer_scores_after_each_epoch_and_returns_the_ends_scores(
-    synthetic_dataset: LeRobotDataset, tmp_path: Path
+    small_dataset_path: Path, dataset_cache: Path, tmp_path: Path
 ) -> None:
+    dataset = open_dataset(str(small_dataset_path), cache_dir=dataset_cache)
     args = TrainingArguments(
         output_dir=str(tmp_path),
         num_train_epochs=2,
-        per_device_train_batch_size=32,
+        per_device_train_batch_size=BATCH_SIZE,
         learning_rate=1e-3,
-        validation_episodes=HELD_OUT,
+        validation_episodes="1-3",  # two episodes left to train on: two short epochs
         disable_tqdm=True,
     )
-    trainer = Trainer(model=load_policy("pi05-tiny"), args=args, train_dataset=synthetic_dataset)
-    held = held_out_frames(synthetic_dataset, HELD_OUT)
-    assert len(trainer.training_data) == len(synthetic_dataset) - len(held)
+    trainer = Trainer(model=load_policy("pi05-tiny"), args=args, train_dataset=dataset)
+    held = held_out_frames(dataset, [1, 2, 3])
+    assert len(trainer.training_data) == len(dataset) - len(held)
     result = trainer.train()
     scores = [e for e in trainer.events if isinstance(e, ValidationEvent)]
-    per_epoch = math.ceil(len(trainer.training_data) / 32)
+    per_epoch = math.ceil(len(trainer.training_data) / BATCH_SIZE)
     assert [e.step for e in scores] == [per_epoch, 2 * per_epoch] == [per_epoch, result["steps"]]
     assert result["validation_action_mse"] == scores[-1].action_mse
     assert result["validation_blind_mse"] == scores[-1].blind_mse
@@ -228,6 +245,6 @@ def test_the_local_trainer_scores_after_each_epoch_and_returns_the_ends_scores(
 
     with pytest.raises(ConfigError, match=r"bad validation_episodes: 1\.5"):
         TrainingArguments(output_dir=str(tmp_path), max_steps=1, validation_episodes=1.5)
-    subset = torch.utils.data.Subset(synthetic_dataset, range(20))
+    subset = torch.utils.data.Subset(dataset, range(10))
     with pytest.raises(ConfigError, match="must then be a whole LeRobot dataset"):
         Trainer(model=load_policy("pi05-tiny"), args=args, train_dataset=subset)
