@@ -3,7 +3,7 @@
 time that scoring at every checkpoint adds.
 
     python bench/bench_validation.py [--episodes 40] [--held-out 8] [--batch-size 16]
-                                     [--steps 60] [--checkpoint-every 20]
+                                     [--steps 40] [--checkpoint-every 20]
 
 It writes a synthetic dataset (the demo's shape, smaller), runs the recipe once without a split
 and once with one (the same training frames: the split's episodes are left out of the first run
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from relay.events import ValidationEvent
+from relay.events import MetricsEvent, ValidationEvent
 from relay.sft.config import SFTConfig
 from relay_engine.datasets import write_synthetic_dataset
 from relay_engine.recipe import Recipe, run_recipe
@@ -37,6 +37,11 @@ def timed_run(recipe: Recipe, work_dir: Path, cache: Path) -> tuple[float, list[
     return time.perf_counter() - started, events
 
 
+def _steps_per_second(events: list[Any]) -> float:
+    rates = [e.steps_per_second for e in events if isinstance(e, MetricsEvent) and e.steps_per_second]
+    return sum(rates) / len(rates)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -44,7 +49,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=40)
     parser.add_argument("--held-out", type=int, default=8, help="the last N episodes are held out")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--checkpoint-every", type=int, default=20)
     options = parser.parse_args()
 
@@ -64,8 +69,9 @@ def main() -> None:
         engine = {"checkpoint_every": options.checkpoint_every, "num_workers": 0}
         plain = Recipe.from_config(SFTConfig(**config), episodes=training, **engine)
         split = Recipe.from_config(SFTConfig(**config, validation_episodes=held), **engine)
-        timed_run(plain, root / "warm", root / "cache")  # the frame index, and torch warmed up
-        without, _ = timed_run(plain, root / "plain", root / "cache")
+        warm = Recipe.from_config(SFTConfig(**{**config, "steps": 2}), episodes=training, **engine)
+        timed_run(warm, root / "warm", root / "cache")  # the frame index, and torch warmed up
+        without, plain_events = timed_run(plain, root / "plain", root / "cache")
         with_split, events = timed_run(split, root / "split", root / "cache")
 
     scores = [e for e in events if isinstance(e, ValidationEvent)]
@@ -75,6 +81,9 @@ def main() -> None:
     print(f"held-out frames scored: {scores[0].frames} of {len(held)} episodes; scorings: {len(scores)}")
     print(f"one scoring: {scoring:.2f} s; one training step: {step:.3f} s; ratio {scoring / step:.1f} steps")
     ratio = with_split / without
+    # The loop's own speed (its metrics events, scoring excluded): scoring must not slow training.
+    speed = {name: _steps_per_second(found) for name, found in (("without", plain_events), ("with", events))}
+    print(f"training steps/s without a split: {speed['without']:.3f}; with one: {speed['with']:.3f}")
     print(f"run without a split: {without:.1f} s; with one: {with_split:.1f} s; ratio {ratio:.2f}")
     last = scores[-1]
     print(
@@ -90,6 +99,7 @@ def main() -> None:
         "scoring_in_steps": scoring / step,
         "run_seconds": {"without_split": without, "with_split": with_split},
         "run_ratio": ratio,
+        "training_steps_per_second": speed,
         "last_scores": dict(last),
     }
     out = ROOT / "bench" / "out"
