@@ -4,7 +4,10 @@ and the figures are `relay local eval`'s on the output."""
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -248,3 +251,26 @@ def test_the_local_trainer_scores_after_each_epoch_and_returns_the_ends_scores(
     subset = torch.utils.data.Subset(dataset, range(10))
     with pytest.raises(ConfigError, match="must then be a whole LeRobot dataset"):
         Trainer(model=load_policy("pi05-tiny"), args=args, train_dataset=subset)
+
+
+def relay(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "relay.cli", *args], capture_output=True, text=True, timeout=600
+    )
+
+
+def test_relay_local_train_takes_validation_episodes_and_shows_the_scores(
+    small_dataset_path: Path, tmp_path: Path
+) -> None:
+    common = ["local", "train", "--model", "pi05-tiny", "--dataset", str(small_dataset_path)]
+    common += ["--output-dir", str(tmp_path), "--steps", "2", "--batch-size", "4", "--checkpoint-every", "1"]
+    done = relay(*common, "--validation-episodes", "0.2", "--json")  # a fifth of 5: one episode
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    scored = [line for line in lines if line.get("event") == "validation"]
+    assert [line["step"] for line in scored] == [1, 2] and all(line["episodes"] == 1 for line in scored)
+    assert lines[-1]["status"] == "completed" and lines[-1]["validation"] == scored[-1]
+
+    refused = relay(*common, "--validation-episodes", "9-0")
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert 'bad validation_episodes: "9-0" (the range 9-0 runs backwards' in refused.stderr
