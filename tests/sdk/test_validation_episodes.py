@@ -155,3 +155,15 @@ def test_a_validation_event_is_typed_and_says_itself_in_one_line() -> None:
     )
     worse = {"action_mse": 0.04, "blind_mse": 0.02, "validation_loss": None, "frames": 1, "episodes": 1}
     assert validation_line(worse).startswith("action error 0.04 vs blind 0.02 (2.00x worse)")
+
+
+def test_relay_fine_tunes_create_checks_the_option_before_asking_the_server() -> None:
+    from typer.testing import CliRunner
+
+    from relay.cli import app
+
+    env = {"RELAY_BASE_URL": "http://127.0.0.1:9", "RELAY_API_KEY": "relay-unused"}  # never reached
+    args = ["fine-tunes", "create", "--model", "pi05-tiny", "--dataset", "x", "--validation-episodes"]
+    refused = CliRunner().invoke(app, [*args, "0-9,5"], env=env)
+    assert refused.exit_code == 2
+    assert 'error: bad validation_episodes: "0-9,5" (episode 5 is named twice' in refused.output
