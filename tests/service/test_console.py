@@ -8,32 +8,22 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, Route, expect
+from playwright.sync_api import Browser, Route, expect
 from sqlalchemy import update
 
 from relay.http_client import Client
 from relay.sft.config import SFTConfig
 from relay.sft.train import train
 from relay_api.models import fine_tunes
-from tests.service.browser import chromium, fenced_page, sign_in
+from tests.service.browser import chart_points as points
+from tests.service.browser import fenced_page, sign_in
 from tests.service.stack import PARKED_QUEUE, ApiServer, Stack, WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with chromium() as started:
-        yield started
-
-
-def points(page: Page, chart: str) -> int:
-    return int(page.get_attribute(f"[data-chart={chart}]", "data-points") or 0)
 
 
 def api_create(url: str, key: str, **fields: object) -> dict[str, object]:

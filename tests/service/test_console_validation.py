@@ -6,27 +6,17 @@ checkpoint, and its best and last scores in the summary; a job without a split s
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, expect
 
-from tests.service.browser import chromium, fenced_page, sign_in
+from tests.service.browser import chart_points as points
+from tests.service.browser import fenced_page, sign_in
 from tests.service.stack import Stack, WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with chromium() as started:
-        yield started
-
-
-def points(page: Page, chart: str) -> int:
-    return int(page.get_attribute(f"[data-chart={chart}]", "data-points") or 0)
 
 
 def test_a_job_with_validation_episodes_draws_its_held_out_curves_beside_the_loss(
