@@ -6,7 +6,8 @@ once) plus the engine's own settings that a job's user does not choose.
 `run_recipe` runs a recipe of any model family (relay_engine.families): the family opens its data
 and builds its model and learner (`Family.prepare_recipe`); this driver alone resumes from the work
 directory's last complete checkpoint if there is one, keeps the seeded batch order, runs the fixed
-schedule, checkpoints, and has the family write its output. It is what a worker runs for
+schedule, checkpoints (scoring the family's validation split after each, where the recipe has
+one), and has the family write its output. It is what a worker runs for
 `POST /v1/fine-tunes` and what `relay local train` runs on a laptop.
 
 Under torch.distributed.run (`relay local train --nproc-per-node N`, or a worker's launcher) a
@@ -249,7 +250,13 @@ class _Training:
             save_checkpoint=self.save_checkpoint,
             checkpoint_every=self.run.recipe.checkpoint_every,
             log_every=self.run.recipe.log_every,
+            after_checkpoint=self.validate if self.prepared.validate is not None else None,
         )
+
+    def validate(self, loop_state: LoopState) -> None:
+        """The validation split's scores at the checkpoint just written (every process scores)."""
+        assert self.prepared.validate is not None
+        self.report(self.prepared.validate(loop_state.step))
 
     def checkpoint_the_stop(self, state: LoopState) -> None:
         """With checkpoint_on_stop, a stopped run's step is kept in a checkpoint, unless one holds it."""

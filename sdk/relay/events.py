@@ -34,6 +34,8 @@ from typing import Any, ClassVar, Literal, NotRequired, Union
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
+from relay.formatting import number_text
+
 METRICS = "metrics"
 # A recipe's metrics event comes every this many steps (and at its last step): the window its means cover.
 METRICS_EVERY = 10
@@ -173,6 +175,45 @@ def dataset_line(read: Mapping[str, Any]) -> str:
     return f"{where}, {version}, {read.get('episodes', 0):,} episodes, {read.get('frames', 0):,} frames"
 
 
+class ValidationEvent(EventBase):
+    """The held-out episodes (a recipe's ``validation_episodes``) scored at a checkpoint's `step`
+    and at the end, on the same ``frames`` every time with the same seeded noise, so checkpoints
+    compare: ``validation_loss``, the flow-matching loss (the training loss's definition) on those
+    frames; ``action_mse``, the mean squared error of sampled action chunks against the dataset's,
+    in normalized units; ``blind_mse``, the same error of the blind baseline (always the training
+    frames' mean chunk), which a policy that looks must beat. ``episodes``: how many are held out;
+    ``seconds``: how long the scoring took. (Not ``loss``: a metrics event is the one with a ``loss``.)"""
+
+    kind: ClassVar[str] = "validation"
+    validation_loss: float | None
+    action_mse: float | None
+    blind_mse: float | None
+    frames: int
+    episodes: int
+    seconds: float | None
+
+    def describe(self) -> str:
+        return validation_line(self)
+
+
+def validation_line(scored: Mapping[str, Any]) -> str:
+    """A validation event's figures (or one of a job's ``validation`` block) as one line:
+    ``action error 0.0123 vs blind 0.0281 (2.28x better), validation loss 0.104, 48 frames of 4
+    episodes`` (the console's job page matches it)."""
+    action, blind = scored.get("action_mse"), scored.get("blind_mse")
+    parts = [f"action error {number_text(action)}"]
+    if blind is not None:
+        parts[0] += f" vs blind {number_text(blind)}"
+        if isinstance(action, int | float) and action > 0:
+            ratio = blind / action
+            parts[0] += f" ({ratio:.2f}x better)" if ratio >= 1 else f" ({1 / ratio:.2f}x worse)"
+    parts.append(f"validation loss {number_text(scored.get('validation_loss'))}")
+    episodes = int(scored.get("episodes") or 0)
+    frames = int(scored.get("frames") or 0)
+    parts.append(f"{frames:,} frames of {episodes:,} episode{'' if episodes == 1 else 's'}")
+    return ", ".join(parts)
+
+
 Event = Union[  # noqa: UP007 (a runtime value too: typed readers match on its members)
     MetricsEvent,
     CheckpointEvent,
@@ -182,6 +223,7 @@ Event = Union[  # noqa: UP007 (a runtime value too: typed readers match on its m
     FinishedEvent,
     ErrorEvent,
     DatasetEvent,
+    ValidationEvent,
 ]
 EVENT_KINDS: dict[str, type[EventBase]] = {
     kind.kind: kind for kind in typing.get_args(Event) if issubclass(kind, EventBase)

@@ -67,6 +67,11 @@ def fenced_page(browser: Browser, origin: str) -> tuple[Page, Fence]:
     return page, fence
 
 
+def chart_points(page: Page, chart: str) -> int:
+    """How many points a job page's chart shows (its `data-points`, set in the frame that draws one)."""
+    return int(page.get_attribute(f"[data-chart={chart}]", "data-points") or 0)
+
+
 def sign_in(page: Page, origin: str, key: str) -> None:
     page.goto(origin + "/")
     page.fill("#api-key", key)

@@ -1,7 +1,8 @@
 // A fine-tune's page: its status and how it got there, its results card (the API's summary of the
 // job: pace, ETA, losses, checkpoints, validation and evaluation, how to use the model), live
-// charts of loss, grad_norm and learning rate fed by the API's event stream, the event log
-// (newest first), its config, its files, Cancel.
+// charts of loss, grad_norm and learning rate fed by the API's event stream (and, for a job with a
+// validation split, its held-out action error against the blind baseline and its validation loss),
+// the event log (newest first), its config, its files, Cancel.
 
 import { APIError, download, followEvents, get, post } from "./api.js";
 import { LiveChart } from "./charts.js";
@@ -55,8 +56,16 @@ export async function jobView(ctx, id) {
   const results = h("div.card.results", { "data-testid": "results" }, h("p.muted", {}, "Loading…"));
   const checkpoints = h("div", { "data-testid": "checkpoints" });
   const use = h("div.use", { "data-testid": "use" });
+  // A job with a validation split: its held-out curves beside the training loss.
+  const validated = job.validation_episodes !== null && job.validation_episodes !== undefined;
   const charts = {
     loss: new LiveChart("loss", "loss", "#1f4e79", job.steps),
+    ...(validated
+      ? {
+          action_mse: new LiveChart("action_mse", "held-out action error", "#6941c6", job.steps, { title: "blind baseline", color: "#98a2b3" }),
+          validation_loss: new LiveChart("validation_loss", "validation loss", "#c11574", job.steps),
+        }
+      : {}),
     grad_norm: new LiveChart("grad_norm", "grad_norm", "#b54708", job.steps),
     lr: new LiveChart("lr", "learning rate", "#067647", job.steps),
   };
@@ -144,6 +153,10 @@ export async function jobView(ctx, id) {
       charts.loss.add(event.step, event.loss, receivedAt);
       charts.grad_norm.add(event.step, event.grad_norm, receivedAt);
       charts.lr.add(event.step, event.lr, receivedAt);
+    }
+    if (kind === "validation" && validated) {
+      charts.action_mse.add(event.step, event.action_mse, receivedAt, event.blind_mse);
+      charts.validation_loss.add(event.step, event.validation_loss, receivedAt);
     }
     // Newest first: the new row goes on top, and the oldest shown leaves unless all are shown.
     log.prepend(eventRow(event));
