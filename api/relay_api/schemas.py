@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 
+from relay.env_evaluation import JobEval
 from relay.events import EVENT_KINDS, METRICS, EventBase, admits_none, fields_of
 
 # A job's results card (GET /v1/fine-tunes/{id}/summary): its shape is the SDK's, which reads it back.
@@ -79,6 +80,7 @@ class FineTuneOut(BaseModel):
     gpus: int | None = None  # the processes (GPUs) the job runs on; None only for jobs older than the field
     task: str | None = None
     validation_episodes: list[int] | float | str | None = None
+    eval: JobEval | None = None
 
 
 class FineTuneList(BaseModel):

@@ -214,6 +214,53 @@ def validation_line(scored: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
+class EvalEvent(EventBase):
+    """A closed-loop evaluation of the policy at `step` (a recipe's ``eval`` block: at the end, and
+    at each checkpoint if asked): ``episodes`` run in the Gymnasium environment ``env``, the share
+    that succeeded (``success_rate``, 0 to 1), the mean of each episode's summed reward and its
+    mean length in environment steps, and how long it took. The whole report is the job's file
+    ``eval/step-N.json`` (`eval_report_path`), the first episodes' videos under ``eval/step-N/``."""
+
+    kind: ClassVar[str] = "eval"
+    env: str
+    success_rate: float
+    mean_reward: float
+    mean_length: float
+    episodes: int
+    seconds: float
+    videos: list[str] | None
+
+    def describe(self) -> str:
+        return eval_line(self)
+
+
+def eval_line(report: Mapping[str, Any]) -> str:
+    """An eval event's figures as one line: ``relay/Dot-v0: success 60% of 10 episodes, mean reward
+    0.6, mean length 31.2 steps (4.1 s)``."""
+    rate = report.get("success_rate")
+    shown = "-" if rate is None else f"{rate:.0%}"
+    return (
+        f"{report.get('env')}: success {shown} of {report.get('episodes')} episodes, mean reward "
+        f"{number_text(report.get('mean_reward'))}, mean length {number_text(report.get('mean_length'))} "
+        f"steps ({number_text(report.get('seconds'))} s)"
+    )
+
+
+# A job's closed-loop evaluations among its files: eval/step-00001000.json, and the videos of its
+# first episodes in eval/step-00001000/.
+EVAL_FILES = "eval"
+
+
+def eval_report_path(step: int) -> str:
+    """The job's file of the evaluation at `step`: ``eval/step-00001000.json``."""
+    return f"{EVAL_FILES}/{checkpoint_dir(step)}.json"
+
+
+def eval_videos_dir(step: int) -> str:
+    """Where the videos of the evaluation at `step` are among the job's files: ``eval/step-00001000``."""
+    return f"{EVAL_FILES}/{checkpoint_dir(step)}"
+
+
 Event = Union[  # noqa: UP007 (a runtime value too: typed readers match on its members)
     MetricsEvent,
     CheckpointEvent,
@@ -224,6 +271,7 @@ Event = Union[  # noqa: UP007 (a runtime value too: typed readers match on its m
     ErrorEvent,
     DatasetEvent,
     ValidationEvent,
+    EvalEvent,
 ]
 EVENT_KINDS: dict[str, type[EventBase]] = {
     kind.kind: kind for kind in typing.get_args(Event) if issubclass(kind, EventBase)

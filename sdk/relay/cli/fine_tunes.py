@@ -28,7 +28,14 @@ from relay.cli._common import (
 )
 from relay.cli.watch import watch_events
 from relay.errors import APIError, ConfigError
-from relay.events import METRICS, METRICS_EVERY, ValidationEvent, dataset_line, validation_line
+from relay.events import (
+    METRICS,
+    METRICS_EVERY,
+    ValidationEvent,
+    dataset_line,
+    eval_report_path,
+    validation_line,
+)
 from relay.formatting import duration_text, number_text, size_text
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 from relay.sft.job import Event, FineTuneJob, interrupted_note
@@ -245,6 +252,49 @@ def events(
             stream = job.follow(after) if follow else iter(job.events(after))
             for event in stream:
                 _print_event(event, as_json, job.steps)
+
+
+@app.command("eval")
+def eval_(
+    job_id: str,
+    as_json: bool = typer.Option(False, "--json", help="Print the evaluations as JSON, one object each."),
+) -> None:
+    """A fine-tune's closed-loop evaluations (its recipe's `eval` block): at each checkpoint if
+    asked, and at the end, the success rate in the environment, mean reward and length, and the
+    job's files of each (its report and the videos of its first episodes)."""
+    with _clear_errors():
+        job = sft.retrieve(job_id)
+        evaluations = job.evaluations()
+    if as_json:
+        print(json.dumps([{**event, "report": eval_report_path(event.step)} for event in evaluations]))
+        return
+    if not evaluations:
+        why = "it has no eval block" if job.eval is None else f"none yet (the job is {job.status})"
+        out.print(f"No closed-loop evaluations of {job.id}: {why}.", highlight=False)
+        return
+    table = Table()
+    columns = ["step", "env", "success", "episodes", "mean reward", "mean length", "seconds", "files"]
+    for column in columns:
+        table.add_column(column)
+    for event in evaluations:
+        files = "\n".join([eval_report_path(event.step), *(event.videos or [])])
+        table.add_row(
+            str(event.step),
+            event.env,
+            f"{event.success_rate:.0%}",
+            str(event.episodes),
+            number_text(event.mean_reward),
+            number_text(event.mean_length),
+            number_text(event.seconds, 3),
+            files,
+        )
+    show_table(table, json_hint=True)
+    out.print(
+        f"Download a file: relay fine-tunes download {job.id} (the output), or GET "
+        f"/v1/fine-tunes/{job.id}/files/PATH",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @app.command()

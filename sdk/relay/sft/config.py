@@ -16,6 +16,7 @@ from pydantic import BeforeValidator, Field, PlainValidator, WithJsonSchema, fie
 from relay import catalog, families
 from relay.catalog import LORA_RANK_DEFAULT
 from relay.dataset_names import names_local_directory
+from relay.env_evaluation import JobEval, job_eval_value
 from relay.episodes import VALIDATION_EPISODES_RULE, VALIDATION_EPISODES_SCHEMA, validation_episodes_value
 from relay.errors import ConfigError
 from relay.rules import (
@@ -79,6 +80,7 @@ RULES: dict[str, str] = {
         "the GPUs of one worker host for full"
     ),
     "validation_episodes": VALIDATION_EPISODES_RULE,
+    "eval": "must be null or an object: env (required), episodes, seed, max_steps, at_checkpoints, videos",
 }
 
 
@@ -168,6 +170,7 @@ class SFTConfig(CheckedConfig):
     ) = None
     task: str | None = Field(None, min_length=1, max_length=TASK_MAX, pattern=PLAIN_TEXT_PATTERN)
     validation_episodes: ValidationEpisodes = None
+    eval: Annotated[JobEval | None, BeforeValidator(job_eval_value)] = None
 
     @classmethod
     def default(cls, field: str, model: str | None = None) -> Any:

@@ -100,6 +100,8 @@ class FineTuneJob:
     cameras: dict[str, str] | None
     name: str | None
     validation_episodes: list[int] | float | str | None
+    # The recipe's `eval` block (relay.env_evaluation.JobEval's fields), or None.
+    eval: dict[str, Any] | None
 
     def __init__(self, data: dict[str, Any], client: http_client.Client | None = None) -> None:
         self._client = client or http_client.default_client()
@@ -185,6 +187,12 @@ class FineTuneJob:
         if self.status == job_status.ERROR:
             raise RuntimeError(f"fine-tune {self.id} failed: {self.error}")
         return self
+
+    def evaluations(self) -> list[events.EvalEvent]:
+        """The job's closed-loop evaluations so far (its `eval` events), oldest first: at each
+        checkpoint if its `eval` block asks, and at the end. Each one's whole report is the job's
+        file `eval/step-N.json` (relay.events.eval_report_path)."""
+        return [typed for event in self.events() if isinstance(typed := event.typed, events.EvalEvent)]
 
     def events(self, after: int | None = None) -> list[Event]:
         """The job's events so far, oldest first; with `after`, only those after that event id."""

@@ -64,6 +64,7 @@ class Pi05Family(Family):
         from relay_engine.datasets import open_dataset
         from relay_engine.distributed import Parallel, choose_strategy, gathered_policy
         from relay_engine.families.pi05.export import write_output
+        from relay_engine.families.pi05.job_eval import JobEvaluator
         from relay_engine.families.pi05.learner import Pi05Learner
         from relay_engine.families.pi05.validation import Validator, split_frames
         from relay_engine.models import load_policy
@@ -102,6 +103,11 @@ class Pi05Family(Family):
             if split.validates
             else None
         )
+        evaluator = (
+            JobEvaluator(model, dataset.norm_stats, config.eval, run.work_dir, context=learner.evaluating)
+            if config.eval is not None
+            else None
+        )
         return Pi05Recipe(
             learner=learner,
             samples=len(split.training),
@@ -113,6 +119,8 @@ class Pi05Family(Family):
             extra={"processes": run.processes, "strategy": strategy if parallel is not None else None},
             data_read=_data_read(dataset),
             validate=validator,
+            evaluate_in_env=evaluator,
+            evaluate_at_checkpoints=config.eval is not None and config.eval.at_checkpoints,
         )
 
     def open_session(self, config: Mapping[str, Any], device: torch.device | str) -> TrainingSession:
