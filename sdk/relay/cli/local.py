@@ -18,7 +18,15 @@ from relay.cli._common import dataset_name, fail, parse_pairs, split_targets
 from relay.cli._extras import require
 from relay.cli._launch import Launch, rank, run_launched
 from relay.episodes import parse_episodes as episodes_of_text
-from relay.events import METRICS, ValidationEvent, dataset_line, kind_of, validation_line
+from relay.events import (
+    METRICS,
+    EvalEvent,
+    ValidationEvent,
+    dataset_line,
+    eval_line,
+    kind_of,
+    validation_line,
+)
 from relay.formatting import number_text
 from relay.progress import ProgressReport
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
@@ -97,6 +105,13 @@ def train(
         help="Hold these episodes out of training and score them at each checkpoint and at the end: "
         "episodes like 40-49 or 3,7,9, or a fraction of the episodes like 0.1 (default: none).",
     ),
+    eval_block: str | None = typer.Option(
+        None,
+        "--eval",
+        help="Run the trained policy in a simulator at the end (a recipe's eval block, as JSON: "
+        '\'{"env": "relay/Dot-v0", "episodes": 10, "at_checkpoints": true}\'); reports and videos go '
+        "to OUTPUT_DIR/eval/.",
+    ),
     seed: int = typer.Option(0, help="Seeds the data order, the initialisation and the noise."),
     checkpoint_every: int = typer.Option(1000, help="Steps between checkpoints."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
@@ -140,6 +155,7 @@ def train(
         "task": task,
         "dataset_revision": dataset_revision,
         "validation_episodes": validation_episodes,
+        "eval": _eval_json(eval_block),
     }
     config = _recipe_config(model, dataset, steps, given)
     _check_processes(config, nproc_per_node * nnodes)
@@ -153,6 +169,15 @@ def train(
         "strategy": strategy,
     }
     _train_here(config, engine_settings, output_dir, json_lines)
+
+
+def _eval_json(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        fail(f'bad --eval: not JSON ({error.msg}); give an object such as \'{{"env": "relay/Dot-v0"}}\'')
 
 
 def _recipe_config(model: str, dataset: str, steps: int, given: dict[str, Any]) -> SFTConfig:
@@ -211,6 +236,8 @@ class _TrainingProgress:
             self.report.note(f"reading {dataset_line(event)}")
         elif kind == ValidationEvent.kind:
             self.report.note(f"step {event['step']}: validation: {validation_line(event)}")
+        elif kind == EvalEvent.kind:
+            self.report.note(f"step {event['step']}: closed loop: {eval_line(event)}")
         elif kind == "resumed":
             where = self.output_dir / "checkpoints"
             self.report.note(f"resuming from step {event['step']} (the last checkpoint in {where})")
