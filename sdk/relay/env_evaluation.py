@@ -85,6 +85,7 @@ class JobEval(CheckedConfig):
         "at_checkpoints": "must be true or false",
         "videos": f"must be an integer from 0 to {JOB_EVAL_VIDEOS_MAX}: the first episodes recorded as mp4",
     }
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"env": JOB_ENVS}
     WHAT: ClassVar[str] = "eval"
     BODY_MESSAGE: ClassVar[str] = "bad eval: must be an object of {fields} (env required), or null"
 
