@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from tests.service.browser import chart_points as points
-from tests.service.browser import fenced_page, sign_in
+from tests.service.browser import fenced_page, sign_in, start_tiny_job_from_the_form
 from tests.service.stack import Stack, WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
@@ -28,14 +28,7 @@ def test_a_job_with_an_eval_block_charts_its_success_rate_and_plays_its_videos(
     page, fence = fenced_page(browser, origin)
     sign_in(page, origin, user[1])
 
-    page.click("text=New fine-tune >> nth=0")
-    page.select_option("#field-model", "pi05-tiny")
-    page.fill("#field-dataset_name", str(dataset))
-    page.fill("#field-batch_size", "2")
-    page.fill("#field-steps", "20")
-    page.fill("#field-eval", json.dumps(EVAL))
-    page.click("button:has-text('Start fine-tune')")
-    page.wait_for_url(re.compile(r".*#/jobs/ft-[0-9a-f]{12}$"))
+    start_tiny_job_from_the_form(page, dataset, eval=json.dumps(EVAL))
 
     expect(page.locator("[data-chart=success_rate] h3")).to_have_text("closed-loop success rate")
     expect(page.locator("h1 .status")).to_have_text("completed", timeout=120_000)

@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from tests.service.browser import chart_points as points
-from tests.service.browser import fenced_page, sign_in
+from tests.service.browser import fenced_page, sign_in, start_tiny_job_from_the_form
 from tests.service.stack import Stack, WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
@@ -26,14 +26,7 @@ def test_a_job_with_validation_episodes_draws_its_held_out_curves_beside_the_los
     page, fence = fenced_page(browser, origin)
     sign_in(page, origin, user[1])
 
-    page.click("text=New fine-tune >> nth=0")
-    page.select_option("#field-model", "pi05-tiny")
-    page.fill("#field-dataset_name", str(dataset))
-    page.fill("#field-batch_size", "2")
-    page.fill("#field-steps", "20")
-    page.fill("#field-validation_episodes", "3")  # episode 3 of 0 to 3, as text
-    page.click("button:has-text('Start fine-tune')")
-    page.wait_for_url(re.compile(r".*#/jobs/ft-[0-9a-f]{12}$"))
+    start_tiny_job_from_the_form(page, dataset, validation_episodes="3")  # episode 3 of 0 to 3, as text
 
     # Beside the loss, in the same grid: the held-out action error, then the validation loss.
     charts = page.locator(".grid [data-chart]")
