@@ -1,7 +1,9 @@
-"""A job's files: the output (model.safetensors, configs, processors, norm stats) and its checkpoints.
+"""A job's files: the output (model.safetensors, configs, processors, norm stats), its checkpoints,
+and its closed-loop evaluations (``eval/step-N.json`` and the videos under ``eval/step-N/``).
 
-Paths are relative to the job's work directory and always start with ``output/`` or
-``checkpoints/``; nothing else in the data directory can be named. The output's sha256 is recorded
+Paths are relative to the job's work directory and always start with ``output/``,
+``checkpoints/`` or ``eval/``; nothing else in the data directory can be named. An evaluation's
+files are listed once its report is written (the worker writes it last). The output's sha256 is recorded
 when the job completes; a checkpoint file's is computed when first listed or downloaded and
 remembered (checkpoint files never change once complete).
 """
@@ -16,12 +18,14 @@ import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from relay.events import EVAL_FILES
 from relay.http_client import sha256_of
 from relay.rules import has_control_characters
 from relay_api.errors import APIProblem
 
 OUTPUT = "output"
 CHECKPOINTS = "checkpoints"
+EVAL = EVAL_FILES
 CHECKPOINT_MANIFEST = "manifest.json"
 PATH_MAX = 1024
 
@@ -81,9 +85,28 @@ def _files_of(checkpoint: Path, root: Path, checksums: ChecksumCache) -> list[di
     return files
 
 
+def eval_files(work_dir: Path, checksums: ChecksumCache) -> list[dict[str, Any]]:
+    """The files of the job's complete evaluations (those whose report is written), oldest first:
+    each report, then its videos."""
+    root = work_dir / EVAL
+    if not root.is_dir():
+        return []
+    found: list[dict[str, Any]] = []
+    for report in sorted(root.glob("step-*.json")):
+        videos = root / report.stem
+        files = [report, *sorted(p for p in videos.glob("*") if p.is_file() and not p.name.startswith("."))]
+        for path in files:
+            relative = PurePosixPath(EVAL, *path.relative_to(root).parts)
+            with contextlib.suppress(FileNotFoundError):
+                found.append(
+                    {"path": str(relative), "bytes": path.stat().st_size, "sha256": checksums.sha256(path)}
+                )
+    return found
+
+
 def listing(job: dict[str, Any], work_dir: Path, checksums: ChecksumCache) -> list[dict[str, Any]]:
     outputs = [{"path": path, **meta} for path, meta in sorted((job.get("files") or {}).items())]
-    return outputs + checkpoint_files(work_dir, checksums)
+    return outputs + checkpoint_files(work_dir, checksums) + eval_files(work_dir, checksums)
 
 
 def resolve(job: dict[str, Any], work_dir: Path, path: str) -> tuple[Path, str | None]:
@@ -94,7 +117,7 @@ def resolve(job: dict[str, Any], work_dir: Path, path: str) -> tuple[Path, str |
     parts = relative.parts
     if (
         len(parts) < 2
-        or parts[0] not in (OUTPUT, CHECKPOINTS)
+        or parts[0] not in (OUTPUT, CHECKPOINTS, EVAL)
         or relative.is_absolute()
         or any(part in ("..", ".") or part.startswith(".") for part in parts)
     ):
@@ -105,6 +128,8 @@ def resolve(job: dict[str, Any], work_dir: Path, path: str) -> tuple[Path, str |
         raise APIProblem(404, f"no file {path} in fine-tune {job['id']}", param="path", code="not_found")
     full = work_dir.joinpath(*parts)
     if parts[0] == CHECKPOINTS and not (work_dir / CHECKPOINTS / parts[1] / CHECKPOINT_MANIFEST).is_file():
+        raise APIProblem(404, f"no file {path} in fine-tune {job['id']}", param="path", code="not_found")
+    if parts[0] == EVAL and not (work_dir / EVAL / f"{PurePosixPath(parts[1]).stem}.json").is_file():
         raise APIProblem(404, f"no file {path} in fine-tune {job['id']}", param="path", code="not_found")
     if not full.is_file() or not full.resolve().is_relative_to(work_dir.resolve()):
         raise APIProblem(404, f"no file {path} in fine-tune {job['id']}", param="path", code="not_found")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,10 +19,11 @@ from sqlalchemy.orm import Session
 
 from relay import families
 from relay.dataset_names import local_dataset_path, names_local_directory
-from relay.events import CancelledEvent
+from relay.events import CancelledEvent, ValidationEvent
 from relay.memory_plan import GB, MemoryPlan, gpu_shortfall, plan_named, weight_count
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
+from relay.sft.summary import validation_summary
 from relay_api.db import Db, iso, rows_changed, utcnow
 from relay_api.errors import APIProblem, not_found
 from relay_api.event_rows import insert_event
@@ -41,9 +42,9 @@ def new_job_id() -> str:
     return JOB_ID_PREFIX + secrets.token_hex(6)
 
 
-def job_object(row: Mapping[str, Any]) -> dict[str, Any]:
+def job_object(row: Mapping[str, Any], validation: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A job as the API shows it (schemas.FineTuneOut, the one definition of its shape): its own
-    attributes, then the config's fields."""
+    attributes, then the config's fields. `validation`: its block (validation_blocks), if any."""
     config = row["config"]
     job = {
         "id": row["id"],
@@ -59,6 +60,7 @@ def job_object(row: Mapping[str, Any]) -> dict[str, Any]:
         "attempts": row["attempt"],
         "lease_lapsed_seconds": lease_lapsed_seconds(row),
         "dataset": row.get("dataset"),
+        "validation": validation,
         **{name: config.get(name) for name in CONFIG_FIELDS},
     }
     return FineTuneOut.model_validate(job).model_dump(mode="json")
@@ -416,6 +418,35 @@ _CALLERS_EVENTS = (
     .order_by(fine_tune_events.c.id)
     .limit(bindparam("limit"))
 )
+
+
+# A job's validation scores, oldest first: validation_blocks reads them for the jobs that have a split.
+_VALIDATION_SCORES = (
+    select(fine_tune_events.c.job_id, fine_tune_events.c.step, fine_tune_events.c.data)
+    .where(
+        fine_tune_events.c.job_id.in_(bindparam("job_ids", expanding=True)),
+        fine_tune_events.c.kind == ValidationEvent.kind,
+    )
+    .order_by(fine_tune_events.c.job_id, fine_tune_events.c.id)  # as the summary reads them
+)
+
+
+def validation_blocks(db: Db, rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The `validation` block of each job of `rows` that has been scored (relay.sft.summary's
+    validation_summary, as the job's results card has it). One query, and none when no job of
+    `rows` has validation_episodes."""
+    job_ids = [row["id"] for row in rows if (row["config"] or {}).get("validation_episodes") is not None]
+    if not job_ids:
+        return {}
+    scorings: dict[str, list[dict[str, Any]]] = {}
+    for job_id, step, data in db.execute(_VALIDATION_SCORES, {"job_ids": job_ids}):
+        scorings.setdefault(job_id, []).append({**data, "step": step})
+    _end_read(db)
+    return {
+        job_id: block.model_dump(mode="json")
+        for job_id, scored in scorings.items()
+        if (block := validation_summary(scored)) is not None
+    }
 
 
 def get(db: Db, user_id: int, job_id: str, shown_only: bool = False) -> dict[str, Any]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import bisect
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import bindparam, select
 
@@ -20,14 +20,12 @@ from relay.events import METRICS, METRICS_EVERY, checkpoint_dir
 from relay.sft import status as st
 from relay.sft.summary import (
     CheckpointSummary,
-    EvalFigures,
-    EvalSummary,
     FineTuneSummary,
     LossAt,
     TrainingLoss,
-    ValidationFigures,
-    ValidationSummary,
+    eval_summary,
     model_use,
+    validation_summary,
 )
 from relay_api.db import Db, iso
 from relay_api.event_rows import shown_kind
@@ -39,8 +37,6 @@ from relay_api.models import fine_tune_events
 # best and latest figures once a job reports them.
 VALIDATION = "validation"
 EVAL = "eval"
-
-Figures = TypeVar("Figures", ValidationFigures, EvalFigures)
 
 _EVENT_COLUMNS = tuple(fine_tune_events.c[name] for name in ("id", "created_at", "step", "kind", "data"))
 _EVENT_KEYS = tuple(column.name for column in _EVENT_COLUMNS)
@@ -72,8 +68,8 @@ def summarize(
     metrics: list[tuple[int, Mapping[str, Any]]] = []
     losses = _Losses()
     checkpoints: dict[int, Mapping[str, Any]] = {}
-    validations: list[ValidationFigures] = []
-    evaluations: list[EvalFigures] = []
+    validations: list[dict[str, Any]] = []
+    evaluations: list[dict[str, Any]] = []
     for event in events:
         kind, step, data = shown_kind(event["kind"]), int(event["step"]), event["data"]
         if kind == METRICS:
@@ -85,9 +81,9 @@ def summarize(
         elif kind == "checkpoint":
             checkpoints[step] = event
         elif kind == VALIDATION:
-            validations.append(ValidationFigures.model_validate({**data, "step": step}))
+            validations.append({**data, "step": step})
         elif kind == EVAL:
-            evaluations.append(EvalFigures.model_validate({**data, "step": step}))
+            evaluations.append({**data, "step": step})
 
     created, started, finished = job["created_at"], job["started_at"], job["finished_at"]
     ended = status in st.TERMINAL
@@ -116,16 +112,8 @@ def summarize(
             _checkpoint(checkpoints[at], windows, validations, evaluations, work_dir)
             for at in sorted(checkpoints)
         ],
-        validation=(
-            ValidationSummary(best=_best(validations, lambda v: v.action_mse, min), last=validations[-1])
-            if validations
-            else None
-        ),
-        eval=(
-            EvalSummary(best=_best(evaluations, lambda e: e.success_rate, max), last=evaluations[-1])
-            if evaluations
-            else None
-        ),
+        validation=validation_summary(validations),
+        eval=eval_summary(evaluations),
         use=model_use(job["id"], config["model"], config["dataset_name"], status, config.get("task")),
     )
 
@@ -211,8 +199,8 @@ class _Windows:
 def _checkpoint(
     event: Mapping[str, Any],
     windows: _Windows,
-    validations: Sequence[ValidationFigures],
-    evaluations: Sequence[EvalFigures],
+    validations: Sequence[Mapping[str, Any]],
+    evaluations: Sequence[Mapping[str, Any]],
     work_dir: Path,
 ) -> CheckpointSummary:
     """A checkpoint beside the metrics window that ends at its step (or the latest before it), and
@@ -230,17 +218,9 @@ def _checkpoint(
         loss=window.get("loss"),
         grad_norm=window.get("grad_norm"),
         lr=window.get("lr"),
-        validation=next((v for v in reversed(validations) if v.step == step), None),
-        eval=next((e for e in reversed(evaluations) if e.step == step), None),
+        validation=next((v for v in reversed(validations) if v["step"] == step), None),
+        eval=next((e for e in reversed(evaluations) if e["step"] == step), None),
     )
-
-
-def _best(
-    reports: Sequence[Figures], figure: Callable[[Figures], float | None], pick: Callable[..., Figures]
-) -> Figures | None:
-    """The report whose `figure` is lowest (`pick=min`) or highest (`max`); the earliest on a tie."""
-    scored = [report for report in reports if figure(report) is not None]
-    return pick(scored, key=figure) if scored else None
 
 
 def _no_metrics_note(job: Mapping[str, Any], steps: int) -> str:

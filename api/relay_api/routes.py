@@ -80,7 +80,8 @@ def list_fine_tunes(
 ) -> Response:
     with read_db(request) as db:
         rows, has_more = fine_tunes.list_page(db, user, after, limit)
-    data = [fine_tunes.job_object(r) for r in rows]
+        validation = fine_tunes.validation_blocks(db, rows)
+    data = [fine_tunes.job_object(r, validation.get(r["id"])) for r in rows]
     return JSONResponse({"object": "list", "data": data, "has_more": has_more})
 
 
@@ -92,7 +93,8 @@ def list_fine_tunes(
 def retrieve_fine_tune(job_id: JobId, user: CurrentUser, request: Request) -> Response:
     with read_db(request) as db:
         job = fine_tunes.get(db, user, job_id, shown_only=True)
-    return JSONResponse(fine_tunes.job_object(job))
+        validation = fine_tunes.validation_blocks(db, [job])
+    return JSONResponse(fine_tunes.job_object(job, validation.get(job_id)))
 
 
 @router.get(
@@ -122,7 +124,8 @@ def fine_tune_summary(job_id: JobId, user: CurrentUser, request: Request, settin
 )
 def cancel_fine_tune(job_id: JobId, user: CurrentUser, db: DbDep) -> Response:
     """A queued job is cancelled at once; a running one becomes `cancel_requested` and stops within a step."""
-    return JSONResponse(fine_tunes.job_object(fine_tunes.cancel(db, user, job_id)))
+    job = fine_tunes.cancel(db, user, job_id)
+    return JSONResponse(fine_tunes.job_object(job, fine_tunes.validation_blocks(db, [job]).get(job_id)))
 
 
 @router.get(

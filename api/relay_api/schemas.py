@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 
+from relay.env_evaluation import JobEval
 from relay.events import EVENT_KINDS, METRICS, EventBase, admits_none, fields_of
 
 # A job's results card (GET /v1/fine-tunes/{id}/summary): its shape is the SDK's, which reads it back.
 from relay.sft.summary import FineTuneSummary as FineTuneSummary
+from relay.sft.summary import ValidationSummary
 
 
 class DatasetReadOut(BaseModel):
@@ -57,6 +59,12 @@ class FineTuneOut(BaseModel):
         "Hub repo, the revision and its commit sha, or the local path; the format, episodes and frames. "
         "Null until then, and for jobs that read no LeRobot dataset.",
     )
+    validation: ValidationSummary | None = Field(
+        None,
+        description="A job with `validation_episodes`: the held-out scores, best and last (its "
+        "`validation` events, at each checkpoint and at the end). Null before the first, and for "
+        "jobs without a validation split.",
+    )
     model: str
     dataset_name: str
     dataset_revision: str | None = None
@@ -71,6 +79,8 @@ class FineTuneOut(BaseModel):
     name: str | None
     gpus: int | None = None  # the processes (GPUs) the job runs on; None only for jobs older than the field
     task: str | None = None
+    validation_episodes: list[int] | float | str | None = None
+    eval: JobEval | None = None
 
 
 class FineTuneList(BaseModel):
@@ -114,7 +124,8 @@ else:  # the union of the kinds' models, told apart by `kind`
 class EventOut(RootModel[EventOutChoice]):
     """The engine's report: every 10 steps a metrics event (``step`` and ``loss``, ``grad_norm``,
     ``lr``, ``skipped``, the speed), or an event named by ``event`` ("checkpoint", "resumed",
-    "retry", "cancelled", "finished", "error", "dataset") with its details; ``kind`` names either."""
+    "retry", "cancelled", "finished", "error", "dataset", "validation") with its details; ``kind``
+    names either."""
 
     @property
     def id(self) -> int:

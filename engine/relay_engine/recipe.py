@@ -6,7 +6,8 @@ once) plus the engine's own settings that a job's user does not choose.
 `run_recipe` runs a recipe of any model family (relay_engine.families): the family opens its data
 and builds its model and learner (`Family.prepare_recipe`); this driver alone resumes from the work
 directory's last complete checkpoint if there is one, keeps the seeded batch order, runs the fixed
-schedule, checkpoints, and has the family write its output. It is what a worker runs for
+schedule, checkpoints (scoring the family's validation split after each, where the recipe has
+one), and has the family write its output. It is what a worker runs for
 `POST /v1/fine-tunes` and what `relay local train` runs on a laptop.
 
 Under torch.distributed.run (`relay local train --nproc-per-node N`, or a worker's launcher) a
@@ -169,6 +170,7 @@ def _run(family: Family, run: RecipeRun, output_dir: Path, callbacks: _Callbacks
             training.checkpoint_the_stop(state)
             return RecipeResult(result.status, result.step, result.loss, None, resumed_from)
         prepared.write_output(output_dir)
+        training.evaluate_the_end(result.step)
         if prepared.parallel is not None:
             prepared.parallel.barrier()  # the output is whole before any process reports completion
         return RecipeResult(
@@ -211,6 +213,7 @@ class _Training:
         self.order = BatchOrder(prepared.samples, prepared.batch_size, run.recipe.seed, span_epochs=True)
         self.position = position
         self.batches = prepared.batches(self.order, position)
+        self.evaluated: set[int] = set()  # the steps whose closed-loop evaluation ran
 
     def next_step_batches(self) -> list[Any]:
         _, self.position = self.order.next_batch(self.position)
@@ -249,7 +252,33 @@ class _Training:
             save_checkpoint=self.save_checkpoint,
             checkpoint_every=self.run.recipe.checkpoint_every,
             log_every=self.run.recipe.log_every,
+            after_checkpoint=self.after_checkpoint,
         )
+
+    def after_checkpoint(self, loop_state: LoopState) -> None:
+        """The validation split's scores at the checkpoint just written (every process scores), then
+        the closed-loop evaluation if the recipe asks for one at each checkpoint."""
+        if self.prepared.validate is not None:
+            self.report(self.prepared.validate(loop_state.step))
+        if self.prepared.evaluate_at_checkpoints:
+            self.evaluate(loop_state.step)
+
+    def evaluate_the_end(self, step: int) -> None:
+        """The recipe's closed-loop evaluation of the trained policy, unless its last checkpoint's
+        evaluation was at the same step."""
+        if step not in self.evaluated:
+            self.evaluate(step)
+
+    def evaluate(self, step: int) -> None:
+        evaluate = self.prepared.evaluate_in_env
+        if evaluate is None:
+            return
+        self.evaluated.add(step)
+        # One simulator run, on rank 0: in a group it scores rank 0's model (whole under DDP).
+        if self.run.rank == 0 and (
+            self.prepared.parallel is None or self.prepared.parallel.strategy == "ddp"
+        ):
+            self.report(evaluate(step))
 
     def checkpoint_the_stop(self, state: LoopState) -> None:
         """With checkpoint_on_stop, a stopped run's step is kept in a checkpoint, unless one holds it."""

@@ -8,9 +8,12 @@ model_validate_json`) needs no engine.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from relay.errors import ConfigError
+from relay.rules import CheckedConfig
 
 
 class EpisodeRecord(BaseModel):
@@ -57,3 +60,58 @@ class EnvEvalReport(BaseModel):
     def steps_per_second(self) -> float:
         """Policy steps (environment steps with an action of the policy) per wall-clock second."""
         return self.steps / self.seconds if self.seconds > 0 else 0.0
+
+
+# The environments a job's `eval` block may name: those with a ready mapping that a worker installs
+# (relay/Dot-v0 with the engine; gym-pusht's PushT with the `pusht` extra, in `dev`). gym-aloha's
+# need MuJoCo with EGL, which workers do not have; `relay eval` runs them on a machine that does.
+JOB_ENVS = ("relay/Dot-v0", "gym_pusht/PushT-v0")
+JOB_EVAL_EPISODES_MAX = 1000
+JOB_EVAL_MAX_STEPS_MAX = 100_000
+JOB_EVAL_VIDEOS_MAX = 10
+
+
+class JobEval(CheckedConfig):
+    """A recipe's `eval` block: run the tuned policy in a simulated environment when training ends
+    (and at each checkpoint with ``at_checkpoints``), as ``relay eval`` does."""
+
+    RULES: ClassVar[dict[str, str]] = {
+        "env": f"must be one of the environments a worker runs: {', '.join(JOB_ENVS)}",
+        "episodes": f"must be an integer from 1 to {JOB_EVAL_EPISODES_MAX}",
+        "seed": "must be an integer from 0; episode k is reset with seed + k",
+        "max_steps": (
+            f"must be an integer from 1 to {JOB_EVAL_MAX_STEPS_MAX}, or null for the environment's limit"
+        ),
+        "at_checkpoints": "must be true or false",
+        "videos": f"must be an integer from 0 to {JOB_EVAL_VIDEOS_MAX}: the first episodes recorded as mp4",
+    }
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"env": JOB_ENVS}
+    WHAT: ClassVar[str] = "eval"
+    BODY_MESSAGE: ClassVar[str] = "bad eval: must be an object of {fields} (env required), or null"
+
+    env: str = Field(description="The Gymnasium environment's id.")
+    episodes: int = Field(10, strict=True, ge=1, le=JOB_EVAL_EPISODES_MAX)
+    seed: int = Field(0, strict=True, ge=0)
+    max_steps: int | None = Field(None, strict=True, ge=1, le=JOB_EVAL_MAX_STEPS_MAX)
+    at_checkpoints: bool = Field(False, strict=True, description="Also evaluate at each checkpoint.")
+    videos: int = Field(2, strict=True, ge=0, le=JOB_EVAL_VIDEOS_MAX)
+
+    @field_validator("env")
+    @classmethod
+    def _a_job_env(cls, value: str) -> str:
+        if value not in JOB_ENVS:
+            raise ValueError(cls.RULES["env"])
+        return value
+
+
+def job_eval_value(value: Any) -> JobEval | None:
+    """SFTConfig's `eval`: None, or a JobEval whose errors name their field as ``eval.FIELD``."""
+    if value is None or isinstance(value, JobEval):
+        return value
+    try:
+        return JobEval.parse(value)
+    except ConfigError as error:
+        field = f"eval.{error.param}" if error.param else "eval"
+        message = error.message.replace(f"bad {error.param}:", f"bad {field}:", 1)
+        message = message.replace(f"missing {error.param} ", f"missing {field} ", 1)
+        raise ConfigError(message, field, error.code) from None

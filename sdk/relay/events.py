@@ -34,6 +34,8 @@ from typing import Any, ClassVar, Literal, NotRequired, Union
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
+from relay.formatting import number_text
+
 METRICS = "metrics"
 # A recipe's metrics event comes every this many steps (and at its last step): the window its means cover.
 METRICS_EVERY = 10
@@ -173,6 +175,92 @@ def dataset_line(read: Mapping[str, Any]) -> str:
     return f"{where}, {version}, {read.get('episodes', 0):,} episodes, {read.get('frames', 0):,} frames"
 
 
+class ValidationEvent(EventBase):
+    """The held-out episodes (a recipe's ``validation_episodes``) scored at a checkpoint's `step`
+    and at the end, on the same ``frames`` every time with the same seeded noise, so checkpoints
+    compare: ``validation_loss``, the flow-matching loss (the training loss's definition) on those
+    frames; ``action_mse``, the mean squared error of sampled action chunks against the dataset's,
+    in normalized units; ``blind_mse``, the same error of the blind baseline (always the training
+    frames' mean chunk), which a policy that looks must beat. ``episodes``: how many are held out;
+    ``seconds``: how long the scoring took. (Not ``loss``: a metrics event is the one with a ``loss``.)"""
+
+    kind: ClassVar[str] = "validation"
+    validation_loss: float | None
+    action_mse: float | None
+    blind_mse: float | None
+    frames: int
+    episodes: int
+    seconds: float | None
+
+    def describe(self) -> str:
+        return validation_line(self)
+
+
+def validation_line(scored: Mapping[str, Any]) -> str:
+    """A validation event's figures (or one of a job's ``validation`` block) as one line:
+    ``action error 0.0123 vs blind 0.0281 (2.28x better), validation loss 0.104, 48 frames of 4
+    episodes`` (the console's job page matches it)."""
+    action, blind = scored.get("action_mse"), scored.get("blind_mse")
+    parts = [f"action error {number_text(action)}"]
+    if blind is not None:
+        parts[0] += f" vs blind {number_text(blind)}"
+        if isinstance(action, int | float) and action > 0:
+            ratio = blind / action
+            parts[0] += f" ({ratio:.2f}x better)" if ratio >= 1 else f" ({1 / ratio:.2f}x worse)"
+    parts.append(f"validation loss {number_text(scored.get('validation_loss'))}")
+    episodes = int(scored.get("episodes") or 0)
+    frames = int(scored.get("frames") or 0)
+    parts.append(f"{frames:,} frames of {episodes:,} episode{'' if episodes == 1 else 's'}")
+    return ", ".join(parts)
+
+
+class EvalEvent(EventBase):
+    """A closed-loop evaluation of the policy at `step` (a recipe's ``eval`` block: at the end, and
+    at each checkpoint if asked): ``episodes`` run in the Gymnasium environment ``env``, the share
+    that succeeded (``success_rate``, 0 to 1), the mean of each episode's summed reward and its
+    mean length in environment steps, and how long it took. The whole report is the job's file
+    ``eval/step-N.json`` (`eval_report_path`), the first episodes' videos under ``eval/step-N/``."""
+
+    kind: ClassVar[str] = "eval"
+    env: str
+    success_rate: float
+    mean_reward: float
+    mean_length: float
+    episodes: int
+    seconds: float
+    videos: list[str] | None
+
+    def describe(self) -> str:
+        return eval_line(self)
+
+
+def eval_line(report: Mapping[str, Any]) -> str:
+    """An eval event's figures as one line: ``relay/Dot-v0: success 60% of 10 episodes, mean reward
+    0.6, mean length 31.2 steps (4.1 s)``."""
+    rate = report.get("success_rate")
+    shown = "-" if rate is None else f"{rate:.0%}"
+    return (
+        f"{report.get('env')}: success {shown} of {report.get('episodes')} episodes, mean reward "
+        f"{number_text(report.get('mean_reward'))}, mean length {number_text(report.get('mean_length'))} "
+        f"steps ({number_text(report.get('seconds'))} s)"
+    )
+
+
+# A job's closed-loop evaluations among its files: eval/step-00001000.json, and the videos of its
+# first episodes in eval/step-00001000/.
+EVAL_FILES = "eval"
+
+
+def eval_report_path(step: int) -> str:
+    """The job's file of the evaluation at `step`: ``eval/step-00001000.json``."""
+    return f"{EVAL_FILES}/{checkpoint_dir(step)}.json"
+
+
+def eval_videos_dir(step: int) -> str:
+    """Where the videos of the evaluation at `step` are among the job's files: ``eval/step-00001000``."""
+    return f"{EVAL_FILES}/{checkpoint_dir(step)}"
+
+
 Event = Union[  # noqa: UP007 (a runtime value too: typed readers match on its members)
     MetricsEvent,
     CheckpointEvent,
@@ -182,6 +270,8 @@ Event = Union[  # noqa: UP007 (a runtime value too: typed readers match on its m
     FinishedEvent,
     ErrorEvent,
     DatasetEvent,
+    ValidationEvent,
+    EvalEvent,
 ]
 EVENT_KINDS: dict[str, type[EventBase]] = {
     kind.kind: kind for kind in typing.get_args(Event) if issubclass(kind, EventBase)

@@ -173,6 +173,10 @@ def _builtins() -> None:
             "cameras": "RT-J reads the tables of a database, not camera images",
             "dataset_revision": "RT-J reads a database directory, which has no revisions",
             "targets": 'RT-J is tuned in full: every weight trains, targets ["all"]',
+            "validation_episodes": "RT-J's tasks have a validation split of their own, the task's val "
+            "rows; episodes are a robot dataset's",
+            "eval": "closed-loop evaluation runs a robot policy in a simulator; RT-J predicts a "
+            "database's task",
         },
         max_gpus=1,
         session_fields={"problem_type": "binary"},

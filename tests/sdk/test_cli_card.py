@@ -13,6 +13,7 @@ from relay.sft.summary import FineTuneSummary, model_use
 
 
 def running_card() -> FineTuneSummary:
+    scoring = {"validation_loss": 0.1, "blind_mse": 0.028, "frames": 48, "episodes": 4, "seconds": 0.5}
     return FineTuneSummary.model_validate(
         {
             "id": "ft-0123456789ab",
@@ -49,12 +50,14 @@ def running_card() -> FineTuneSummary:
                 },
             ],
             "validation": {
-                "best": {"step": 1000, "action_mse": 0.012, "blind_mse": 0.028},
-                "last": {"step": 2000, "action_mse": 0.015, "blind_mse": 0.028},
+                "best": {**scoring, "step": 1000, "action_mse": 0.012},
+                "last": {**scoring, "step": 2000, "action_mse": 0.015},
+                "scored": 2,
             },
             "eval": {
                 "best": {"step": 1000, "success_rate": 0.6},
                 "last": {"step": 2000, "success_rate": 0.55},
+                "evaluated": 2,
             },
             "use": model_use("ft-0123456789ab", "pi05", "lerobot/pusht_image", "running").model_dump(),
         }
@@ -67,15 +70,23 @@ def test_a_running_jobs_card_has_its_eta_validation_and_success_rate(
     _show_card(running_card())
     lines = capsys.readouterr().out.splitlines()
     results = lines[lines.index("Results") + 1 : lines.index("", lines.index("Results"))]
-    rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in results)
+    rows: dict[str, str] = {}
+    key = ""
+    for line in results:  # a value of several lines goes on under its key
+        if line.startswith("  "):
+            rows[key] += "\n" + line.strip()
+        else:
+            key, rows[key] = re.split(r"\s{2,}", line.strip(), maxsplit=1)
     assert rows["progress"] == "2000/6000 steps (33%)"
     assert rows["elapsed"] == "1h02m (queued 4s before)"
     assert rows["ETA"] == "2h13m left at 0.5 steps/s (the latest 10 steps)"
     assert rows["pace"] == "0.52 steps/s, 66.5 samples/s (the whole run)"
     assert rows["training loss"] == "first 0.91 (step 10), last 0.12 (step 2000), best 0.11 (step 1990)"
     assert rows["validation"] == (
-        "best action_mse 0.012 vs blind 0.028 (2.33x) at step 1000; "
-        "last action_mse 0.015 vs blind 0.028 (1.87x) at step 2000"
+        "best at step 1000: action error 0.012 vs blind 0.028 (2.33x better), validation loss 0.1, "
+        "48 frames of 4 episodes\n"
+        "last at step 2000: action error 0.015 vs blind 0.028 (1.87x better), validation loss 0.1, "
+        "48 frames of 4 episodes"
     )
     assert rows["closed loop"] == "success 55% at step 2000 (best 60% at step 1000)"
     checkpoints = [

@@ -9,6 +9,7 @@ a test can show that the console needs nothing from the internet.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -67,8 +68,27 @@ def fenced_page(browser: Browser, origin: str) -> tuple[Page, Fence]:
     return page, fence
 
 
+def chart_points(page: Page, chart: str) -> int:
+    """How many points a job page's chart shows (its `data-points`, set in the frame that draws one)."""
+    return int(page.get_attribute(f"[data-chart={chart}]", "data-points") or 0)
+
+
 def sign_in(page: Page, origin: str, key: str) -> None:
     page.goto(origin + "/")
     page.fill("#api-key", key)
     page.click("button[type=submit]")
     page.wait_for_selector("table[data-testid=jobs]")
+
+
+def start_tiny_job_from_the_form(page: Page, dataset: Path, **fields: str) -> None:
+    """Start a 20-step pi05-tiny job on `dataset` from the New fine-tune form, with `fields`
+    typed into their boxes as they are, and wait for its page."""
+    page.click("text=New fine-tune >> nth=0")
+    page.select_option("#field-model", "pi05-tiny")
+    page.fill("#field-dataset_name", str(dataset))
+    page.fill("#field-batch_size", "2")
+    page.fill("#field-steps", "20")
+    for name, text in fields.items():
+        page.fill(f"#field-{name}", text)
+    page.click("button:has-text('Start fine-tune')")
+    page.wait_for_url(re.compile(r".*#/jobs/ft-[0-9a-f]{12}$"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from fastapi.testclient import TestClient
@@ -11,6 +12,9 @@ from fastapi.testclient import TestClient
 from relay.http_client import Client
 from relay_api.app import create_app
 from tests.service.stack import PARKED_QUEUE, Stack, WorkerProcess, shared_stack
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +58,15 @@ def video_dataset(stack: Stack) -> Path:
         "v30-video", episodes=5, episode_length=(6, 14), cameras=VIDEO_CAMERAS, num_tasks=2, format="v3.0",
         video=True, episodes_per_file=2,
     )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's headless Chromium, for a module of the console's browser tests."""
+    from tests.service.browser import chromium  # Playwright, only where a test drives a browser
+
+    with chromium() as started:
+        yield started
 
 
 @pytest.fixture(scope="module")

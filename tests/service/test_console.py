@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -24,20 +23,11 @@ from relay.sft.train import train
 from relay_api.db import utcnow
 from relay_api.event_rows import insert_event_row
 from relay_api.models import fine_tunes
-from tests.service.browser import chromium, fenced_page, sign_in
+from tests.service.browser import chart_points as points
+from tests.service.browser import fenced_page, sign_in
 from tests.service.stack import PARKED_QUEUE, ApiServer, Stack, WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with chromium() as started:
-        yield started
-
-
-def points(page: Page, chart: str) -> int:
-    return int(page.get_attribute(f"[data-chart={chart}]", "data-points") or 0)
 
 
 def api_create(url: str, key: str, **fields: object) -> dict[str, object]:
@@ -262,7 +252,14 @@ def test_a_long_log_newest_first_and_the_validation_and_closed_loop_figures(
             insert_event_row(session, job["id"], 10 * n, "metrics", 0, window, written)
         for step, action_mse, success_rate in ((200, 0.012, 0.6), (400, 0.015, 0.55)):
             insert_event_row(session, job["id"], step, "checkpoint", 0, {"seconds": 1.5}, written)
-            figures = {"action_mse": action_mse, "blind_mse": 0.028}
+            figures = {
+                "validation_loss": 0.1,
+                "action_mse": action_mse,
+                "blind_mse": 0.028,
+                "frames": 48,
+                "episodes": 4,
+                "seconds": 0.5,
+            }
             insert_event_row(session, job["id"], step, "validation", 0, figures, written)
             insert_event_row(session, job["id"], step, "eval", 0, {"success_rate": success_rate}, written)
         session.execute(update(fine_tunes).where(fine_tunes.c.id == job["id"]).values(step=600))
@@ -272,9 +269,13 @@ def test_a_long_log_newest_first_and_the_validation_and_closed_loop_figures(
     page.goto(f"{origin}/#/jobs/{job['id']}")
 
     results = page.locator("[data-testid=results]")
-    expect(results.locator("[data-result=validation]")).to_have_text(
-        "best action_mse 0.012 vs blind 0.028 (2.33x) at step 200; "
-        "last action_mse 0.015 vs blind 0.028 (1.87x) at step 400"
+    expect(results.locator("[data-result=validation] [data-validation=best]")).to_have_text(
+        "best at step 200: action error 0.012 vs blind 0.028 (2.33x better), validation loss 0.1, "
+        "48 frames of 4 episodes"
+    )
+    expect(results.locator("[data-result=validation] [data-validation=last]")).to_have_text(
+        "last at step 400: action error 0.015 vs blind 0.028 (1.87x better), validation loss 0.1, "
+        "48 frames of 4 episodes"
     )
     expect(results.locator("[data-result=eval]")).to_have_text(
         "success 55% at step 400 (best 60% at step 200)"

@@ -18,9 +18,10 @@ from fastapi.staticfiles import StaticFiles
 
 STATIC = Path(__file__).parent / "static"
 PREFIX = "/console"
-# The console's page may load only this server's files; it talks only to this server.
+# The console's page may load only this server's files; it talks only to this server. Videos play
+# from blob: URLs: a job's files are fetched with the key, which a plain src could not carry.
 CONSOLE_POLICY = (
-    "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+    "default-src 'self'; img-src 'self' data:; media-src 'self' blob:; style-src 'self' 'unsafe-inline'; "
     "object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
 )
 

@@ -2,8 +2,8 @@
 
 One step: read the step's batches, forward_backward each, optim_step at the scheduled rate.
 Every `log_every` steps the loop reports the window's averages; every `checkpoint_every` steps
-and at the end it asks for a checkpoint. It checks `should_stop()` before every step. It knows
-nothing of databases or queues: the caller's callbacks do.
+and at the end it asks for a checkpoint (and then `after_checkpoint`). It checks `should_stop()`
+before every step. It knows nothing of databases or queues: the caller's callbacks do.
 
 examples/local_loop.py is this loop written flat in one file (dataset, tuned model, step, schedule,
 checkpoint), to read first or to start a variant from.
@@ -118,8 +118,10 @@ def run_loop(
     log_every: int = 10,
     on_batch_loss: Callable[[float], None] | None = None,
     after_step: Callable[[LoopState], None] | None = None,
+    after_checkpoint: Callable[[LoopState], None] | None = None,
 ) -> LoopResult:
-    """Train from `state.step` to `total_steps`; `next_step_batches()` gives one step's micro-batches."""
+    """Train from `state.step` to `total_steps`; `next_step_batches()` gives one step's micro-batches.
+    `after_checkpoint` runs after each checkpoint's event (a validation split is scored there)."""
     while state.step < total_steps:
         if should_stop():
             return LoopResult("stopped", state.step, state.last_loss)
@@ -151,6 +153,8 @@ def run_loop(
             saving = time.perf_counter()
             save_checkpoint(state)
             on_event(CheckpointEvent(step=state.step, seconds=time.perf_counter() - saving))
+            if after_checkpoint is not None:
+                after_checkpoint(state)
         if after_step is not None:
             after_step(state)
 

@@ -73,14 +73,7 @@ class LeRobotDataset:
     def __getitem__(self, frame: int) -> Sample:
         frame = self._check_frame(frame)
         position = self._episode_position(frame)
-        episode_end = int(self._index.episode_start[position + 1])
-        chunk_end = min(frame + self.action_horizon, episode_end)
-        chunk = self._index.actions(frame, chunk_end)
-        real_steps = len(chunk)
-        if real_steps < self.action_horizon:
-            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], self.action_horizon - real_steps, axis=0)])
-        actions = np.zeros((self.action_horizon, ACTION_DIM), dtype=np.float32)
-        actions[:, : self.summary.action_dim] = self.norm_stats.normalize_actions(chunk)
+        actions, action_is_pad = self._action_chunk(frame, position)
         state = np.zeros(STATE_DIM, dtype=np.float32)
         state[: self.summary.state_dim] = self.norm_stats.normalize_state(self._index.state(frame))
         return Sample(
@@ -92,8 +85,25 @@ class LeRobotDataset:
             prompt=self.summary.tasks[self._index.task_index(frame)],
             actions=actions,
             action_dim=self.summary.action_dim,
-            action_is_pad=np.arange(self.action_horizon) >= real_steps,
+            action_is_pad=action_is_pad,
         )
+
+    def action_chunk(self, frame: int) -> tuple[np.ndarray, np.ndarray]:
+        """Frame `frame`'s sample's ``actions`` and ``action_is_pad`` alone, read without its images
+        (the blind baseline reads thousands)."""
+        frame = self._check_frame(frame)
+        return self._action_chunk(frame, self._episode_position(frame))
+
+    def _action_chunk(self, frame: int, position: int) -> tuple[np.ndarray, np.ndarray]:
+        episode_end = int(self._index.episode_start[position + 1])
+        chunk_end = min(frame + self.action_horizon, episode_end)
+        chunk = self._index.actions(frame, chunk_end)
+        real_steps = len(chunk)
+        if real_steps < self.action_horizon:
+            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], self.action_horizon - real_steps, axis=0)])
+        actions = np.zeros((self.action_horizon, ACTION_DIM), dtype=np.float32)
+        actions[:, : self.summary.action_dim] = self.norm_stats.normalize_actions(chunk)
+        return actions, np.arange(self.action_horizon) >= real_steps
 
     def episode_of(self, frame: int) -> int:
         """The dataset's episode_index of frame `frame`."""

@@ -76,6 +76,13 @@ class PreparedRecipe:
     extra: dict[str, Any] = field(default_factory=dict)
     # What the run read (pi05: a DatasetEvent), reported once at the step it starts from.
     data_read: Callable[[int], Event] | None = None
+    # The held-out scores at a step (pi05 with validation_episodes: a ValidationEvent), after each
+    # checkpoint; every process calls it, rank 0 reports it.
+    validate: Callable[[int], Event] | None = None
+    # The recipe's `eval` block (pi05): the policy run in a simulator at a step (an EvalEvent), at
+    # the end and, with eval.at_checkpoints, after each checkpoint; rank 0 alone runs it.
+    evaluate_in_env: Callable[[int], Event] | None = None
+    evaluate_at_checkpoints: bool = False
 
     def save_checkpoint(self, store: CheckpointStore, step: int, meta: dict[str, object]) -> None:
         """The learner's state in one complete checkpoint (a family laid out otherwise overrides it)."""

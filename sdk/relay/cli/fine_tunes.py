@@ -28,7 +28,14 @@ from relay.cli._common import (
 )
 from relay.cli.watch import watch_events
 from relay.errors import APIError, ConfigError
-from relay.events import METRICS, METRICS_EVERY, dataset_line
+from relay.events import (
+    METRICS,
+    METRICS_EVERY,
+    ValidationEvent,
+    dataset_line,
+    eval_report_path,
+    validation_line,
+)
 from relay.formatting import duration_text, number_text, size_text
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 from relay.sft.job import Event, FineTuneJob, interrupted_note
@@ -37,7 +44,6 @@ from relay.sft.summary import (
     EvalSummary,
     FineTuneSummary,
     ModelUse,
-    ValidationFigures,
     ValidationSummary,
 )
 from relay.sft.train import train
@@ -117,6 +123,11 @@ def create(
         None, "--camera", help="MODEL_CAMERA=DATASET_FEATURE, repeatable."
     ),
     name: str | None = typer.Option(None, help="A name for the job."),
+    validation_episodes: str | None = typer.Option(
+        None,
+        help="Hold these episodes out of training and score them at each checkpoint and at the end: "
+        "episodes like 40-49 or 3,7,9, or a fraction of the episodes like 0.1 (default: none).",
+    ),
     config_file: Path | None = typer.Option(
         None, "--config", help="A JSON file with the config's fields; options given here override it."
     ),
@@ -142,6 +153,7 @@ def create(
             "targets": split_targets(target),
             "cameras": parse_pairs(camera, "camera") if camera else None,
             "name": name,
+            "validation_episodes": validation_episodes,
         }
         fields.update({k: v for k, v in given.items() if v is not None})  # the options override the file
         job = train(SFTConfig.parse(fields), idempotency_key=idempotency_key)
@@ -210,7 +222,7 @@ def retrieve(
     if as_json:
         print(json.dumps({**job.to_dict(), "summary": card.model_dump(mode="json")}))
         return
-    _show_job(job, as_json)
+    _show_job(job, as_json, card_follows=True)
     _show_card(card)
 
 
@@ -242,6 +254,49 @@ def events(
                 _print_event(event, as_json, job.steps)
 
 
+@app.command("eval")
+def eval_(
+    job_id: str,
+    as_json: bool = typer.Option(False, "--json", help="Print the evaluations as JSON, one object each."),
+) -> None:
+    """A fine-tune's closed-loop evaluations (its recipe's `eval` block): at each checkpoint if
+    asked, and at the end, the success rate in the environment, mean reward and length, and the
+    job's files of each (its report and the videos of its first episodes)."""
+    with _clear_errors():
+        job = sft.retrieve(job_id)
+        evaluations = job.evaluations()
+    if as_json:
+        print(json.dumps([{**event, "report": eval_report_path(event.step)} for event in evaluations]))
+        return
+    if not evaluations:
+        why = "it has no eval block" if job.eval is None else f"none yet (the job is {job.status})"
+        out.print(f"No closed-loop evaluations of {job.id}: {why}.", highlight=False)
+        return
+    table = Table()
+    columns = ["step", "env", "success", "episodes", "mean reward", "mean length", "seconds", "files"]
+    for column in columns:
+        table.add_column(column)
+    for event in evaluations:
+        files = "\n".join([eval_report_path(event.step), *(event.videos or [])])
+        table.add_row(
+            str(event.step),
+            event.env,
+            f"{event.success_rate:.0%}",
+            str(event.episodes),
+            number_text(event.mean_reward),
+            number_text(event.mean_length),
+            number_text(event.seconds, 3),
+            files,
+        )
+    show_table(table, json_hint=True)
+    out.print(
+        f"Download a file: relay fine-tunes download {job.id} (the output), or GET "
+        f"/v1/fine-tunes/{job.id}/files/PATH",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 @app.command()
 def download(
     job_id: str,
@@ -257,12 +312,16 @@ def download(
         out.print(f"{path}  {size_text(size)} ({size:,} bytes)", highlight=False, soft_wrap=True)
 
 
-def _show_job(job: FineTuneJob, as_json: bool) -> None:
+def _show_job(job: FineTuneJob, as_json: bool, card_follows: bool = False) -> None:
     record = job.to_dict()
     if not as_json:  # say which loss this is (JSON keeps the API's field names)
         record = {LOSS_LABEL if key == "loss" else key: value for key, value in record.items()}
         if record.get("dataset"):  # what the engine read, in one line
             record["dataset"] = dataset_line(record["dataset"])
+        if card_follows:  # the held-out scores are the card's (the same block): not twice
+            record.pop("validation", None)
+        elif record.get("validation"):  # the best scores and the last, a line each
+            record["validation"] = validation_text(ValidationSummary.model_validate(record["validation"]))
     show_record(record, as_json)
 
 
@@ -302,7 +361,7 @@ def _results_rows(card: FineTuneSummary) -> list[tuple[str, str]]:
     if card.metrics_note:
         rows.append(("metrics", card.metrics_note))
     if card.validation is not None:
-        rows.append(("validation", _validation_text(card.validation)))
+        rows.append(("validation", validation_text(card.validation)))
     if card.eval is not None:
         rows.append(("closed loop", _eval_text(card.eval)))
     return rows
@@ -350,25 +409,6 @@ def _seconds_text(seconds: float, queued: float | None) -> str:
     return duration_text(seconds) + ("" if queued is None else f" (queued {duration_text(queued)} before)")
 
 
-def _validation_text(validation: ValidationSummary) -> str:
-    """`best action_mse 0.012 vs blind 0.028 (2.33x) at step 1000; last ...`."""
-
-    def one(figures: ValidationFigures) -> str:
-        text = f"action_mse {number_text(figures.action_mse)}"
-        if figures.blind_mse is not None:
-            text += f" vs blind {number_text(figures.blind_mse)}"
-            if figures.action_mse:
-                text += f" ({figures.blind_mse / figures.action_mse:.2f}x)"
-        return f"{text} at step {figures.step}"
-
-    parts = [
-        f"{name} {one(figures)}"
-        for name, figures in (("best", validation.best), ("last", validation.last))
-        if figures
-    ]
-    return "; ".join(parts)
-
-
 def _eval_text(evaluation: EvalSummary) -> str:
     """`success 55% at step 2000 (best 60% at step 1000)`."""
 
@@ -391,6 +431,11 @@ def _print_event(event: Event, as_json: bool, steps: int) -> None:
             f"id {event.id:>6}  step {event['step']:>6}  loss {number_text(event.get('loss'))}"
             f"  grad_norm {number_text(event.get('grad_norm'))}  lr {number_text(event.get('lr'))}"
             f"  skipped {_share(event.get('skipped'))}  {_pace(event, steps)}"
+        )
+    elif event.kind == ValidationEvent.kind:
+        line = (
+            f"id {event.id:>6}  step {event['step']:>6}  validation  {validation_line(event)}"
+            f"  ({_value(event.get('seconds'))} s)"
         )
     else:
         details = "  ".join(f"{k} {_value(v)}" for k, v in event.items() if k not in ("step", "event"))
@@ -421,3 +466,12 @@ def _share(value: float | None) -> str:
 def _value(value: Any) -> str:
     """An event's detail: a float to 4 significant digits (a checkpoint's seconds), the rest as is."""
     return number_text(value) if isinstance(value, float) else str(value)
+
+
+def validation_text(block: ValidationSummary) -> str:
+    """A job's validation block for people: the best scores and the last, a line each."""
+    best, last = block.best, block.last
+    lines = [f"best at step {best.step}: {validation_line(best.model_dump())}"]
+    if last.step != best.step:
+        lines.append(f"last at step {last.step}: {validation_line(last.model_dump())}")
+    return "\n".join(lines)

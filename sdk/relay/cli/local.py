@@ -17,7 +17,16 @@ from relay.cli._common import console as make_console
 from relay.cli._common import dataset_name, fail, parse_pairs, split_targets
 from relay.cli._extras import require
 from relay.cli._launch import Launch, rank, run_launched
-from relay.events import dataset_line
+from relay.episodes import parse_episodes as episodes_of_text
+from relay.events import (
+    METRICS,
+    EvalEvent,
+    ValidationEvent,
+    dataset_line,
+    eval_line,
+    kind_of,
+    validation_line,
+)
 from relay.formatting import number_text
 from relay.progress import ProgressReport
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
@@ -29,17 +38,13 @@ console = make_console(stderr=True)
 
 
 def parse_episodes(spec: str | None) -> list[int] | None:
-    """'0-39,45' -> [0, ..., 39, 45]."""
+    """'0-39,45' -> [0, ..., 39, 45] (relay.episodes' syntax, the same as validation_episodes')."""
     if spec is None:
         return None
-    episodes: list[int] = []
     try:
-        for part in spec.split(","):
-            first, _, last = part.strip().partition("-")
-            episodes.extend(range(int(first), int(last or first) + 1))
-    except ValueError:
-        raise typer.BadParameter(f"{spec!r}: give episodes as numbers and ranges, like 0-39,45") from None
-    return episodes
+        return episodes_of_text(spec)
+    except ValueError as error:
+        raise typer.BadParameter(f"{spec!r}: {error}") from None
 
 
 class StopOnInterrupt:
@@ -95,6 +100,18 @@ def train(
         None, "--camera", help="MODEL_CAMERA=DATASET_FEATURE, repeatable."
     ),
     episodes: str | None = typer.Option(None, help="Train on these episodes only, like 0-39."),
+    validation_episodes: str | None = typer.Option(
+        None,
+        help="Hold these episodes out of training and score them at each checkpoint and at the end: "
+        "episodes like 40-49 or 3,7,9, or a fraction of the episodes like 0.1 (default: none).",
+    ),
+    eval_block: str | None = typer.Option(
+        None,
+        "--eval",
+        help="Run the trained policy in a simulator at the end (a recipe's eval block, as JSON: "
+        '\'{"env": "relay/Dot-v0", "episodes": 10, "at_checkpoints": true}\'); reports and videos go '
+        "to OUTPUT_DIR/eval/.",
+    ),
     seed: int = typer.Option(0, help="Seeds the data order, the initialisation and the noise."),
     checkpoint_every: int = typer.Option(1000, help="Steps between checkpoints."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
@@ -137,6 +154,8 @@ def train(
         "cameras": parse_pairs(cameras, "camera") if cameras else None,
         "task": task,
         "dataset_revision": dataset_revision,
+        "validation_episodes": validation_episodes,
+        "eval": _eval_json(eval_block),
     }
     config = _recipe_config(model, dataset, steps, given)
     _check_processes(config, nproc_per_node * nnodes)
@@ -150,6 +169,15 @@ def train(
         "strategy": strategy,
     }
     _train_here(config, engine_settings, output_dir, json_lines)
+
+
+def _eval_json(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        fail(f'bad --eval: not JSON ({error.msg}); give an object such as \'{{"env": "relay/Dot-v0"}}\'')
 
 
 def _recipe_config(model: str, dataset: str, steps: int, given: dict[str, Any]) -> SFTConfig:
@@ -183,14 +211,18 @@ class _TrainingProgress:
         self.output_dir = output_dir
         self.report = ProgressReport("training", steps, stream=sys.stderr) if not json_lines else None
         self.window_loss: float | None = None
+        self.validation: dict[str, Any] | None = None  # the latest validation event
 
     def on_event(self, event: dict[str, Any]) -> None:
-        if "loss" in event:
+        kind = kind_of(event)
+        if kind == METRICS:
             self.window_loss = event["loss"]
+        elif kind == ValidationEvent.kind:
+            self.validation = dict(event)
         if self.report is None:
             print(json.dumps(event), flush=True)
             return
-        if "loss" in event:
+        if kind == METRICS:
             detail = (
                 f"loss {number_text(event['loss'])} (10-step mean)  "
                 f"grad_norm {number_text(event['grad_norm'])}  lr {number_text(event['lr'])}"
@@ -200,9 +232,13 @@ class _TrainingProgress:
                 self.report.note(
                     f"step {event['step']}: {event['skipped']:.0%} of steps skipped (non-finite gradient)"
                 )
-        elif event.get("event") == "dataset":
+        elif kind == "dataset":
             self.report.note(f"reading {dataset_line(event)}")
-        elif event.get("event") == "resumed":
+        elif kind == ValidationEvent.kind:
+            self.report.note(f"step {event['step']}: validation: {validation_line(event)}")
+        elif kind == EvalEvent.kind:
+            self.report.note(f"step {event['step']}: closed loop: {eval_line(event)}")
+        elif kind == "resumed":
             where = self.output_dir / "checkpoints"
             self.report.note(f"resuming from step {event['step']} (the last checkpoint in {where})")
             self.report.update(event["step"])
@@ -240,29 +276,34 @@ def _train_here(
         progress.close()
     if not speaks:
         raise typer.Exit(130 if result.status == "stopped" else 0)
-    _say_how_it_ended(result, progress.window_loss, json_lines)
+    _say_how_it_ended(result, progress, json_lines)
 
 
-def _say_how_it_ended(result: Any, window_loss: float | None, json_lines: bool) -> None:
+def _say_how_it_ended(result: Any, progress: _TrainingProgress, json_lines: bool) -> None:
     if result.status == "stopped":
         console.print(
             f"stopped at step {result.step} with a checkpoint there; "
             "run the same command again to resume from it"
         )
         raise typer.Exit(130)
+    window_loss, validation = progress.window_loss, progress.validation
     summary = {
         "status": result.status,
         "step": result.step,
         "loss": window_loss,
         "output_dir": str(result.output_dir),
     }
+    if validation is not None:
+        summary["validation"] = validation
     if json_lines:
         print(json.dumps(summary), flush=True)
-    else:
-        console.print(
-            f"completed {result.step} steps, loss {number_text(window_loss)} (mean of the last 10 steps); "
-            f"model in {result.output_dir}"
-        )
+        return
+    console.print(
+        f"completed {result.step} steps, loss {number_text(window_loss)} (mean of the last 10 steps); "
+        f"model in {result.output_dir}"
+    )
+    if validation is not None:
+        console.print(f"validation at step {validation['step']}: {validation_line(validation)}")
 
 
 @app.command("eval")

@@ -11,11 +11,13 @@ import json
 import re
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, PlainValidator, WithJsonSchema, field_validator, model_validator
 
 from relay import catalog, families
 from relay.catalog import LORA_RANK_DEFAULT
 from relay.dataset_names import names_local_directory
+from relay.env_evaluation import JobEval, job_eval_value
+from relay.episodes import VALIDATION_EPISODES_RULE, VALIDATION_EPISODES_SCHEMA, validation_episodes_value
 from relay.errors import ConfigError
 from relay.rules import (
     ABSENT,
@@ -77,9 +79,17 @@ RULES: dict[str, str] = {
         f"must be an integer from 1 to {GPUS_MAX}, at most batch_size; by default 1 for lora and all "
         "the GPUs of one worker host for full"
     ),
+    "validation_episodes": VALIDATION_EPISODES_RULE,
+    "eval": "must be null or an object: env (required), episodes, seed, max_steps, at_checkpoints, videos",
 }
 
 
+# Episodes held out of training and scored at each checkpoint (relay.episodes; default: none).
+ValidationEpisodes = Annotated[
+    list[int] | float | str | None,
+    PlainValidator(validation_episodes_value),
+    WithJsonSchema(VALIDATION_EPISODES_SCHEMA),
+]
 GpuCount = Annotated[int, Field(strict=True, ge=1, le=GPUS_MAX), BeforeValidator(whole_float_to_int)]
 
 
@@ -159,6 +169,8 @@ class SFTConfig(CheckedConfig):
         Annotated[int, Field(strict=True, ge=1, le=GPUS_MAX), BeforeValidator(whole_float_to_int)] | None
     ) = None
     task: str | None = Field(None, min_length=1, max_length=TASK_MAX, pattern=PLAIN_TEXT_PATTERN)
+    validation_episodes: ValidationEpisodes = None
+    eval: Annotated[JobEval | None, BeforeValidator(job_eval_value)] = None
 
     @classmethod
     def default(cls, field: str, model: str | None = None) -> Any:

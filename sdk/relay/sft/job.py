@@ -61,8 +61,9 @@ class FineTuneJob:
     """A recipe job. Attributes: ``id``, ``status``, ``step``, ``loss``, ``error``, ``output_dir``,
     ``created_at``, ``started_at``, ``finished_at``, ``attempts``, ``lease_lapsed_seconds`` (a running
     job whose worker stopped renewing its lease: how long ago it lapsed), ``dataset`` (what the engine
-    read: the Hub revision and commit, or the directory; the format, episodes and frames) and the
-    config's fields.
+    read: the Hub revision and commit, or the directory; the format, episodes and frames),
+    ``validation`` (with ``validation_episodes``: the held-out scores, ``{"best": ..., "last": ...,
+    "scored": n}``, each a validation event's fields) and the config's fields.
 
     ``loss`` is the mean training loss over the latest metrics window (the last 10 steps), the
     same number as the latest metrics event's ``loss``."""
@@ -81,6 +82,9 @@ class FineTuneJob:
     # What the engine read once the dataset was open (repo or path, revision, sha, format, frames,
     # episodes); None until then.
     dataset: dict[str, Any] | None
+    # The validation split's scores so far: best (lowest action_mse, with its step), last, and how
+    # many times scored; None without validation_episodes, or before the first checkpoint.
+    validation: dict[str, Any] | None
     gpus: int | None
     task: str | None
     model: str
@@ -95,6 +99,9 @@ class FineTuneJob:
     targets: list[str] | None
     cameras: dict[str, str] | None
     name: str | None
+    validation_episodes: list[int] | float | str | None
+    # The recipe's `eval` block (relay.env_evaluation.JobEval's fields), or None.
+    eval: dict[str, Any] | None
 
     def __init__(self, data: dict[str, Any], client: http_client.Client | None = None) -> None:
         self._client = client or http_client.default_client()
@@ -180,6 +187,12 @@ class FineTuneJob:
         if self.status == job_status.ERROR:
             raise RuntimeError(f"fine-tune {self.id} failed: {self.error}")
         return self
+
+    def evaluations(self) -> list[events.EvalEvent]:
+        """The job's closed-loop evaluations so far (its `eval` events), oldest first: at each
+        checkpoint if its `eval` block asks, and at the end. Each one's whole report is the job's
+        file `eval/step-N.json` (relay.events.eval_report_path)."""
+        return [typed for event in self.events() if isinstance(typed := event.typed, events.EvalEvent)]
 
     def events(self, after: int | None = None) -> list[Event]:
         """The job's events so far, oldest first; with `after`, only those after that event id."""

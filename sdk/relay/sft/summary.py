@@ -11,7 +11,8 @@ validation split scored at each checkpoint, and closed-loop evaluation in a simu
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,22 +37,32 @@ class TrainingLoss(BaseModel):
 
 
 class ValidationFigures(BaseModel):
-    """A validation event's figures at `step`: the sampled-chunk action error on the held-out
-    episodes (``action_mse``) and the blind baseline's (``blind_mse``); any other figures it
-    reports ride along."""
+    """One scoring of the held-out episodes at `step`: a ``validation`` event's figures
+    (relay.events.ValidationEvent): ``validation_loss``, the sampled-chunk action error
+    (``action_mse``) and the blind baseline's (``blind_mse``), on ``frames`` of ``episodes``."""
 
     model_config = ConfigDict(extra="allow")
 
     step: int
+    validation_loss: float | None = None
     action_mse: float | None = None
     blind_mse: float | None = None
+    frames: int | None = None
+    episodes: int | None = None
+    seconds: float | None = None
 
 
 class ValidationSummary(BaseModel):
-    """The validation events' best (lowest ``action_mse``) and latest."""
+    """A job's validation split as scored so far: the job's ``validation`` block in
+    ``GET /v1/fine-tunes/{id}`` and the card's ``validation`` slot, both made by
+    `validation_summary`."""
 
-    best: ValidationFigures | None = None
-    last: ValidationFigures | None = None
+    best: ValidationFigures = Field(
+        description="The scoring with the lowest `action_mse` so far (the earliest of equals), with "
+        "its step: the checkpoint to pick."
+    )
+    last: ValidationFigures = Field(description="The latest scoring: the latest checkpoint's, or the end's.")
+    scored: int = Field(description="How many times the split has been scored.")
 
 
 class EvalFigures(BaseModel):
@@ -65,10 +76,48 @@ class EvalFigures(BaseModel):
 
 
 class EvalSummary(BaseModel):
-    """The evaluations' best (highest ``success_rate``) and latest."""
+    """The closed-loop evaluations so far: the best (highest ``success_rate``, the earliest of
+    equals), the latest, and how many."""
 
-    best: EvalFigures | None = None
-    last: EvalFigures | None = None
+    best: EvalFigures
+    last: EvalFigures
+    evaluated: int
+
+
+def validation_summary(scorings: Sequence[Mapping[str, Any]]) -> ValidationSummary | None:
+    """The validation block of a job's ``validation`` events' figures, each with its step, oldest
+    first; None before the first. The one definition of "best": the lowest action error."""
+    figures = [ValidationFigures.model_validate(scoring) for scoring in scorings]
+    if not figures:
+        return None
+    best = _best(figures, lambda scoring: scoring.action_mse, lower=True)
+    return ValidationSummary(best=best, last=figures[-1], scored=len(figures))
+
+
+def eval_summary(reports: Sequence[Mapping[str, Any]]) -> EvalSummary | None:
+    """The eval block of a job's ``eval`` events' figures, each with its step, oldest first; None
+    before the first. Best: the highest success rate."""
+    figures = [EvalFigures.model_validate(report) for report in reports]
+    if not figures:
+        return None
+    best = _best(figures, lambda report: report.success_rate, lower=False)
+    return EvalSummary(best=best, last=figures[-1], evaluated=len(figures))
+
+
+Figures = TypeVar("Figures", ValidationFigures, EvalFigures)
+
+
+def _best(reports: list[Figures], figure: Callable[[Figures], float | None], lower: bool) -> Figures:
+    """The report whose `figure` is lowest (or highest), the earliest on a tie; the first when
+    none has the figure."""
+    best = reports[0]
+    for report in reports[1:]:
+        value, best_value = figure(report), figure(best)
+        if value is None:
+            continue
+        if best_value is None or (value < best_value if lower else value > best_value):
+            best = report
+    return best
 
 
 class CheckpointSummary(BaseModel):

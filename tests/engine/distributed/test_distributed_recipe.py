@@ -2,8 +2,9 @@
 
 One launch of 2 processes runs every 2-process recipe here (starting processes is the slow part);
 the 1-process runs happen in the test process. Compared: every step's loss (within 1e-5), the
-merged weights (within 1e-5), resuming on the same number of processes, and resharding a
-checkpoint from 2 processes to 1 and from 1 to 2.
+merged weights (within 1e-5), resuming on the same number of processes, resharding a checkpoint
+from 2 processes to 1 and from 1 to 2, and (full fine-tuning, under FSDP) the validation split's
+scores, which every process computes in step.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def recipe_for(dataset: Path, finetune: str) -> Recipe:
         learning_rate=LEARNING_RATE,
         steps=STEPS,
         finetune=finetune,
+        # Sharded weights need every process in each forward pass: FSDP's runs score a split.
+        validation_episodes=[7] if finetune == "full" else None,
     )
     return Recipe.from_config(
         config,
@@ -252,6 +255,19 @@ def test_the_trainer_under_torchrun_trains_as_one_process(runs: dict[str, Any]) 
     # A handful of weights with a near-zero gradient (one element of time_mlp_in, measured) may
     # take AdamW's noise step; see assert_same_weights.
     assert_same_weights(runs["root"] / "trainer-1", runs["root"] / "trainer-2", noise_share=1e-5)
+
+
+def test_two_processes_score_the_validation_split_as_one(runs: dict[str, Any]) -> None:
+    """FSDP: both processes score the held-out frames in step; rank 0 reports what one process does."""
+    alone = [e for e in runs["alone"]["full"][1] if e.get("event") == "validation"]
+    two = [e for e in runs["two"]["full"]["events"] if e.get("event") == "validation"]
+    assert [e["step"] for e in alone] == [e["step"] for e in two] == [CHECKPOINT_EVERY, STEPS]
+    for expected, got in zip(alone, two, strict=True):
+        assert got["frames"] == expected["frames"] and got["blind_mse"] == expected["blind_mse"]
+        for figure in ("validation_loss", "action_mse"):
+            assert got[figure] == pytest.approx(expected[figure], rel=1e-3), figure
+    resumed = [e["step"] for e in runs["two"]["full-1to2"]["events"] if e.get("event") == "validation"]
+    assert resumed == [STEPS]
 
 
 def test_the_strategy_can_be_chosen(runs: dict[str, Any]) -> None:

@@ -1,19 +1,23 @@
-"""How well a policy's sampled action chunks match a dataset's, in normalized units, and the
-blind baseline to judge that by."""
+"""How well a policy's sampled action chunks match a dataset's, in normalized units, its
+flow-matching loss on frames it never trained on, and the blind baseline to judge them by.
+`relay local eval` and a recipe's validation split (families/pi05/validation.py) both score here."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from relay_engine.core.data import MapDataset
 from relay_engine.datasets import LeRobotDataset, NormStats
-from relay_engine.models import Pi05Policy
-from relay_engine.samples import Sample
+from relay_engine.models import Pi05Policy, flow_matching_loss, sample_flow_time
+
+# Frames per batch of sampling (no gradients: far less memory than a training batch of the size).
+EVAL_BATCH_SIZE = 32
 
 
 @dataclass(frozen=True)
@@ -22,7 +26,7 @@ class EvalResult:
     samples: int
 
 
-def _real_elements(sample: Sample) -> tuple[np.ndarray, np.ndarray]:
+def _real_elements(sample: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """A sample's chunk and the mask of its real elements: steps before the episode's end and
     the robot's own columns (the padding columns are trained, but no robot reads them)."""
     actions = np.asarray(sample["actions"], dtype=np.float32)
@@ -39,7 +43,7 @@ def evaluate_actions(
     dataset: MapDataset,
     indices: Sequence[int],
     *,
-    batch_size: int = 32,
+    batch_size: int = EVAL_BATCH_SIZE,
     num_steps: int = 10,
     seed: int = 0,
     on_batch: Callable[[int], None] | None = None,
@@ -67,6 +71,37 @@ def evaluate_actions(
         if on_batch is not None:
             on_batch(start + len(samples))
     return EvalResult(mse=squared_error / max(count, 1), samples=len(indices))
+
+
+@torch.no_grad()
+def flow_loss(
+    policy: Pi05Policy,
+    dataset: MapDataset,
+    indices: Sequence[int],
+    *,
+    batch_size: int = EVAL_BATCH_SIZE,
+    seed: int = 0,
+) -> float:
+    """The flow-matching loss (training's definition, padding balanced as the model trains) on the
+    frames in `indices`, without gradients: their mean, each frame weighted as in training.
+
+    The noise and flow times come from `seed`, drawn in the order of `indices`, so the same frames
+    give the same loss for the same weights: losses of two checkpoints differ by their weights
+    alone."""
+    policy.eval()
+    generator = torch.Generator().manual_seed(seed)
+    weighted, total_weight = 0.0, 0.0
+    for start in range(0, len(indices), batch_size):
+        samples = [dataset[i] for i in indices[start : start + batch_size]]
+        batch = policy.collate(samples)
+        noise = torch.randn(batch.actions.shape, generator=generator)
+        time = sample_flow_time(batch.actions.shape[0], generator)
+        outputs = policy.flow_outputs(batch, noise=noise, time=time)
+        _, per_sample = flow_matching_loss(outputs, batch, balance_padding=policy.config.balance_padding)
+        weights = batch.weights.to(per_sample.device, per_sample.dtype)
+        weighted += float((weights * per_sample.float()).sum())
+        total_weight += float(weights.sum())
+    return weighted / max(total_weight, 1e-12)
 
 
 def blind_baseline(
@@ -98,6 +133,25 @@ def blind_baseline(
         squared_error += float(((mean - actions) ** 2)[mask].sum())
         count += int(mask.sum())
     return EvalResult(mse=squared_error / max(count, 1), samples=len(held_out_indices))
+
+
+class ActionChunks:
+    """A dataset's frames as their action chunks alone (``actions``, ``action_dim``,
+    ``action_is_pad``), read without images: what the blind baseline reads, thousands at a time."""
+
+    def __init__(self, dataset: LeRobotDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, frame: int) -> dict[str, Any]:
+        actions, action_is_pad = self.dataset.action_chunk(frame)
+        return {
+            "actions": actions,
+            "action_dim": self.dataset.summary.action_dim,
+            "action_is_pad": action_is_pad,
+        }
 
 
 def with_norm_stats(dataset: LeRobotDataset, model_dir: str | Path) -> LeRobotDataset:

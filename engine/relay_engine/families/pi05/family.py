@@ -8,7 +8,7 @@ alone writes the output. Checkpoints are sharded, so a run resumes on any number
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +64,9 @@ class Pi05Family(Family):
         from relay_engine.datasets import open_dataset
         from relay_engine.distributed import Parallel, choose_strategy, gathered_policy
         from relay_engine.families.pi05.export import write_output
+        from relay_engine.families.pi05.job_eval import JobEvaluator
         from relay_engine.families.pi05.learner import Pi05Learner
+        from relay_engine.families.pi05.validation import Validator, split_frames
         from relay_engine.models import load_policy
         from relay_engine.tuning import apply_tuning
 
@@ -82,7 +84,7 @@ class Pi05Family(Family):
             cache_dir=run.dataset_cache_dir,
             revision=config.dataset_revision,
         )
-        indices = _training_indices(dataset, recipe.episodes)
+        split = split_frames(dataset, recipe.episodes, config.validation_episodes, recipe.seed)
         policy = load_policy(
             config.model, device=run.device, action_horizon=recipe.action_horizon, seed=recipe.seed
         )
@@ -96,16 +98,29 @@ class Pi05Family(Family):
             if whole is not None:
                 write_output(whole, output_dir, dataset)
 
+        validator = (
+            Validator(model, dataset, split, recipe.seed, context=learner.evaluating)
+            if split.validates
+            else None
+        )
+        evaluator = (
+            JobEvaluator(model, dataset.norm_stats, config.eval, run.work_dir, context=learner.evaluating)
+            if config.eval is not None
+            else None
+        )
         return Pi05Recipe(
             learner=learner,
-            samples=len(indices),
+            samples=len(split.training),
             batch_size=config.batch_size,
-            batches=_batch_source(run, dataset, indices, policy.collate),
+            batches=_batch_source(run, dataset, split.training, policy.collate),
             adam=RECIPE_ADAM,
             write_output=write,
             parallel=parallel,
             extra={"processes": run.processes, "strategy": strategy if parallel is not None else None},
             data_read=_data_read(dataset),
+            validate=validator,
+            evaluate_in_env=evaluator,
+            evaluate_at_checkpoints=config.eval is not None and config.eval.at_checkpoints,
         )
 
     def open_session(self, config: Mapping[str, Any], device: torch.device | str) -> TrainingSession:
@@ -150,7 +165,8 @@ class Pi05Family(Family):
         blind = None
         if request.blind_from is not None:
             training = data.indices_of_episodes(request.blind_from)
-            blind = evaluation.blind_baseline(data, training, data, indices).mse
+            chunks = evaluation.ActionChunks(data)  # the baseline reads no images
+            blind = evaluation.blind_baseline(chunks, training, chunks, indices).mse
         return {"mse": result.mse, "frames": result.samples, "blind_mse": blind}
 
     def evaluation_lines(self, report: dict[str, Any], request: EvaluationRequest) -> list[str]:
@@ -187,7 +203,8 @@ def _batch_source(
     from relay_engine.distributed.group import batch_slice
 
     recipe = run.recipe
-    subset = select(dataset, indices.tolist()) if recipe.episodes is not None else dataset
+    # The training frames alone: held-out and left-out episodes are never read by the sampler.
+    subset = select(dataset, indices.tolist()) if len(indices) != len(dataset) else dataset
     num_workers = (
         recipe.num_workers if recipe.num_workers is not None else (0 if run.device.type == "cpu" else 8)
     )
@@ -211,12 +228,3 @@ def _data_read(dataset: Any) -> Callable[[int], Event] | None:
     if source is None:
         return None
     return lambda step: source.event(step, frames=summary.frames, episodes=summary.episodes)
-
-
-def _training_indices(dataset: Any, episodes: Iterable[int] | None) -> np.ndarray:
-    if episodes is None:
-        return np.arange(len(dataset))
-    indices = dataset.indices_of_episodes(episodes)
-    if len(indices) == 0:
-        raise ConfigError("the selected episodes hold no frames")
-    return indices

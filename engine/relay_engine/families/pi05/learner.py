@@ -105,6 +105,14 @@ class Pi05Learner(Learner[Pi05Batch]):
             return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    @contextlib.contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """Where the training model is scored between steps (a validation split): no gradients,
+        training's autocast (bf16 on CUDA, where DDP keeps the frozen weights in bf16). The next
+        forward_backward puts the model back in training mode."""
+        with torch.no_grad(), self._autocast():
+            yield
+
     def _mode(self, training: bool) -> None:
         # Module.train() walks every submodule (thousands in pi05); switch only when it changes.
         if self.model.training != training:

@@ -27,18 +27,21 @@ from typing import Any, Literal, cast
 
 import torch
 
-from relay.events import Event, MetricsEvent
+from relay.episodes import validation_episodes_value
+from relay.events import Event, MetricsEvent, ValidationEvent
 from relay.formatting import number_text
 from relay.optimizer import AdamParams
 from relay.progress import ProgressReport
 from relay.sft.config import SFTConfig
-from relay_engine.core.data import BatchOrder, DataPosition, MapDataset, batch_loader
+from relay_engine.core.data import BatchOrder, DataPosition, MapDataset, batch_loader, select
 from relay_engine.core.loop import LoopResult, LoopState, run_loop
 from relay_engine.core.schedule import learning_rate
+from relay_engine.datasets import LeRobotDataset
 from relay_engine.distributed import Parallel, batch_slice, choose_strategy, gathered_policy, join, launched
 from relay_engine.errors import ConfigError
 from relay_engine.families.pi05.export import write_output
 from relay_engine.families.pi05.learner import Pi05Learner
+from relay_engine.families.pi05.validation import FrameSplit, Validator, split_frames
 from relay_engine.models import Pi05Batch, Pi05Policy
 from relay_engine.models.lerobot_files import DescribesRobot
 from relay_engine.tuning import apply_tuning
@@ -75,6 +78,9 @@ class TrainingArguments:
     dataloader_num_workers: int = 0
     # Under torchrun: auto (fsdp for full, ddp for lora), ddp or fsdp.
     strategy: str = "auto"
+    # Episodes of train_dataset held out of training and scored after each epoch and at the end
+    # (a recipe's validation_episodes: a list, a text such as "40-49", or a fraction such as 0.1).
+    validation_episodes: list[int] | float | str | None = None
 
     def __post_init__(self) -> None:
         if (self.num_train_epochs is None) == (self.max_steps is None):
@@ -96,6 +102,12 @@ class TrainingArguments:
             raise ConfigError(
                 f"bad training_backend: {self.training_backend!r} (must be 'torch' or 'triton')"
             )
+        try:
+            self.validation_episodes = validation_episodes_value(self.validation_episodes)
+        except ValueError as error:
+            raise ConfigError(
+                f"bad validation_episodes: {self.validation_episodes!r} ({error})", "validation_episodes"
+            ) from None
 
 
 class Trainer:
@@ -105,6 +117,8 @@ class Trainer:
         self.args = args
         self.policy = model
         self.train_dataset = train_dataset
+        # What the loop reads: train_dataset, less the episodes a validation split holds out.
+        self.training_data, split = _held_out(train_dataset, args)
         self.world = join("auto") if launched() else None
         if self.world is not None and self.world.device != next(model.parameters()).device:
             model = model.to(self.world.device)
@@ -128,8 +142,13 @@ class Trainer:
             else None
         )
         self.learner = Pi05Learner(self.model, seed=args.seed, device=self.device, parallel=self.parallel)
+        self.validator = (
+            None
+            if split is None
+            else Validator(self.model, split.dataset, split.frames, args.seed, self.learner.evaluating)
+        )
         self.losses: list[float] = []  # every mini-batch's loss
-        self.events: list[Event] = []
+        self.events: list[Event] = []  # metrics and, with a validation split, validation events
 
     def _steps_per_epoch(self, order: BatchOrder) -> int:
         return math.ceil(order.batches_per_epoch() / self.args.gradient_accumulation_steps)
@@ -138,7 +157,7 @@ class Trainer:
         args = self.args
         rank, processes = (self.world.rank, self.world.size) if self.world is not None else (0, 1)
         order = BatchOrder(
-            len(self.train_dataset),
+            len(self.training_data),
             args.per_device_train_batch_size * processes,
             args.seed,
             span_epochs=False,
@@ -148,7 +167,7 @@ class Trainer:
             args.max_steps if args.max_steps is not None else steps_per_epoch * (args.num_train_epochs or 0)
         )
         batches = batch_loader(
-            self.train_dataset,
+            self.training_data,
             order,
             DataPosition(),
             self.policy.collate,
@@ -168,16 +187,21 @@ class Trainer:
                 micro.append(next(batches))
             return micro
 
-        def after_step(state: LoopState) -> None:
-            if args.save_strategy == "epoch" and position.offset == 0 and position.epoch > 0:
-                self._write(output_dir / f"checkpoint-epoch-{position.epoch}")
-
         report = None if args.disable_tqdm or rank != 0 else ProgressReport("training", total_steps)
 
         def on_event(event: Event) -> None:
             self.events.append(event)
             if report is not None and isinstance(event, MetricsEvent) and event.loss is not None:
                 report.update(event.step, f"loss {number_text(event.loss)}")
+            if report is not None and isinstance(event, ValidationEvent):
+                report.note(f"step {event.step}: validation: {event.describe()}")
+
+        def after_step(state: LoopState) -> None:
+            epoch_ended = position.offset == 0 and position.epoch > 0
+            if args.save_strategy == "epoch" and epoch_ended:
+                self._write(output_dir / f"checkpoint-epoch-{position.epoch}")
+            if self.validator is not None and (epoch_ended or state.step == total_steps):
+                on_event(self.validator(state.step))
 
         try:
             result = self._run(next_step_batches, total_steps, after_step, on_event)
@@ -185,7 +209,24 @@ class Trainer:
             if report is not None:
                 report.close()
         self._write(output_dir)
-        return {"train_loss": sum(self.losses) / len(self.losses), "steps": result.step}
+        return self._summary(result)
+
+    def _summary(self, result: LoopResult) -> dict[str, float | int]:
+        """What train() returns: the mean loss, the steps and, with a validation split, the end's scores."""
+        summary: dict[str, float | int] = {
+            "train_loss": sum(self.losses) / len(self.losses),
+            "steps": result.step,
+        }
+        validations = [event for event in self.events if isinstance(event, ValidationEvent)]
+        if validations:
+            last = validations[-1]
+            scores = {
+                "validation_loss": last.validation_loss,
+                "validation_action_mse": last.action_mse,
+                "validation_blind_mse": last.blind_mse,
+            }
+            summary.update({key: value for key, value in scores.items() if value is not None})
+        return summary
 
     def _run(
         self,
@@ -227,3 +268,23 @@ class Trainer:
         if all(hasattr(dataset, name) for name in ("norm_stats", "camera_map", "summary")):
             return cast(DescribesRobot, dataset)
         return None
+
+
+@dataclass(frozen=True)
+class _HeldOut:
+    dataset: LeRobotDataset
+    frames: FrameSplit
+
+
+def _held_out(dataset: MapDataset, args: TrainingArguments) -> tuple[MapDataset, _HeldOut | None]:
+    """The frames to train on and, with args.validation_episodes, the split that holds some out."""
+    if args.validation_episodes is None:
+        return dataset, None
+    if not isinstance(dataset, LeRobotDataset):
+        raise ConfigError(
+            "bad validation_episodes: it holds out episodes of train_dataset, which must then be a whole "
+            "LeRobot dataset (open_dataset's), not a subset or another dataset",
+            "validation_episodes",
+        )
+    split = split_frames(dataset, None, args.validation_episodes, args.seed)
+    return select(dataset, split.training.tolist()), _HeldOut(dataset, split)

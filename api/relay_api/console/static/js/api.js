@@ -53,6 +53,13 @@ export async function request(method, path, body, extraHeaders = {}, signal = un
 export const get = (path, { signal } = {}) => request("GET", path, undefined, {}, signal);
 export const post = (path, body, extraHeaders) => request("POST", path, body, extraHeaders);
 
+// A file of a job fetched with the key, as a blob: URL for the page to show (a video's src).
+export async function fileURL(path) {
+  const answer = await fetch(path, { headers: headers({}) });
+  if (!answer.ok) throw new APIError(answer.status, null);
+  return URL.createObjectURL(await answer.blob());
+}
+
 // A file of a job, fetched with the key and handed to the browser as a download (a plain link
 // cannot carry the Authorization header, and the key never goes into a URL). Returns the sha256
 // the server sent with it.

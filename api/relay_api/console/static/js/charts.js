@@ -1,6 +1,7 @@
 // A live line chart of one figure against step (uPlot), grown a point at a time. Its x axis spans
 // the job's steps (0 to the last) from the first point on, so a chart shows how far the run has
 // come; until that point it says why it is empty (the job's summary knows: queued, starting ...).
+// Optionally with a reference line beside it (the validation chart's blind baseline), drawn dashed.
 
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 import { h, number } from "./dom.js";
@@ -12,10 +13,13 @@ const probe = (window.relayConsole ??= { charts: {} });
 probe.plots ??= {};
 
 export class LiveChart {
-  constructor(name, title, color, steps) {
+  // reference: { title, color } of a second figure given with each point (add's referenceValue).
+  constructor(name, title, color, steps, reference = null) {
     this.name = name;
     this.steps = [];
     this.values = [];
+    this.reference = reference;
+    this.references = [];
     this.plot = null;
     this.color = color;
     this.title = title;
@@ -31,12 +35,13 @@ export class LiveChart {
     this.empty.textContent = text ? text[0].toUpperCase() + text.slice(1) : "No points yet";
   }
 
-  add(step, value, receivedAt) {
+  add(step, value, receivedAt, referenceValue = null) {
     if (value === null || value === undefined || !Number.isFinite(value)) return;
     const last = this.steps.length ? this.steps[this.steps.length - 1] : -Infinity;
     if (step <= last) return; // a resumed attempt may report a step again
     this.steps.push(step);
     this.values.push(value);
+    this.references.push(Number.isFinite(referenceValue) ? referenceValue : null);
     this.draw();
     const count = this.steps.length;
     // The frame that shows the new point.
@@ -47,7 +52,7 @@ export class LiveChart {
   }
 
   draw() {
-    const data = [this.steps, this.values];
+    const data = this.reference ? [this.steps, this.values, this.references] : [this.steps, this.values];
     if (this.plot) {
       this.plot.setData(data);
       return;
@@ -56,6 +61,9 @@ export class LiveChart {
     this.empty.remove();
     const width = Math.max(280, this.area.clientWidth || 340);
     const lastStep = this.lastStep;
+    const series = [{ label: "step" }, { label: this.title, stroke: this.color, width: 2, points: { size: 4 } }];
+    if (this.reference) series.push({ label: this.reference.title, stroke: this.reference.color, width: 1.5, dash: [6, 4], points: { show: false } });
+    if (this.reference) this.node.append(h("div.legend", {}, h("span", { style: `color: ${this.color}` }, `— ${this.title}`), h("span", { style: `color: ${this.reference.color}` }, `- - ${this.reference.title}`)));
     this.plot = new uPlot(
       {
         width,
@@ -66,7 +74,7 @@ export class LiveChart {
         scales: { x: { time: false, range: (_plot, min, max) => [0, Math.max(lastStep || 0, max)] } },
         // Learning rates are tiny: label the axis in exponent form when the values call for it.
         axes: [{ label: "step", size: 36 }, { size: 64, values: (_plot, ticks) => ticks.map((tick) => number(tick, 3)) }],
-        series: [{ label: "step" }, { label: this.title, stroke: this.color, width: 2, points: { size: 4 } }],
+        series,
       },
       data,
       this.area,

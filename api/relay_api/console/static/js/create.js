@@ -223,12 +223,18 @@ function inputFor(field, schema, required) {
     const first = required ? h("option", { value: "" }, "choose…") : byModel ? h("option", { value: "" }, `default: ${defaultText(schema)}`) : null;
     return h("select", common, first, ...options);
   }
-  if (schema.type === "object") {
-    return h("textarea", { ...common, placeholder: '{"base_0_rgb": "observation.images.top"}' });
+  if (isObject(schema)) {
+    const example = field === "eval" ? '{"env": "relay/Dot-v0", "episodes": 10}' : '{"base_0_rgb": "observation.images.top"}';
+    return h("textarea", { ...common, placeholder: example });
   }
   const placeholder =
     schema.type === "array" ? "comma-separated (default: the method's)" : schema.default !== undefined && schema.default !== null ? defaultText(schema) : "";
   return h("input", { ...common, type: "text", placeholder, inputmode: schema.type === "integer" || schema.type === "number" ? "decimal" : null });
+}
+
+// An object field: a map (cameras) or a block of its own (eval, a $ref to its schema).
+function isObject(schema) {
+  return schema.type === "object" || schema.$ref !== undefined;
 }
 
 function hint(field, schema) {
@@ -243,7 +249,7 @@ function parse(text, schema) {
     return Number.isNaN(value) ? text : value;
   }
   if (schema.type === "array") return text.split(",").map((item) => item.trim()).filter(Boolean);
-  if (schema.type === "object") {
+  if (isObject(schema)) {
     try {
       return JSON.parse(text);
     } catch {

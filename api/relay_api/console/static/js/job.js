@@ -1,9 +1,10 @@
 // A fine-tune's page: its status and how it got there, its results card (the API's summary of the
 // job: pace, ETA, losses, checkpoints, validation and evaluation, how to use the model), live
-// charts of loss, grad_norm and learning rate fed by the API's event stream, the event log
-// (newest first), its config, its files, Cancel.
+// charts of loss, grad_norm and learning rate fed by the API's event stream (and, for a job with a
+// validation split, its held-out action error against the blind baseline and its validation loss),
+// the event log (newest first), its config, its files, Cancel.
 
-import { APIError, download, followEvents, get, post } from "./api.js";
+import { APIError, download, fileURL, followEvents, get, post } from "./api.js";
 import { LiveChart } from "./charts.js";
 import { bytes, h, notFound, notice, number, statusBadge, when } from "./dom.js";
 import { recipeSchema } from "./schema.js";
@@ -55,8 +56,20 @@ export async function jobView(ctx, id) {
   const results = h("div.card.results", { "data-testid": "results" }, h("p.muted", {}, "Loading…"));
   const checkpoints = h("div", { "data-testid": "checkpoints" });
   const use = h("div.use", { "data-testid": "use" });
+  // A job with an eval block: its success rate over checkpoints, and each evaluation's videos.
+  const evaluated = job.eval !== null && job.eval !== undefined;
+  const evaluations = h("div", { "data-testid": "evaluations" });
+  // A job with a validation split: its held-out curves beside the training loss.
+  const validated = job.validation_episodes !== null && job.validation_episodes !== undefined;
   const charts = {
     loss: new LiveChart("loss", "loss", "#1f4e79", job.steps),
+    ...(validated
+      ? {
+          action_mse: new LiveChart("action_mse", "held-out action error", "#6941c6", job.steps, { title: "blind baseline", color: "#98a2b3" }),
+          validation_loss: new LiveChart("validation_loss", "validation loss", "#c11574", job.steps),
+        }
+      : {}),
+    ...(evaluated ? { success_rate: new LiveChart("success_rate", "closed-loop success rate", "#0e9384", job.steps) } : {}),
     grad_norm: new LiveChart("grad_norm", "grad_norm", "#b54708", job.steps),
     lr: new LiveChart("lr", "learning rate", "#067647", job.steps),
   };
@@ -80,6 +93,8 @@ export async function jobView(ctx, id) {
     checkpoints,
     h("h2", {}, "Training"),
     h("div.grid", {}, ...Object.values(charts).map((chart) => chart.node)),
+    evaluated ? h("h2", {}, "Closed-loop evaluation") : null,
+    evaluated ? evaluations : null,
     h("h2", {}, "Events ", logCount, " ", showAll),
     h(
       "div.log",
@@ -144,6 +159,14 @@ export async function jobView(ctx, id) {
       charts.loss.add(event.step, event.loss, receivedAt);
       charts.grad_norm.add(event.step, event.grad_norm, receivedAt);
       charts.lr.add(event.step, event.lr, receivedAt);
+    }
+    if (kind === "validation" && validated) {
+      charts.action_mse.add(event.step, event.action_mse, receivedAt, event.blind_mse);
+      charts.validation_loss.add(event.step, event.validation_loss, receivedAt);
+    }
+    if (kind === "eval" && evaluated) {
+      charts.success_rate.add(event.step, event.success_rate, receivedAt);
+      evaluations.append(evaluationBlock(event));
     }
     // Newest first: the new row goes on top, and the oldest shown leaves unless all are shown.
     log.prepend(eventRow(event));
@@ -287,6 +310,24 @@ export async function jobView(ctx, id) {
       text = checkpoint ? checkpointLine(checkpoint) : "";
     }
     return h("tr.group", { "data-folder": folder }, h("td", { colspan: 4 }, h("span.mono", {}, `${folder}/`), text ? h("span.muted", {}, `  ${text}`) : null));
+  }
+
+  // One evaluation: its figures (as relay.events.eval_line writes them) and its videos, played in
+  // the page from the job's files.
+  function evaluationBlock(event) {
+    const rate = event.success_rate === null ? "—" : `${Math.round(event.success_rate * 100)}%`;
+    const line = `step ${event.step}: ${event.env}: success ${rate} of ${event.episodes} episodes, mean reward ${number(event.mean_reward)}, mean length ${number(event.mean_length)} steps (${number(event.seconds)} s)`;
+    const videos = (event.videos || []).map((path) => {
+      const video = h("video", { controls: true, muted: true, loop: true, preload: "metadata", width: 192, "data-video": path, title: path });
+      fileURL(`/v1/fine-tunes/${encodeURIComponent(job.id)}/files/${path}`)
+        .then((url) => {
+          video.src = url;
+          ctx.onLeave(() => URL.revokeObjectURL(url));
+        })
+        .catch((error) => ctx.failed(error));
+      return video;
+    });
+    return h("div.card", { "data-evaluation": String(event.step) }, h("div", {}, line), h("div.videos", {}, ...videos));
   }
 
   async function fetchFile(path, button) {

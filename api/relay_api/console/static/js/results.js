@@ -23,26 +23,33 @@ export function resultsFigures(card) {
     const at = (name, point) => `${name} ${number(point.loss)} (step ${point.step})`;
     rows.push(["Training loss", "loss", [at("first", loss.first), at("last", loss.last), at("best", loss.best)].join(", ")]);
   }
-  if (card.validation) rows.push(["Validation", "validation", validationText(card.validation)]);
+  if (card.validation) rows.push(["Validation", "validation", validationLines(card.validation)]);
   if (card.eval) rows.push(["Closed loop", "eval", evalText(card.eval)]);
   const list = h("dl.kv", {}, ...rows.flatMap(([label, field, value]) => [h("dt", {}, label), h("dd", { "data-result": field }, value)]));
   return card.metrics_note ? h("div", {}, list, h("p.muted", { "data-result": "note" }, capitalized(card.metrics_note))) : list;
 }
 
-// "best action_mse 0.012 vs blind 0.028 (2.33x) at step 1000; last ..."
-function validationText(validation) {
-  const one = (figures) => {
-    let text = `action_mse ${number(figures.action_mse)}`;
-    if (figures.blind_mse !== null && figures.blind_mse !== undefined) {
-      text += ` vs blind ${number(figures.blind_mse)}`;
-      if (figures.action_mse) text += ` (${(figures.blind_mse / figures.action_mse).toFixed(2)}x)`;
+// One scoring of the validation split, as relay.events.validation_line writes it: "action error
+// 0.0123 vs blind 0.0281 (2.28x better), validation loss 0.104, 48 frames of 4 episodes".
+function validationLine(scores) {
+  const count = (n) => Number(n ?? 0).toLocaleString("en-US");
+  let action = `action error ${number(scores.action_mse)}`;
+  if (scores.blind_mse !== null && scores.blind_mse !== undefined) {
+    action += ` vs blind ${number(scores.blind_mse)}`;
+    if (scores.action_mse > 0) {
+      const ratio = scores.blind_mse / scores.action_mse;
+      action += ratio >= 1 ? ` (${ratio.toFixed(2)}x better)` : ` (${(1 / ratio).toFixed(2)}x worse)`;
     }
-    return `${text} at step ${figures.step}`;
-  };
-  return [["best", validation.best], ["last", validation.last]]
-    .filter(([, figures]) => figures)
-    .map(([name, figures]) => `${name} ${one(figures)}`)
-    .join("; ");
+  }
+  const episodes = `${count(scores.episodes)} episode${scores.episodes === 1 ? "" : "s"}`;
+  return `${action}, validation loss ${number(scores.validation_loss)}, ${count(scores.frames)} frames of ${episodes}`;
+}
+
+// The job's validation block (best and last), a line each, as `relay fine-tunes retrieve` prints it.
+function validationLines(block) {
+  const lines = [h("div", { "data-validation": "best" }, `best at step ${block.best.step}: ${validationLine(block.best)}`)];
+  if (block.last.step !== block.best.step) lines.push(h("div", { "data-validation": "last" }, `last at step ${block.last.step}: ${validationLine(block.last)}`));
+  return lines;
 }
 
 // "success 55% at step 2000 (best 60% at step 1000)"

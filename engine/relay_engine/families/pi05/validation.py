@@ -1,0 +1,116 @@
+"""A recipe's validation split on pi05: which frames train, which held-out frames are scored, and
+the scoring at each checkpoint (docs/evaluation.md, "Validation during training").
+
+`split_frames` resolves a `validation_episodes` (relay.episodes) against the opened dataset: the
+held-out episodes leave the frames the training sampler shuffles, so no step ever reads them.
+`Validator` scores the held-out frames with the evaluator `relay local eval` uses
+(families/pi05/evaluate.py): the flow-matching loss, the sampled-chunk action error and the blind
+baseline's, each with the same seeded noise on the same frames every time, so checkpoints compare.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from relay.episodes import held_out_episodes
+from relay.events import ValidationEvent
+from relay_engine.datasets import LeRobotDataset
+from relay_engine.errors import ConfigError
+from relay_engine.families.pi05.evaluate import ActionChunks, blind_baseline, evaluate_actions, flow_loss
+from relay_engine.models import Pi05Policy
+
+# Held-out frames scored at each checkpoint, at most, evenly spaced over the held-out episodes:
+# 256 frames keep a checkpoint's scoring to seconds (a sampled chunk is 10 forward passes).
+VALIDATION_FRAMES_MAX = 256
+# The blind baseline's mean chunk is taken over at most this many training frames, evenly spaced
+# (read without images, once per run).
+BLIND_FRAMES_MAX = 10_000
+
+
+@dataclass(frozen=True)
+class FrameSplit:
+    """The frames a run trains on and the held-out ones it scores."""
+
+    training: np.ndarray  # frame indices, ascending: what the training sampler shuffles
+    held_out_episodes: list[int]  # empty without a validation split
+    scored: np.ndarray  # held-out frames scored at each checkpoint (at most VALIDATION_FRAMES_MAX)
+
+    @property
+    def validates(self) -> bool:
+        return bool(self.held_out_episodes)
+
+
+def evenly_spaced(indices: np.ndarray, limit: int) -> np.ndarray:
+    """At most `limit` of `indices`, evenly spaced from the first to the last (all when they fit)."""
+    if len(indices) <= limit:
+        return indices
+    return indices[np.linspace(0, len(indices) - 1, limit).round().astype(np.int64)]
+
+
+def split_frames(
+    dataset: LeRobotDataset,
+    episodes: Sequence[int] | None,
+    validation_episodes: list[int] | float | str | None,
+    seed: int,
+) -> FrameSplit:
+    """The run's training frames (those of `episodes`, all by default, less the held-out episodes)
+    and the held-out frames to score. ConfigError, naming the field, for held-out episodes the
+    dataset lacks or a split that leaves nothing to train on."""
+    training_episodes = None if episodes is None else np.unique(np.asarray(list(episodes), dtype=np.int64))
+    held: list[int] = []
+    if validation_episodes is not None:
+        held = held_out_episodes(validation_episodes, dataset.episodes, seed, training=training_episodes)
+    if training_episodes is None and not held:
+        return FrameSplit(np.arange(len(dataset)), [], np.zeros(0, dtype=np.int64))
+    pool = dataset.episodes if training_episodes is None else training_episodes
+    training = dataset.indices_of_episodes(pool[~np.isin(pool, held)])
+    if len(training) == 0:
+        raise ConfigError("the selected episodes hold no frames")
+    scored = evenly_spaced(dataset.indices_of_episodes(held), VALIDATION_FRAMES_MAX)
+    return FrameSplit(training, held, scored)
+
+
+class Validator:
+    """Scores a policy on a split's held-out frames: `validator(step)` -> a ValidationEvent.
+
+    The blind baseline (always the training frames' mean chunk) does not change as the policy
+    trains: it is scored once, here. In a group every process scores the same frames (FSDP needs
+    every process in each forward pass); rank 0 reports."""
+
+    def __init__(
+        self,
+        policy: Pi05Policy,
+        dataset: LeRobotDataset,
+        split: FrameSplit,
+        seed: int,
+        context: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+    ) -> None:
+        self.policy = policy
+        self.dataset = dataset
+        self.frames = [int(i) for i in split.scored]
+        self.episodes = len(split.held_out_episodes)
+        self.seed = seed
+        self.context = context  # where the policy runs as it trains (the learner's autocast)
+        chunks = ActionChunks(dataset)
+        training = evenly_spaced(split.training, BLIND_FRAMES_MAX)
+        self.blind_mse = blind_baseline(chunks, training, chunks, self.frames).mse
+
+    def __call__(self, step: int) -> ValidationEvent:
+        started = time.perf_counter()
+        with self.context():
+            loss = flow_loss(self.policy, self.dataset, self.frames, seed=self.seed)
+            actions = evaluate_actions(self.policy, self.dataset, self.frames, seed=self.seed)
+        return ValidationEvent(
+            step=step,
+            validation_loss=loss,
+            action_mse=actions.mse,
+            blind_mse=self.blind_mse,
+            frames=len(self.frames),
+            episodes=self.episodes,
+            seconds=time.perf_counter() - started,
+        )
