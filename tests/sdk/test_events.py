@@ -71,6 +71,7 @@ def test_every_kind_is_in_the_union() -> None:
         "error",
         "dataset",
         "validation",
+        "eval",
     }
 
 

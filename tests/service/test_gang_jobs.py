@@ -37,6 +37,11 @@ pytestmark = pytest.mark.slow
 
 LONELY_QUEUE = "relay.gang-lonely"
 TOLERANCE = 1e-5
+# Weights drift further apart than losses: AdamW divides each update by the root of its squared
+# gradients, so an element whose gradient is near zero moves by up to a step of the learning rate
+# whichever sign the two reduction orders round it to. Measured on the synthetic dataset: the
+# largest gap 2.6e-5 (action_in_proj, weights of about 0.3), every other tensor below 2e-6.
+WEIGHT_TOLERANCE = 1e-4
 STEPS = 10
 
 
@@ -162,7 +167,7 @@ def test_a_job_of_two_hosts_runs_as_one_group_and_learns_what_one_process_does(
     actual = load_file(str(stack.settings.job_dir(gang.id) / "output" / "model.safetensors"))
     assert expected.keys() == actual.keys()
     for name, tensor in expected.items():
-        assert torch.allclose(actual[name], tensor, rtol=0, atol=TOLERANCE), name
+        assert torch.allclose(actual[name], tensor, rtol=0, atol=WEIGHT_TOLERANCE), name
 
 
 def test_a_gang_whose_second_host_never_arrives_gives_its_host_back_and_stays_queued(
