@@ -153,6 +153,20 @@ def _dot_stats(env: gymnasium.Env[Any, Any]) -> NormStats:
 
 PUSHT_PROMPT = "Push the T-shaped block onto the T-shaped target."
 
+
+def _aloha(prompt: str) -> EnvMapping:
+    """A gym-aloha task: MuJoCo rendering through EGL (headless), actions unclipped (see
+    `EnvMapping.clip_actions`)."""
+    return EnvMapping(
+        prompt=prompt,
+        clip_actions=False,
+        make_kwargs={"obs_type": "pixels_agent_pos"},
+        module="gym_aloha",
+        package="gym-aloha",
+        environment={"MUJOCO_GL": "egl"},
+    )
+
+
 MAPPINGS: dict[str, EnvMapping] = {
     "relay/Dot-v0": EnvMapping(
         action_columns=(0, 1),
@@ -166,21 +180,9 @@ MAPPINGS: dict[str, EnvMapping] = {
         module="gym_pusht",
         package="gym-pusht",
     ),
-    "gym_aloha/AlohaInsertion-v0": EnvMapping(
-        prompt="Insert the peg into the socket.",
-        clip_actions=False,
-        make_kwargs={"obs_type": "pixels_agent_pos"},
-        module="gym_aloha",
-        package="gym-aloha",
-        environment={"MUJOCO_GL": "egl"},
-    ),
-    "gym_aloha/AlohaTransferCube-v0": EnvMapping(
-        prompt="Pick up the cube with the right arm and transfer it to the left arm.",
-        clip_actions=False,
-        make_kwargs={"obs_type": "pixels_agent_pos"},
-        module="gym_aloha",
-        package="gym-aloha",
-        environment={"MUJOCO_GL": "egl"},
+    "gym_aloha/AlohaInsertion-v0": _aloha("Insert the peg into the socket."),
+    "gym_aloha/AlohaTransferCube-v0": _aloha(
+        "Pick up the cube with the right arm and transfer it to the left arm."
     ),
 }
 
