@@ -187,7 +187,12 @@ def main() -> None:
 
     # 4. Did fine-tuning work? Sampled chunks on the held-out episodes against the dataset's, beside
     #    the blind baseline (always the training frames' mean chunk) and the base before tuning.
-    from relay_engine.families.pi05.evaluate import blind_baseline, evaluate_actions, with_norm_stats
+    from relay_engine.families.pi05.evaluate import (
+        BlindPolicy,
+        blind_baseline,
+        evaluate_actions,
+        with_norm_stats,
+    )
     from relay_engine.models import load_policy
 
     print("\nscoring on the held-out episodes ...", flush=True)
@@ -215,11 +220,15 @@ def main() -> None:
     print(f"\nclosed loop in relay/Dot-v0 ({episodes}) ...", flush=True)
     scene = {"colours": task["colours"], "cameras": CAMERAS}
     print(f"  {'policy':<44} {'success':>7}  {'mean steps':>10}")
-    policies = (("pi05-tiny base, before fine-tuning", "pi05-tiny"), (f"fine-tuned ({job.id})", str(output)))
+    policies: tuple[tuple[str, Any], ...] = (
+        ("blind: the training frames' mean chunk", BlindPolicy.from_dataset(train_set)),
+        ("pi05-tiny base, before fine-tuning", "pi05-tiny"),
+        (f"fine-tuned ({job.id})", str(output)),
+    )
     for name, model in policies:
         report = evaluate_in_env(
             model, "relay/Dot-v0", episodes=CLOSED_LOOP_EPISODES, seed=CLOSED_LOOP_SEED, env_options=scene,
-            videos=HOME / "videos" / name.split(" ")[0],
+            videos=HOME / "videos" / name.split(" ")[0].rstrip(":"),
         )  # fmt: skip
         print(f"  {name:<44} {report.success_rate:7.0%}  {report.mean_length:10.1f}")
     print(f"  (videos of the first episodes: {HOME / 'videos'})")

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -40,6 +40,7 @@ from relay_engine.envs.mapping import (
     subspace,
 )
 from relay_engine.errors import ConfigError, EngineError
+from relay_engine.families.pi05.evaluate import BlindPolicy
 from relay_engine.models import Pi05Policy
 from relay_engine.samples import Sample
 
@@ -52,8 +53,23 @@ NUM_ENVS_MAX = 256
 VIDEO_FPS = 10  # when the environment's metadata has no render_fps
 
 
+class ActingPolicy(Protocol):
+    """What a rollout asks of a policy: a loaded pi05 model, or the blind baseline (BlindPolicy)."""
+
+    @property
+    def config(self) -> Any: ...  # its model's name, action_horizon and action_dim
+
+    def eval(self) -> Any: ...
+
+    def collate(self, samples: list[Sample]) -> Any: ...
+
+    def sample_actions(
+        self, batch: Any, num_steps: int = ..., generator: Any = ..., noise: torch.Tensor | None = ...
+    ) -> torch.Tensor: ...
+
+
 def evaluate_in_env(
-    policy_or_model: Pi05Policy | str | os.PathLike[str],
+    policy_or_model: ActingPolicy | str | os.PathLike[str],
     env_id: str,
     *,
     episodes: int = 10,
@@ -74,9 +90,10 @@ def evaluate_in_env(
 ) -> EnvEvalReport:
     """Run a policy in `env_id` for `episodes` episodes and report how it did.
 
-    - `policy_or_model`: a loaded `Pi05Policy`, a base model's name (`pi05-tiny`), or a model
-      directory: a job's downloaded output, a local run's directory, or a work directory whose
-      `output/` holds the model.
+    - `policy_or_model`: a loaded `Pi05Policy`, a base model's name (`pi05-tiny`), a model
+      directory (a job's downloaded output, a local run's directory, or a work directory whose
+      `output/` holds the model), or `BlindPolicy.from_dataset(...)`: the blind baseline, which
+      acts out the training frames' mean chunk in the dataset's units.
     - `max_steps`: an episode's limit in environment steps (default: the environment's
       registered `max_episode_steps`). `seed`: episode k is reset with `seed + k`.
     - `videos`: a directory for mp4s (H.264, PyAV) of the first `video_episodes` episodes, one
@@ -111,7 +128,8 @@ def evaluate_in_env(
     try:
         limit = max_steps if max_steps is not None else _registered_limit(env_id, probe)
         policy, model_name, model_dir = load_evaluated_policy(policy_or_model, device)
-        stats = _choose_stats(norm_stats, model_dir, mapping, probe)
+        own_stats = policy.norm_stats if isinstance(policy, BlindPolicy) else None
+        stats = _choose_stats(norm_stats or own_stats, model_dir, mapping, probe)
         adapter = PolicyAdapter.build(policy, model_dir, mapping, probe, stats, prompt)
         fps = int(probe.metadata.get("render_fps") or VIDEO_FPS)
     finally:
@@ -244,14 +262,14 @@ def model_directory(name_or_dir: str) -> Path | None:
 
 
 def load_evaluated_policy(
-    policy_or_model: Pi05Policy | str | os.PathLike[str], device: str
-) -> tuple[Pi05Policy, str, Path | None]:
+    policy_or_model: ActingPolicy | str | os.PathLike[str], device: str
+) -> tuple[ActingPolicy, str, Path | None]:
     """The policy, its name for the report, and its directory (None for a loaded policy or a
     base model by name), resolved as `relay local eval` resolves models."""
     from relay_engine.families import family_owning
     from relay_engine.recipe import pick_device
 
-    if isinstance(policy_or_model, Pi05Policy):
+    if not isinstance(policy_or_model, str | os.PathLike):
         return policy_or_model, policy_or_model.config.model, None
     name = str(policy_or_model)
     directory = model_directory(name)
@@ -312,7 +330,7 @@ class PolicyAdapter:
     @classmethod
     def build(
         cls,
-        policy: Pi05Policy,
+        policy: ActingPolicy,
         model_dir: Path | None,
         mapping: EnvMapping,
         env: Any,
@@ -434,7 +452,7 @@ class _Rollouts:
         *,
         maker: EnvMaker,
         adapter: PolicyAdapter,
-        policy: Pi05Policy,
+        policy: ActingPolicy,
         episodes: int,
         num_envs: int,
         asynchronous: bool,

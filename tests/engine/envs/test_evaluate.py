@@ -16,10 +16,13 @@ from typer.testing import CliRunner
 
 from relay.cli import app
 from relay.env_evaluation import EnvEvalReport
+from relay_engine.datasets import open_dataset, write_synthetic_dataset
 from relay_engine.datasets.video import probe
 from relay_engine.envs import DOT_ENV_ID, evaluate_in_env
+from relay_engine.envs.dot import DotEnv
 from relay_engine.envs.dot_world import DotTask
 from relay_engine.errors import ConfigError
+from relay_engine.families.pi05.evaluate import BlindPolicy
 from relay_engine.models import load_policy
 from relay_engine.models.lerobot_files import RobotFeatures
 
@@ -162,3 +165,44 @@ def test_the_policy_reads_each_episodes_prompt_from_the_env(
     prompts.clear()
     evaluate_in_env(tiny, DOT_ENV_ID, prompt="move to the blue dot", **options)  # the caller's wins
     assert set(prompts) == {"move to the blue dot"}
+
+
+def test_the_blind_policy_acts_out_the_training_frames_mean_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dataset = open_dataset(
+        str(write_synthetic_dataset(tmp_path / "dots", episodes=4, episode_length=(6, 9), seed=3))
+    )
+    blind = BlindPolicy.from_dataset(dataset)
+    # The mean over every frame's chunk, step by step, of the steps before its episode's end.
+    chunks = [dataset.action_chunk(frame) for frame in range(len(dataset))]
+    actions = np.stack([chunk for chunk, _ in chunks])
+    real = np.stack([~is_pad for _, is_pad in chunks]).astype(np.float64)[..., None]
+    expected = (actions * real).sum(0) / np.maximum(real.sum(0), 1)  # steps no episode reaches: 0
+    np.testing.assert_allclose(blind.chunk.numpy(), expected, atol=1e-6)
+    first_two = BlindPolicy.from_dataset(dataset, episodes=[0, 1]).chunk.numpy()
+    assert not np.allclose(first_two, blind.chunk.numpy())
+
+    executed: list[np.ndarray] = []
+    step = DotEnv.step
+
+    def recording(env: DotEnv, action: np.ndarray) -> Any:
+        executed.append(np.asarray(action, dtype=np.float64).copy())
+        return step(env, action)
+
+    monkeypatch.setattr(DotEnv, "step", recording)
+    report = evaluate_in_env(
+        blind, DOT_ENV_ID, episodes=3, max_steps=6, actions_per_chunk=3, num_envs=1, seed=20
+    )
+    assert report.model == "blind"
+    # Whatever each episode shows it, it is given the chunk's first 3 steps in raw units, again and again.
+    raw = dataset.norm_stats.unnormalize_actions(blind.chunk.numpy()[None])[0, :3, :2]
+    for episode in report.episodes:
+        assert episode.length >= 1
+    per_step = np.concatenate([raw] * 2)
+    offset = 0
+    for episode in report.episodes:
+        np.testing.assert_allclose(
+            np.stack(executed[offset : offset + episode.length]), per_step[: episode.length], atol=1e-5
+        )
+        offset += episode.length

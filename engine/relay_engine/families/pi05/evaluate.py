@@ -116,9 +116,21 @@ def blind_baseline(
     `held_out` may be the training dataset itself (other episodes of it) or another dataset
     normalized with the training set's stats (see `with_norm_stats`).
     """
+    mean = mean_chunk(train, train_indices)
+    squared_error, count = 0.0, 0
+    for i in held_out_indices:
+        actions, mask = _real_elements(held_out[i])
+        squared_error += float(((mean - actions) ** 2)[mask].sum())
+        count += int(mask.sum())
+    return EvalResult(mse=squared_error / max(count, 1), samples=len(held_out_indices))
+
+
+def mean_chunk(train: MapDataset, indices: Iterable[int]) -> np.ndarray:
+    """The training frames' mean chunk (H, 32), per step and column over their real elements, in
+    normalized units: the blind baseline's one answer, offline and in closed loop."""
     total: np.ndarray | None = None
     counts: np.ndarray | None = None
-    for i in train_indices:
+    for i in indices:
         actions, mask = _real_elements(train[i])
         if total is None or counts is None:
             total, counts = np.zeros(actions.shape), np.zeros(actions.shape)
@@ -126,13 +138,49 @@ def blind_baseline(
         counts += mask
     if total is None or counts is None:
         raise ValueError("the blind baseline needs at least one training frame")
-    mean = total / np.maximum(counts, 1)
-    squared_error, count = 0.0, 0
-    for i in held_out_indices:
-        actions, mask = _real_elements(held_out[i])
-        squared_error += float(((mean - actions) ** 2)[mask].sum())
-        count += int(mask.sum())
-    return EvalResult(mse=squared_error / max(count, 1), samples=len(held_out_indices))
+    return total / np.maximum(counts, 1)
+
+
+@dataclass(frozen=True)
+class BlindConfig:
+    """What evaluation reads of a policy's config: its name and its chunk's shape."""
+
+    model: str
+    action_horizon: int
+    action_dim: int
+
+
+class BlindPolicy:
+    """The blind baseline as a policy that acts: whatever it is shown, it answers the training
+    frames' mean chunk. `evaluate_in_env` runs it as it runs a model, so a closed-loop success
+    rate has the same floor to be judged by as the offline error."""
+
+    def __init__(self, chunk: np.ndarray, norm_stats: NormStats, name: str = "blind") -> None:
+        self.chunk = torch.as_tensor(np.asarray(chunk, dtype=np.float32))
+        self.norm_stats = norm_stats
+        self.config = BlindConfig(name, int(self.chunk.shape[0]), int(self.chunk.shape[1]))
+
+    @classmethod
+    def from_dataset(cls, dataset: LeRobotDataset, episodes: Iterable[int] | None = None) -> BlindPolicy:
+        """The mean chunk of `dataset`'s frames (of `episodes` only, if given), with its stats."""
+        chunks = ActionChunks(dataset)
+        frames = range(len(chunks)) if episodes is None else dataset.indices_of_episodes(episodes).tolist()
+        return cls(mean_chunk(chunks, frames), dataset.norm_stats)
+
+    def eval(self) -> BlindPolicy:
+        return self
+
+    def collate(self, samples: Sequence[Any]) -> int:
+        return len(samples)  # it looks at nothing: the batch is only its size
+
+    def sample_actions(
+        self,
+        batch: int,
+        num_steps: int = 10,
+        generator: torch.Generator | None = None,
+        noise: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.chunk.expand(batch, *self.chunk.shape).clone()
 
 
 class ActionChunks:
