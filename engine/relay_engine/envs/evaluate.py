@@ -203,21 +203,29 @@ class EnvMaker:
         self.mapping = mapping
         self.max_steps = max_steps
         self.kwargs = {**mapping.make_kwargs, **options}
-        for name, value in mapping.environment.items():
+        self._register()
+
+    def _register(self) -> None:
+        """Import the module that registers the environment (again in a spawned process, where
+        the maker arrives pickled and Gymnasium's registry is empty)."""
+        for name, value in self.mapping.environment.items():
             os.environ.setdefault(name, value)
         # pygame (gym-pusht's renderer) greets on stdout at import, which would spoil --json.
         os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+        mapping = self.mapping
         if mapping.module is not None:
             try:
                 __import__(mapping.module)
             except ImportError as error:
                 raise ConfigError(
-                    f"environment {env_id!r} needs {mapping.package or mapping.module} "
+                    f"environment {self.env_id!r} needs {mapping.package or mapping.module} "
                     f"({error.name or error} is missing): pip install {mapping.package or mapping.module}"
                 ) from None
 
     def make(self) -> Any:
         import gymnasium
+
+        self._register()
 
         try:
             return gymnasium.make(self.env_id, max_episode_steps=self.max_steps, **self.kwargs)
@@ -238,7 +246,10 @@ class EnvMaker:
 
         makers = [self.make for _ in range(count)]
         if asynchronous:
-            return AsyncVectorEnv(makers, autoreset_mode=AutoresetMode.DISABLED)
+            # Spawned, not forked: a process that has rendered with MuJoCo's EGL (an earlier
+            # evaluation, or the probe) hands a forked child a GL context it cannot use, and the
+            # child hangs at its first reset. Spawning costs each a second or two of imports.
+            return AsyncVectorEnv(makers, autoreset_mode=AutoresetMode.DISABLED, context="spawn")
         return SyncVectorEnv(makers, autoreset_mode=AutoresetMode.DISABLED)
 
 

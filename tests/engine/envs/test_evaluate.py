@@ -86,6 +86,11 @@ def test_an_episode_does_not_depend_on_how_many_envs_run_it(tiny: object) -> Non
         (r.success, r.length) for r in batched.episodes
     ]
     assert batched.forward_passes < alone.forward_passes
+    # Each environment in a spawned process of its own: the same episodes again.
+    spawned = evaluate_in_env(tiny, DOT_ENV_ID, num_envs=3, asynchronous=True, **options)  # type: ignore[arg-type]
+    assert [(r.success, r.length) for r in spawned.episodes] == [
+        (r.success, r.length) for r in batched.episodes
+    ]
 
 
 def test_a_model_directory_brings_its_cameras_and_stats(tiny: object, tmp_path: Path) -> None:
