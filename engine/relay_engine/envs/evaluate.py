@@ -23,13 +23,21 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
-from relay.catalog import MODEL_CAMERAS, STATE_DIM
+from relay.catalog import MODEL_CAMERAS
 from relay.env_evaluation import EnvEvalReport, EpisodeRecord
+from relay_engine.acting import (
+    ActingPolicy,
+    load_acting_policy,
+    observation_sample,
+    read_norm_stats,
+    sample_chunks,
+    seeded_noise,
+)
 from relay_engine.datasets.norm_stats import NormStats
 from relay_engine.envs.mapping import (
     MAPPINGS,
@@ -39,9 +47,8 @@ from relay_engine.envs.mapping import (
     observation_at,
     subspace,
 )
-from relay_engine.errors import ConfigError, EngineError
+from relay_engine.errors import ConfigError
 from relay_engine.families.pi05.evaluate import BlindPolicy
-from relay_engine.models import Pi05Policy
 from relay_engine.samples import Sample
 
 # Environments stepped side by side (one batched forward pass serves them all).
@@ -51,21 +58,6 @@ DEFAULT_VIDEO_EPISODES = 4
 EPISODES_MAX = 100_000
 NUM_ENVS_MAX = 256
 VIDEO_FPS = 10  # when the environment's metadata has no render_fps
-
-
-class ActingPolicy(Protocol):
-    """What a rollout asks of a policy: a loaded pi05 model, or the blind baseline (BlindPolicy)."""
-
-    @property
-    def config(self) -> Any: ...  # its model's name, action_horizon and action_dim
-
-    def eval(self) -> Any: ...
-
-    def collate(self, samples: list[Sample]) -> Any: ...
-
-    def sample_actions(
-        self, batch: Any, num_steps: int = ..., generator: Any = ..., noise: torch.Tensor | None = ...
-    ) -> torch.Tensor: ...
 
 
 def evaluate_in_env(
@@ -127,7 +119,7 @@ def evaluate_in_env(
     probe = maker.make()
     try:
         limit = max_steps if max_steps is not None else _registered_limit(env_id, probe)
-        policy, model_name, model_dir = load_evaluated_policy(policy_or_model, device)
+        policy, model_name, model_dir = load_acting_policy(policy_or_model, device)
         own_stats = policy.norm_stats if isinstance(policy, BlindPolicy) else None
         stats = _choose_stats(norm_stats or own_stats, model_dir, mapping, probe)
         adapter = PolicyAdapter.build(policy, model_dir, mapping, probe, stats, prompt)
@@ -260,39 +252,6 @@ def _registered_limit(env_id: str, env: Any) -> int:
     return int(limit)
 
 
-def model_directory(name_or_dir: str) -> Path | None:
-    """The directory holding a saved model's weights: the directory itself, or its `output/`
-    (a recipe's work directory); None for a name that is not a directory."""
-    path = Path(name_or_dir).expanduser()
-    if not path.is_dir():
-        return None
-    for candidate in (path, path / "output"):
-        if (candidate / "model.safetensors").is_file():
-            return candidate
-    return path  # the loader says what is missing
-
-
-def load_evaluated_policy(
-    policy_or_model: ActingPolicy | str | os.PathLike[str], device: str
-) -> tuple[ActingPolicy, str, Path | None]:
-    """The policy, its name for the report, and its directory (None for a loaded policy or a
-    base model by name), resolved as `relay local eval` resolves models."""
-    from relay_engine.families import family_owning
-    from relay_engine.recipe import pick_device
-
-    if not isinstance(policy_or_model, str | os.PathLike):
-        return policy_or_model, policy_or_model.config.model, None
-    name = str(policy_or_model)
-    directory = model_directory(name)
-    family = family_owning(str(directory) if directory is not None else name)
-    if family.name != "pi05":
-        raise ConfigError(f"{name} is a {family.name} model; only pi05 policies act in an environment")
-    policy = family.load_model(str(directory) if directory is not None else name, pick_device(device))
-    if not isinstance(policy, Pi05Policy):
-        raise EngineError(f"{name}: the pi05 family loaded a {type(policy).__name__}")
-    return policy, name, directory
-
-
 def _choose_stats(
     given: NormStats | str | os.PathLike[str] | None, model_dir: Path | None, mapping: EnvMapping, env: Any
 ) -> NormStats:
@@ -305,21 +264,6 @@ def _choose_stats(
     if mapping.default_stats is not None:
         return mapping.default_stats(env)
     return bounds_stats(env.observation_space, mapping.state, env.action_space)
-
-
-def read_norm_stats(path: Path) -> NormStats:
-    """Stats from a norm_stats.json, a directory holding one (a model's), or a dataset directory."""
-    from relay_engine.datasets import dataset_norm_stats
-
-    file = path / "norm_stats.json" if path.is_dir() else path
-    if file.is_file():
-        try:
-            return NormStats.from_json(file.read_text())
-        except (OSError, ValueError) as error:
-            raise ConfigError(f"norm_stats {file}: {error}") from None
-    if path.is_dir():
-        return dataset_norm_stats(str(path))[0]
-    raise ConfigError(f"norm_stats {path}: no such file or directory")
 
 
 @dataclass
@@ -398,17 +342,12 @@ class PolicyAdapter:
             camera: np.asarray(observation_at(observations, path)[row], dtype=np.uint8)
             for path, camera in self.cameras.items()
         }
-        state = np.zeros(STATE_DIM, dtype=np.float32)
-        if self.state is not None:
-            raw = np.asarray(observation_at(observations, self.state)[row], dtype=np.float32).reshape(-1)
-            state[: self.stats.state_dim] = self.stats.normalize_state(raw)
-        sample: dict[str, Any] = {
-            "image": images,
-            "state": state,
-            "state_dim": self.stats.state_dim if self.state is not None else 0,
-            "prompt": self.prompt_override or prompt or self.prompt,
-        }
-        return sample  # type: ignore[return-value]  # a Sample without actions, as sampling takes
+        state = (
+            np.asarray(observation_at(observations, self.state)[row], dtype=np.float32).reshape(-1)
+            if self.state is not None
+            else None
+        )
+        return observation_sample(images, state, self.prompt_override or prompt or self.prompt, self.stats)
 
     def env_actions(self, chunks: np.ndarray) -> np.ndarray:
         """Normalized chunks (B, H, 32) -> the environment's actions (B, H, env width)."""
@@ -530,13 +469,10 @@ class _Rollouts:
             episode = running[row]
             assert episode is not None
             samples.append(self.adapter.sample(observations, row, episode.prompt))
-            config = self.policy.config
-            noise.append(torch.randn((config.action_horizon, config.action_dim), generator=episode.generator))
-        with torch.inference_mode():
-            batch = self.policy.collate(samples)
-            chunks = self.policy.sample_actions(batch, num_steps=self.num_steps, noise=torch.stack(noise))
+            noise.append(seeded_noise(self.policy, episode.generator))
+        chunks = sample_chunks(self.policy, samples, noise, self.num_steps)
         self.forward_passes += 1
-        actions = self.adapter.env_actions(chunks.float().cpu().numpy())
+        actions = self.adapter.env_actions(chunks)
         for row, chunk in zip(waiting, actions, strict=True):
             episode = running[row]
             assert episode is not None

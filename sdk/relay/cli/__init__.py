@@ -11,7 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import typer
 
-from relay.cli import cache, datasets, evaluation, fine_tunes, keys, local, models, server, sessions
+from relay.cli import cache, datasets, evaluation, fine_tunes, keys, local, models, serve, server, sessions
 
 app = typer.Typer(
     name="relay",
@@ -29,6 +29,7 @@ app.add_typer(keys.app, name="keys")
 app.add_typer(cache.app, name="cache")
 app.command("server")(server.serve)
 app.command("eval")(evaluation.evaluate)
+app.command("serve")(serve.serve)
 
 
 def _version() -> str:
