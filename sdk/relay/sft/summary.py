@@ -154,7 +154,7 @@ class ModelUse(BaseModel):
         None, description="Loading it in lerobot (`PI05Policy`); null where lerobot cannot: `lerobot_note`."
     )
     lerobot_note: str | None = None
-    deploy: str = Field(description="What there is to serve it with today.")
+    deploy: str = Field(description="How to serve it: a deployment on the service, or `relay serve` locally.")
 
 
 class FineTuneSummary(BaseModel):
@@ -259,9 +259,10 @@ def model_use(job_id: str, model: str, dataset_name: str, status: str, task: str
                 "action = postprocess(policy.select_action(preprocess(observation)))"
             )
         score = f"relay local eval --model {directory} --dataset {dataset_name}"
+    predictions = "POST /predictions" if relational else "action chunks over HTTP and openpi's websocket"
     deploy = (
-        "Relay does not serve models yet (deployments are planned). Today: download the output and "
-        "run it where your robot is, with lerobot or Relay's engine (above). "
+        f"`relay deployments create {job_id}` keeps it loaded on a serving worker ({predictions}, "
+        f"your API key); `relay serve {directory}` serves the downloaded output on your own machine. "
         f"`{score}` scores it on a dataset (held-out episodes: --episodes)."
     )
     return ModelUse(

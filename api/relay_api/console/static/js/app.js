@@ -4,6 +4,7 @@
 import { APIError, apiKey, get, signIn, signOut } from "./api.js";
 import { h, notice } from "./dom.js";
 import { createView } from "./create.js";
+import { deploymentView, deploymentsView } from "./deployments.js";
 import { jobView } from "./job.js";
 import { jobsView } from "./jobs.js";
 import { sessionView, sessionsView } from "./sessions.js";
@@ -14,6 +15,8 @@ const routes = [
   [/^#\/new$/, createView],
   [/^#\/sessions\/([\w.-]+)$/, sessionView],
   [/^#\/sessions$/, sessionsView],
+  [/^#\/deployments\/([\w.-]+)$/, deploymentView],
+  [/^#\/deployments$/, deploymentsView],
 ];
 
 const view = document.getElementById("view");

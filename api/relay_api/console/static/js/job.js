@@ -9,6 +9,7 @@ import { LiveChart } from "./charts.js";
 import { bytes, h, notFound, notice, number, statusBadge, when } from "./dom.js";
 import { recipeSchema } from "./schema.js";
 import { checkpointLine, checkpointsTable, resultsFigures, useThisModel } from "./results.js";
+import { deployButton } from "./deployments.js";
 
 const TERMINAL = new Set(["completed", "cancelled", "error"]);
 const POLL_MS = 2000;
@@ -246,6 +247,7 @@ export async function jobView(ctx, id) {
     results.replaceChildren(resultsFigures(card));
     checkpoints.replaceChildren(...checkpointsTable(card));
     use.replaceChildren(...useThisModel(card.use));
+    if (job.status === "completed") use.append(deployButton(ctx, job.id, messages));
     for (const chart of Object.values(charts)) chart.explain(card.metrics_note);
     renderFiles();
   }
