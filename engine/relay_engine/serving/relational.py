@@ -11,7 +11,11 @@ task's entity table by primary key, and optionally the time to predict at:
 database's latest time, so the prediction sees everything the database holds. A row's context
 is sampled from the database as training and `relay local eval` sample a task row's (the entity
 at that time: nothing later than the time is visible), and the answer is the probability of the
-positive class (binary tasks) or the value in the label's units (regression).
+positive class (binary tasks) or the value in the label's units (regression). An entity and time
+that are a row of one of the task's splits get exactly that row's context, so the prediction is
+the one `relay local eval` makes for it; any other is sampled with a key of its own (the two
+differ only where a visited row has more children than the model's max_children, which are
+then sampled).
 
 `decode` checks one row and samples its context (a ConfigError naming the field, a
 `RowNotFound` for a key the table does not hold); `act` answers many in ONE batched forward
@@ -34,16 +38,14 @@ import numpy as np
 
 from relay_engine.errors import ConfigError
 from relay_engine.families.rtj.batch import RelationalBatch, collate
-from relay_engine.families.rtj.database import seconds
+from relay_engine.families.rtj.database import SPLITS, seconds
 from relay_engine.families.rtj.sampling import ContextSampler, LabelScale
 from relay_engine.families.rtj.transformer import RelationalTransformer
 from relay_engine.serving.policy import StageTiming
 
 ROW_FIELDS = ("table", "primary_key", "time")
-# The rng key of a served row's context: (SERVED_CONTEXT_KEY, entity row, time in microseconds).
-# Children are sampled only where a row has more than the model's max_children; a split row's
-# context in evaluation is keyed by its split and index instead, so the two agree wherever no
-# row has that many children.
+# The rng key of the context of an entity and time that is no task split's row: (SERVED_CONTEXT_KEY,
+# entity row, time in microseconds); a split's row i is keyed (sampler seed, split's index, i).
 SERVED_CONTEXT_KEY = 7
 
 
@@ -101,6 +103,7 @@ class ServedRelationalModel:
         self.entity_table = entity
         self.key_type = entity.data.schema.field(entity.primary_key).type
         self.latest_time = _latest_time(sampler)
+        self.split_rows = _split_rows(sampler)
 
     @classmethod
     def load(
@@ -218,7 +221,9 @@ class ServedRelationalModel:
         entity_row = self._entity_row(key, f"{field}.primary_key")
         at = self._time(row.get("time"), f"{field}.time")
         looked_up = time.perf_counter()
-        context = self.sampler.context(entity_row, at, (SERVED_CONTEXT_KEY, entity_row, round(at * 1e6)))
+        micros = round(at * 1e6)
+        rng_key = self.split_rows.get((entity_row, micros), (SERVED_CONTEXT_KEY, entity_row, micros))
+        context = self.sampler.context(entity_row, at, rng_key)
         return DecodedRow(key, at, context, looked_up - started, time.perf_counter() - looked_up)
 
     def act(self, rows: Sequence[DecodedRow], seeds: Sequence[int | None]) -> list[RowPrediction]:
@@ -296,6 +301,21 @@ def _key_kind(kind: Any) -> str:
     import pyarrow as pa
 
     return "integer" if pa.types.is_integer(kind) else "string"
+
+
+def _split_rows(sampler: ContextSampler) -> dict[tuple[int, int], tuple[int, int, int]]:
+    """(entity row, time in microseconds) -> the rng key of that task row's context, as
+    `ContextSampler.examples` keys it (the first split holding the pair, in train, val, test order)."""
+    spec, keys = sampler.spec, {}
+    for split, rows in sampler.splits.items():
+        entity_rows = [
+            sampler.pk_rows[spec.entity_table].get(k, -1) for k in rows.column(spec.entity_column).to_pylist()
+        ]
+        times = seconds(rows.column(spec.time_column))
+        for i, (entity_row, at) in enumerate(zip(entity_rows, times, strict=True)):
+            if entity_row >= 0 and np.isfinite(at):
+                keys.setdefault((entity_row, round(float(at) * 1e6)), (sampler.seed, SPLITS.index(split), i))
+    return keys
 
 
 def _latest_time(sampler: ContextSampler) -> float:
