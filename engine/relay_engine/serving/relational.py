@@ -306,7 +306,8 @@ def _key_kind(kind: Any) -> str:
 def _split_rows(sampler: ContextSampler) -> dict[tuple[int, int], tuple[int, int, int]]:
     """(entity row, time in microseconds) -> the rng key of that task row's context, as
     `ContextSampler.examples` keys it (the first split holding the pair, in train, val, test order)."""
-    spec, keys = sampler.spec, {}
+    spec = sampler.spec
+    keys: dict[tuple[int, int], tuple[int, int, int]] = {}
     for split, rows in sampler.splits.items():
         entity_rows = [
             sampler.pk_rows[spec.entity_table].get(k, -1) for k in rows.column(spec.entity_column).to_pylist()
