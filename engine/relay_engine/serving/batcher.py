@@ -1,10 +1,11 @@
 """Requests from any number of clients, answered in batches by one inference thread.
 
-`Batcher.submit(observation, seed)` queues a decoded observation and returns a Future of its
-`ActionChunk`. The inference thread takes the first waiting request, lets others join it for up
-to `max_wait_ms` (those already waiting join at once) up to `max_batch`, runs ONE batched
-`ServedPolicy.act` and answers each. `ServingStats` keeps what the server reports: requests per
-second over the last minute, latency percentiles, batches and their mean size.
+`Batcher.submit(observation, seed)` queues a decoded observation (or an RT-J's decoded row) and
+returns a Future of its answer (an `ActionChunk`, a `RowPrediction`). The inference thread takes
+the first waiting request, lets others join it for up to `max_wait_ms` (those already waiting
+join at once) up to `max_batch`, runs ONE batched `act` of the served model and answers each.
+`ServingStats` keeps what the server reports: requests per second over the last minute, latency
+percentiles, batches and their mean size.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from typing import Any
 import numpy as np
 
 from relay_engine.errors import ConfigError
-from relay_engine.serving.observations import DecodedObservation
-from relay_engine.serving.policy import ActionChunk, ServedPolicy
+from relay_engine.serving.served import ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +38,9 @@ class ServerStopped(RuntimeError):
 
 @dataclass
 class _Request:
-    observation: DecodedObservation
+    observation: Any  # what the model's decode made of the request's item
     seed: int | None
-    future: Future[ActionChunk]
+    future: Future[Any]
 
 
 class ServingStats:
@@ -100,9 +100,9 @@ class ServingStats:
 
 
 class Batcher:
-    """One inference thread in front of a ServedPolicy."""
+    """One inference thread in front of a served model (a pi05 ServedPolicy, an RT-J)."""
 
-    def __init__(self, policy: ServedPolicy, *, max_batch: int = 8, max_wait_ms: float = 2.0) -> None:
+    def __init__(self, policy: ServedModel, *, max_batch: int = 8, max_wait_ms: float = 2.0) -> None:
         if (
             isinstance(max_batch, bool)
             or not isinstance(max_batch, int)
@@ -122,17 +122,15 @@ class Batcher:
         self._thread = threading.Thread(target=self._run, name="relay-inference", daemon=True)
         self._thread.start()
 
-    def submit(self, observation: DecodedObservation, seed: int | None = None) -> Future[ActionChunk]:
-        future: Future[ActionChunk] = Future()
+    def submit(self, observation: Any, seed: int | None = None) -> Future[Any]:
+        future: Future[Any] = Future()
         if self._stopped.is_set():
             future.set_exception(ServerStopped("the policy server is stopping"))
             return future
         self._queue.put(_Request(observation, seed, future))
         return future
 
-    def act(
-        self, observations: Sequence[DecodedObservation], seeds: Sequence[int | None]
-    ) -> list[ActionChunk]:
+    def act(self, observations: Sequence[Any], seeds: Sequence[int | None]) -> list[Any]:
         """Submit several and wait for them all (they may share a batch with other clients')."""
         futures = [self.submit(o, s) for o, s in zip(observations, seeds, strict=True)]
         return [f.result() for f in futures]

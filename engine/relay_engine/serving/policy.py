@@ -80,6 +80,8 @@ def check_seed(value: Any, field: str = "seed") -> int | None:
 class ServedPolicy:
     """One loaded model and what it reads; `act` is not thread-safe (one inference thread)."""
 
+    kind = "pi05"
+
     def __init__(
         self,
         policy: Pi05Policy,
@@ -118,6 +120,7 @@ class ServedPolicy:
         config = self.policy.config
         return {
             "model": self.name,
+            "kind": self.kind,
             "cameras": list(self.layout.cameras),
             "camera_slots": dict(zip(self.layout.cameras, MODEL_CAMERAS, strict=False)),
             "cameras_required": self.layout.required,

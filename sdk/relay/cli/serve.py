@@ -1,4 +1,5 @@
-"""`relay serve`: a tuned policy served on this machine, for a robot's own GPU.
+"""`relay serve`: a tuned policy served on this machine, for a robot's own GPU (or a tuned RT-J,
+answering predictions for rows of its database).
 
 The same policy server a deployment's worker runs (`relay_worker.serving.server`), imported when
 the command runs: HTTP actions, openpi's websocket protocol, requests from several robots
@@ -43,8 +44,15 @@ def serve(
     max_batch: int = typer.Option(8, help="Requests answered in one forward pass, at most."),
     max_wait_ms: float = typer.Option(2.0, help="How long a request waits for others to join its batch."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    database: str | None = typer.Option(
+        None,
+        help="An RT-J's database directory, when it is not where the job read it "
+        "(the model's config.json records that).",
+    ),
+    task: str | None = typer.Option(None, help="An RT-J's task, when its config.json names none."),
 ) -> None:
-    """Serve MODEL's actions over HTTP and openpi's websocket protocol until Ctrl-C."""
+    """Serve MODEL's actions over HTTP and openpi's websocket protocol (an RT-J: predictions for
+    rows of its database over HTTP) until Ctrl-C."""
     if not _is_loopback(host) and not api_key:
         err.print(
             f"[red]error:[/red] --host {host} is reachable from other machines: give --api-key KEY "
@@ -56,14 +64,17 @@ def serve(
     server_module = require("relay_worker.serving.server")
     errors = require("relay_engine.errors")
     where = _model_path(model)
-    options = server_module.ServingOptions(max_batch=max_batch, max_wait_ms=max_wait_ms, device=device)
+    options = server_module.ServingOptions(
+        max_batch=max_batch, max_wait_ms=max_wait_ms, device=device, database=database, task=task
+    )
     try:
         server = server_module.start_policy_server(
             where, host=host, port=port, token=api_key, options=options
         )
     except (errors.EngineError, ValueError) as error:
         fail(str(error))
-    typer.echo(_instructions(server.url, server.metadata, api_key))
+    instructions = _rtj_instructions if server.metadata.get("kind") == "rt-j" else _instructions
+    typer.echo(instructions(server.url, server.metadata, api_key))
     sys.stdout.flush()
     try:
         threading.Event().wait()
@@ -129,5 +140,25 @@ def _instructions(url: str, metadata: dict[str, Any], api_key: str | None) -> st
             f"curl {url}/actions{auth} -H 'Content-Type: application/json' \\",
             f'  -d \'{{"observation": {{"images": {{"{cameras[0]}": "<base64 PNG>"}}, '
             f'"state": [...], "prompt": "..."}}, "seed": 7}}\'',
+        ]
+    )
+
+
+def _rtj_instructions(url: str, metadata: dict[str, Any], api_key: str | None) -> str:
+    """Where an RT-J's server is and how to ask it for predictions."""
+    entity = metadata["entity"]
+    auth = ' -H "Authorization: Bearer KEY"' if api_key else ""
+    return "\n".join(
+        [
+            f"serving {metadata['model']} ({metadata['device']}); Ctrl-C stops",
+            f"  HTTP:      {url}/predictions  (also /metadata, /stats, /healthz)",
+            f"  task:      {metadata['task']} ({metadata['problem_type']}): "
+            f"{metadata['target']['column']} of {entity['table']} rows, from {metadata['database']}",
+            f"  rows:      by {entity['table']}.{entity['primary_key']}; time defaults to the "
+            f"database's latest, {metadata['latest_time']}",
+            "",
+            f"curl {url}/predictions{auth} -H 'Content-Type: application/json' \\",
+            f'  -d \'{{"rows": [{{"primary_key": "<{entity["primary_key"]}>", '
+            f'"time": "{metadata["latest_time"]}"}}]}}\'',
         ]
     )

@@ -1,4 +1,5 @@
-"""The policy server: one loaded pi05 model behind HTTP and openpi's websocket protocol.
+"""The policy server: one loaded model behind HTTP: a pi05 policy (also over openpi's websocket
+protocol), or a tuned RT-J answering predictions for entity rows of its database.
 
 A deployment's worker runs it (the API proxies to it) and `relay serve` runs it on the user's
 own machine. `start_policy_server(model)` loads the model once, starts the inference thread
@@ -14,7 +15,14 @@ token is set):
   binary frame is an observation dict (images as uint8 arrays, an optional "seed") answered by
   `{"actions": ndarray, "server_timing": {...}}`; a problem is answered by a text frame (the
   error body as JSON), which `openpi_client` raises, and the connection stays open.
+- `POST /predictions` (an RT-J model): `{"rows": [{"primary_key": "customer_3", "time":
+  "2021-06-01T00:00:00Z"}, ...]}` -> `{"predictions": [{"primary_key", "time", "prediction",
+  "score"}, ...], "timing"}`; a key the entity table lacks is a 404 naming the field.
 - `GET /metadata`, `GET /stats`, `GET /healthz`.
+
+A pi05 policy's server answers `/predictions` with a 400 saying to use `/actions`; an RT-J's
+answers `/actions` with a 400 and refuses the websocket (HTTP 400, or close 1008 where the
+server cannot answer a handshake with HTTP) saying to use `/predictions`.
 
 Bodies and websocket messages over `max_body_bytes` are refused before they are parsed (413;
 websocket close 1009), and no traceback ever goes on the wire.
@@ -30,7 +38,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,10 +55,13 @@ from relay_engine.errors import ConfigError
 from relay_engine.serving import (
     ActionChunk,
     Batcher,
-    ServedPolicy,
+    RowNotFound,
+    RowPrediction,
+    ServedModel,
     ServerStopped,
     WireError,
     check_seed,
+    load_served_model,
     pack,
     unpack,
 )
@@ -59,9 +70,18 @@ log = logging.getLogger(__name__)
 
 # Observations one POST /actions may carry.
 MAX_OBSERVATIONS_PER_REQUEST = 64
+# Rows one POST /predictions may carry.
+MAX_ROWS_PER_REQUEST = 256
 STARTUP_TIMEOUT_S = 60.0
 STOPPED_RETRY_AFTER_S = 5
 REQUEST_FIELDS = ("observation", "seed", "observations", "seeds")
+PREDICTION_FIELDS = ("rows",)
+PI05, RTJ = "pi05", "rt-j"  # the kinds of served model (ServedModel.kind)
+# What a request to the other kind's endpoint is told.
+USE_INSTEAD = {
+    PI05: "this deployment serves a pi05 policy: POST /actions (or openpi's websocket)",
+    RTJ: "this deployment serves an RT-J model: POST /predictions",
+}
 # The websocket field besides the observation's own.
 SEED_FIELD = "seed"
 
@@ -73,6 +93,9 @@ class ServingOptions:
     max_body_bytes: int = 16 * 2**20  # an HTTP body or a websocket message
     device: str = "auto"
     num_steps: int = 10  # the sampler's Euler steps
+    # An RT-J's database and task; None: those its config.json records (refused for pi05).
+    database: str | None = None
+    task: str | None = None
 
 
 class _Problem(Exception):
@@ -92,7 +115,12 @@ class _Problem(Exception):
 
     @classmethod
     def of(cls, error: ConfigError) -> _Problem:
-        return cls(400, error.message, param=error.param, code=error.code)
+        status = 404 if isinstance(error, RowNotFound) else 400
+        return cls(status, error.message, param=error.param, code=error.code)
+
+    @classmethod
+    def wrong_endpoint(cls, kind: str) -> _Problem:
+        return cls(400, USE_INSTEAD[kind], code="wrong_endpoint")
 
     def body(self) -> dict[str, Any]:
         return error_body(self.status, self.message, self.param, self.code)
@@ -103,7 +131,7 @@ class _PolicyApp:
 
     def __init__(self, batcher: Batcher, token: str | None, options: ServingOptions) -> None:
         self.batcher = batcher
-        self.policy: ServedPolicy = batcher.policy
+        self.policy: ServedModel = batcher.policy
         self.metadata = self.policy.metadata()
         self.token = token
         self.options = options
@@ -113,6 +141,7 @@ class _PolicyApp:
         return Starlette(
             routes=[
                 Route("/actions", self._guarded(self.actions), methods=["POST"]),
+                Route("/predictions", self._guarded(self.predictions), methods=["POST"]),
                 Route("/metadata", self._guarded(self.get_metadata), methods=["GET"]),
                 Route("/stats", self._guarded(self.get_stats), methods=["GET"]),
                 Route("/healthz", self._guarded(self.healthz), methods=["GET"]),
@@ -157,11 +186,9 @@ class _PolicyApp:
 
     async def actions(self, request: Request) -> Response:
         started = time.perf_counter()
-        body = await self._body(request)
-        try:
-            parsed = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise _Problem(400, f"the body is not JSON: {error}", code="invalid_body") from None
+        if self.policy.kind != PI05:
+            raise _Problem.wrong_endpoint(self.policy.kind)
+        parsed = await self._json(request)
         observations, seeds, several = _request_parts(parsed)
         try:
             decoded = await run_in_threadpool(lambda: [self.policy.decode(o, f) for f, o in observations])
@@ -187,6 +214,33 @@ class _PolicyApp:
             }
         )
 
+    async def predictions(self, request: Request) -> Response:
+        """An RT-J's predictions for entity rows of its database, in one batched pass."""
+        started = time.perf_counter()
+        if self.policy.kind != RTJ:
+            raise _Problem.wrong_endpoint(self.policy.kind)
+        rows = _prediction_rows(await self._json(request))
+        try:
+            decoded = await run_in_threadpool(
+                lambda: [self.policy.decode(row, f"rows[{i}]") for i, row in enumerate(rows)]
+            )
+        except ConfigError as error:
+            raise _Problem.of(error) from None
+        predictions: list[RowPrediction] = await self._act(decoded, [None] * len(decoded))
+        total_ms = (time.perf_counter() - started) * 1000
+        for _ in predictions:
+            self.batcher.stats.record_request(total_ms)
+        return JSONResponse(
+            {"predictions": [p.as_dict() for p in predictions], "timing": _timing(predictions, total_ms)}
+        )
+
+    async def _json(self, request: Request) -> Any:
+        body = await self._body(request)
+        try:
+            return json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise _Problem(400, f"the body is not JSON: {error}", code="invalid_body") from None
+
     async def _body(self, request: Request) -> bytes:
         """The body, refused with 413 as soon as it is known to be too large (before parsing)."""
         limit = self.options.max_body_bytes
@@ -201,7 +255,7 @@ class _PolicyApp:
             parts.append(part)
         return b"".join(parts)
 
-    async def _act(self, decoded: list[Any], seeds: list[int | None]) -> list[ActionChunk]:
+    async def _act(self, decoded: list[Any], seeds: list[int | None]) -> list[Any]:
         futures = [
             asyncio.wrap_future(self.batcher.submit(o, s)) for o, s in zip(decoded, seeds, strict=True)
         ]
@@ -220,6 +274,13 @@ class _PolicyApp:
                 await websocket.send_denial_response(_unauthorized())
             else:
                 await websocket.close(code=1008, reason="unauthorized")
+            return
+        if self.policy.kind != PI05:  # openpi's protocol carries observations only
+            problem = _Problem.wrong_endpoint(self.policy.kind)
+            if "websocket.http.response" in websocket.scope.get("extensions", {}):
+                await websocket.send_denial_response(JSONResponse(problem.body(), problem.status))
+            else:
+                await websocket.close(code=1008, reason=problem.message)
             return
         await websocket.accept()
         self.clients += 1
@@ -315,8 +376,23 @@ def _request_parts(parsed: Any) -> tuple[list[tuple[str, Any]], list[int | None]
         raise _Problem.of(error) from None
 
 
-def _timing(chunks: list[ActionChunk], total_ms: float) -> dict[str, float]:
-    """A request's time by stage: its observations' decode, preprocess and postprocess added up,
+def _prediction_rows(parsed: Any) -> list[Any]:
+    """The rows of a POST /predictions body, each checked by the model's decode."""
+    if not isinstance(parsed, dict):
+        raise _Problem(400, "the body must be a JSON object", code="invalid_body")
+    for key in parsed:
+        if key not in PREDICTION_FIELDS:
+            raise _Problem(400, f"{key}: unknown field; a request has rows", param=key, code="unknown_field")
+    if "rows" not in parsed:
+        raise _Problem(400, "rows: missing", param="rows", code="missing_field")
+    rows = parsed["rows"]
+    if not isinstance(rows, list) or not 1 <= len(rows) <= MAX_ROWS_PER_REQUEST:
+        raise _Problem(400, f"rows: must be a list of 1 to {MAX_ROWS_PER_REQUEST} rows", param="rows")
+    return rows
+
+
+def _timing(chunks: Sequence[ActionChunk | RowPrediction], total_ms: float) -> dict[str, float]:
+    """A request's time by stage: its observations' (or rows') decode, preprocess and postprocess added up,
     the model's longest pass (they usually share one), and the whole request's wall time."""
     return {
         "decode_ms": sum(c.timing.decode_ms for c in chunks),
@@ -386,13 +462,20 @@ def start_policy_server(
     token: str | None = None,
     options: ServingOptions = ServingOptions(),  # frozen, so one shared default is safe
 ) -> RunningPolicyServer:
-    """Load the model once (a job's output dir, a work dir, a base model name such as pi05-tiny),
-    serve it in a background thread (uvicorn), return once it listens. port=0 picks a free port."""
+    """Load the model once (a job's output dir, a work dir, a base model name such as pi05-tiny;
+    a tuned RT-J with the database of its task, loaded once too), serve it in a background thread
+    (uvicorn), return once it listens. port=0 picks a free port."""
     import uvicorn
 
     if token is not None and not token.strip():
         raise ConfigError("token: must not be empty (None serves without authentication)", param="token")
-    policy = ServedPolicy.load(model, device=options.device, num_steps=options.num_steps)
+    policy = load_served_model(
+        model,
+        device=options.device,
+        num_steps=options.num_steps,
+        database=options.database,
+        task=options.task,
+    )
     batcher = Batcher(policy, max_batch=options.max_batch, max_wait_ms=options.max_wait_ms)
     routes = _PolicyApp(batcher, token, options)
     try:

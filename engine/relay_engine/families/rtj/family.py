@@ -205,6 +205,8 @@ def _write_output(
         "problem_type": sampler.spec.problem_type,
         "relay": {
             "task": task,
+            # The database it was trained on: the policy server predicts its rows.
+            "dataset": str(sampler.database.root.resolve()),
             "context_length": settings["context_length"],
             "max_children": settings["max_children"],
             "text_encoder": sampler.embedder.name,
