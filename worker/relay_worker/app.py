@@ -19,9 +19,9 @@ import redis
 from celery import signals
 
 from relay_api.db import is_outage, session_factory, utcnow
-from relay_api.queue import RUN_FINE_TUNE, make_celery
+from relay_api.queue import RUN_DEPLOYMENT, RUN_FINE_TUNE, make_celery
 from relay_api.settings import get_settings
-from relay_worker import heartbeat, session_lifecycle, shutdown
+from relay_worker import deployment_lifecycle, heartbeat, session_lifecycle, shutdown
 from relay_worker.fine_tune import worker_name
 from relay_worker.lifecycle import reconcile
 
@@ -47,7 +47,7 @@ if settings.broker_url.startswith("sqla+"):
 class Reconciler(threading.Thread):
     """Every `reconcile_seconds`: resume jobs whose lease lapsed, publish jobs the broker never got,
     fail jobs out of attempts, finish cancels whose worker is gone; end sessions whose worker is gone
-    or that no worker started in time."""
+    or that no worker started in time; restart deployments whose worker is gone."""
 
     def __init__(self) -> None:
         super().__init__(name="relay-reconciler", daemon=True)
@@ -81,6 +81,13 @@ class Reconciler(threading.Thread):
                     log.info("reconciler: ended session %s", session_id)
             except Exception:
                 log.exception("reconciler pass over sessions failed")
+            try:
+                for deployment_id in deployment_lifecycle.reconcile(
+                    db_sessions, settings, publish_deployment
+                ):
+                    log.info("reconciler: restarted, ended or published deployment %s", deployment_id)
+            except Exception:
+                log.exception("reconciler pass over deployments failed")
 
     @staticmethod
     def _gpu_memory() -> int | None:
@@ -127,6 +134,10 @@ class BrokerWatch:
 
 def publish(job_id: str) -> None:
     app.send_task(RUN_FINE_TUNE, args=[job_id], queue=settings.fine_tune_queue)
+
+
+def publish_deployment(deployment_id: str) -> None:
+    app.send_task(RUN_DEPLOYMENT, args=[deployment_id], queue=settings.serving_queue)
 
 
 _reconciler: Reconciler | None = None
