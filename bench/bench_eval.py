@@ -132,10 +132,11 @@ def same_chunk(python: Path, output: Path, root: Path, environment: dict[str, st
     import gymnasium
     import numpy as np
 
-    from relay_engine.envs.evaluate import PolicyAdapter, load_evaluated_policy
+    from relay_engine.acting import load_acting_policy
+    from relay_engine.envs.evaluate import PolicyAdapter
     from relay_engine.envs.mapping import PUSHT_PROMPT, mapping_for
 
-    policy, _, model_dir = load_evaluated_policy(output, "cpu")
+    policy, _, model_dir = load_acting_policy(output, "cpu")
     mapping = mapping_for(ENV_ID)
     __import__(str(mapping.module))
     env = gymnasium.make(ENV_ID, **mapping.make_kwargs)

@@ -21,6 +21,8 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q -e ".[dev]"
+# openpi's websocket client, for the serving tests: without its numpy<2 pin (see pyproject's dev extra).
+python -m pip install -q --no-deps "openpi-client==0.1.2"
 
 ruff check .
 ruff format --check .

@@ -28,8 +28,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from relay.catalog import MODEL_CAMERAS, STATE_DIM
+from relay.catalog import MODEL_CAMERAS
 from relay.env_evaluation import EnvEvalReport, EpisodeRecord
+from relay_engine.acting import (
+    load_acting_policy,
+    observation_sample,
+    read_norm_stats,
+    sample_chunks,
+    seeded_noise,
+)
 from relay_engine.datasets.norm_stats import NormStats
 from relay_engine.envs.mapping import (
     MAPPINGS,
@@ -39,7 +46,7 @@ from relay_engine.envs.mapping import (
     observation_at,
     subspace,
 )
-from relay_engine.errors import ConfigError, EngineError
+from relay_engine.errors import ConfigError
 from relay_engine.models import Pi05Policy
 from relay_engine.samples import Sample
 
@@ -110,7 +117,7 @@ def evaluate_in_env(
     probe = maker.make()
     try:
         limit = max_steps if max_steps is not None else _registered_limit(env_id, probe)
-        policy, model_name, model_dir = load_evaluated_policy(policy_or_model, device)
+        policy, model_name, model_dir = load_acting_policy(policy_or_model, device)
         stats = _choose_stats(norm_stats, model_dir, mapping, probe)
         adapter = PolicyAdapter.build(policy, model_dir, mapping, probe, stats, prompt)
         fps = int(probe.metadata.get("render_fps") or VIDEO_FPS)
@@ -231,39 +238,6 @@ def _registered_limit(env_id: str, env: Any) -> int:
     return int(limit)
 
 
-def model_directory(name_or_dir: str) -> Path | None:
-    """The directory holding a saved model's weights: the directory itself, or its `output/`
-    (a recipe's work directory); None for a name that is not a directory."""
-    path = Path(name_or_dir).expanduser()
-    if not path.is_dir():
-        return None
-    for candidate in (path, path / "output"):
-        if (candidate / "model.safetensors").is_file():
-            return candidate
-    return path  # the loader says what is missing
-
-
-def load_evaluated_policy(
-    policy_or_model: Pi05Policy | str | os.PathLike[str], device: str
-) -> tuple[Pi05Policy, str, Path | None]:
-    """The policy, its name for the report, and its directory (None for a loaded policy or a
-    base model by name), resolved as `relay local eval` resolves models."""
-    from relay_engine.families import family_owning
-    from relay_engine.recipe import pick_device
-
-    if isinstance(policy_or_model, Pi05Policy):
-        return policy_or_model, policy_or_model.config.model, None
-    name = str(policy_or_model)
-    directory = model_directory(name)
-    family = family_owning(str(directory) if directory is not None else name)
-    if family.name != "pi05":
-        raise ConfigError(f"{name} is a {family.name} model; only pi05 policies act in an environment")
-    policy = family.load_model(str(directory) if directory is not None else name, pick_device(device))
-    if not isinstance(policy, Pi05Policy):
-        raise EngineError(f"{name}: the pi05 family loaded a {type(policy).__name__}")
-    return policy, name, directory
-
-
 def _choose_stats(
     given: NormStats | str | os.PathLike[str] | None, model_dir: Path | None, mapping: EnvMapping, env: Any
 ) -> NormStats:
@@ -276,21 +250,6 @@ def _choose_stats(
     if mapping.default_stats is not None:
         return mapping.default_stats(env)
     return bounds_stats(env.observation_space, mapping.state, env.action_space)
-
-
-def read_norm_stats(path: Path) -> NormStats:
-    """Stats from a norm_stats.json, a directory holding one (a model's), or a dataset directory."""
-    from relay_engine.datasets import dataset_norm_stats
-
-    file = path / "norm_stats.json" if path.is_dir() else path
-    if file.is_file():
-        try:
-            return NormStats.from_json(file.read_text())
-        except (OSError, ValueError) as error:
-            raise ConfigError(f"norm_stats {file}: {error}") from None
-    if path.is_dir():
-        return dataset_norm_stats(str(path))[0]
-    raise ConfigError(f"norm_stats {path}: no such file or directory")
 
 
 @dataclass
@@ -369,17 +328,12 @@ class PolicyAdapter:
             camera: np.asarray(observation_at(observations, path)[row], dtype=np.uint8)
             for path, camera in self.cameras.items()
         }
-        state = np.zeros(STATE_DIM, dtype=np.float32)
-        if self.state is not None:
-            raw = np.asarray(observation_at(observations, self.state)[row], dtype=np.float32).reshape(-1)
-            state[: self.stats.state_dim] = self.stats.normalize_state(raw)
-        sample: dict[str, Any] = {
-            "image": images,
-            "state": state,
-            "state_dim": self.stats.state_dim if self.state is not None else 0,
-            "prompt": self.prompt_override or prompt or self.prompt,
-        }
-        return sample  # type: ignore[return-value]  # a Sample without actions, as sampling takes
+        state = (
+            np.asarray(observation_at(observations, self.state)[row], dtype=np.float32).reshape(-1)
+            if self.state is not None
+            else None
+        )
+        return observation_sample(images, state, self.prompt_override or prompt or self.prompt, self.stats)
 
     def env_actions(self, chunks: np.ndarray) -> np.ndarray:
         """Normalized chunks (B, H, 32) -> the environment's actions (B, H, env width)."""
@@ -501,13 +455,10 @@ class _Rollouts:
             episode = running[row]
             assert episode is not None
             samples.append(self.adapter.sample(observations, row, episode.prompt))
-            config = self.policy.config
-            noise.append(torch.randn((config.action_horizon, config.action_dim), generator=episode.generator))
-        with torch.inference_mode():
-            batch = self.policy.collate(samples)
-            chunks = self.policy.sample_actions(batch, num_steps=self.num_steps, noise=torch.stack(noise))
+            noise.append(seeded_noise(self.policy, episode.generator))
+        chunks = sample_chunks(self.policy, samples, noise, self.num_steps)
         self.forward_passes += 1
-        actions = self.adapter.env_actions(chunks.float().cpu().numpy())
+        actions = self.adapter.env_actions(chunks)
         for row, chunk in zip(waiting, actions, strict=True):
             episode = running[row]
             assert episode is not None

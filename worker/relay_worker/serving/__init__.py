@@ -1,0 +1,1 @@
+"""Serving a model from a worker (or `relay serve`): the policy server."""
