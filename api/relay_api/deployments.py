@@ -233,7 +233,7 @@ def events_page(
         query = query.where(events_table.c.id > after)
     rows = db.execute(query.order_by(events_table.c.id).limit(limit + 1)).mappings().all()
     db.rollback()
-    return [event_object(r) for r in rows[:limit]], len(rows) > limit
+    return [event_object(dict(r)) for r in rows[:limit]], len(rows) > limit
 
 
 def request_stop(db: Session, user_id: int, deployment_id: str) -> dict[str, Any]:
