@@ -48,6 +48,7 @@ _STATUS_STYLE = {
     "cancelled": "yellow",
     "cancel_requested": "yellow",
     "closed": "yellow",
+    "stopped": "yellow",
     "running": "cyan",
     "starting": "cyan",
     "queued": "blue",
