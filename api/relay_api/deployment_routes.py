@@ -164,6 +164,7 @@ def deployment_events(
     responses={
         200: {"description": '`{"actions": [[...], ...], "timing": {...}}`: the action chunk, raw units.'},
         **schemas.NOT_FOUND,
+        410: {"model": schemas.ErrorOut, "description": "The deployment has stopped, or ended in error."},
         **schemas.DEPLOYMENT_UNAVAILABLE,
     },
 )

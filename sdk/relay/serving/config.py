@@ -14,13 +14,13 @@ caller's: relay_api.deployments).
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, WithJsonSchema
 
 from relay import catalog
 from relay.rules import CheckedConfig, WholeNumber
-from relay.training.config import check_name
+from relay.training.config import SAVED_NAME_MAX, check_name
 
 JOB_PREFIX = "ft-"
 SESSION_PREFIX = "ses-"
@@ -60,6 +60,32 @@ def model_kind(model: str) -> str:
     raise ValueError(MODEL_RULE)
 
 
+def _known_model(value: str) -> str:
+    model_kind(value)
+    return value
+
+
+# The three forms, as the JSON Schema states them (the OpenAPI document accepts what the API does).
+ModelName = Annotated[
+    str,
+    AfterValidator(_known_model),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "enum": list(SERVED_BASE_MODELS)},
+                {"type": "string", "pattern": _JOB_ID.pattern},
+                {
+                    "type": "string",
+                    "pattern": r"^ses-[0-9a-f]{12}/[^./\\\x00-\x1f\x7f][^/\\\x00-\x1f\x7f]{0,"
+                    + str(SAVED_NAME_MAX - 1)
+                    + "}$",
+                },
+            ]
+        }
+    ),
+]
+
+
 def session_weights(model: str) -> tuple[str, str]:
     """(session id, weights name) of a ``ses-.../NAME`` model."""
     found = _SESSION_WEIGHTS.match(model)
@@ -75,7 +101,7 @@ class DeploymentConfig(CheckedConfig):
     WHAT: ClassVar[str] = "a deployment"
     BODY_MESSAGE: ClassVar[str] = "the body must be an object with a deployment's fields: {fields}"
 
-    model: str = Field(min_length=1, max_length=200)
+    model: ModelName
     gpus: WholeNumber = Field(1, strict=True, ge=1, le=GPUS_MAX)
     # Requests (from any robots) answered by one forward pass, at most.
     max_batch: WholeNumber = Field(8, strict=True, ge=1, le=MAX_BATCH_MAX)
@@ -83,9 +109,3 @@ class DeploymentConfig(CheckedConfig):
     max_wait_ms: float = Field(2.0, ge=0, le=MAX_WAIT_MS_MAX, allow_inf_nan=False)
     # Stopped after this long without a request (and no robot connected).
     idle_timeout_seconds: float = Field(3600.0, gt=0, le=IDLE_TIMEOUT_MAX, allow_inf_nan=False)
-
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, value: str) -> str:
-        model_kind(value)
-        return value
