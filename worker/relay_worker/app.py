@@ -49,10 +49,13 @@ class Reconciler(threading.Thread):
     fail jobs out of attempts, finish cancels whose worker is gone; end sessions whose worker is gone
     or that no worker started in time; restart deployments whose worker is gone."""
 
-    def __init__(self) -> None:
+    def __init__(self, beats: bool = True) -> None:
         super().__init__(name="relay-reconciler", daemon=True)
         self.stopping = threading.Event()
         self.broker = BrokerWatch(settings.broker_url)
+        # Heartbeats say what a worker offers jobs (its slots, its GPUs' memory): a worker that takes
+        # only deployments offers none, and is not counted as a place to train.
+        self.beats = beats
 
     def run(self) -> None:
         db_sessions = session_factory(settings)
@@ -95,10 +98,11 @@ class Reconciler(threading.Thread):
             return int(settings.worker_gpu_memory_gb * 10**9)
         return heartbeat.gpu_memory(settings.worker_gpus or os.environ.get("CUDA_VISIBLE_DEVICES"))
 
-    @staticmethod
     def _beat(
-        sessions: Any, name: str, started_at: Any, gpu_memory: int | None, decoders: list[str] | None
+        self, sessions: Any, name: str, started_at: Any, gpu_memory: int | None, decoders: list[str] | None
     ) -> None:
+        if not self.beats:
+            return
         try:
             heartbeat.beat(sessions, name, started_at, settings.worker_slots, gpu_memory, decoders)
         except Exception:  # only /metrics' count of live workers depends on it
@@ -146,8 +150,14 @@ _reconciler: Reconciler | None = None
 @signals.worker_ready.connect
 def _start_reconciler(**_: Any) -> None:
     global _reconciler
-    _reconciler = Reconciler()
+    _reconciler = Reconciler(beats=_takes_jobs())
     _reconciler.start()
+
+
+def _takes_jobs() -> bool:
+    """Whether this worker consumes the recipe jobs' queue (not one started for deployments only)."""
+    queues = app.amqp.queues
+    return settings.fine_tune_queue in set(queues.consume_from or queues)
 
 
 @signals.worker_shutting_down.connect
