@@ -104,6 +104,8 @@ def run_deployment(deployment_id: str, settings: Settings | None = None, publish
             handed_back = lifecycle.hand_back(db_sessions, claim, reason)
             if handed_back and publish is not None:
                 publish(deployment_id)
+            elif not handed_back:  # a stop came first (or the claim is gone): it ends here
+                status, reason = st.STOPPED, STOPPED_BY_USER
         return f"{status}: {reason}"
     except Exception as error:
         log.exception("deployment %s failed", deployment_id)
