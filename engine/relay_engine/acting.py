@@ -56,7 +56,10 @@ def load_acting_policy(
     directory = model_directory(name)
     family = family_owning(str(directory) if directory is not None else name)
     if family.name != "pi05":
-        raise ConfigError(f"{name} is a {family.name} model; only pi05 policies act on observations")
+        raise ConfigError(
+            f"{name} is a {family.name} model; only pi05 policies act on observations "
+            "(in an environment, or served)"
+        )
     policy = family.load_model(str(directory) if directory is not None else name, pick_device(device))
     if not isinstance(policy, Pi05Policy):
         raise EngineError(f"{name}: the pi05 family loaded a {type(policy).__name__}")

@@ -116,7 +116,7 @@ class ObservationLayout:
             for slot, camera in zip(MODEL_CAMERAS, self.cameras, strict=False):
                 if slot not in images:
                     raise _problem(
-                        f"{field}.{camera}",
+                        f"{field}.{camera.removeprefix(IMAGE_PREFIX)}",
                         "missing camera; this model reads " + ", ".join(self.cameras),
                         code="missing_field",
                     )
@@ -180,7 +180,7 @@ def _decode_encoded(data: bytes, field: str) -> np.ndarray:
                 raise _problem(
                     field, f"is {image.width}x{image.height}; at most {MAX_IMAGE_PIXELS:,} pixels are read"
                 )
-            return np.asarray(image.convert("RGB"), dtype=np.uint8)
+            return np.array(image.convert("RGB"), dtype=np.uint8)
     except ConfigError:
         raise
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):

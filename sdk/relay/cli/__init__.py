@@ -20,6 +20,7 @@ from relay.cli import (
     keys,
     local,
     models,
+    serve,
     server,
     sessions,
 )
@@ -41,6 +42,7 @@ app.add_typer(keys.app, name="keys")
 app.add_typer(cache.app, name="cache")
 app.command("server")(server.serve)
 app.command("eval")(evaluation.evaluate)
+app.command("serve")(serve.serve)
 
 
 def _version() -> str:

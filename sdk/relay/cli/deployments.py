@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import typer
 from rich.table import Table
 
 from relay import http_client
-from relay.cli._common import console, fail, show_record, show_table, status_text
-from relay.errors import APIError, ConfigError
+from relay.cli._common import clear_errors, console, show_record, show_table, status_text
 from relay.serving import deployment as deployments
 from relay.serving.config import DeploymentConfig
 
@@ -20,15 +17,6 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 out = console()
-
-
-@contextmanager
-def _refusals() -> Iterator[None]:
-    """A refused request, a broken setting or an unreachable server as a message and exit 1."""
-    try:
-        yield
-    except (APIError, ConfigError) as error:
-        fail(str(error))
 
 
 @app.command()
@@ -53,15 +41,12 @@ def create(
     as_json: bool = typer.Option(False, "--json", help="Print the deployment as JSON."),
 ) -> None:
     """Deploy a model; prints the deployment (its websocket_url is where openpi-client connects)."""
-    with _refusals():
+    with clear_errors():
         deployment = deployments.deploy(
             model, gpus=gpus, max_batch=max_batch, max_wait_ms=max_wait_ms, idle_timeout_seconds=idle_timeout
         )
         if wait:
-            try:
-                deployment.wait_ready()
-            except RuntimeError as error:
-                fail(str(error))
+            deployment.wait_ready()
     show_record(deployment.to_dict(), as_json)
 
 
@@ -71,7 +56,7 @@ def list_(
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines."),
 ) -> None:
     """Your deployments, newest first."""
-    with _refusals():
+    with clear_errors():
         found, _ = deployments.list_deployments(limit=limit)
     if as_json:
         for deployment in found:
@@ -100,7 +85,7 @@ def show(
     deployment_id: str, as_json: bool = typer.Option(False, "--json", help="Print the deployment as JSON.")
 ) -> None:
     """One deployment as the API reports it now: status, websocket_url, stats (an ended one says why)."""
-    with _refusals():
+    with clear_errors():
         show_record(deployments.retrieve(deployment_id).to_dict(), as_json)
 
 
@@ -109,6 +94,6 @@ def stop(
     deployment_id: str, as_json: bool = typer.Option(False, "--json", help="Print the deployment as JSON.")
 ) -> None:
     """Stop serving: robots connected are disconnected, and its worker is freed."""
-    with _refusals():
+    with clear_errors():
         deployment = deployments.Deployment({"id": deployment_id}, http_client.default_client()).stop()
     show_record(deployment.to_dict(), as_json)
