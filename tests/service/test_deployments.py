@@ -6,10 +6,12 @@ to the real openpi-client with the user's key: the same chunk for the same seed 
 downloaded weights sampled in this process. Another user's deployment is not found; bad settings
 are refused naming the field; a serving worker killed with SIGKILL costs clients a retryable 503
 until the other worker has loaded the deployment again; a stop ends it, and so does its idle timeout.
+The CLI creates, lists, shows and stops; bodies and websocket messages over the limit are refused.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +24,10 @@ import pytest
 import websockets.exceptions
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from sqlalchemy import select
+from typer.testing import CliRunner
+from websockets.sync.client import connect
 
+from relay.cli import app
 from relay.http_client import Client
 from relay.serving import Deployment, deploy, list_deployments, retrieve
 from relay.serving.images import observation_json
@@ -277,3 +282,48 @@ def test_an_idle_deployment_stops_itself_and_a_key_replays_the_create(
     wait_for(lambda: deployment.refresh().status == "stopped", 30, "the idle timeout", every=0.2)
     assert deployment.error is not None and "idle_timeout_seconds" in deployment.error
     assert retrieve(deployment.id, client=owner).status == "stopped"
+
+
+def test_the_cli_deploys_lists_shows_and_stops_and_oversized_messages_are_refused(
+    stack: Stack, serving_workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    key = stack.new_user()[1]
+    runner = CliRunner()
+    env = {"RELAY_BASE_URL": stack.api_url, "RELAY_API_KEY": key, "RELAY_HOME": str(tmp_path / "home")}
+
+    def run(*args: str) -> str:
+        result = runner.invoke(app, ["deployments", *args], env=env)
+        assert result.exit_code == 0, (args, result.output)
+        return result.output
+
+    refused = runner.invoke(app, ["deployments", "create", "pi05-tiny", "--max-batch", "0"], env=env)
+    assert refused.exit_code == 2 and "bad max_batch: 0 (must be an integer from 1 to 64)" in refused.output
+    created = json.loads(run("create", "pi05-tiny", "--max-batch", "2", "--wait", "--json"))
+    assert created["status"] == "ready" and created["max_batch"] == 2
+    listed = [json.loads(line) for line in run("list", "--json").splitlines()]
+    assert [d["id"] for d in listed] == [created["id"]]
+    assert json.loads(run("show", created["id"], "--json"))["websocket_url"] == created["websocket_url"]
+
+    # Over RELAY_SERVING_MAX_BODY_BYTES: a 413 before the body is read; the websocket closes (1009).
+    limit = stack.settings.serving_max_body_bytes
+    too_big = httpx.post(
+        created["actions_url"],
+        headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+        content=b" " * (limit + 1),
+    )
+    assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "body_too_large"
+    with connect(created["websocket_url"], additional_headers={"authorization": f"Api-Key {key}"}) as robot:
+        robot.recv()  # the metadata
+        robot.send(b"\0" * (limit + 1))
+        with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+            robot.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+    stopped = json.loads(run("stop", created["id"], "--json"))
+    assert stopped["id"] == created["id"] and stopped["status"] in ("ready", "stopped")
+    wait_for(
+        lambda: json.loads(run("show", created["id"], "--json"))["status"] == "stopped",
+        30,
+        "the stop",
+        every=0.2,
+    )
