@@ -28,12 +28,14 @@ from typer.testing import CliRunner
 from websockets.sync.client import connect
 
 from relay.cli import app
+from relay.errors import APIError
 from relay.http_client import Client
 from relay.serving import Deployment, deploy, list_deployments, retrieve
 from relay.serving.images import observation_json
 from relay.sft.config import SFTConfig
 from relay.sft.job import FineTuneJob
 from relay.sft.train import train
+from relay.training import ServiceClient
 from relay_api.models import deployments as deployments_table
 from relay_engine.serving import ServedPolicy
 from tests.service.stack import Stack, WorkerProcess, wait_for
@@ -87,7 +89,8 @@ def observation(info: dict[str, Any], seed: int) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     return {
         "images": {camera: rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for camera in info["cameras"]},
-        "state": rng.uniform(-1, 1, info["state_dim"]).astype(np.float32),
+        # A model without saved features (a base model, a session's weights) takes any width up to 32.
+        "state": rng.uniform(-1, 1, info["state_dim"] or 8).astype(np.float32),
         "prompt": "move to the orange dot",
     }
 
@@ -327,3 +330,34 @@ def test_the_cli_deploys_lists_shows_and_stops_and_oversized_messages_are_refuse
         "the stop",
         every=0.2,
     )
+
+
+def test_a_sessions_saved_weights_are_served_in_normalized_units(
+    stack: Stack, serving_workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    stack.worker()  # the sessions' worker
+    key = stack.new_user()[1]
+    service = ServiceClient(stack.api_url, key, progress=False)
+    client = Client(stack.api_url, key, max_retries=0)
+    try:
+        with service.create_lora_training_client("pi05-tiny", rank=8) as training_client:
+            sampler = training_client.save_weights_and_get_sampling_client("served")
+            model = f"{training_client.id}/served"
+        deployment = ready(deploy(model, client=client))
+        assert deployment.info is not None and deployment.info["raw_units"] is False
+        obs = observation(deployment.info, 5)
+        one_camera = {**obs, "images": {"base_0_rgb": obs["images"]["base_0_rgb"]}}
+        served = deployment.actions(one_camera, seed=3)
+        expected = in_process(Path(sampler.path), one_camera, 3)
+        np.testing.assert_allclose(served, expected, atol=ATOL)
+        stop_and_wait(deployment)
+        # Saved weights of a session that is not yours, or a name it never saved, are not found.
+        stranger = Client(stack.api_url, stack.new_user()[1], max_retries=0)
+        for who, name in ((stranger, model), (client, f"{training_client.id}/never-saved")):
+            with pytest.raises(APIError) as refused:
+                deploy(name, client=who)
+            assert refused.value.status == 404 and refused.value.param == "model"
+        stranger.close()
+    finally:
+        service.close()
+        client.close()
