@@ -51,6 +51,10 @@ TRY_AGAIN_LATER = 1013
 
 
 def _base_url(request: Request | WebSocket) -> str:
+    """The API's address as the client reaches it: RELAY_PUBLIC_URL, else the request's own."""
+    settings: Settings = request.app.state.settings
+    if settings.public_url:
+        return settings.public_url
     base = str(request.base_url)
     if isinstance(request, WebSocket):  # the websocket's base URL has its ws scheme
         base = base.replace("ws://", "http://", 1).replace("wss://", "https://", 1)

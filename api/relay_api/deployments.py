@@ -245,13 +245,14 @@ def request_stop(db: Session, user_id: int, deployment_id: str) -> dict[str, Any
         return row
     now = utcnow()
     unheld = (table.c.lease_until.is_(None)) | (table.c.lease_until < now)
+    reason = STOPPED_BEFORE_READY if row["status"] == st.STARTING else STOPPED_BY_USER
     moved = rows_changed(
         db.execute(
             update(table)
             .where(table.c.id == deployment_id, table.c.status.in_(st.LIVE), unheld)
             .values(
                 status=st.STOPPED,
-                error=STOPPED_BEFORE_READY if row["status"] == st.STARTING else STOPPED_BY_USER,
+                error=reason,
                 stop_requested_at=now,
                 ended_at=now,
                 updated_at=now,
@@ -261,7 +262,7 @@ def request_stop(db: Session, user_id: int, deployment_id: str) -> dict[str, Any
         )
     )
     if moved:
-        record_event(db, deployment_id, st.STOPPED, row["attempt"], STOPPED_BY_USER, now)
+        record_event(db, deployment_id, st.STOPPED, row["attempt"], reason, now)
     else:
         db.execute(
             update(table)

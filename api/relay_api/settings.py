@@ -111,6 +111,9 @@ class Settings(BaseSettings):
     serving_request_timeout_seconds: float = Field(60.0, gt=0)
     # The largest /actions body (observations with their images, base64) and websocket message.
     serving_max_body_bytes: int = Field(16 << 20, ge=1 << 10)
+    # The API's address as robots reach it (https://relay.example.com behind a TLS proxy), for a
+    # deployment's websocket_url and actions_url. Empty: the address each request came to.
+    public_url: str = ""
 
     # How often a live event stream looks for new events.
     events_poll_seconds: float = Field(0.5, gt=0)

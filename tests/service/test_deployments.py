@@ -22,6 +22,7 @@ import numpy as np
 import psutil
 import pytest
 import websockets.exceptions
+from fastapi.testclient import TestClient
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from sqlalchemy import select
 from typer.testing import CliRunner
@@ -36,9 +37,10 @@ from relay.sft.config import SFTConfig
 from relay.sft.job import FineTuneJob
 from relay.sft.train import train
 from relay.training import ServiceClient
+from relay_api.app import create_app
 from relay_api.models import deployments as deployments_table
 from relay_engine.serving import ServedPolicy
-from tests.service.stack import Stack, WorkerProcess, wait_for
+from tests.service.stack import PARKED_QUEUE, Stack, WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -361,3 +363,26 @@ def test_a_sessions_saved_weights_are_served_in_normalized_units(
     finally:
         service.close()
         client.close()
+
+
+def test_behind_a_proxy_the_urls_are_the_public_ones_and_a_waiting_deployment_stops_at_once(
+    stack: Stack,
+) -> None:
+    settings = stack.settings.model_copy(
+        update={"public_url": "https://relay.example.com", "serving_queue": PARKED_QUEUE + "-serving"}
+    )
+    headers = {"authorization": f"Bearer {stack.new_user()[1]}"}
+    with TestClient(create_app(settings)) as api:
+        created = api.post("/v1/deployments", headers=headers, json={"model": "pi05-tiny"}).json()
+        assert created["websocket_url"] == f"wss://relay.example.com/v1/deployments/{created['id']}/ws"
+        assert created["actions_url"] == f"https://relay.example.com/v1/deployments/{created['id']}/actions"
+        waiting = api.post(f"/v1/deployments/{created['id']}/actions", headers=headers, json={})
+        assert waiting.status_code == 503 and waiting.headers["retry-after"] == "2"
+        assert waiting.json()["error"]["code"] == "deployment_not_ready"
+        # No worker holds it: it stops now, not at a lease renewal.
+        stopped = api.delete(f"/v1/deployments/{created['id']}", headers=headers).json()
+        assert (
+            stopped["status"] == "stopped" and stopped["error"] == "stopped by its owner before it was ready"
+        )
+        events = api.get(f"/v1/deployments/{created['id']}/events", headers=headers).json()["data"]
+        assert [e["event"] for e in events] == ["starting", "stopped"]
