@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from relay_engine.errors import ConfigError
+from relay_engine.errors import ConfigError, EngineError
 from relay_engine.models import load_policy
-from relay_engine.serving import Batcher, ServedPolicy, WireError, pack, unpack
+from relay_engine.serving import Batcher, DecodedObservation, ServedPolicy, WireError, pack, unpack
 
 from .conftest import STATS, image, observation, png_base64
 
@@ -69,6 +69,12 @@ def test_bad_observations_are_refused_naming_the_field(served: ServedPolicy) -> 
             "shape (32, 32, 2)",
         ),
         ({**good, "prompt": 3}, "observation.prompt", "must be a string"),
+        ({**good, "prompt": "x" * 5000}, "observation.prompt", "has 5,000 characters; at most 4,096"),
+        (
+            {**good, "images": {**images, "top": np.zeros((1, 5000 * 4000, 3), np.uint8)}},
+            "observation.images.top",
+            "at most 16,777,216 pixels",
+        ),
         ({**good, "extra": 1}, "observation.extra", "unknown field"),
         (
             {**good, "images": {"top": images["top"], "base_0_rgb": images["top"], "wrist": images["wrist"]}},
@@ -173,3 +179,19 @@ def test_the_wire_format_is_openpis(served: ServedPolicy) -> None:
         unpack(msgpack.packb({**truncated, b"dtype": "|O"}))
     with pytest.raises(WireError, match="not a msgpack message"):
         unpack(b"\xc1")
+
+
+def test_one_requests_fault_does_not_fail_its_batch(served: ServedPolicy) -> None:
+    """A request that passed the checks and still breaks the forward pass (here: a sample naming no
+    model camera, which only a bug could make) fails alone; its batch-mates get their chunks."""
+    good = served.decode(observation(7))
+    broken = DecodedObservation({**good.sample, "image": {"no_such_slot": image(0)}}, 0.0, 0.0)  # type: ignore[typeddict-item]
+    batcher = Batcher(served, max_batch=8, max_wait_ms=200.0)
+    try:
+        futures = [batcher.submit(good, 3), batcher.submit(broken, 3)]
+        chunk = futures[0].result(timeout=120)
+        with pytest.raises(EngineError, match="unknown model camera 'no_such_slot'"):
+            futures[1].result(timeout=120)
+    finally:
+        batcher.stop()
+    np.testing.assert_allclose(chunk.actions, served.act([good], [3])[0].actions, rtol=0, atol=BATCH_ATOL)

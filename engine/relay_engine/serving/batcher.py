@@ -180,14 +180,28 @@ class Batcher:
             return
         try:
             chunks = self.policy.act([r.observation for r in live], [r.seed for r in live])
-        except Exception as error:  # a fault of the model or the machine, not of a request
-            log.exception("a batch of %d failed", len(live))
-            for request in live:
-                request.future.set_exception(error)
+        except Exception as error:  # checks passed, so a fault of the model or the machine
+            if len(live) > 1:  # one request's fault must not fail the others': each alone
+                log.warning("a batch of %d failed (%s); answering its requests one by one", len(live), error)
+                for request in live:
+                    self._answer_alone(request)
+                return
+            log.exception("a request failed")
+            live[0].future.set_exception(error)
             return
         self.stats.record_batch(len(live))
         for request, chunk in zip(live, chunks, strict=True):
             request.future.set_result(chunk)
+
+    def _answer_alone(self, request: _Request) -> None:
+        try:
+            (chunk,) = self.policy.act([request.observation], [request.seed])
+        except Exception as error:
+            log.exception("a request failed")
+            request.future.set_exception(error)
+            return
+        self.stats.record_batch(1)
+        request.future.set_result(chunk)
 
     def _fail_waiting(self) -> None:
         while True:

@@ -33,6 +33,9 @@ OBSERVATION_FIELDS = ("images", "state", "prompt")
 # few kilobytes can claim gigapixels).
 MAX_IMAGE_PIXELS = 4096 * 4096
 _IMAGE_FORMATS = ("PNG", "JPEG")
+# The model reads a few hundred tokens of prompt (longer ones are cut, as in training); a longer
+# text would only cost every request of its batch the time to tokenize it.
+MAX_PROMPT_CHARACTERS = 4096
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,10 @@ class ObservationLayout:
         prompt = observation.get("prompt", "")
         if not isinstance(prompt, str):
             raise _problem(f"{field}.prompt", f"must be a string, got {type(prompt).__name__}")
+        if len(prompt) > MAX_PROMPT_CHARACTERS:
+            raise _problem(
+                f"{field}.prompt", f"has {len(prompt):,} characters; at most {MAX_PROMPT_CHARACTERS:,}"
+            )
         sample = observation_sample(images, state, prompt, self.stats)
         return DecodedObservation(sample, decode_s, time.perf_counter() - started - decode_s)
 
@@ -167,6 +174,10 @@ def _checked_array(array: np.ndarray, field: str) -> np.ndarray:
         array = array.transpose(1, 2, 0)  # (3, H, W), as openpi's ALOHA clients send
     if array.ndim != 3 or array.shape[-1] != 3 or array.shape[0] == 0 or array.shape[1] == 0:
         raise _problem(field, f"must be a uint8 array of shape (height, width, 3), got shape {array.shape}")
+    if array.shape[0] * array.shape[1] > MAX_IMAGE_PIXELS:
+        raise _problem(
+            field, f"is {array.shape[1]}x{array.shape[0]}; at most {MAX_IMAGE_PIXELS:,} pixels are read"
+        )
     # A received message's arrays are read-only views of its bytes; the model's input is a copy.
     return np.array(array, order="C", copy=True)
 

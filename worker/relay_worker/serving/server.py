@@ -260,6 +260,9 @@ class _PolicyApp:
             (chunk,) = await self._act([decoded], [seed])
         except _Problem as problem:
             return json.dumps(problem.body())
+        except Exception:  # the model's or the machine's fault: logged here, never sent
+            log.exception("the policy server failed on a websocket message")
+            return json.dumps(error_body(500, "the policy server failed on this observation"))
         total_ms = (time.perf_counter() - started) * 1000
         self.batcher.stats.record_request(total_ms)
         timing = {**chunk.timing.as_dict(), "infer_ms": total_ms, "total_ms": total_ms}
