@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -26,7 +27,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relay import __version__
 from relay.sft.config import SFTConfig
-from relay_api import console, dataset_routes, openapi, params, routes, session_routes, states
+from relay_api import (
+    console,
+    dataset_routes,
+    deployment_routes,
+    openapi,
+    params,
+    routes,
+    session_routes,
+    states,
+)
 from relay_api.channel import api_channel
 from relay_api.db import api_pool_sizes, is_outage, read_session_factory, session_factory
 from relay_api.enqueued import EnqueuedNotes
@@ -61,6 +71,7 @@ def create_app(settings: Settings | None = None, publisher: Publisher | None = N
         app.state.enqueued.close()
         app.state.inspectors.close()
         await app.state.channel.aclose()
+        await app.state.serving_http.aclose()
 
     app = FastAPI(
         title="Relay",
@@ -93,6 +104,13 @@ def _open_state(app: FastAPI, settings: Settings, publisher: Publisher | None) -
     app.state.checksums = ChecksumCache()
     app.state.channel = api_channel(settings)
     app.state.ready_sessions = ReadyCache()
+    # The API's connections to deployments' policy servers: a short connect timeout, so a worker
+    # that is gone is a quick 503, not a robot left hanging.
+    app.state.serving_http = httpx.AsyncClient(
+        timeout=httpx.Timeout(
+            settings.serving_request_timeout_seconds, connect=settings.serving_connect_timeout_seconds
+        )
+    )
     app.state.inspectors = Inspectors()  # the engine processes that describe datasets, started on first use
 
 
@@ -104,6 +122,8 @@ def _add_api(app: FastAPI) -> None:
     app.include_router(session_routes.router, dependencies=known_query)
     app.include_router(states.router, dependencies=known_query)
     app.include_router(dataset_routes.router, dependencies=known_query)
+    app.include_router(deployment_routes.router, dependencies=known_query)
+    app.include_router(deployment_routes.websocket_router)
     app.add_exception_handler(APIProblem, _problem_answer)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_answer)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_answer)  # type: ignore[arg-type]

@@ -4,8 +4,9 @@ Everything under one data directory (``RELAY_HOME``, else ``~/.relay``): a SQLit
 SQLite-backed Celery broker (kombu's SQLAlchemy transport, so no server is needed), training
 sessions' calls and results in the SQLite database too (relay_api.channel_sql), job work
 directories, the worker's log, and ``client.json`` with the URL and a local API key, where the SDK
-and the CLI look for them. The API runs in this process and one worker (jobs and sessions, one at
-a time) in a child process.
+and the CLI look for them. The API runs in this process, one worker (jobs and sessions, one at
+a time) in a child process, and a second worker in another for deployments, so that serving a
+model does not hold up training.
 """
 
 from __future__ import annotations
@@ -51,12 +52,14 @@ def serve(host: str, port: int, log: Callable[[str], None] = print) -> None:
 
     worker = WorkerProcess(settings, home / "worker.log")
     worker.start()
+    serving_worker = WorkerProcess(settings, home / "serving-worker.log", queues=[settings.serving_queue])
+    serving_worker.start()
     log(f"Relay is serving at {base_url}")
     log(f"console: {base_url}/ (sign in with the key below); API docs: {base_url}/docs")
     # The local user's own key on their own machine: printed, so the console can be opened at once.
     log(f"API key for user '{LOCAL_USER}': {key}")
     log(f"data: {home}; the key is saved in {key_file}, where the SDK and CLI read it")
-    log(f"worker log: {worker.log_path}; press Ctrl-C to stop")
+    log(f"worker logs: {worker.log_path}, {serving_worker.log_path}; press Ctrl-C to stop")
     # uvicorn re-raises the signal that stopped it once it is done; make SIGTERM an exception here so
     # the worker is stopped too (SIGINT is already KeyboardInterrupt).
     signal.signal(signal.SIGTERM, _exit_on_signal)
@@ -65,6 +68,7 @@ def serve(host: str, port: int, log: Callable[[str], None] = print) -> None:
     except KeyboardInterrupt:
         pass
     finally:
+        serving_worker.stop()
         worker.stop()
 
 
@@ -98,9 +102,11 @@ def _local_key(settings: Settings) -> str:
 class WorkerProcess:
     """One Celery worker in a child process, started again if it dies while the server runs."""
 
-    def __init__(self, settings: Settings, log_path: Path) -> None:
+    def __init__(self, settings: Settings, log_path: Path, queues: list[str] | None = None) -> None:
         self.settings = settings
         self.log_path = log_path
+        self.queues = queues or []  # none: the worker's default queues, jobs' and sessions'
+
         self._process: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="worker-watcher", daemon=True)
@@ -108,7 +114,8 @@ class WorkerProcess:
     def command(self) -> list[str]:
         # `python -m relay_worker` rather than its command line: the API never imports the worker.
         # The child reads the same settings (queues included) from the environment.
-        return [sys.executable, "-m", "relay_worker", "--concurrency", "1", "--without-heartbeat"]
+        command = [sys.executable, "-m", "relay_worker", "--concurrency", "1", "--without-heartbeat"]
+        return command + (["--queues", ",".join(self.queues)] if self.queues else [])
 
     def start(self) -> None:
         self._spawn()

@@ -26,7 +26,18 @@ from relay_api.settings import Settings
 
 # POST /v1/sessions/{id}/calls carries a session's call in binary frames; every other body is JSON.
 _CALL_PATH = re.compile(r"^/v1/sessions/[^/]+/calls/?$")
+# POST /v1/deployments/{id}/actions carries observations with their images (base64).
+_ACTIONS_PATH = re.compile(r"^/v1/deployments/[^/]+/actions/?$")
 _UNAUTHORIZED = {"www-authenticate": "Bearer"}
+
+
+def api_key_header(authorization: str | None) -> str | None:
+    """An ``Authorization`` header as `bearer_key` reads it, taking openpi-client's ``Api-Key <key>``
+    too (what a robot's WebsocketClientPolicy sends); None stays None."""
+    if authorization is None:
+        return None
+    scheme, _, key = authorization.partition(" ")
+    return f"Bearer {key}" if scheme.lower() == "api-key" else authorization
 
 
 def bearer_key(authorization: str | None) -> str:
@@ -80,6 +91,13 @@ def body_limit(settings: Settings, method: str, path: str) -> tuple[int, str, st
             "(forward_backward accumulates gradients across calls)"
         )
         return limit, message, "call_too_large"
+    if method == "POST" and _ACTIONS_PATH.match(path):
+        limit = settings.serving_max_body_bytes
+        message = (
+            f"the observations are larger than {limit} bytes (RELAY_SERVING_MAX_BODY_BYTES); send "
+            "smaller images, or fewer observations a request"
+        )
+        return limit, message, "body_too_large"
     limit = settings.max_json_body_bytes
     return (
         limit,

@@ -202,6 +202,67 @@ class FineTuneHost(Base):
     joined_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class DeploymentRow(Base):
+    """A deployment: a model served to robots by a worker that holds it (docs/serving.md).
+
+    starting (queued, then loading on the worker named in `worker`) -> ready -> stopped | error;
+    a lost worker puts it back to starting, and another worker loads it again as the next attempt.
+    """
+
+    __tablename__ = "deployments"
+    __table_args__ = (
+        UniqueConstraint("user_id", "idempotency_key", name="uq_deployments_user_idempotency_key"),
+        Index("ix_deployments_user_created", "user_id", "created_at", "id"),
+        Index("ix_deployments_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)  # "dep-" + 12 hex
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)  # relay.serving.config.DeploymentConfig
+    # What the worker loads: a job's output directory, a session's saved weights, or a base model's
+    # name; resolved by the API when the deployment is created.
+    model_source: Mapped[str] = mapped_column(Text)
+    # The policy server's metadata (cameras, state and action sizes...), once loaded.
+    info: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)  # why it ended in error, or why it stopped
+
+    # The claim, as for jobs: each claim increments `attempt`, the fencing token every write of the
+    # worker must match; the lease says until when that worker is presumed alive.
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # Attempts in a row whose worker was lost before the model was loaded; max_attempts of them end it.
+    failed_starts: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(255))
+    lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    # Where the API reaches the worker's policy server (http://HOST:PORT), while ready.
+    internal_url: Mapped[str | None] = mapped_column(Text)
+    # The secret the API shows the policy server; per deployment, never shown to users.
+    internal_token: Mapped[str] = mapped_column(String(64))
+    # The policy server's figures, written by its worker with each lease renewal.
+    stats: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    stop_requested_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    ready_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+
+class DeploymentEvent(Base):
+    """One move of a deployment between statuses (relay.serving.status.EVENT_KINDS), with why."""
+
+    __tablename__ = "deployment_events"
+    __table_args__ = (Index("ix_deployment_events_deployment_id_id", "deployment_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    deployment_id: Mapped[str] = mapped_column(ForeignKey("deployments.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 users = cast(Table, User.__table__)
 api_keys = cast(Table, ApiKey.__table__)
 fine_tunes = cast(Table, FineTune.__table__)
@@ -210,3 +271,5 @@ training_sessions = cast(Table, TrainingSessionRow.__table__)
 session_messages = cast(Table, SessionMessage.__table__)
 worker_heartbeats = cast(Table, WorkerHeartbeat.__table__)
 fine_tune_hosts = cast(Table, FineTuneHost.__table__)
+deployments = cast(Table, DeploymentRow.__table__)
+deployment_events = cast(Table, DeploymentEvent.__table__)

@@ -1,7 +1,9 @@
 """The Celery side the API and the workers share: the app's settings, task names, publishing.
 
-Two queues on the same workers: recipe jobs and training sessions. A message is only a wake-up
-that names a job or a session; the row in the database says what to do. So a lost
+Two queues on the same workers, recipe jobs and training sessions, and a third, deployments, on
+workers that name it (a deployment holds its worker process for as long as it serves). A message
+is only a wake-up that names a job, a session or a deployment; the row in the database says what
+to do. So a lost
 message is published again by the reconciler, and a duplicate finds the job taken and does nothing.
 """
 
@@ -17,6 +19,7 @@ from relay_api.settings import Settings
 
 RUN_FINE_TUNE = "relay.run_fine_tune"
 RUN_SESSION = "relay.run_session"
+RUN_DEPLOYMENT = "relay.run_deployment"
 
 
 def make_celery(settings: Settings, name: str = "relay") -> Celery:
@@ -26,9 +29,13 @@ def make_celery(settings: Settings, name: str = "relay") -> Celery:
         task_routes={
             RUN_FINE_TUNE: {"queue": settings.fine_tune_queue},
             RUN_SESSION: {"queue": settings.session_queue},
+            RUN_DEPLOYMENT: {"queue": settings.serving_queue},
         },
         task_default_queue=settings.fine_tune_queue,
-        # A worker started without --queues takes both: recipe jobs and training sessions.
+        # A worker started without --queues takes both: recipe jobs and training sessions. The
+        # serving queue is left out on purpose: a deployment would hold such a worker for good, so
+        # only a worker that names it (--queues) takes deployments. Celery declares a queue named
+        # that way as _queue does (an exchange of its own name, the name as the key).
         task_queues=[_queue(settings.fine_tune_queue), _queue(settings.session_queue)],
         task_serializer="json",
         accept_content=["json"],
@@ -85,3 +92,6 @@ class Publisher:
 
     def session(self, session_id: str) -> None:
         self.app.send_task(RUN_SESSION, args=[session_id], queue=self.settings.session_queue)
+
+    def deployment(self, deployment_id: str) -> None:
+        self.app.send_task(RUN_DEPLOYMENT, args=[deployment_id], queue=self.settings.serving_queue)

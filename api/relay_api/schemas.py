@@ -257,3 +257,76 @@ class CallPending(BaseModel):
     object: Literal["session.call"] = "session.call"
     seq: int
     status: Literal["pending"] = "pending"
+
+
+class DeploymentStats(BaseModel):
+    """A deployment's figures, as its worker last reported them (with each lease renewal)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    requests: int = 0
+    requests_per_second: float = 0.0  # over the last 60 s
+    latency_ms: dict[str, float | None] = {}  # p50, p90, p99
+    clients: int = 0  # robots connected by websocket
+    batches: int = 0
+    mean_batch: float | None = None
+    last_request_at: float | None = None  # unix seconds
+
+
+class DeploymentOut(BaseModel):
+    """A deployment: ``starting`` (waiting for a serving worker, or loading the model; again after
+    its worker was lost), ``ready``, ``stopped`` or ``error`` (``error`` says why it ended).
+    ``websocket_url`` is where openpi-client connects (with the API key); ``actions_url`` takes
+    ``POST``s of observations."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    object: Literal["deployment"] = "deployment"
+    status: Literal["starting", "ready", "stopped", "error"]
+    model: str
+    gpus: int
+    max_batch: int
+    max_wait_ms: float
+    idle_timeout_seconds: float
+    websocket_url: str
+    actions_url: str
+    info: dict[str, Any] | None
+    stats: DeploymentStats | None
+    error: str | None
+    attempt: int
+    created_at: str
+    ready_at: str | None
+    ended_at: str | None
+
+
+class DeploymentList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[DeploymentOut]
+    has_more: bool
+
+
+class DeploymentEventOut(BaseModel):
+    """A deployment's move between statuses (``event``: starting, ready, stopped, error) and why."""
+
+    id: int
+    object: Literal["deployment.event"] = "deployment.event"
+    event: Literal["starting", "ready", "stopped", "error"]
+    reason: str | None
+    attempt: int
+    created_at: str
+
+
+class DeploymentEventList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[DeploymentEventOut]
+    has_more: bool
+
+
+DEPLOYMENT_UNAVAILABLE: Responses = {
+    503: {
+        "model": ErrorOut,
+        "description": "The deployment is not ready (starting, or restarting after its worker was lost), "
+        "or its worker cannot be reached: send again after `Retry-After` seconds.",
+    }
+}

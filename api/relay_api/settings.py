@@ -95,6 +95,26 @@ class Settings(BaseSettings):
     # Redis for the session channel; by default the broker's when that is Redis.
     redis_url: str = ""
 
+    # Deployments (docs/serving.md): their own queue, taken only by workers that name it
+    # (`python -m relay_worker --queues relay.serving`), one deployment per worker process.
+    serving_queue: str = "relay.serving"
+    # The address a serving worker's policy servers listen on; 0.0.0.0 where the API runs on
+    # another host (docker-compose.yml). Each deployment gets a free port and its own secret.
+    serving_host: str = "127.0.0.1"
+    # The host the API reaches those servers at. Empty: `serving_host`, or, when that is a
+    # wildcard address, `worker_address` (else the host's fully qualified name).
+    serving_advertised_host: str = ""
+    # How long the API waits to connect to a deployment's worker before answering 503: short, so a
+    # robot whose deployment's worker died is told to retry instead of hanging.
+    serving_connect_timeout_seconds: float = Field(2.0, gt=0)
+    # How long the API waits for a deployment's answer (a batch of actions) once connected.
+    serving_request_timeout_seconds: float = Field(60.0, gt=0)
+    # The largest /actions body (observations with their images, base64) and websocket message.
+    serving_max_body_bytes: int = Field(16 << 20, ge=1 << 10)
+    # The API's address as robots reach it (https://relay.example.com behind a TLS proxy), for a
+    # deployment's websocket_url and actions_url. Empty: the address each request came to.
+    public_url: str = ""
+
     # How often a live event stream looks for new events.
     events_poll_seconds: float = Field(0.5, gt=0)
     # How long the API remembers a key it has checked; a revocation anywhere ends that within a

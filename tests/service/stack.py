@@ -90,9 +90,11 @@ class WorkerProcess:
     """A worker of one process (relay_worker.command) in its own process group (so a test can SIGKILL all
     of it)."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, queues: tuple[str, ...] = ()) -> None:
         self.env = env
         self.log_path = log_path
+        self.queues = queues  # none: the default queues, jobs' and sessions'
+
         self.process: subprocess.Popen[bytes] | None = None
         self._log_offset = 0
 
@@ -100,7 +102,7 @@ class WorkerProcess:
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                worker_command(concurrency=1, heartbeat=False),
+                worker_command(concurrency=1, heartbeat=False, queues=self.queues),
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -234,12 +236,15 @@ class Stack:
             if self._worker is not None:
                 self._worker.stop()
 
-    def start_standby_worker(self, **settings: str) -> WorkerProcess:
+    def start_standby_worker(self, queues: tuple[str, ...] = (), **settings: str) -> WorkerProcess:
         """A second worker, starting now (not waited for); `adopt` makes it the shared one.
 
-        `settings` are its own RELAY_ variables (RELAY_WORKER_SLOTS="2", say)."""
+        `queues`: the queues it takes (none: jobs' and sessions', as the shared worker); `settings`
+        are its own RELAY_ variables (RELAY_WORKER_SLOTS="2", say)."""
         standby = WorkerProcess(
-            {**os.environ, **self.env_settings, **settings}, self.root / f"worker-{uuid.uuid4().hex[:6]}.log"
+            {**os.environ, **self.env_settings, **settings},
+            self.root / f"worker-{uuid.uuid4().hex[:6]}.log",
+            queues,
         )
         standby.start()
         self._standbys.append(standby)

@@ -24,31 +24,36 @@ def compose() -> dict[str, Any]:
 
 def test_the_services_and_their_order() -> None:
     services = compose()["services"]
-    assert set(services) == {"postgres", "redis", "migrate", "api", "worker"}
+    assert set(services) == {"postgres", "redis", "migrate", "api", "worker", "serving-worker"}
     migrate = services["migrate"]
     assert migrate["command"][:3] == ["python", "-m", "relay_api.migrate"] and migrate["restart"] == "no"
     assert migrate["depends_on"] == {"postgres": {"condition": "service_healthy"}}
-    for name in ("api", "worker"):
+    for name in ("api", "worker", "serving-worker"):
         assert services[name]["depends_on"] == {
             "migrate": {"condition": "service_completed_successfully"},
             "redis": {"condition": "service_healthy"},
         }
     assert "relay_api.app:create_app" in services["api"]["command"][-1]
     assert services["worker"]["command"][:3] == ["python", "-m", "relay_worker"]
+    # Deployments go to a worker of their own, which the API reaches by the service's name.
+    serving = services["serving-worker"]
+    assert serving["command"][:5] == ["python", "-m", "relay_worker", "--queues", Settings().serving_queue]
+    assert serving["environment"]["RELAY_SERVING_ADVERTISED_HOST"] == "serving-worker"
     for module in ("relay_api.app", "relay_api.migrate", "relay_worker.__main__", "relay_worker.app"):
         assert importlib.util.find_spec(module) is not None, module
     assert "noeviction" in services["redis"]["command"]
 
 
-def test_the_worker_reserves_a_gpu() -> None:
-    devices = compose()["services"]["worker"]["deploy"]["resources"]["reservations"]["devices"]
-    assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
+def test_the_workers_reserve_a_gpu() -> None:
+    for name in ("worker", "serving-worker"):
+        devices = compose()["services"][name]["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
 
 
 def test_every_setting_passed_is_one_the_service_reads() -> None:
     services = compose()["services"]
     fields = {f"RELAY_{name.upper()}" for name in Settings.model_fields}
-    for name in ("migrate", "api", "worker"):
+    for name in ("migrate", "api", "worker", "serving-worker"):
         environment = services[name]["environment"]
         unknown = {v for v in environment if v not in fields and v not in OTHER_VARIABLES}
         assert not unknown, (name, unknown)

@@ -23,6 +23,8 @@ TABLES = {
     "session_messages",
     "worker_heartbeats",
     "fine_tune_hosts",
+    "deployments",
+    "deployment_events",
 }
 
 

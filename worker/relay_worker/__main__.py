@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "-Q",
         default="",
         help="comma-separated queues to consume; default: recipe jobs' and training sessions' "
-        "(RELAY_FINE_TUNE_QUEUE, RELAY_SESSION_QUEUE)",
+        "(RELAY_FINE_TUNE_QUEUE, RELAY_SESSION_QUEUE); deployments' (RELAY_SERVING_QUEUE) only when named",
     )
     parser.add_argument("--loglevel", "-l", default="INFO", help="Celery's log level; default INFO")
     parser.add_argument(

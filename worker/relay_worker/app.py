@@ -19,9 +19,9 @@ import redis
 from celery import signals
 
 from relay_api.db import is_outage, session_factory, utcnow
-from relay_api.queue import RUN_FINE_TUNE, make_celery
+from relay_api.queue import RUN_DEPLOYMENT, RUN_FINE_TUNE, make_celery
 from relay_api.settings import get_settings
-from relay_worker import heartbeat, session_lifecycle, shutdown
+from relay_worker import deployment_lifecycle, heartbeat, session_lifecycle, shutdown
 from relay_worker.fine_tune import worker_name
 from relay_worker.lifecycle import reconcile
 
@@ -47,12 +47,15 @@ if settings.broker_url.startswith("sqla+"):
 class Reconciler(threading.Thread):
     """Every `reconcile_seconds`: resume jobs whose lease lapsed, publish jobs the broker never got,
     fail jobs out of attempts, finish cancels whose worker is gone; end sessions whose worker is gone
-    or that no worker started in time."""
+    or that no worker started in time; restart deployments whose worker is gone."""
 
-    def __init__(self) -> None:
+    def __init__(self, beats: bool = True) -> None:
         super().__init__(name="relay-reconciler", daemon=True)
         self.stopping = threading.Event()
         self.broker = BrokerWatch(settings.broker_url)
+        # Heartbeats say what a worker offers jobs (its slots, its GPUs' memory): a worker that takes
+        # only deployments offers none, and is not counted as a place to train.
+        self.beats = beats
 
     def run(self) -> None:
         db_sessions = session_factory(settings)
@@ -81,6 +84,13 @@ class Reconciler(threading.Thread):
                     log.info("reconciler: ended session %s", session_id)
             except Exception:
                 log.exception("reconciler pass over sessions failed")
+            try:
+                for deployment_id in deployment_lifecycle.reconcile(
+                    db_sessions, settings, publish_deployment
+                ):
+                    log.info("reconciler: restarted, ended or published deployment %s", deployment_id)
+            except Exception:
+                log.exception("reconciler pass over deployments failed")
 
     @staticmethod
     def _gpu_memory() -> int | None:
@@ -88,10 +98,11 @@ class Reconciler(threading.Thread):
             return int(settings.worker_gpu_memory_gb * 10**9)
         return heartbeat.gpu_memory(settings.worker_gpus or os.environ.get("CUDA_VISIBLE_DEVICES"))
 
-    @staticmethod
     def _beat(
-        sessions: Any, name: str, started_at: Any, gpu_memory: int | None, decoders: list[str] | None
+        self, sessions: Any, name: str, started_at: Any, gpu_memory: int | None, decoders: list[str] | None
     ) -> None:
+        if not self.beats:
+            return
         try:
             heartbeat.beat(sessions, name, started_at, settings.worker_slots, gpu_memory, decoders)
         except Exception:  # only /metrics' count of live workers depends on it
@@ -129,14 +140,24 @@ def publish(job_id: str) -> None:
     app.send_task(RUN_FINE_TUNE, args=[job_id], queue=settings.fine_tune_queue)
 
 
+def publish_deployment(deployment_id: str) -> None:
+    app.send_task(RUN_DEPLOYMENT, args=[deployment_id], queue=settings.serving_queue)
+
+
 _reconciler: Reconciler | None = None
 
 
 @signals.worker_ready.connect
 def _start_reconciler(**_: Any) -> None:
     global _reconciler
-    _reconciler = Reconciler()
+    _reconciler = Reconciler(beats=_takes_jobs())
     _reconciler.start()
+
+
+def _takes_jobs() -> bool:
+    """Whether this worker consumes the recipe jobs' queue (not one started for deployments only)."""
+    queues = app.amqp.queues
+    return settings.fine_tune_queue in set(queues.consume_from or queues)
 
 
 @signals.worker_shutting_down.connect

@@ -11,7 +11,19 @@ from importlib.metadata import PackageNotFoundError, version
 
 import typer
 
-from relay.cli import cache, datasets, evaluation, fine_tunes, keys, local, models, serve, server, sessions
+from relay.cli import (
+    cache,
+    datasets,
+    deployments,
+    evaluation,
+    fine_tunes,
+    keys,
+    local,
+    models,
+    serve,
+    server,
+    sessions,
+)
 
 app = typer.Typer(
     name="relay",
@@ -25,6 +37,7 @@ app.add_typer(models.app, name="models")
 app.add_typer(local.app, name="local")
 app.add_typer(fine_tunes.app, name="fine-tunes")
 app.add_typer(sessions.app, name="sessions")
+app.add_typer(deployments.app, name="deployments")
 app.add_typer(keys.app, name="keys")
 app.add_typer(cache.app, name="cache")
 app.command("server")(server.serve)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -11,6 +13,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from relay.errors import APIError, ConfigError
 
 # Off a terminal (piped, redirected) rich would squeeze everything into 80 columns and cut values
 # short; there output is as wide as its content instead (COLUMNS, when set, still rules).
@@ -48,6 +52,7 @@ _STATUS_STYLE = {
     "cancelled": "yellow",
     "cancel_requested": "yellow",
     "closed": "yellow",
+    "stopped": "yellow",
     "running": "cyan",
     "starting": "cyan",
     "queued": "blue",
@@ -58,6 +63,20 @@ def fail(message: str) -> NoReturn:
     """Print `error: message` on stderr and exit 1."""
     err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(1)
+
+
+@contextmanager
+def clear_errors() -> Iterator[None]:
+    """A refused request or a broken rule is a message and exit status, not a traceback."""
+    try:
+        yield
+    except ConfigError as error:  # a broken rule is a usage error: exit 2, as typer's own are
+        err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except typer.Exit:  # click's Exit is a RuntimeError: an exit already chosen stays as chosen
+        raise
+    except (APIError, RuntimeError, TimeoutError) as error:
+        fail(str(error))
 
 
 def dataset_name(dataset: str) -> str:

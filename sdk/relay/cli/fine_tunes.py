@@ -16,10 +16,10 @@ from rich.table import Table
 from relay import sft
 from relay.catalog import LORA_RANK_MAX
 from relay.cli._common import (
+    clear_errors,
     console,
     dataset_name,
     err,
-    fail,
     parse_pairs,
     show_record,
     show_table,
@@ -27,7 +27,7 @@ from relay.cli._common import (
     status_text,
 )
 from relay.cli.watch import watch_events
-from relay.errors import APIError, ConfigError
+from relay.errors import ConfigError
 from relay.events import (
     METRICS,
     METRICS_EVERY,
@@ -53,20 +53,6 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 out = console()
-
-
-@contextmanager
-def _clear_errors() -> Iterator[None]:
-    """A refused request or a broken rule is a message and exit status, not a traceback."""
-    try:
-        yield
-    except ConfigError as error:  # a broken rule is a usage error: exit 2, as typer's own are
-        err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
-    except typer.Exit:  # click's Exit is a RuntimeError: an exit already chosen stays as chosen
-        raise
-    except (APIError, RuntimeError, TimeoutError) as error:
-        fail(str(error))
 
 
 @contextmanager
@@ -138,7 +124,7 @@ def create(
     as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
 ) -> None:
     """Start a fine-tune; prints the job at once (or, with --wait, when it ends)."""
-    with _clear_errors():
+    with clear_errors():
         fields = _config_file_fields(config_file)
         given = {
             "model": model,
@@ -180,7 +166,7 @@ def list_(
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines."),
 ) -> None:
     """Your fine-tunes, newest first (--json: one JSON object a line, for scripts)."""
-    with _clear_errors():
+    with clear_errors():
         jobs = sft.list_jobs(limit=limit)
     if as_json:
         for job in jobs:
@@ -216,7 +202,7 @@ def retrieve(
     """One fine-tune, as the API reports it now, and its results card: pace, elapsed and ETA (or
     duration), first/last/best training loss, checkpoints with the figures at their steps, and how
     to use the model."""
-    with _clear_errors():
+    with clear_errors():
         job = sft.retrieve(job_id)
         card = job.summary()
     if as_json:
@@ -229,7 +215,7 @@ def retrieve(
 @app.command()
 def cancel(job_id: str, as_json: bool = typer.Option(False, "--json", help="Print the job as JSON.")) -> None:
     """Cancel a fine-tune: a queued one at once, a running one within a step."""
-    with _clear_errors():
+    with clear_errors():
         _show_job(sft.retrieve(job_id).cancel(), as_json)
 
 
@@ -243,7 +229,7 @@ def events(
     """A fine-tune's events: metrics every 10 steps (loss, grad_norm and lr are means over those
     steps), checkpoints, the end. Each line starts with the event's id, for --after. With --follow
     on a terminal, a live progress bar and loss sparkline under them."""
-    with _clear_errors():
+    with clear_errors():
         job = sft.retrieve(job_id)
         with _exit_on_interrupt(job.id):
             if follow and not as_json and out.is_terminal:  # piped: the plain lines below
@@ -262,7 +248,7 @@ def eval_(
     """A fine-tune's closed-loop evaluations (its recipe's `eval` block): at each checkpoint if
     asked, and at the end, the success rate in the environment, mean reward and length, and the
     job's files of each (its report and the videos of its first episodes)."""
-    with _clear_errors():
+    with clear_errors():
         job = sft.retrieve(job_id)
         evaluations = job.evaluations()
     if as_json:
@@ -304,7 +290,7 @@ def download(
     checkpoints: bool = typer.Option(False, "--checkpoints", help="Also download the checkpoints."),
 ) -> None:
     """Download a completed fine-tune's output: weights, configs, processors and norm stats."""
-    with _clear_errors():
+    with clear_errors():
         job = sft.retrieve(job_id)
         target = job.download(directory or Path(job_id), checkpoints=checkpoints)
     for path in sorted(p for p in target.rglob("*") if p.is_file()):
