@@ -176,13 +176,35 @@ async def actions(deployment_id: DeploymentId, request: Request, user: CurrentUs
     """`{"observation": {"images": {CAMERA: base64 PNG or JPEG}, "state": [...], "prompt": "..."},
     "seed": 7}`, or `"observations": [...]` with `"seeds"`: relayed to the deployment's policy
     server, which batches it with other robots' requests (docs/serving.md)."""
+    return await _relayed(deployment_id, request, user, "actions")
+
+
+@router.post(
+    "/{deployment_id}/predictions",
+    summary="Predictions for entity rows (RT-J)",
+    responses={
+        200: {"description": '`{"predictions": [{"primary_key", "time", "prediction", "score"}], "timing"}`'},
+        **schemas.NOT_FOUND,
+        410: {"model": schemas.ErrorOut, "description": "The deployment has stopped, or ended in error."},
+        **schemas.DEPLOYMENT_UNAVAILABLE,
+    },
+)
+async def predictions(deployment_id: DeploymentId, request: Request, user: CurrentUser) -> Response:
+    """A tuned RT-J's predictions: `{"rows": [{"primary_key": ..., "time": "2021-06-01T00:00:00Z"}]}`
+    (rows of its task's entity table; `time` defaults to the database's latest), relayed to the
+    deployment's server, which batches them with other clients' (docs/serving.md)."""
+    return await _relayed(deployment_id, request, user, "predictions")
+
+
+async def _relayed(deployment_id: str, request: Request, user: int, path: str) -> Response:
+    """The body, relayed to the deployment's policy server at `path`; its answer, as it is."""
     row = await run_in_threadpool(_row, request.app.state.db_sessions, user, deployment_id)
     url = _serving_url(row)
     body = await request.body()  # held to RELAY_SERVING_MAX_BODY_BYTES by relay_api.guard
     client: httpx.AsyncClient = request.app.state.serving_http
     try:
         answer = await client.post(
-            f"{url}/actions",
+            f"{url}/{path}",
             content=body,
             headers={
                 "authorization": f"Bearer {row['internal_token']}",

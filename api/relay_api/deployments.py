@@ -98,7 +98,7 @@ def model_source(db: Db, user_id: int, config: DeploymentConfig, settings: Setti
                 param="model",
                 code="model_not_ready",
             )
-        _check_served(db, job["config"]["model"], settings)
+        _check_served(db, job["config"]["model"], settings, tuned=True)
         return str(job["output_dir"])
     if kind == "session_weights":
         session_id, name = session_weights(model)
@@ -121,14 +121,18 @@ def _no_model(what: str) -> APIProblem:
     return APIProblem(404, f"bad model: {what}", param="model", code="not_found")
 
 
-def _check_served(db: Db, base_model: str, settings: Settings) -> None:
+def _check_served(db: Db, base_model: str, settings: Settings, *, tuned: bool = False) -> None:
     """A model of a family deployments serve, and one some live worker can hold: a model sized for
-    GPUs is refused while every live worker runs on its CPU (the rule of sessions and jobs)."""
-    if base_model not in SERVED_BASE_MODELS:
+    GPUs is refused while every live worker runs on its CPU (the rule of sessions and jobs). An
+    RT-J is served from a tuned job only: its output names the task and database it predicts."""
+    family = families.family_of(base_model)
+    tuned_relational = tuned and family is not None and family.name == families.RTJ
+    if base_model not in SERVED_BASE_MODELS and not tuned_relational:
         raise APIProblem(
             400,
             f"bad model: a {base_model} model cannot be deployed (deployments serve "
-            f"{', '.join(SERVED_BASE_MODELS)} policies)",
+            f"{', '.join(SERVED_BASE_MODELS)} policies, and RT-J models tuned by a fine-tune, "
+            "whose task and database they predict)",
             param="model",
             code="invalid_value",
         )

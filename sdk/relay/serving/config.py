@@ -27,7 +27,8 @@ SESSION_PREFIX = "ses-"
 _JOB_ID = re.compile(r"^ft-[0-9a-f]{12}$")
 _SESSION_WEIGHTS = re.compile(r"^(ses-[0-9a-f]{12})/(.+)$")
 
-# Models a deployment serves: the policy families (RT-J deployments are not offered yet).
+# Base models a deployment serves: the policy families. An RT-J is deployed from a completed
+# fine-tune (its output names the task and database it predicts), never as a base model.
 SERVED_BASE_MODELS: tuple[str, ...] = catalog.MODELS
 MAX_BATCH_MAX = 64
 MAX_WAIT_MS_MAX = 1000.0

@@ -116,6 +116,15 @@ class Deployment:
         answer = self._client.request("POST", f"{self.path}/actions", json_body=body, retry=True)
         return [np.asarray(chunk, dtype=np.float32) for chunk in answer["actions"]]
 
+    def predictions(self, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """A tuned RT-J's predictions for rows of its task's entity table, ``{"primary_key": ...,
+        "time": "2021-06-01T00:00:00Z"}`` (``time`` optional: the database's latest): one dict a
+        row with ``primary_key``, ``time``, ``prediction`` (a probability, or the value in the
+        label's units) and ``score`` (the model's raw output)."""
+        body = {"rows": [dict(row) for row in rows]}
+        answer = self._client.request("POST", f"{self.path}/predictions", json_body=body, retry=True)
+        return list(answer["predictions"])
+
 
 def deploy(
     model: str,
