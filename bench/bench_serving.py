@@ -66,25 +66,31 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, help="torch threads, here and in the server (default: torch's)"
     )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the 1 / 4 / 16 client runs")
     parser.add_argument("--quick", action="store_true", help="a few requests: check that it runs")
     args = parser.parse_args()
     if args.quick:
-        args.requests = 3
+        args.requests, args.rounds = 3, 1
     if args.threads:
         torch.set_num_threads(args.threads)
     observations = [observation(i, args.cameras, args.image_size) for i in range(16)]
 
-    bare = bare_sample_times(args, observations)
-    print(f"bare sample_actions at batch 1: median {median_ms(bare):.1f} ms", flush=True)
+    # The machine's speed drifts (a shared VM): each figure's ratio is taken within a round, the
+    # two sides measured one after the other, and the rounds' ratios are summarized by their median.
+    policy = bare_policy(args)
     server, url = start_server(args)
     try:
-        http_latencies = http_run(url, observations, args.requests)
-        runs = {count: websocket_run(url, observations, count, args.requests) for count in CLIENTS}
+        latency = latency_rounds(url, policy, observations, args.requests)
+        print(f"bare sample_actions at batch 1: median {median_ms(latency['bare']):.1f} ms", flush=True)
+        rounds = [
+            {count: websocket_run(url, observations, count, args.requests) for count in CLIENTS}
+            for _ in range(args.rounds)
+        ]
         stats = httpx.get(f"{url}/stats", headers={"Authorization": f"Bearer {KEY}"}).json()
     finally:
         server.terminate()
         server.wait(timeout=60)
-    report = summarize(args, bare, http_latencies, runs, stats)
+    report = summarize(args, latency, rounds, stats)
     out = ROOT / "bench" / "out"
     out.mkdir(exist_ok=True)
     (out / "bench_serving.json").write_text(json.dumps(report, indent=2))
@@ -103,23 +109,25 @@ def observation(index: int, cameras: int, size: int) -> dict[str, Any]:
     }
 
 
-def bare_sample_times(args: argparse.Namespace, observations: list[dict[str, Any]]) -> list[float]:
-    """Seconds of collate + sample_actions per observation, one at a time, after a warm-up."""
-    from relay_engine.acting import load_acting_policy, observation_sample, sample_chunks, seeded_noise
+def bare_policy(args: argparse.Namespace) -> Any:
+    """The model loaded here as the server loads it, for the bare sample times."""
+    from relay_engine.acting import load_acting_policy
 
     policy, _, _ = load_acting_policy(args.model, args.device)
     policy.eval()
-    times = []
-    for index in range(args.requests + 1):
-        obs = observations[index % len(observations)]
-        started = time.perf_counter()
-        sample = observation_sample(obs["images"], obs["state"], obs["prompt"], None)
-        noise = seeded_noise(policy, torch.Generator().manual_seed(index))
-        sample_chunks(policy, [sample], [noise], num_steps=10)
-        if index:  # the first is a warm-up
-            times.append(time.perf_counter() - started)
-    del policy
-    return times
+    return policy
+
+
+def bare_sample(policy: Any, obs: dict[str, Any], seed: int) -> float:
+    """Seconds of what any server must do per request: `collate` + `sample_actions` (10 Euler
+    steps) from seeded noise (image decoding excluded: the websocket sends arrays)."""
+    from relay_engine.acting import observation_sample, sample_chunks, seeded_noise
+
+    started = time.perf_counter()
+    sample = observation_sample(obs["images"], obs["state"], obs["prompt"], None)
+    noise = seeded_noise(policy, torch.Generator().manual_seed(seed))
+    sample_chunks(policy, [sample], [noise], num_steps=10)
+    return time.perf_counter() - started
 
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
@@ -141,8 +149,12 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
     raise SystemExit(f"relay serve ended before it served (exit status {process.wait()})")
 
 
-def http_run(url: str, observations: list[dict[str, Any]], requests: int) -> list[float]:
-    """One client over HTTP, base64 PNG images: seconds per request after a warm-up."""
+def latency_rounds(
+    url: str, policy: Any, observations: list[dict[str, Any]], requests: int
+) -> dict[str, list[float]]:
+    """One client, `requests` rounds after a warm-up: in each, the bare sample here, then the same
+    observation and seed through the server over the websocket (openpi-client) and over HTTP
+    (base64 PNG images). Seconds per request of each, round by round."""
     bodies = [
         {
             "observation": {
@@ -150,17 +162,28 @@ def http_run(url: str, observations: list[dict[str, Any]], requests: int) -> lis
                 "state": obs["state"].tolist(),
                 "prompt": obs["prompt"],
             },
-            "seed": index,
         }
-        for index, obs in enumerate(observations)
+        for obs in observations
     ]
-    times = []
+    robot = WebsocketClientPolicy(host=url.removeprefix("http://"), api_key=KEY)
+    times: dict[str, list[float]] = {"bare": [], "websocket": [], "http": []}
     with httpx.Client(headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as client:
         for index in range(requests + 1):
+            obs = observations[index % len(observations)]
+            bare = bare_sample(policy, obs, index)
             started = time.perf_counter()
-            client.post(f"{url}/actions", json=bodies[index % len(bodies)]).raise_for_status()
-            if index:
-                times.append(time.perf_counter() - started)
+            robot.infer({**obs, "seed": index})
+            websocket = time.perf_counter() - started
+            started = time.perf_counter()
+            client.post(
+                f"{url}/actions", json={**bodies[index % len(bodies)], "seed": index}
+            ).raise_for_status()
+            http = time.perf_counter() - started
+            if index:  # the first is a warm-up
+                times["bare"].append(bare)
+                times["websocket"].append(websocket)
+                times["http"].append(http)
+    robot._ws.close()  # openpi-client has no close of its own
     return times
 
 
@@ -214,28 +237,45 @@ def median_ms(seconds: list[float]) -> float:
 
 def summarize(
     args: argparse.Namespace,
-    bare: list[float],
-    http_latencies: list[float],
-    runs: dict[int, dict[str, Any]],
+    latency: dict[str, list[float]],
+    rounds: list[dict[int, dict[str, Any]]],
     stats: dict[str, Any],
 ) -> dict[str, Any]:
-    bare_ms = median_ms(bare)
-    one = runs[1]["requests_per_s"]
+    def ratio(name: str) -> float:  # the median of each round's served / bare
+        return statistics.median(s / b for s, b in zip(latency[name], latency["bare"], strict=True))
+
+    runs = []
+    for count in CLIENTS:
+        per_round = [r[count] for r in rounds]
+        runs.append(
+            {
+                "clients": count,
+                "requests_per_s": statistics.median(run["requests_per_s"] for run in per_round),
+                "throughput_ratio": statistics.median(
+                    r[count]["requests_per_s"] / r[1]["requests_per_s"] for r in rounds
+                ),
+                "latency_median_ms": statistics.median(run["latency_median_ms"] for run in per_round),
+                "latency_p90_ms": statistics.median(run["latency_p90_ms"] for run in per_round),
+                "rounds": per_round,
+            }
+        )
     return {
         "model": args.model,
         "device": args.device,
         "cameras": args.cameras,
         "image_size": args.image_size,
         "requests_per_client": args.requests,
+        "rounds": args.rounds,
         "max_batch": args.max_batch,
         "max_wait_ms": args.max_wait_ms,
         "torch_threads": torch.get_num_threads(),
-        "bare_sample_ms": bare_ms,
-        "websocket_latency_ms": runs[1]["latency_median_ms"],
-        "websocket_latency_ratio": runs[1]["latency_median_ms"] / bare_ms,
-        "http_latency_ms": median_ms(http_latencies),
-        "http_latency_ratio": median_ms(http_latencies) / bare_ms,
-        "runs": [{**run, "throughput_ratio": run["requests_per_s"] / one} for run in runs.values()],
+        "load_average": os.getloadavg()[0],
+        "bare_sample_ms": median_ms(latency["bare"]),
+        "websocket_latency_ms": median_ms(latency["websocket"]),
+        "websocket_latency_ratio": ratio("websocket"),
+        "http_latency_ms": median_ms(latency["http"]),
+        "http_latency_ratio": ratio("http"),
+        "runs": runs,
         "server_mean_batch": stats.get("mean_batch"),
         "quick": args.quick,
     }
@@ -254,6 +294,7 @@ def print_summary(report: dict[str, Any]) -> None:
             f"  1 client, {name:9s} latency    {report[f'{name}_latency_ms']:8.1f} ms  "
             f"{ratio:5.2f}x bare ({verdict} <= {LATENCY_GOAL})"
         )
+    print(f"  (ratios: medians of each round's; load average at the end {report['load_average']:.2f})")
     print("  clients  requests/s  vs 1 client  latency median  p90")
     for run in report["runs"]:
         print(
