@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,12 +36,35 @@ CHROMIUM_ARGS = [
 def chromium() -> Iterator[Browser]:
     if not CHROMIUM.exists():
         raise RuntimeError(f"{CHROMIUM} is missing: `apt-get install -y chromium` (scripts/test.sh does)")
+    # A flag of our own on the browser's command line, to find its process if it must be killed.
+    marker = f"--relay-test-browser={uuid.uuid4().hex}"
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=[*CHROMIUM_ARGS, marker])
         try:
             yield browser
         finally:
-            browser.close()
+            # Closing once hung for over ten minutes in CI, a Chromium renderer spinning at full
+            # CPU (the tests had passed): past CLOSE_SECONDS the browser is killed, which ends the
+            # close as a lost connection would, and the suite goes on.
+            watchdog = threading.Timer(CLOSE_SECONDS, _kill_browser, args=(marker,))
+            watchdog.start()
+            try:
+                browser.close()
+            finally:
+                watchdog.cancel()
+
+
+CLOSE_SECONDS = 60.0
+
+
+def _kill_browser(marker: str) -> None:
+    import psutil
+
+    for process in psutil.process_iter(["cmdline"]):
+        if marker in (process.info["cmdline"] or []):
+            for child in process.children(recursive=True):
+                child.kill()
+            process.kill()
 
 
 @dataclass
