@@ -264,7 +264,7 @@ class DeploymentStats(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    requests: int = 0
+    requests: int = 0  # observations (or RT-J rows) answered: a request of several counts each
     requests_per_second: float = 0.0  # over the last 60 s
     latency_ms: dict[str, float | None] = {}  # p50, p90, p99
     clients: int = 0  # robots connected by websocket

@@ -146,8 +146,9 @@ def test_a_completed_job_is_served_over_http_and_to_openpi_client(
     assert set(answer["server_timing"]) >= {"infer_ms"}
     # The figures reach the deployment with the worker's next lease renewal, the robot among them.
     seen = wait_for(lambda: (deployment.refresh().stats or {}).get("clients") == 1, 10, "the robot in stats")
-    # Three requests: one observation, a batch of two in one request, one over the websocket.
-    assert seen and deployment.stats is not None and deployment.stats["requests"] == 3
+    # Four observations answered (what `requests` counts): one, a batch of two in one request, one
+    # over the websocket.
+    assert seen and deployment.stats is not None and deployment.stats["requests"] == 4
     assert deployment.stats["latency_ms"]["p50"] is not None
     robot._ws.close()
 
