@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from relay.errors import ConfigError
-from relay.rules import CheckedConfig
+from relay.rules import CheckedConfig, WholeNumber
 
 
 class EpisodeRecord(BaseModel):
@@ -90,11 +90,11 @@ class JobEval(CheckedConfig):
     BODY_MESSAGE: ClassVar[str] = "bad eval: must be an object of {fields} (env required), or null"
 
     env: str = Field(description="The Gymnasium environment's id.")
-    episodes: int = Field(10, strict=True, ge=1, le=JOB_EVAL_EPISODES_MAX)
-    seed: int = Field(0, strict=True, ge=0)
+    episodes: WholeNumber = Field(10, strict=True, ge=1, le=JOB_EVAL_EPISODES_MAX)
+    seed: WholeNumber = Field(0, strict=True, ge=0)
     max_steps: int | None = Field(None, strict=True, ge=1, le=JOB_EVAL_MAX_STEPS_MAX)
     at_checkpoints: bool = Field(False, strict=True, description="Also evaluate at each checkpoint.")
-    videos: int = Field(2, strict=True, ge=0, le=JOB_EVAL_VIDEOS_MAX)
+    videos: WholeNumber = Field(2, strict=True, ge=0, le=JOB_EVAL_VIDEOS_MAX)
 
     @field_validator("env")
     @classmethod
