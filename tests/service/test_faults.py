@@ -246,6 +246,7 @@ def test_a_worker_frozen_past_its_lease_leaves_its_successors_checkpoint_alone(
 ) -> None:
     """The frozen attempt wakes while its successor is in the middle of a checkpoint write and tidies
     up as it stops: the successor's temporary directory must survive, and its save with it."""
+    steps = 240
     stack.stop_worker()  # the two workers below must be the only ones to read the jobs' queue
     lease = {"RELAY_LEASE_SECONDS": "10"}  # (the successor is held still for a few seconds below)
     workers = [stack.start_standby_worker(**lease) for _ in range(2)]
@@ -253,7 +254,9 @@ def test_a_worker_frozen_past_its_lease_leaves_its_successors_checkpoint_alone(
         started.wait_ready()
     client = Client(stack.api_url, stack.new_user()[1], max_retries=0)
     try:
-        job = train(tiny(dataset, steps=80), client=client)
+        # Long enough that the job is still running when the freeze lands on a loaded machine (80 steps
+        # once finished between the first checkpoint's event and the SIGSTOP, and no successor came).
+        job = train(tiny(dataset, steps=steps), client=client)
         wait_for(lambda: checkpoint_steps(stack, job.id), 300, "the job's first checkpoint", every=0.05)
         with stack.sessions() as session:
             owner = session.scalar(select(FineTune.lease_owner).where(FineTune.id == job.id))
@@ -261,6 +264,7 @@ def test_a_worker_frozen_past_its_lease_leaves_its_successors_checkpoint_alone(
         successor = next(w for w in workers if w is not frozen)
         signal_worker(frozen, signal.SIGSTOP)
         frozen_at = time.time()  # what the frozen worker had begun to write is older
+        assert job.refresh().status == "running", "the job ended before the freeze; make it longer"
         wait_for(lambda: job.refresh().to_dict()["attempts"] == 2, 120, "the successor's claim", every=0.1)
         # Catch the successor in the middle of a checkpoint write (the frozen worker writes nothing).
         while True:
@@ -279,11 +283,11 @@ def test_a_worker_frozen_past_its_lease_leaves_its_successors_checkpoint_alone(
         assert surviving == caught, "the fenced-out attempt removed its successor's checkpoint write"
 
         job.wait(poll=0.5, timeout=300)
-        assert job.status == "completed" and job.step == 80, (job.to_dict(), successor.log_tail())
+        assert job.status == "completed" and job.step == steps, (job.to_dict(), successor.log_tail())
         assert job.to_dict()["attempts"] == 2
         events = job.events()
         assert [e["attempt"] for e in events if e.get("event") == "retry"] == [2]
-        assert [e["step"] for e in events if e.get("event") == "checkpoint"] == list(range(10, 81, 10))
+        assert [e["step"] for e in events if e.get("event") == "checkpoint"] == list(range(10, steps + 1, 10))
     finally:
         client.close()
         for started in workers:

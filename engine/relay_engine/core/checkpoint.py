@@ -203,14 +203,19 @@ class CheckpointStore:
         return final
 
     def latest(self) -> Path | None:
-        """The last complete checkpoint, or None."""
+        """The newest complete checkpoint, or None.
+
+        The pointer is written after the rename that seals a checkpoint, so a process killed between
+        the two leaves a sealed checkpoint newer than the pointer: it is whole (its manifest says
+        so), and resuming from the pointer instead would redo steps for nothing. A pointer that names
+        an incomplete checkpoint means the disk lost what was sealed, which is raised, not skipped."""
         pointer = self.root / POINTER
-        if not pointer.exists():
-            return None
-        path = self.root / pointer.read_text().strip()
-        if not self.is_complete(path):
-            raise RuntimeError(f"checkpoint pointer names {path}, which is incomplete")
-        return path
+        if pointer.exists():
+            named = self.root / pointer.read_text().strip()
+            if not self.is_complete(named):
+                raise RuntimeError(f"checkpoint pointer names {named}, which is incomplete")
+        complete = self.complete()
+        return complete[-1] if complete else None
 
     @staticmethod
     def is_complete(path: Path) -> bool:

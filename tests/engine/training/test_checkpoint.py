@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from relay_engine.core.checkpoint import CheckpointStore
+from relay_engine.core.checkpoint import POINTER, CheckpointStore, write_atomic
 from relay_engine.errors import DiskFullError
 from tests.disks import small_disk
 
@@ -24,6 +24,16 @@ def test_save_records_the_newest_complete_checkpoint(tmp_path: Path) -> None:
     assert latest is not None and latest.name == "step-00000020"
     assert store.manifest(latest)["note"] == "b"
     assert store.manifest(latest)["files"] == {"state.json": 2, "weights.bin": 100}
+
+
+def test_a_checkpoint_sealed_before_its_pointer_moved_is_the_latest(tmp_path: Path) -> None:
+    """A kill between the rename that seals step 20 and the pointer's write: step 20 is whole."""
+    store = CheckpointStore(tmp_path, keep_last=3)
+    store.save(10, write_two_files, {})
+    store.save(20, write_two_files, {})
+    write_atomic(tmp_path / POINTER, store.name_of(10).encode())  # the pointer as the kill left it
+    latest = store.latest()
+    assert latest is not None and latest.name == "step-00000020"
 
 
 def test_only_the_newest_checkpoints_are_kept(tmp_path: Path) -> None:
