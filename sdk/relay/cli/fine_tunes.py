@@ -69,14 +69,15 @@ def _exit_on_interrupt(job_id: str, said: bool = False) -> Iterator[None]:
 @app.command()
 def create(
     model: str | None = typer.Option(
-        None, help="Required (here or in --config). Base model: pi05, or pi05-tiny (CPU)."
+        None,
+        help="Required (here or in --config). Base model: pi05, pi05-tiny (CPU), rt-j or rt-j-tiny (CPU).",
     ),
     dataset: str | None = typer.Option(
         None,
         "--dataset",
         "--dataset-name",
         help="Required (here or in --config). LeRobot dataset on the Hub (lerobot/pusht_image) "
-        "or a local directory.",
+        "or a local directory; for rt-j models a database directory or URL (postgresql://host/db).",
     ),
     dataset_revision: str | None = typer.Option(
         None,
@@ -108,6 +109,9 @@ def create(
     camera: list[str] | None = typer.Option(
         None, "--camera", help="MODEL_CAMERA=DATASET_FEATURE, repeatable."
     ),
+    task: str | None = typer.Option(
+        None, help="rt-j models (required for them): the task table of the database to train on."
+    ),
     name: str | None = typer.Option(None, help="A name for the job."),
     validation_episodes: str | None = typer.Option(
         None,
@@ -138,6 +142,7 @@ def create(
             "lora_alpha": lora_alpha,
             "targets": split_targets(target),
             "cameras": parse_pairs(camera, "camera") if camera else None,
+            "task": task,
             "name": name,
             "validation_episodes": validation_episodes,
         }

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from safetensors.torch import load_file
 from typer.testing import CliRunner
@@ -74,15 +75,32 @@ def test_local_eval_reports_auroc_and_the_baseline(shop: Path) -> None:
     assert regression.exit_code == 0, regression.output
     figures = json.loads(regression.stdout.strip().splitlines()[-1])
     assert figures["mae"] > 0 and figures["nmae"] == pytest.approx(figures["mae"] / _train_std(shop))
+    # The median baseline, by hand: the train split's median label for every val row.
+    train, val = (_labels(shop, "user-ltv", "ltv", split) for split in ("train", "val"))
+    assert figures["median_baseline_mae"] == pytest.approx(float(np.abs(val - np.median(train)).mean()))
+    assert figures["below_baseline"] == (figures["mae"] > figures["median_baseline_mae"])
+
+
+def test_local_eval_says_when_the_model_is_below_the_baseline(shop: Path) -> None:
+    """A fresh RT-J scores every context 0 (AUROC 0.5); the fake shop's churners churn again, so each
+    customer's past label frequency ranks the val rows better, and the report says the model is below."""
+    args = ["local", "eval", "--model", "rt-j-tiny", "--dataset", str(shop), "--task", "user-churn"]
+    report = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout.strip().splitlines()[-1])
+    assert report["label_frequency_auroc"] > 0.5 and report["below_baseline"] is True
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "Below the baseline: the model ranks the rows worse than each entity's past label" in result.output
+
+
+def _labels(shop: Path, task: str, column: str, split: str) -> np.ndarray:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(shop / "tasks" / task / f"{split}.parquet")
+    return np.asarray(table.column(column).to_pylist(), float)
 
 
 def _train_std(shop: Path) -> float:
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    return float(
-        np.std(pq.read_table(shop / "tasks" / "user-ltv" / "train.parquet").column("ltv").to_numpy())
-    )
+    return float(np.std(_labels(shop, "user-ltv", "ltv", "train")))
 
 
 def test_local_train_refuses_fields_of_the_other_family(shop: Path, tmp_path: Path) -> None:

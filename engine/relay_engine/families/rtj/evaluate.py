@@ -114,8 +114,9 @@ def label_frequency_baseline(sampler: ContextSampler, split: str) -> np.ndarray:
 def evaluate_split(
     model_name_or_dir: str, dataset: str, task: str | None, split: str, *, device: str = "auto", seed: int = 0
 ) -> dict[str, Any]:
-    """The task's metrics on one split (AUROC for binary, MAE and nMAE for regression), and for
-    binary tasks the label-frequency baseline's AUROC on the same rows."""
+    """The task's metrics on one split (AUROC for binary, MAE and nMAE for regression), a baseline's
+    score on the same rows (binary: the label-frequency AUROC; regression: the train median's MAE)
+    and `below_baseline`, whether the model scored worse than that baseline."""
     from relay_engine.families.rtj.family import build_sampler, context_settings
     from relay_engine.recipe import pick_device
 
@@ -137,7 +138,21 @@ def evaluate_split(
         "examples": result.examples,
         **result.metrics,
     }
+    labels = np.asarray([e.label for e in examples])
     if sampler.spec.problem_type == "binary":
-        labels = np.asarray([e.label for e in examples])
         report["label_frequency_auroc"] = auroc(labels, label_frequency_baseline(sampler, split))
+        # NaN (one class only) compares as not below: there is nothing to rank.
+        report["below_baseline"] = bool(report["auroc"] < report["label_frequency_auroc"])
+    else:
+        report["median_baseline_mae"] = median_baseline_mae(sampler, labels)
+        report["below_baseline"] = bool(report["mae"] > report["median_baseline_mae"])
     return report
+
+
+def median_baseline_mae(sampler: ContextSampler, scaled_labels: np.ndarray) -> float:
+    """A regression baseline without a model: the train split's median label for every row (the
+    constant that minimizes the MAE on the train split), scored in the label's units."""
+    scale = sampler.label_scale
+    train = np.asarray(sampler.splits["train"].column(sampler.spec.target_column).to_pylist(), np.float64)
+    actual = scaled_labels * scale.std + scale.mean
+    return float(np.abs(actual - np.median(train)).mean())

@@ -163,11 +163,20 @@ class RelationalFamily(Family):
     def evaluation_lines(self, report: dict[str, Any], request: EvaluationRequest) -> list[str]:
         where = f"{report['task']} {report['split']} ({report['examples']} rows)"
         if report["problem_type"] == "binary":
-            return [
+            lines = [
                 f"AUROC {report['auroc']:.4f}, accuracy {report['accuracy']:.4f} on {where}; "
                 f"label-frequency baseline AUROC {report['label_frequency_auroc']:.4f}"
             ]
-        return [f"MAE {report['mae']:.4f}, nMAE {report['nmae']:.4f}, RMSE {report['rmse']:.4f} on {where}"]
+            worse = "ranks the rows worse than each entity's past label frequency does"
+        else:
+            lines = [
+                f"MAE {report['mae']:.4f}, nMAE {report['nmae']:.4f}, RMSE {report['rmse']:.4f} on {where}; "
+                f"median baseline MAE {report['median_baseline_mae']:.4f}"
+            ]
+            worse = "errs more than predicting the train split's median label for every row"
+        if report.get("below_baseline"):
+            lines.append(f"Below the baseline: the model {worse}.")
+        return lines
 
     def load_model(self, name_or_dir: str, device: torch.device | str = "cpu") -> RelationalTransformer:
         return RelationalTransformer(name_or_dir, device=device)
