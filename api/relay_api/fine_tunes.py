@@ -15,15 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import bindparam, select, text, update
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from relay import families
-from relay.dataset_names import local_dataset_path, names_local_directory
+from relay.dataset_names import is_database_url, local_dataset_path, names_local_directory
 from relay.events import CancelledEvent, ValidationEvent
 from relay.memory_plan import GB, MemoryPlan, gpu_shortfall, plan_named, weight_count
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
 from relay.sft.summary import validation_summary
+from relay_api import dataset_credentials
 from relay_api.db import Db, iso, rows_changed, utcnow
 from relay_api.errors import APIProblem, not_found
 from relay_api.event_rows import insert_event
@@ -81,6 +83,9 @@ def check_dataset(name: str, settings: Settings) -> None:
     """Refuse a dataset no worker can read: a local directory where the service reads none
     (RELAY_LOCAL_DATASETS=false), or one that is not there, where the API sees the workers' disk
     (RELAY_API_SHARES_WORKERS_DISK). Which names are local is relay.dataset_names' one rule."""
+    if is_database_url(name):
+        _check_database_url(name, settings)
+        return
     if not names_local_directory(name):
         return
     if not settings.local_datasets:
@@ -94,6 +99,25 @@ def check_dataset(name: str, settings: Settings) -> None:
         raise _bad_dataset(
             name, f"it names a local directory, and {path} does not exist on the workers' disk"
         )
+
+
+def _check_database_url(name: str, settings: Settings) -> None:
+    """A SQLite file is a local dataset: refused where the service reads none, and it must be named
+    by an absolute path (a relative one would mean the worker's working directory). A server's URL
+    (postgresql://...) is the worker's to reach; it says at the job's start if it cannot."""
+    url = make_url(name)
+    if url.get_backend_name() != "sqlite":
+        return
+    shown = dataset_credentials.masked(name)[0]
+    if not settings.local_datasets:
+        raise _bad_dataset(shown, "this server does not read local files; a SQLite database is one")
+    path = Path(url.database or "")
+    if not url.database or url.database == ":memory:" or not path.is_absolute():
+        raise _bad_dataset(
+            shown, "a SQLite database of a job must be named by its absolute path: sqlite:////data/shop.db"
+        )
+    if settings.api_shares_workers_disk and not path.is_file():
+        raise _bad_dataset(shown, f"{path} does not exist on the workers' disk")
 
 
 def check_video_codecs(name: str, settings: Settings, workers: list[LiveWorker]) -> None:
@@ -328,9 +352,18 @@ def create(
     db: Db, user_id: int, config: SFTConfig, idempotency_key: str | None
 ) -> tuple[dict[str, Any], bool]:
     """Insert a queued job and commit; returns (row, replayed). The same Idempotency-Key with the
-    same config returns the job it created before; with a different config, 409."""
-
+    same config returns the job it created before; with a different config, 409. A database URL's
+    password is not stored with the job: the job holds the URL masked, and the password waits in
+    its own row for the job's snapshot (relay_api.dataset_credentials)."""
+    secret = None
+    if is_database_url(config.dataset_name):
+        stored, secret = dataset_credentials.masked(config.dataset_name)
+        config = config.model_copy(update={"dataset_name": stored})
     digest = request_hash(config)
+
+    def keep_secret(db: Db, row: dict[str, Any]) -> None:
+        if secret is not None:
+            dataset_credentials.keep_secret_url(db, row["id"], secret)
 
     def new_row() -> dict[str, Any]:
         now = utcnow()
@@ -359,7 +392,7 @@ def create(
             "cancel_requested_at": None,
         }
 
-    return insert_once(db, fine_tunes, user_id, idempotency_key, digest, new_row, "fine-tune")
+    return insert_once(db, fine_tunes, user_id, idempotency_key, digest, new_row, "fine-tune", keep_secret)
 
 
 def mark_enqueued(db: Session, job_ids: str | list[str]) -> None:

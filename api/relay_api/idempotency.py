@@ -34,9 +34,11 @@ def insert_once(
     digest: str,
     new_row: Callable[[], dict[str, Any]],
     noun: str,
+    along: Callable[[Db, dict[str, Any]], None] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Insert `new_row()` and commit; returns (row, replayed). `new_row` draws a fresh id each
-    call, so a clash of random ids is tried again."""
+    call, so a clash of random ids is tried again. `along(db, row)` writes what belongs with a new
+    row, in its transaction (nothing of a replay)."""
     if idempotency_key is not None:
         existing = _by_key(db, table, user_id, idempotency_key, digest, noun)
         if existing is not None:
@@ -47,6 +49,8 @@ def insert_once(
             # The row as parameters of a statement built once per table: building an INSERT with
             # the values inside costs more CPU than sending it.
             db.execute(_insert(table), row)
+            if along is not None:
+                along(db, row)
             db.commit()
             return row, False
         except IntegrityError:

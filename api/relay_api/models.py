@@ -202,6 +202,19 @@ class FineTuneHost(Base):
     joined_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class DatasetCredential(Base):
+    """A job's database URL as given, its password in it, kept apart from the job: the job's row, its
+    config and its events hold the URL with the password masked (`postgresql://ana:***@db/shop`). The
+    worker reads it once, to take the job's snapshot of the database, and deletes it; every later
+    attempt reads that snapshot, so the password is held only between the job's creation and its start."""
+
+    __tablename__ = "dataset_credentials"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("fine_tunes.id", ondelete="CASCADE"), primary_key=True)
+    url: Mapped[str] = mapped_column(Text)  # the URL as given, its password in it
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class DeploymentRow(Base):
     """A deployment: a model served to robots by a worker that holds it (docs/serving.md).
 
@@ -273,3 +286,4 @@ worker_heartbeats = cast(Table, WorkerHeartbeat.__table__)
 fine_tune_hosts = cast(Table, FineTuneHost.__table__)
 deployments = cast(Table, DeploymentRow.__table__)
 deployment_events = cast(Table, DeploymentEvent.__table__)
+dataset_credentials = cast(Table, DatasetCredential.__table__)

@@ -124,8 +124,8 @@ else:  # the union of the kinds' models, told apart by `kind`
 class EventOut(RootModel[EventOutChoice]):
     """The engine's report: every 10 steps a metrics event (``step`` and ``loss``, ``grad_norm``,
     ``lr``, ``skipped``, the speed), or an event named by ``event`` ("checkpoint", "resumed",
-    "retry", "cancelled", "finished", "error", "dataset", "validation") with its details; ``kind``
-    names either."""
+    "retry", "cancelled", "finished", "error", "dataset", "snapshot", "validation", "eval") with its
+    details; ``kind`` names either."""
 
     @property
     def id(self) -> int:

@@ -175,6 +175,18 @@ def dataset_line(read: Mapping[str, Any]) -> str:
     return f"{where}, {version}, {read.get('episodes', 0):,} episodes, {read.get('frames', 0):,} frames"
 
 
+class SnapshotEvent(EventBase):
+    """A database job's snapshot, taken at its start in one transaction: the ``source`` URL (its
+    password masked), where the snapshot is (``path``), when it was taken (``taken_at``, ISO 8601)
+    and each table's rows (``row_counts``). Every attempt of the job reads this snapshot."""
+
+    kind: ClassVar[str] = "snapshot"
+    source: str
+    path: str
+    taken_at: str
+    row_counts: dict[str, int]
+
+
 class ValidationEvent(EventBase):
     """The held-out episodes (a recipe's ``validation_episodes``) scored at a checkpoint's `step`
     and at the end, on the same ``frames`` every time with the same seeded noise, so checkpoints
@@ -270,6 +282,7 @@ Event = Union[  # noqa: UP007 (a runtime value too: typed readers match on its m
     FinishedEvent,
     ErrorEvent,
     DatasetEvent,
+    SnapshotEvent,
     ValidationEvent,
     EvalEvent,
 ]

@@ -38,6 +38,7 @@ from relay_engine.paths import cache_dir_or_default
 from relay_engine.recipe import Recipe, run_recipe
 from relay_worker import gang as gangs
 from relay_worker import lifecycle, shutdown
+from relay_worker.database_snapshot import with_snapshot
 from relay_worker.gang import Gang
 from relay_worker.journal import EventJournal
 from relay_worker.launched import Rendezvous, Role, run_on_processes
@@ -393,9 +394,9 @@ def _run_engine(
 ) -> RecipeResult | None:
     """The recipe, in this process or as a group of processes (several GPUs, or a gang's part of
     them); None on a gang's host that does not hold rank 0 (rank 0's host has the result)."""
-    recipe = Recipe.from_config(
-        claim.config, checkpoint_every=settings.checkpoint_every, attempt=claim.attempt
-    )
+    # A database URL becomes the job's snapshot of it (taken by the first attempt, read by all).
+    config = with_snapshot(claim.config, keeper.db_sessions, claim.job_id, work_dir, on_event)
+    recipe = Recipe.from_config(config, checkpoint_every=settings.checkpoint_every, attempt=claim.attempt)
     processes = gang.seat.processes if gang is not None else int(claim.config.get("gpus") or 1)
     if gang is None and processes == 1:
         return run_recipe(
