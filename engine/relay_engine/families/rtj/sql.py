@@ -121,7 +121,7 @@ def _engine(url: str, source: str) -> Engine:
         _check_sqlite_file(parsed, source)
     parsed = _with_installed_postgresql_driver(parsed)
     try:
-        engine = sa.create_engine(parsed, poolclass=sa.pool.NullPool)
+        dialect = parsed.get_dialect()
     except NoSuchModuleError:
         raise DatasetError(
             source,
@@ -129,6 +129,14 @@ def _engine(url: str, source: str) -> Engine:
             "mysql+pymysql or sqlite)",
             reason=DatasetError.BAD_NAME,
         ) from None
+    if dialect.is_async:
+        raise DatasetError(
+            source,
+            f"{parsed.drivername} is an asyncio driver; name a plain one such as postgresql+psycopg",
+            reason=DatasetError.BAD_NAME,
+        )
+    try:
+        return sa.create_engine(parsed, poolclass=sa.pool.NullPool)
     except ImportError as error:
         driver = parsed.get_driver_name()
         package = DRIVER_PACKAGES.get(driver, getattr(error, "name", None) or driver)
@@ -137,18 +145,10 @@ def _engine(url: str, source: str) -> Engine:
             f"the database driver {driver} is not installed: pip install '{package}'",
             reason=DatasetError.UNAVAILABLE,
         ) from None
-    except ArgumentError as error:
+    except ArgumentError:  # its words may quote the URL, password and all
         raise DatasetError(
-            source, f"not a usable database URL: {error}", reason=DatasetError.BAD_NAME
+            source, "not a usable database URL (SQLAlchemy refused its options)", reason=DatasetError.BAD_NAME
         ) from None
-    if engine.dialect.is_async:
-        engine.dispose()
-        raise DatasetError(
-            source,
-            f"{parsed.drivername} is an asyncio driver; name a plain one such as postgresql+psycopg",
-            reason=DatasetError.BAD_NAME,
-        )
-    return engine
 
 
 def _check_sqlite_file(url: URL, source: str) -> None:
