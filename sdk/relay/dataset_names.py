@@ -62,8 +62,22 @@ def local_dataset_path(name_or_path: str) -> Path | None:
 
 
 def names_local_directory(name_or_path: str) -> bool:
-    """Whether a dataset name would be read from the disk of the machine that trains on it."""
-    return name_or_path.startswith("file:") or local_dataset_path(name_or_path) is not None
+    """Whether a dataset name would be read from the disk of the machine that trains on it: a local
+    directory, or a SQLite file's URL (sqlite:///shop.db), which a server that reads no local
+    datasets must refuse as it refuses a directory."""
+    return (
+        name_or_path.startswith("file:")
+        or local_dataset_path(name_or_path) is not None
+        or names_sqlite_file(name_or_path)
+    )
+
+
+def names_sqlite_file(name: str) -> bool:
+    """Whether a dataset name is the URL of a SQLite file (read from the local disk)."""
+    if not is_database_url(name):
+        return False
+    url = _parsed(name)
+    return url is not None and url.get_backend_name() == "sqlite"
 
 
 def is_database_url(name: str) -> bool:

@@ -12,6 +12,7 @@ from relay.dataset_names import (
     DATASET_NAME_PATTERN,
     is_database_url,
     is_hub_repo_id,
+    local_dataset_path,
     names_local_directory,
     redacted_url,
 )
@@ -57,7 +58,9 @@ def test_fields_of_the_other_family_are_refused(fields: dict[str, object], param
 )
 def test_a_database_url_is_rt_j_data(url: str) -> None:
     assert is_database_url(url) and re.fullmatch(DATASET_NAME_PATTERN, url)
-    assert not is_hub_repo_id(url) and not names_local_directory(url)
+    assert not is_hub_repo_id(url) and local_dataset_path(url) is None
+    # A SQLite file is read from the training machine's disk, as a directory is; a server is not.
+    assert names_local_directory(url) == url.startswith("sqlite:")
     spec = families.family_of_data(url)
     assert spec is not None and spec.name == families.RTJ
     assert SFTConfig(model="rt-j", dataset_name=url, task="t").dataset_name == url

@@ -101,7 +101,8 @@ GpuCount = Annotated[int, Field(strict=True, ge=1, le=GPUS_MAX), BeforeValidator
 
 def _schema_rules() -> tuple[dict[str, Any], ...]:
     """What _fits_the_family checks, for the JSON Schema: a task only where the family takes one,
-    the fields a family refuses, and the limits of a family that forces its finetune and runs in one process."""
+    the fields a family refuses, and the limits of a family that forces its finetune and runs in
+    one process."""
     rules = [
         for_models(
             families.models_where(lambda spec: spec.task == "refused"), {"properties": {"task": ABSENT}}

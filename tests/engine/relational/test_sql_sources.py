@@ -149,6 +149,21 @@ def test_a_sqlite_file_reads_as_the_directory_it_came_from(tmp_path: Path, shop:
     assert again.snapshot is not None and again.snapshot.source == url and again.tasks == shop.tasks
 
 
+def test_a_relative_sqlite_url_is_the_file_where_the_command_runs(
+    tmp_path: Path, shop: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sqlite_shop(tmp_path, shop)
+    monkeypatch.chdir(tmp_path)
+    checked = CliRunner().invoke(
+        app, ["datasets", "check", "sqlite:///shop.db", "--tasks-dir", str(shop.root / "tasks")]
+    )
+    assert checked.exit_code == 0, checked.output
+    assert f"sqlite:///{tmp_path / 'shop.db'}" in checked.output and "review 240" in checked.output
+    missing = CliRunner().invoke(app, ["datasets", "check", "sqlite:///nothing.db"])
+    assert missing.exit_code == 1 and "no such SQLite file" in missing.output
+    assert not (tmp_path / "nothing.db").exists()
+
+
 def test_a_postgresql_database_reads_as_the_directory_it_came_from(postgres: str, shop: Database) -> None:
     write_shop(postgres, shop)
     assert_same_database(open_database(postgres, tasks_dir=shop.root / "tasks"), shop)

@@ -154,9 +154,9 @@ def _engine(url: str, source: str) -> Engine:
 def _check_sqlite_file(url: URL, source: str) -> None:
     # SQLite creates a missing file on connect: a typo would read as an empty database.
     name = url.database
-    if not name or name == ":memory:" or name.startswith("file:"):
-        if name and name.startswith("file:"):
-            return  # a URI filename (sqlite:///file:shop.db?mode=ro&uri=true): the driver opens it
+    if name and name.startswith("file:"):
+        return  # a URI filename (sqlite:///file:shop.db?mode=ro&uri=true): the driver opens it as told
+    if not name or name == ":memory:":
         raise DatasetError(
             source, "names no database file (sqlite:///shop.db, or sqlite:////abs/path/shop.db)"
         )
@@ -337,11 +337,12 @@ class _Layout:
         tasks_dir: Path | None,
     ) -> _Layout:
         overlay_tasks: dict[str, Any] = dict(overlay.get("tasks", {}))
+        for name in data:
+            if "/" in name or "\\" in name or name in (".", "..") or _has_control_characters(name):
+                raise DatasetError(source, f"table {name!r}: a table's name must be usable as a file name")
         task_tables = _task_tables(list(data), overlay_tasks)
         entity_names = [name for name in data if name not in task_tables.values()]
-        tables = {
-            name: _table_schema(source, reflected.tables[name], data[name], overlay) for name in entity_names
-        }
+        tables = {name: _table_schema(reflected.tables[name], data[name], overlay) for name in entity_names}
         for name in overlay.get("tables", {}):
             if name not in tables:
                 raise DatasetError(
@@ -349,23 +350,7 @@ class _Layout:
                     f"{SCHEMA_FILE} in tasks_dir: tables.{name} names no table of the database "
                     f"(tables: {', '.join(tables)})",
                 )
-        primary_keys = {name: spec.get("primary_key") for name, spec in tables.items()}
-        for name, spec in tables.items():
-            links = spec.get("foreign_keys", {})
-            kept = {column: parent for column, parent in links.items() if primary_keys.get(parent)}
-            if "foreign_keys" in overlay.get("tables", {}).get(name, {}):
-                kept = links  # the overlay's own choice: open_database names any it cannot use
-            if kept:
-                spec["foreign_keys"] = kept
-            else:
-                spec.pop("foreign_keys", None)
-            if len(kept) > MAX_FOREIGN_KEYS:
-                raise DatasetError(
-                    source,
-                    f"table {name} has {len(kept)} foreign keys, and RT-J follows at most "
-                    f"{MAX_FOREIGN_KEYS} per table: list the ones to follow in tables.{name}.foreign_keys "
-                    f"of {SCHEMA_FILE} in tasks_dir",
-                )
+        _fit_foreign_keys(source, tables, overlay)
         task_files = _task_files(tasks_dir)
         both = sorted(set(task_tables) & set(task_files))
         if both:
@@ -380,19 +365,13 @@ class _Layout:
             if task in overlay_tasks:
                 tasks[task] = dict(overlay_tasks[task])
                 continue
-            found = [s for s in SPLITS if (task, s) in task_tables or (task, s) in task_files]
-            if not found:
-                continue
-            split = found[0]  # the train split where there is one
-            rows, links, what = (
-                (
-                    data[task_tables[task, split]],
-                    _links(reflected.tables[task_tables[task, split]]),
-                    f"its table {task_tables[task, split]}",
-                )
-                if (task, split) in task_tables
-                else (_read_file(source, task_files[task, split]), {}, f"tasks_dir/{task}/{split}")
-            )
+            split = next(s for s in SPLITS if (task, s) in task_tables or (task, s) in task_files)
+            if (task, split) in task_tables:  # the train split where there is one
+                table = task_tables[task, split]
+                rows, links, what = data[table], _links(reflected.tables[table]), f"its table {table}"
+            else:
+                rows, links = _read_file(source, task_files[task, split]), {}
+                what = f"tasks_dir/{task}/{split}"
             tasks[task] = _infer_task(source, task, rows, links, tables, what)
         return cls(tables, tasks, task_tables, task_files)
 
@@ -410,6 +389,29 @@ class _Layout:
         (directory / SCHEMA_FILE).write_text(json.dumps(schema, indent=2) + "\n")
         record = {"source": snapshot.source, "taken_at": snapshot.taken_at, "row_counts": snapshot.row_counts}
         (directory / SNAPSHOT_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _fit_foreign_keys(source: str, tables: dict[str, dict[str, Any]], overlay: Mapping[str, Any]) -> None:
+    """Keep the declared links to tables that have a primary key (the overlay's own are kept as
+    given: open_database names any it cannot use), and at most MAX_FOREIGN_KEYS of them."""
+    keyed = {name for name, spec in tables.items() if spec.get("primary_key")}
+    for name, spec in tables.items():
+        links = spec.pop("foreign_keys", {})
+        if "foreign_keys" not in overlay.get("tables", {}).get(name, {}):
+            links = {column: parent for column, parent in links.items() if parent in keyed}
+        if len(links) > MAX_FOREIGN_KEYS:
+            raise DatasetError(
+                source,
+                f"table {name} has {len(links)} foreign keys, and RT-J follows at most "
+                f"{MAX_FOREIGN_KEYS} per table: list the ones to follow in tables.{name}.foreign_keys "
+                f"of {SCHEMA_FILE} in tasks_dir",
+            )
+        if links:
+            spec["foreign_keys"] = links
+
+
+def _has_control_characters(text: str) -> bool:
+    return any(ord(character) < 32 or ord(character) == 127 for character in text)
 
 
 def _task_tables(names: list[str], overlay_tasks: Mapping[str, Any]) -> dict[tuple[str, str], str]:
@@ -460,7 +462,8 @@ def _links(table: sa.Table) -> dict[str, str]:
     return links
 
 
-def _table_schema(source: str, table: sa.Table, rows: pa.Table, overlay: Mapping[str, Any]) -> dict[str, Any]:
+def _table_schema(table: sa.Table, rows: pa.Table, overlay: Mapping[str, Any]) -> dict[str, Any]:
+    """A table's entry of schema.json: the database's keys and time column, then the overlay's."""
     own: dict[str, Any] = dict(overlay.get("tables", {}).get(table.name, {}))
     spec: dict[str, Any] = {}
     key = [column.name for column in table.primary_key.columns]
@@ -472,8 +475,8 @@ def _table_schema(source: str, table: sa.Table, rows: pa.Table, overlay: Mapping
     datetimes = [name for name in rows.column_names if _is_datetime(rows.schema.field(name).type)]
     if len(datetimes) == 1:
         spec["time_column"] = datetimes[0]
-    column_types = {**spec.get("column_types", {}), **(own.pop("column_types", None) or {})}
-    spec.update({field: value for field, value in own.items()})
+    column_types = own.pop("column_types", None)
+    spec.update(own)
     if column_types:
         spec["column_types"] = column_types
     for field in ("primary_key", "time_column"):
