@@ -79,6 +79,7 @@ class FineTuneOut(BaseModel):
     name: str | None
     gpus: int | None = None  # the processes (GPUs) the job runs on; None only for jobs older than the field
     task: str | None = None
+    tasks_dir: str | None = None  # rt-j: where the database's tasks are kept, when apart from it
     validation_episodes: list[int] | float | str | None = None
     eval: JobEval | None = None
 

@@ -1,4 +1,5 @@
-"""Which dataset names mean a directory on disk: one rule for the SDK, the API and the engine.
+"""Which dataset names mean a directory on disk or a SQL database: one rule for the SDK, the API and
+the engine.
 
 The API refuses local directories when the service does not read them (RELAY_LOCAL_DATASETS=false),
 and the engine reads a local directory instead of asking the Hub; both ask this one predicate, so
@@ -10,7 +11,11 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 # A Hub dataset repo id, by the Hub's rules (huggingface_hub's validate_repo_id, in ASCII): `name` or
 # `owner/name`, each part 1 to 96 letters, digits, `_`, `-` and `.`, starting and ending with a letter,
@@ -21,8 +26,13 @@ HUB_REPO_ID_PATTERN = rf"(?!.*(?:--|\.\.))(?!.*\.git$){_HUB_PART}(?:/{_HUB_PART}
 # The names that mean a local directory, as a pattern: an absolute path, `~...`, `./...`, `../...`,
 # `.`, `..`, or a file: URL of this host (local_dataset_path).
 LOCAL_NAME_PATTERN = r"(?:/|~|\./|\.\./|file:(?:///|//localhost/|/[^/\x00-\x1f\x7f]))[^\x00-\x1f\x7f]*|\.\.?"
-# Every name a dataset may have: a Hub repo id or a local directory.
-DATASET_NAME_PATTERN = rf"^(?:{HUB_REPO_ID_PATTERN}|{LOCAL_NAME_PATTERN})$"
+# A SQLAlchemy URL of a SQL database an RT-J model reads (sqlite:///shop.db, postgresql://host/db,
+# postgresql+psycopg://..., mysql+pymysql://...): the backend, an optional driver, then `://`. A Hub
+# repo id has no `:` and a local name starts with `/`, `~`, `.` or `file:`, so none is taken for another.
+DATABASE_BACKENDS: tuple[str, ...] = ("sqlite", "postgresql", "mysql", "mariadb")
+DATABASE_URL_PATTERN = rf"(?:{'|'.join(DATABASE_BACKENDS)})(?:\+[A-Za-z0-9_]+)?://[^\x00-\x1f\x7f]*"
+# Every name a dataset may have: a Hub repo id, a local directory or a database URL.
+DATASET_NAME_PATTERN = rf"^(?:{HUB_REPO_ID_PATTERN}|{LOCAL_NAME_PATTERN}|{DATABASE_URL_PATTERN})$"
 
 
 def is_hub_repo_id(name: str) -> bool:
@@ -52,5 +62,58 @@ def local_dataset_path(name_or_path: str) -> Path | None:
 
 
 def names_local_directory(name_or_path: str) -> bool:
-    """Whether a dataset name would be read from the disk of the machine that trains on it."""
-    return name_or_path.startswith("file:") or local_dataset_path(name_or_path) is not None
+    """Whether a dataset name would be read from the disk of the machine that trains on it: a local
+    directory, or a SQLite file's URL (sqlite:///shop.db), which a server that reads no local
+    datasets must refuse as it refuses a directory."""
+    return (
+        name_or_path.startswith("file:")
+        or local_dataset_path(name_or_path) is not None
+        or names_sqlite_file(name_or_path)
+    )
+
+
+def names_sqlite_file(name: str) -> bool:
+    """Whether a dataset name is the URL of a SQLite file (read from the local disk)."""
+    if not is_database_url(name):
+        return False
+    url = _parsed(name)
+    return url is not None and url.get_backend_name() == "sqlite"
+
+
+def is_database_url(name: str) -> bool:
+    """Whether `name` is a SQLAlchemy URL of a SQL database (sqlite:///shop.db, sqlite:////abs/shop.db,
+    postgresql://host/db, postgresql+psycopg://..., mysql+pymysql://...). Parsed, never connected to."""
+    if re.fullmatch(DATABASE_URL_PATTERN, name) is None:
+        return False
+    url = _parsed(name)
+    return url is not None and url.get_backend_name() in DATABASE_BACKENDS
+
+
+def redacted_url(url: str) -> str:
+    """A database URL with its password hidden (``postgresql://relay:***@host/db``): what may be shown,
+    logged or stored. A name that does not parse as a URL is shown as ``<unparsable database URL>``,
+    since the password's place in it is unknown."""
+    parsed = _parsed(url)
+    if parsed is None:
+        return "<unparsable database URL>"
+    if parsed.host and "@" in parsed.host:
+        # An unescaped `@` in the password leaves the password's tail in the host (u:p@ss@host).
+        parsed = parsed.set(host=parsed.host.rsplit("@", 1)[-1], password="***")
+    hidden = {key: "***" for key in parsed.query if key.lower() in _PASSWORD_PARAMETERS}
+    if hidden:  # libpq and the MySQL drivers also take a password as a query parameter
+        parsed = parsed.update_query_dict(hidden)
+    return parsed.render_as_string(hide_password=True)
+
+
+_PASSWORD_PARAMETERS = frozenset({"password", "passwd", "pwd"})
+
+
+def _parsed(url: str) -> URL | None:
+    # SQLAlchemy is imported when a name looks like a URL, not when the SDK is.
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url)
+    except (ArgumentError, ValueError):
+        return None

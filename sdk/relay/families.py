@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from relay import catalog
+from relay.dataset_names import is_database_url
 
 # How a datum of the family's sessions is written on the wire: (its place in the call, the datum)
 # -> the message; None where the datum type does not belong to the family.
@@ -38,9 +39,10 @@ class FamilySpec:
     finetune: str | None = None
     # The most processes (GPUs) one job runs on; None: as many as the job asks.
     max_gpus: int | None = None
-    # How a directory of the family's own kind of data is told from a LeRobot dataset (RT-J's: a
-    # relational database, schema.json + tables/); None: the family trains on LeRobot datasets.
-    recognizes_data: Callable[[Path], bool] | None = None
+    # How a dataset name of the family's own kind of data is told from a LeRobot dataset (RT-J's: a
+    # relational database directory, schema.json + tables/, or a SQL database's URL); it is given
+    # the name as written. None: the family trains on LeRobot datasets.
+    recognizes_data: Callable[[str], bool] | None = None
     # How `relay models list` names its models ("relational models: rt-j, rt-j-tiny").
     list_label: str = "models"
     # Whether its recipes choose where training goes (targets, LoRA): `relay models info` then
@@ -121,17 +123,19 @@ def model_defaults(model: object) -> dict[str, Any]:
     return dict(spec.model_defaults.get(str(model), {})) if spec is not None else {}
 
 
-def family_of_data(directory: str | Path) -> FamilySpec | None:
-    """The family whose own kind of data a directory holds (an RT-J database); None for anything
-    else (a LeRobot dataset, a Hub repo id)."""
-    path = Path(directory).expanduser()
+def family_of_data(name: str | Path) -> FamilySpec | None:
+    """The family whose own kind of data a dataset name means (an RT-J database directory or a SQL
+    database's URL); None for anything else (a LeRobot dataset, a Hub repo id)."""
     for spec in family_specs():
-        if spec.recognizes_data is not None and spec.recognizes_data(path):
+        if spec.recognizes_data is not None and spec.recognizes_data(str(name)):
             return spec
     return None
 
 
-def _is_database(path: Path) -> bool:
+def _is_database(name: str) -> bool:
+    if is_database_url(name):
+        return True
+    path = Path(name).expanduser()
     return (path / "schema.json").is_file() and (path / "tables").is_dir()
 
 
@@ -156,6 +160,7 @@ def _builtins() -> None:
         # every weight at 2e-3 learns (docs/getting-started.md). 16 samples a step is what a CPU
         # trains in a fraction of a second; 128 is a GPU's batch.
         model_defaults={"pi05-tiny": {"finetune": "full", "learning_rate": 2e-3, "batch_size": 16}},
+        refused_fields={"tasks_dir": "tasks_dir holds a relational database's tasks, for rt-j models"},
         memory_planned=True,
         tunes_targets=True,
         loss_names=("flow_matching",),
@@ -171,7 +176,7 @@ def _builtins() -> None:
         # back from a job holds them filled in.)
         refused_fields={
             "cameras": "RT-J reads the tables of a database, not camera images",
-            "dataset_revision": "RT-J reads a database directory, which has no revisions",
+            "dataset_revision": "RT-J reads a database directory or a SQL database, which have no revisions",
             "targets": 'RT-J is tuned in full: every weight trains, targets ["all"]',
             "validation_episodes": "RT-J's tasks have a validation split of their own, the task's val "
             "rows; episodes are a robot dataset's",

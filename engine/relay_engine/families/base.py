@@ -172,3 +172,4 @@ class EvaluationRequest:
     # RT-J's: the task (default: the model's) and its split.
     task: str | None = None
     split: str = "val"
+    tasks_dir: str | None = None  # where the database's tasks are kept, when apart from it

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from relay.dataset_names import is_database_url
 from relay_engine.errors import ConfigError
 from relay_engine.families.rtj.batch import RelationalBatch, collate
 from relay_engine.families.rtj.database import SPLITS, seconds
@@ -130,25 +131,29 @@ class ServedRelationalModel:
                 f"{name} names no task: serve a tuned RT-J (a job's output), or name the task",
                 param="task",
             )
-        chosen_database = database or saved.get("dataset")
+        chosen_database = str(database) if database is not None else saved.get("dataset")
         if not chosen_database:
             raise ConfigError(
                 f"{name} does not record the database it was trained on: name it "
                 "(relay serve --database DIR)",
                 param="database",
             )
-        if not Path(chosen_database).expanduser().is_dir():
+        # The tasks_dir it was trained with goes with the database it recorded (a snapshot of a SQL
+        # database keeps its tasks inside); a database named here brings its own tasks.
+        tasks_dir = saved.get("tasks_dir") if database is None else None
+        if not is_database_url(chosen_database) and not Path(chosen_database).expanduser().is_dir():
             raise ConfigError(
                 f"database: no directory {chosen_database} (the database {name} was trained on); "
                 "name where it is (relay serve --database DIR)",
                 param="database",
             )
         sampler = build_sampler(
-            str(chosen_database),
+            chosen_database,
             chosen_task,
             context_settings(loaded.config),
             loaded.model.config.d_text,
             seed=0,  # as `relay local eval` samples
+            tasks_dir=tasks_dir,
         )
         # The model's outputs are z-scored with the scale it was trained with.
         scale = sampler.label_scale

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from relay.dataset_names import is_database_url
 from relay.errors import APIError, ConfigError
 
 # Off a terminal (piped, redirected) rich would squeeze everything into 80 columns and cut values
@@ -80,11 +81,28 @@ def clear_errors() -> Iterator[None]:
 
 
 def dataset_name(dataset: str) -> str:
-    """A directory that exists here is meant as one, even when given relative (`my_data`, `data/x`)."""
+    """A directory that exists here is meant as one, even when given relative (`my_data`, `data/x`);
+    a SQLite file given relative (sqlite:///shop.db) is named by its absolute path, so a job or
+    an evaluation run from elsewhere reads the same file."""
+    if is_database_url(dataset):
+        return _absolute_sqlite_url(dataset)
     path = Path(dataset).expanduser()
     if not dataset.startswith("file://") and path.is_dir():
         return str(path.resolve())
     return dataset
+
+
+def _absolute_sqlite_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    name = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not name or name == ":memory:" or name.startswith("file:"):
+        return url
+    path = Path(name).expanduser()
+    if path.is_absolute() or not path.is_file():
+        return url
+    return parsed.set(database=str(path.absolute())).render_as_string(hide_password=False)
 
 
 def parse_pairs(values: list[str], option: str) -> dict[str, str]:

@@ -24,6 +24,7 @@ from relay import families
 from relay.cli._common import console, dataset_name, fail, parse_pairs
 from relay.cli._extras import require
 from relay.dataset_description import DatasetDescription
+from relay.dataset_names import is_database_url, redacted_url
 
 app = typer.Typer(
     help="Describe and check LeRobot v2.1 and v3.0 datasets, print their norm stats, write synthetic ones.",
@@ -33,7 +34,20 @@ app = typer.Typer(
 _out = console()
 _err = console(stderr=True)
 
-DatasetArg = Annotated[str, typer.Argument(help="A Hub dataset repo id, a local directory or a file:// URL.")]
+DatasetArg = Annotated[
+    str,
+    typer.Argument(
+        help="A Hub dataset repo id, a local directory or a file:// URL (rt-j: a database directory, or "
+        "a database URL such as sqlite:///shop.db or postgresql://host/db)."
+    ),
+]
+TasksDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tasks-dir",
+        help="rt-j: a directory holding the database's tasks (schema.json's tasks, <task>/train.parquet...).",
+    ),
+]
 RevisionOption = Annotated[
     str | None,
     typer.Option(help="A Hub dataset's branch, tag or commit (default: v2.1, else a v3.0 default branch)."),
@@ -58,7 +72,8 @@ def inspect(
     widths, fps, episodes, frames, tasks, format, what was read, and the camera map a job would use.
     Nothing is decoded: `relay datasets check` checks the files."""
     if families.family_of_data(dataset) is not None:
-        fail(f"{dataset} is a relational database directory; `relay datasets check {dataset}` describes it")
+        shown = redacted_url(dataset) if is_database_url(dataset) else dataset
+        fail(f"{shown} is a relational database; `relay datasets check {shown}` describes it")
     datasets = require("relay_engine.datasets")
     errors = require("relay_engine.errors")
     try:
@@ -86,16 +101,19 @@ def check(
             "--quick", help="Read images' headers only, not every pixel (faster; misses broken frames)."
         ),
     ] = False,
+    tasks_dir: TasksDirOption = None,
 ) -> None:
     """Print what the dataset holds and every problem; exit 0 only if it can be trained on. Every
     image is decoded, as training will (in parallel, with a progress bar), unless --quick.
-    A relational database directory (schema.json + tables/) is checked as one, for rt-j."""
+    A relational database (a directory of schema.json + tables/, or a SQL database's URL, read as
+    one snapshot whose row counts are shown) is checked as one, for rt-j."""
     own = families.family_of_data(dataset)
     if own is not None:  # a family's own kind of data (an rt-j database), checked by its checker
         if revision is not None:
-            fail(f"bad --revision: {dataset} is a {own.name} database directory, which has no revisions")
-        _own_data_checker(own.name).check(dataset)
+            fail(f"bad --revision: {redacted_url(dataset)} is a {own.name} database, which has no revisions")
+        _own_data_checker(own.name).check(dataset_name(dataset), tasks_dir)
         return
+    _no_tasks_dir(dataset, tasks_dir)
     datasets = require("relay_engine.datasets")
     errors = require("relay_engine.errors")
     name = dataset_name(dataset)
@@ -158,13 +176,15 @@ def stats(
     output: Annotated[Path | None, typer.Option(help="Write norm_stats.json (openpi's layout) here.")] = None,
     cache_dir: CacheDirOption = None,
     revision: RevisionOption = None,
+    tasks_dir: TasksDirOption = None,
 ) -> None:
     """Print (or write) the normalization statistics training uses, in openpi's layout. For a
     relational database: each column's type and statistics, and each task's labels."""
     own = families.family_of_data(dataset)
     if own is not None:
-        _own_data_checker(own.name).stats(dataset, json_output)
+        _own_data_checker(own.name).stats(dataset_name(dataset), tasks_dir, json_output)
         return
+    _no_tasks_dir(dataset, tasks_dir)
     datasets = require("relay_engine.datasets")
     errors = require("relay_engine.errors")
     name = dataset_name(dataset)
@@ -415,12 +435,17 @@ def _length(text: str) -> int | tuple[int, int]:
     return int(match[1]) if match[2] is None else (int(match[1]), int(match[2]))
 
 
+def _no_tasks_dir(dataset: str, tasks_dir: Path | None) -> None:
+    if tasks_dir is not None:
+        fail(f"bad --tasks-dir: {dataset} is not a relational database (--tasks-dir is for rt-j's)")
+
+
 @dataclass(frozen=True)
 class OwnDataChecker:
     """How `relay datasets check` and `stats` show a family's own kind of data."""
 
-    check: Callable[[str], None]
-    stats: Callable[[str, bool], None]
+    check: Callable[[str, Path | None], None]  # the dataset, its tasks_dir
+    stats: Callable[[str, Path | None, bool], None]  # and whether to print JSON
 
 
 def _own_data_checker(family: str) -> OwnDataChecker:
@@ -430,18 +455,30 @@ def _own_data_checker(family: str) -> OwnDataChecker:
     return checker
 
 
-def _open_database(dataset: str) -> Any:
+def _open_database(dataset: str, tasks_dir: Path | None) -> Any:
     database = require("relay_engine.families.rtj.database")
     errors = require("relay_engine.errors")
+    source = dataset if is_database_url(dataset) else Path(dataset).expanduser()
     try:
-        return database.open_database(Path(dataset).expanduser())
+        return database.open_database(source, tasks_dir)
     except errors.EngineError as error:
         fail(str(error))
 
 
-def _check_database(dataset: str) -> None:
+def _check_database(dataset: str, tasks_dir: Path | None) -> None:
     summary = require("relay_engine.families.rtj.summary")
-    report, problems = summary.check_database(_open_database(dataset))
+    database = _open_database(dataset, tasks_dir)
+    snapshot = database.snapshot
+    if snapshot is not None:
+        counts = ", ".join(f"{name} {rows:,}" for name, rows in snapshot.row_counts.items())
+        _out.print(
+            f"snapshot of {escape(snapshot.source)} taken at {snapshot.taken_at} in {snapshot.path}; "
+            f"rows: {counts}",
+            soft_wrap=True,
+            highlight=False,
+        )
+    shown = redacted_url(dataset) if is_database_url(dataset) else dataset
+    report, problems = summary.check_database(database)
     tables = Table("table", "rows", "key", "time", "foreign keys (dangling)", "columns", box=None)
     for name, table in report["tables"].items():
         links = ", ".join(
@@ -458,16 +495,16 @@ def _check_database(dataset: str) -> None:
             f"task [bold]{escape(name)}[/bold] ({task['problem_type']}, on {task['entity_table']}): {splits}"
         )
     if problems:
-        _err.print(f"[red]{len(problems)} problem(s) in {escape(dataset)}:[/red]", soft_wrap=True)
+        _err.print(f"[red]{len(problems)} problem(s) in {escape(shown)}:[/red]", soft_wrap=True)
         for problem in problems:
             _err.print(f"  - {problem}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1)
-    _out.print(f"[green]{escape(dataset)} can be trained on (rt-j).[/green]", soft_wrap=True)
+    _out.print(f"[green]{escape(shown)} can be trained on (rt-j).[/green]", soft_wrap=True)
 
 
-def _database_stats(dataset: str, json_output: bool) -> None:
+def _database_stats(dataset: str, tasks_dir: Path | None, json_output: bool) -> None:
     summary = require("relay_engine.families.rtj.summary")
-    database = _open_database(dataset)
+    database = _open_database(dataset, tasks_dir)
     stats = summary.column_stats(database)
     report, _ = summary.check_database(database)
     if json_output:

@@ -65,9 +65,17 @@ class StopOnInterrupt:
 def train(
     model: str = typer.Option(..., help="Base model: pi05, pi05-tiny, rt-j or rt-j-tiny."),
     dataset: str = typer.Option(
-        ..., help="A Hub dataset repo id or a local dataset directory (rt-j: a database directory)."
+        ...,
+        help="A Hub dataset repo id or a local dataset directory (rt-j: a database directory, or a "
+        "database URL such as sqlite:///shop.db or postgresql://host/db).",
     ),
     task: str | None = typer.Option(None, help="rt-j models: the database's task to train on."),
+    tasks_dir: str | None = typer.Option(
+        None,
+        "--tasks-dir",
+        help="rt-j models: a directory holding the database's tasks (schema.json's tasks, "
+        "<task>/train.parquet...), when they are not in the database.",
+    ),
     dataset_revision: str | None = typer.Option(
         None,
         help="A Hub dataset's branch, tag or commit to read (default: v2.1, else a v3.0 default branch).",
@@ -153,6 +161,7 @@ def train(
         "targets": split_targets(targets),
         "cameras": parse_pairs(cameras, "camera") if cameras else None,
         "task": task,
+        "tasks_dir": _absolute(tasks_dir),
         "dataset_revision": dataset_revision,
         "validation_episodes": validation_episodes,
         "eval": _eval_json(eval_block),
@@ -169,6 +178,11 @@ def train(
         "strategy": strategy,
     }
     _train_here(config, engine_settings, output_dir, json_lines)
+
+
+def _absolute(directory: str | None) -> str | None:
+    """A directory as the job will find it, wherever it runs from."""
+    return str(Path(directory).expanduser().absolute()) if directory is not None else None
 
 
 def _eval_json(text: str | None) -> Any:
@@ -309,7 +323,10 @@ def _say_how_it_ended(result: Any, progress: _TrainingProgress, json_lines: bool
 @app.command("eval")
 def evaluate(
     model: str = typer.Option(..., help="A base model name (pi05-tiny) or an output directory."),
-    dataset: str = typer.Option(..., help="A Hub dataset repo id or a local dataset directory."),
+    dataset: str = typer.Option(
+        ...,
+        help="A Hub dataset repo id or a local dataset directory (rt-j: a database directory or URL).",
+    ),
     episodes: str | None = typer.Option(None, help="Evaluate on these episodes only, like 40-49."),
     blind_from: str | None = typer.Option(
         None,
@@ -323,6 +340,9 @@ def evaluate(
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     task: str | None = typer.Option(None, help="rt-j: the database's task [default: the model's]."),
     split: str = typer.Option("val", help="rt-j: the task's split, train, val or test."),
+    tasks_dir: str | None = typer.Option(
+        None, "--tasks-dir", help="rt-j: a directory holding the database's tasks, when apart from it."
+    ),
 ) -> None:
     """pi05: the mean squared error of sampled action chunks against the dataset's, in normalized
     units. rt-j: AUROC (binary tasks) or MAE and nMAE (regression) on a task's split."""
@@ -342,6 +362,7 @@ def evaluate(
         num_steps=num_steps,
         task=task,
         split=split,
+        tasks_dir=_absolute(tasks_dir),
     )
     progress = _EvaluationProgress(shown=not json_output)
     try:

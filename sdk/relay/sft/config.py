@@ -15,7 +15,7 @@ from pydantic import BeforeValidator, Field, PlainValidator, WithJsonSchema, fie
 
 from relay import catalog, families
 from relay.catalog import LORA_RANK_DEFAULT
-from relay.dataset_names import names_local_directory
+from relay.dataset_names import is_database_url, names_local_directory
 from relay.env_evaluation import JobEval, job_eval_value
 from relay.episodes import VALIDATION_EPISODES_RULE, VALIDATION_EPISODES_SCHEMA, validation_episodes_value
 from relay.errors import ConfigError
@@ -55,7 +55,8 @@ RULES: dict[str, str] = {
     "model": RECIPE_MODEL_RULE,
     "dataset_name": (
         "must be a LeRobot dataset on the Hugging Face Hub such as lerobot/pusht_image, or a local "
-        "dataset directory (for rt-j models: a relational database directory): "
+        "dataset directory (for rt-j models: a relational database directory), or a database URL such "
+        "as sqlite:///shop.db or postgresql://host/db (rt-j models): "
         f"1 to {DATASET_NAME_MAX} characters, no control characters"
     ),
     "dataset_revision": (
@@ -64,6 +65,11 @@ RULES: dict[str, str] = {
     ),
     "task": (
         f"must name a task table of the database (rt-j models only): 1 to {TASK_MAX} characters, "
+        "no control characters"
+    ),
+    "tasks_dir": (
+        "must name a directory holding the database's tasks (rt-j models only): a schema.json with a "
+        f"tasks section and <task>/train.parquet, val, test splits; 1 to {DATASET_NAME_MAX} characters, "
         "no control characters"
     ),
     "batch_size": f"must be an integer from 1 to {BATCH_SIZE_MAX}",
@@ -95,12 +101,17 @@ GpuCount = Annotated[int, Field(strict=True, ge=1, le=GPUS_MAX), BeforeValidator
 
 def _schema_rules() -> tuple[dict[str, Any], ...]:
     """What _fits_the_family checks, for the JSON Schema: a task only where the family takes one,
-    and the limits of a family that forces its finetune and runs in one process."""
+    the fields a family refuses, and the limits of a family that forces its finetune and runs in
+    one process."""
     rules = [
         for_models(
             families.models_where(lambda spec: spec.task == "refused"), {"properties": {"task": ABSENT}}
         )
     ]
+    for spec in families.family_specs():
+        if spec.task == "refused" and spec.refused_fields:
+            absent = {field: ABSENT for field in spec.refused_fields}
+            rules.append(for_models(spec.models, {"properties": absent}))
     for spec in families.family_specs():
         if spec.task != "required":
             continue
@@ -169,6 +180,10 @@ class SFTConfig(CheckedConfig):
         Annotated[int, Field(strict=True, ge=1, le=GPUS_MAX), BeforeValidator(whole_float_to_int)] | None
     ) = None
     task: str | None = Field(None, min_length=1, max_length=TASK_MAX, pattern=PLAIN_TEXT_PATTERN)
+    # Where the database's tasks are kept when apart from it (rt-j): schema.json's tasks and splits.
+    tasks_dir: str | None = Field(
+        None, min_length=1, max_length=DATASET_NAME_MAX, pattern=NOT_BLANK_TEXT_PATTERN
+    )
     validation_episodes: ValidationEpisodes = None
     eval: Annotated[JobEval | None, BeforeValidator(job_eval_value)] = None
 
@@ -203,6 +218,13 @@ class SFTConfig(CheckedConfig):
     def _plain_task(cls, value: str | None) -> str | None:
         if value is not None and (not value.strip() or has_control_characters(value)):
             raise ValueError(RULES["task"])
+        return value
+
+    @field_validator("tasks_dir")
+    @classmethod
+    def _plain_tasks_dir(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or has_control_characters(value)):
+            raise ValueError(RULES["tasks_dir"])
         return value
 
     @field_validator("dataset_name")
@@ -257,6 +279,7 @@ class SFTConfig(CheckedConfig):
                 f"missing task (required for {self.model}; it {RULES['task']})", "task", "missing_field"
             )
         self._refuse_fields(spec)
+        self._database_url_of_a_relational_model(spec)
         self._revision_of_a_hub_dataset()
         self._fit_finetune(spec)
         self._fit_gpus(spec)
@@ -269,6 +292,16 @@ class SFTConfig(CheckedConfig):
                 raise ConfigError(
                     f"bad {field}: {self.model} takes no {field} ({why})", field, "invalid_value"
                 )
+
+    def _database_url_of_a_relational_model(self, spec: families.FamilySpec) -> None:
+        if spec.recognizes_data is None and is_database_url(self.dataset_name):
+            relational = ", ".join(families.models_where(lambda other: other.recognizes_data is not None))
+            raise ConfigError(
+                f"bad dataset_name: {self.model} trains on LeRobot datasets; a database URL is read by "
+                f"{relational}",
+                "dataset_name",
+                "invalid_value",
+            )
 
     def _revision_of_a_hub_dataset(self) -> None:
         if self.dataset_revision is not None and names_local_directory(self.dataset_name):

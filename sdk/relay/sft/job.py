@@ -87,6 +87,7 @@ class FineTuneJob:
     validation: dict[str, Any] | None
     gpus: int | None
     task: str | None
+    tasks_dir: str | None
     model: str
     dataset_name: str
     dataset_revision: str | None

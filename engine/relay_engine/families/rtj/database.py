@@ -19,14 +19,24 @@ schema.json:
 
 Column types are read from the files (numbers, booleans, datetimes, text: anything else is shown as
 text); `column_types` overrides them. Every problem names the file and the field.
+
+`open_database` also takes a SQL database's URL (sqlite:///shop.db, postgresql://host/db): it reads
+one consistent snapshot of it into a directory of this layout under the cache
+(relay_engine.families.rtj.sql), and opens that. A `tasks_dir` holds the tasks kept apart from the
+database: a schema.json whose `tasks` section defines them, and their splits as
+tasks_dir/<task>/<split>.parquet or .csv.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import numpy as np
 import pyarrow as pa
@@ -34,9 +44,13 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
+from relay.dataset_names import is_database_url, redacted_url
 from relay_engine.errors import DatasetError
+from relay_engine.paths import cache_dir_or_default
 
 SCHEMA_FILE = "schema.json"
+# What a snapshot of a SQL database records of where and when it was read (no password).
+SNAPSHOT_FILE = "snapshot.json"
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 COLUMN_TYPES: tuple[str, ...] = ("number", "text", "datetime", "boolean")
 TASK_PROBLEM_TYPES: tuple[str, ...] = ("binary", "regression")
@@ -72,24 +86,58 @@ class TaskSpec:
     problem_type: str
 
 
+@dataclass(frozen=True)
+class DatabaseSnapshot:
+    """A SQL database read into a database directory: where it is, the URL it was read from (its
+    password hidden), each table's rows, and when (ISO 8601, UTC)."""
+
+    path: Path
+    source: str
+    row_counts: dict[str, int]
+    taken_at: str = ""
+
+
 @dataclass
 class Database:
-    """Tables by name, the tasks the schema defines, and where they came from."""
+    """Tables by name, the tasks the schema defines, and where they came from: `root`, the
+    directory; `tasks_root`, where the task splits are (root/tasks unless a tasks_dir was given);
+    `snapshot`, for a directory read from a SQL database, what was read and from where."""
 
     root: Path
     tables: dict[str, Table]
     tasks: dict[str, TaskSpec]
+    tasks_root: Path | None = None
+    snapshot: DatabaseSnapshot | None = None
+
+    def __post_init__(self) -> None:
+        if self.tasks_root is None:
+            self.tasks_root = self.root / "tasks"
+
+    @property
+    def source(self) -> str:
+        """What the database was read from, to show: the URL (password hidden) or the directory."""
+        return self.snapshot.source if self.snapshot is not None else str(self.root)
+
+    def split_file(self, task: str, split: str) -> Path | None:
+        """The file holding a task's split, if there is one."""
+        assert self.tasks_root is not None  # __post_init__
+        return _table_file(self.tasks_root / task, split)
+
+    def has_split(self, task: str, split: str) -> bool:
+        return self.split_file(task, split) is not None
 
     def task_split(self, task: str, split: str) -> pa.Table:
         spec = self.task(task)
         if split not in SPLITS:
             raise DatasetError(str(self.root), f"split must be one of {', '.join(SPLITS)}, got {split!r}")
-        path = _table_file(self.root / "tasks" / task, split)
+        path = self.split_file(task, split)
+        assert self.tasks_root is not None
+        # Files are named relative to the directory (tasks/...), or in full in a tasks_dir elsewhere.
+        shown_from = self.root if self.tasks_root.is_relative_to(self.root) else self.tasks_root.parent
         if path is None:
-            raise DatasetError(
-                str(self.root), f"task {task} has no {split} split (tasks/{task}/{split}.parquet or .csv)"
-            )
-        data = _read_table(path, self.root)
+            where = (self.tasks_root / task / split).relative_to(shown_from)
+            raise DatasetError(self.source, f"task {task} has no {split} split ({where}.parquet or .csv)")
+        data = _read_table(path, shown_from)
         for column in (spec.entity_column, spec.time_column, spec.target_column):
             if column not in data.column_names:
                 raise DatasetError(str(self.root), f"{path.name} of task {task} has no column {column!r}")
@@ -107,8 +155,84 @@ def is_database(path: Path) -> bool:
     return (path / SCHEMA_FILE).is_file() and (path / "tables").is_dir()
 
 
-def open_database(root: str | Path) -> Database:
-    root = Path(root).expanduser()
+def open_database(
+    source: str | Path, tasks_dir: str | Path | None = None, *, cache_dir: str | Path | None = None
+) -> Database:
+    """The database in a directory, or a fresh snapshot of the SQL database a URL names (see
+    relay_engine.families.rtj.sql), written under `cache_dir` (RELAY_CACHE_DIR or ~/.cache/relay by
+    default). `tasks_dir`: where the tasks are, when they are kept apart from the database (a
+    schema.json defining them, and tasks_dir/<task>/<split>.parquet or .csv)."""
+    tasks_root = Path(tasks_dir).expanduser().absolute() if tasks_dir is not None else None
+    if isinstance(source, str) and is_database_url(source):
+        return _open_snapshot(source, tasks_root, cache_dir_or_default(cache_dir))
+    root = Path(source).expanduser()
+    database = _open_directory(root, tasks_root)
+    if tasks_root is not None:
+        database.tasks = {**database.tasks, **_overlay_tasks(tasks_root, database.tables)}
+        database.tasks_root = tasks_root
+    return database
+
+
+def snapshot_directory(source: str, tasks_dir: Path | None = None, cache_dir: Path | None = None) -> Path:
+    """Where a new snapshot of the database at `source` goes: one directory per snapshot, under a
+    folder of the cache named for the URL (its password hidden) and the tasks_dir. A snapshot is
+    never reused: each open reads the database as it is then, and a model trained on one keeps
+    reading the rows it was trained on."""
+    key = hashlib.sha256(f"{redacted_url(source)}\0{tasks_dir or ''}".encode()).hexdigest()[:16]
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    return cache_dir_or_default(cache_dir) / "databases" / key / f"{stamp}-{uuid4().hex[:8]}"
+
+
+def _open_snapshot(url: str, tasks_dir: Path | None, cache_dir: Path) -> Database:
+    from relay_engine.families.rtj.sql import snapshot_database
+
+    snapshot = snapshot_database(url, snapshot_directory(url, tasks_dir, cache_dir), tasks_dir)
+    try:
+        database = _open_directory(snapshot.path, None)
+    except DatasetError as error:
+        # A snapshot that does not open is of no use to anyone: its problem, named by the URL.
+        shutil.rmtree(snapshot.path, ignore_errors=True)
+        raise DatasetError(snapshot.source, error.problem, reason=error.reason) from None
+    database.snapshot = snapshot
+    return database
+
+
+def _overlay_tasks(tasks_dir: Path, tables: dict[str, Table]) -> dict[str, TaskSpec]:
+    """The tasks a tasks_dir's schema.json defines (a tasks_dir without one adds none)."""
+    where = str(tasks_dir)
+    if not tasks_dir.is_dir():
+        raise DatasetError(where, f"tasks_dir: no such directory: {tasks_dir}", reason=DatasetError.NOT_FOUND)
+    path = tasks_dir / SCHEMA_FILE
+    if not path.is_file():
+        return {}
+    try:
+        overlay = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise DatasetError(where, f"{SCHEMA_FILE} is not valid JSON: {error}") from None
+    if not isinstance(overlay, dict) or not isinstance(overlay.get("tasks", {}), dict):
+        raise DatasetError(where, f"{SCHEMA_FILE}: tasks must be an object")
+    if overlay.get("tables"):
+        raise DatasetError(
+            where,
+            f"{SCHEMA_FILE}: tables here apply to a database read by URL; a directory's tables are "
+            "described by its own schema.json",
+        )
+    return {name: _task_spec(where, name, spec, tables) for name, spec in overlay.get("tasks", {}).items()}
+
+
+def _read_snapshot_record(root: Path) -> DatabaseSnapshot | None:
+    """snapshot.json of a directory read from a SQL database (None for any other directory)."""
+    try:
+        record = json.loads((root / SNAPSHOT_FILE).read_text())
+        counts = record["row_counts"]
+        return DatabaseSnapshot(
+            root, str(record["source"]), {str(k): int(v) for k, v in counts.items()}, str(record["taken_at"])
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _open_directory(root: Path, tasks_root: Path | None) -> Database:
     where = str(root)
     if not root.is_dir():
         raise DatasetError(where, f"no such directory: {root}")
@@ -130,7 +254,7 @@ def open_database(root: str | Path) -> Database:
     if not isinstance(tasks_spec, dict):
         raise DatasetError(where, f"{SCHEMA_FILE}: tasks must be an object")
     tasks = {name: _task_spec(where, name, spec, tables) for name, spec in tasks_spec.items()}
-    return Database(root, tables, tasks)
+    return Database(root, tables, tasks, tasks_root, _read_snapshot_record(root))
 
 
 def _load_table(root: Path, name: str, spec: Any) -> Table:

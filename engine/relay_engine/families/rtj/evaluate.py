@@ -112,11 +112,19 @@ def label_frequency_baseline(sampler: ContextSampler, split: str) -> np.ndarray:
 
 
 def evaluate_split(
-    model_name_or_dir: str, dataset: str, task: str | None, split: str, *, device: str = "auto", seed: int = 0
+    model_name_or_dir: str,
+    dataset: str,
+    task: str | None,
+    split: str,
+    *,
+    device: str = "auto",
+    seed: int = 0,
+    tasks_dir: str | None = None,
 ) -> dict[str, Any]:
     """The task's metrics on one split (AUROC for binary, MAE and nMAE for regression), a baseline's
     score on the same rows (binary: the label-frequency AUROC; regression: the train median's MAE)
-    and `below_baseline`, whether the model scored worse than that baseline."""
+    and `below_baseline`, whether the model scored worse than that baseline. `dataset`: a database
+    directory or a SQL database's URL (read now, as it is); `tasks_dir`: where its tasks are kept."""
     from relay_engine.families.rtj.family import build_sampler, context_settings
     from relay_engine.recipe import pick_device
 
@@ -125,7 +133,7 @@ def evaluate_split(
     chosen = task or model.config.get("relay", {}).get("task")
     if not chosen:
         raise ConfigError(f"name the task to evaluate {model_name_or_dir} on (--task)")
-    sampler = build_sampler(dataset, chosen, settings, model.model.config.d_text, seed)
+    sampler = build_sampler(dataset, chosen, settings, model.model.config.d_text, seed, tasks_dir=tasks_dir)
     examples = sampler.examples(split)
     if not examples:
         raise ConfigError(f"the {split} split of task {chosen} has no rows")

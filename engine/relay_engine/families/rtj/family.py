@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from relay import families as sdk_families
+from relay.dataset_names import is_database_url
 from relay.optimizer import AdamParams
 from relay_engine.core.data import BatchOrder, DataPosition
 from relay_engine.errors import ConfigError
@@ -56,12 +57,21 @@ def context_settings(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_sampler(
-    dataset: str, task: str, settings: dict[str, Any], d_text: int, seed: int
+    dataset: str,
+    task: str,
+    settings: dict[str, Any],
+    d_text: int,
+    seed: int,
+    *,
+    tasks_dir: str | None = None,
+    cache_dir: Path | None = None,
 ) -> ContextSampler:
-    """The sampler of a database directory's task, with a model's context settings."""
+    """The sampler of a database's task (a directory, or a snapshot of the SQL database a URL
+    names, taken now under `cache_dir`), with a model's context settings."""
     from relay_engine.families.rtj.sampling import ContextSampler
 
-    database = open_database(Path(dataset).expanduser())
+    source: str | Path = dataset if is_database_url(dataset) else Path(dataset).expanduser()
+    database = open_database(source, tasks_dir, cache_dir=cache_dir)
     prefer = "hash" if settings["text_encoder"].startswith("hash") else "auto"
     embedder = default_text_embedder(d_text, prefer=prefer)
     return ContextSampler(
@@ -96,7 +106,13 @@ class RelationalFamily(Family):
         model = RelationalTransformer(config.model, device=run.device, seed=recipe.seed)
         settings = context_settings(model.config)
         sampler = build_sampler(
-            config.dataset_name, config.task, settings, model.model.config.d_text, recipe.seed
+            config.dataset_name,
+            config.task,
+            settings,
+            model.model.config.d_text,
+            recipe.seed,
+            tasks_dir=config.tasks_dir,
+            cache_dir=run.dataset_cache_dir,
         )
         examples = sampler.examples("train")
         problem_type = sampler.spec.problem_type
@@ -139,6 +155,7 @@ class RelationalFamily(Family):
             request.split,
             device=request.device,
             seed=request.seed,
+            tasks_dir=request.tasks_dir,
         )
 
     def describe(self, name: str) -> ModelDescription:
@@ -207,6 +224,14 @@ def _write_output(
     output_dir: Path,
 ) -> None:
     model.model.eval()
+    database = sampler.database
+    # The rows it was trained on: the directory (for a SQL database, the snapshot taken for the job,
+    # which serving reads), where its tasks were, and the URL read (its password hidden).
+    read_from: dict[str, str] = {"dataset": str(database.root.resolve())}
+    if database.tasks_root is not None and database.tasks_root != database.root / "tasks":
+        read_from["tasks_dir"] = str(database.tasks_root.resolve())
+    if database.snapshot is not None:
+        read_from["dataset_source"] = database.snapshot.source
     model.config = {
         **model.config,
         "model_type": "rt-j",
@@ -215,7 +240,7 @@ def _write_output(
         "relay": {
             "task": task,
             # The database it was trained on: the policy server predicts its rows.
-            "dataset": str(sampler.database.root.resolve()),
+            **read_from,
             "context_length": settings["context_length"],
             "max_children": settings["max_children"],
             "text_encoder": sampler.embedder.name,

@@ -97,7 +97,7 @@ class ContextSampler:
         self.max_children = max_children
         self.seed = seed
         self.splits = {
-            split: database.task_split(task, split) for split in SPLITS if _has_split(database, task, split)
+            split: database.task_split(task, split) for split in SPLITS if database.has_split(task, split)
         }
         if "train" not in self.splits:
             raise DatasetError(str(database.root), f"task {task} needs a train split")
@@ -418,11 +418,6 @@ class _ContextWalk:
             picked = rng.choice(len(candidates), max_children, replace=False)
             candidates = [candidates[i] for i in sorted(picked)]
         return candidates
-
-
-def _has_split(database: Database, task: str, split: str) -> bool:
-    directory = database.root / "tasks" / task
-    return any((directory / (split + suffix)).is_file() for suffix in (".parquet", ".csv"))
 
 
 def _labels(rows: pa.Table, spec: TaskSpec) -> np.ndarray:
