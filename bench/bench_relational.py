@@ -67,25 +67,15 @@ def sampling(root: Path, contexts: int, context_length: int) -> None:
 
 
 def _walk(sampler: ContextSampler, rows: pa.Table, i: int) -> dict[str, list[int]]:
-    """The rows a context visits, per database table (the sampler's own walk, instrumented)."""
+    """The rows a context visits, per database table (the sampler's own walk)."""
     entity = sampler.pk_rows[sampler.spec.entity_table].get(
         rows.column(sampler.spec.entity_column)[i].as_py(), -1
     )
     seed_time = float(rows.column(sampler.spec.time_column)[i].value) / 1e6
     recorded: dict[str, list[int]] = {}
-    original = sampler._emit
-
-    def record(order, node_of, row_parents, seed_time_):  # type: ignore[no-untyped-def]
-        for t, r in order:
-            if r >= 0 and sampler.tables[t].name in sampler.database.tables:
-                recorded.setdefault(sampler.tables[t].name, []).append(r)
-        return original(order, node_of, row_parents, seed_time_)
-
-    sampler._emit = record  # type: ignore[method-assign]
-    try:
-        sampler.context(entity, seed_time, (sampler.seed, 0, i))
-    finally:
-        sampler._emit = original  # type: ignore[method-assign]
+    for table, row in sampler.visited_rows(entity, seed_time, (sampler.seed, 0, i)):
+        if table in sampler.database.tables:  # (not the task's own rows)
+            recorded.setdefault(table, []).append(row)
     return recorded
 
 

@@ -64,6 +64,33 @@ def test_contexts_hold_the_seed_its_parents_and_its_history(shop: Path) -> None:
     assert all(torch.equal(getattr(batch, f), getattr(again, f)) for f in ("node_idxs", "number_values"))
 
 
+def test_a_context_holds_each_visited_row_s_non_null_cells_in_order(shop: Path) -> None:
+    """Checked against the tables as pyarrow reads them: after the seed's two cells, node by node,
+    the rows the walk visited with one cell per non-null value column (keys make none), from the
+    right table, until the context length."""
+    s = sampler(shop, context_length=160, max_children=16)
+    rows = s.splits["train"]
+    database = open_database(shop)
+    for i in (0, 7, 31):
+        entity = s.pk_rows["customer"][rows.column("customer_id")[i].as_py()]
+        seed_time = float(rows.column("timestamp")[i].value) / 1e6
+        visited = s.visited_rows(entity, seed_time, (s.seed, 0, i))
+        batch = s.examples("train", limit=i + 1)[i].input
+        expected_tables, expected_nodes = [s.table_index["user-churn"]] * 2, [0, 0]
+        for node, (name, row) in enumerate(visited, start=1):
+            if name == "user-churn":  # an earlier train row of the task: its timestamp and label
+                cells = sum(rows.column(c)[row].is_valid for c in ("timestamp", "churn"))
+            else:
+                table = database.tables[name]
+                cells = sum(table.data.column(c)[row].is_valid for c in table.value_columns())
+            expected_tables += [s.table_index[name]] * cells
+            expected_nodes += [node] * cells
+        length = batch.sequence_length
+        assert length == min(len(expected_nodes), 160)
+        assert batch.node_idxs[0].tolist() == expected_nodes[:length]
+        assert batch.table_name_idxs[0].tolist() == expected_tables[:length]
+
+
 def test_no_label_or_future_row_reaches_a_context(shop: Path) -> None:
     s = sampler(shop, context_length=512, max_children=64)
     spec = s.spec

@@ -146,6 +146,10 @@ class ContextSampler:
             self.embedder.embed(text_list) if text_list else np.zeros((0, self.embedder.dim), np.float32)
         )
         self.column_vectors = self.embedder.embed(self.column_names)
+        self._text_rows = np.concatenate(
+            [self.text_vectors, np.zeros((1, self.embedder.dim), np.float32)]
+        ).astype(np.float32)
+        self._index = _RowIndex(self.tables)
 
     def _text_id(self, text: str) -> int:
         return self.texts.setdefault(text, len(self.texts))
@@ -247,67 +251,64 @@ class ContextSampler:
 
     def context(self, entity_row: int, seed_time: float, rng_key: tuple[int, ...]) -> RelationalBatch:
         """The context of one seed: an entity row (-1 if unknown) at a time (seconds)."""
-        rng = np.random.default_rng(list(rng_key))
-        walk = _ContextWalk(self.tables, seed_time, budget=self.context_length - 2)
-        if entity_row >= 0:
-            entity = (self.table_index[self.spec.entity_table], entity_row)
-            walk.row_parents[0] = [entity]
-            walk.visit(*entity)
-        walk.spread(rng, self.max_children)
-        return self._emit(walk.order, walk.node_of, walk.row_parents, seed_time)
+        walk = self._walk(entity_row, seed_time, rng_key)
+        return self._emit(walk, seed_time)
 
-    def _emit(
-        self,
-        order: list[tuple[int, int]],
-        node_of: dict[tuple[int, int], int],
-        row_parents: list[list[tuple[int, int]]],
-        seed_time: float,
-    ) -> RelationalBatch:
-        """The batch of one context: every present cell of the rows reached, in the walk's order,
-        cut to the context length."""
-        nodes, cols, tables, sems, scalars, text_ids, parents = [], [], [], [], [], [], []
-        for node, (t, r) in enumerate(order):
-            parent_nodes = [node_of[p] for p in row_parents[node] if p in node_of][:MAX_PARENTS]
-            parent_row = parent_nodes + [-1] * (MAX_PARENTS - len(parent_nodes))
-            for col, sem, value, text in self._row_cells(t, r, seed_time):
-                nodes.append(node)
-                cols.append(col)
-                tables.append(t)
-                sems.append(sem)
-                scalars.append(value)
-                text_ids.append(text)
-                parents.append(parent_row)
-        length = min(len(nodes), self.context_length)
-        return self._as_batch(
-            np.asarray(nodes[:length]),
-            np.asarray(cols[:length]),
-            np.asarray(tables[:length]),
-            np.asarray(sems[:length], np.int64),
-            np.asarray(scalars[:length], np.float32),
-            np.asarray(text_ids[:length], np.int64),
-            np.asarray(parents[:length], np.int64),
-        )
-
-    def _row_cells(self, t: int, r: int, seed_time: float) -> list[tuple[int, int, float, int]]:
-        """One row's cells as (column id, semantic code, scalar value, text id); row -1 is the seed."""
-        if r < 0:  # the seed: its timestamp, and its label as the hidden target
-            task = self.tables[-1]
-            seed_time_value = (seed_time - self.time_mean) / self.time_std
-            return [
-                (int(task.column_ids[0]), SEM_DATETIME, seed_time_value, -1),
-                (int(task.column_ids[1]), int(task.sem[1]), 0.0, -1),
-            ]
-        table = self.tables[t]
-        where = np.flatnonzero(table.present[r])
+    def visited_rows(
+        self, entity_row: int, seed_time: float, rng_key: tuple[int, ...]
+    ) -> list[tuple[str, int]]:
+        """The rows the context of a seed visits after the seed, in order, as (table, row): rows of
+        the database's tables, and train rows of the task (named by the task) as in-context examples."""
+        walk = self._walk(entity_row, seed_time, rng_key)
+        index, visited = self._index, walk.order[1:]
         return [
-            (
-                int(table.column_ids[j]),
-                int(table.sem[j]),
-                float(table.scalars[r, j]),
-                int(table.text_ids[r, j]),
+            (self.tables[table].name, int(row))
+            for table, row in zip(
+                index.table_of[visited].tolist(), index.row_of[visited].tolist(), strict=True
             )
-            for j in where
         ]
+
+    def _walk(self, entity_row: int, seed_time: float, rng_key: tuple[int, ...]) -> _ContextWalk:
+        rng = np.random.default_rng(list(rng_key))
+        walk = _ContextWalk(self._index, seed_time, budget=self.context_length - 2)
+        try:
+            if entity_row >= 0:
+                entity = self._index.global_row(self.table_index[self.spec.entity_table], entity_row)
+                walk.row_parents[0] = [entity]
+                walk.visit(entity)
+            walk.spread(rng, self.max_children)
+        finally:
+            walk.release()
+        return walk
+
+    def _emit(self, walk: _ContextWalk, seed_time: float) -> RelationalBatch:
+        """The batch of one context: the seed's two cells, then every present cell of the rows
+        reached, in the walk's order, cut to the context length."""
+        index, task = self._index, self.tables[-1]
+        rows = np.asarray(walk.order[1:], np.int64)
+        counts = index.cell_count[rows]
+        starts = index.cell_start[rows]
+        ends = np.cumsum(counts)
+        cells = np.repeat(starts - (ends - counts), counts) + np.arange(int(ends[-1]) if len(ends) else 0)
+        length = min(2 + len(cells), self.context_length)
+        cells = cells[: length - 2]
+        nodes = np.repeat(np.arange(1, len(rows) + 1), counts)[: length - 2]
+        # Each node's parents as nodes of this context (those reached), at most MAX_PARENTS of them.
+        node_of = walk.node_of
+        parents = np.full((len(rows) + 1, MAX_PARENTS), -1, np.int64)
+        for node, links in enumerate(walk.row_parents):
+            reached = [node_of[p] for p in links if p in node_of][:MAX_PARENTS]
+            parents[node, : len(reached)] = reached
+        seed_time_value = (seed_time - self.time_mean) / self.time_std
+        return self._as_batch(
+            np.concatenate([[0, 0], nodes]),
+            np.concatenate([task.column_ids[:2], index.cell_column[cells]]),
+            np.concatenate([[task.index, task.index], index.table_of[rows][nodes - 1]]),
+            np.concatenate([[SEM_DATETIME, task.sem[1]], index.cell_sem[cells]]).astype(np.int64),
+            np.concatenate([[seed_time_value, 0.0], index.cell_value[cells]]).astype(np.float32),
+            np.concatenate([[-1, -1], index.cell_text[cells]]).astype(np.int64),
+            parents[np.concatenate([[0, 0], nodes])],
+        )
 
     def _as_batch(
         self,
@@ -322,10 +323,8 @@ class ContextSampler:
         """A batch of one context from its cells' arrays: the text and column-name embeddings looked
         up, each scalar in its semantic type's channel, the seed's label cell (the second) the target."""
         length = len(nodes)
-        d_text = self.embedder.dim
-        text_values = np.zeros((length, d_text), np.float32)
-        has_text = text_array >= 0
-        text_values[has_text] = self.text_vectors[text_array[has_text]]
+        # One gather: a cell without text (-1) takes the zero row that ends the table.
+        text_values = self._text_rows[text_array]
         targets = np.zeros(length, bool)
         targets[1] = True
         channel = {
@@ -347,39 +346,118 @@ class ContextSampler:
         )
 
 
+class _RowIndex:
+    """Every row of every table (the task's train rows last) under one global id, as flat arrays:
+    the cells of a row in column order, its time, its parents and its children. A context's walk
+    and its cells are then a few array lookups per row rather than per cell.
+
+    Global id = the table's first id + the row. `cell_start[g]`, `cell_count[g]`: the row's
+    present cells in `cell_column`/`cell_sem`/`cell_value`/`cell_text`; `parents[g]`: its parents'
+    ids in foreign-key order (-1 where null or dangling); `child_start[g]..child_start[g + 1]`: its
+    children's ids in `children`, by foreign key and then by row, as `_EncodedTable.children`
+    lists them."""
+
+    def __init__(self, tables: list[_EncodedTable]) -> None:
+        sizes = np.asarray([t.num_rows for t in tables], np.int64)
+        self.first = np.concatenate([[0], np.cumsum(sizes)])
+        self.task_table = len(tables) - 1
+        self.table_of = np.repeat(np.arange(len(tables)), sizes)
+        self.row_of = np.concatenate([np.arange(n) for n in sizes]) if len(sizes) else np.zeros(0, np.int64)
+        self.is_task = self.table_of == self.task_table
+        self.time = np.concatenate(
+            [t.time if t.time is not None else np.full(t.num_rows, np.nan) for t in tables]
+        )
+        self.cell_count = np.concatenate([t.present.sum(axis=1) for t in tables]).astype(np.int64)
+        self.cell_start = np.concatenate([[0], np.cumsum(self.cell_count)[:-1]]).astype(np.int64)
+        where = [np.nonzero(t.present) for t in tables]  # row-major: a row's cells in column order
+        self.cell_column = np.concatenate([t.column_ids[j] for t, (_, j) in zip(tables, where, strict=True)])
+        self.cell_sem = np.concatenate([t.sem[j] for t, (_, j) in zip(tables, where, strict=True)])
+        self.cell_value = np.concatenate([t.scalars[r, j] for t, (r, j) in zip(tables, where, strict=True)])
+        self.cell_text = np.concatenate([t.text_ids[r, j] for t, (r, j) in zip(tables, where, strict=True)])
+        self.parents = np.full((int(self.first[-1]), MAX_PARENTS), -1, np.int64)
+        for t, table in enumerate(tables):
+            for k, (parent, rows) in enumerate(table.parents):
+                linked = rows >= 0
+                ids = np.where(linked, self.first[parent] + rows, -1)
+                self.parents[self.first[t] : self.first[t + 1], k] = ids
+        self._index_children(tables)
+        self.seen = np.zeros(int(self.first[-1]), bool)  # the rows a walk reached (cleared after it)
+
+    def _index_children(self, tables: list[_EncodedTable]) -> None:
+        owners, keys, ids = [], [], []
+        for t, table in enumerate(tables):
+            for k, (child, offsets, rows) in enumerate(table.children):
+                counts = np.diff(offsets)
+                owners.append(self.first[t] + np.repeat(np.arange(table.num_rows), counts))
+                keys.append(np.full(len(rows), k))
+                ids.append(self.first[child] + rows)
+        if owners:
+            owner, key, child_ids = np.concatenate(owners), np.concatenate(keys), np.concatenate(ids)
+            order = np.lexsort((key, owner))  # stable: within a key, rows stay in their order
+            self.children = child_ids[order]
+            counts = np.bincount(owner, minlength=int(self.first[-1]))
+        else:
+            self.children = np.zeros(0, np.int64)
+            counts = np.zeros(int(self.first[-1]), np.int64)
+        self.child_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def global_row(self, table: int, row: int) -> int:
+        return int(self.first[table] + row)
+
+    def visible(self, rows: np.ndarray, seed_time: float) -> np.ndarray:
+        """Which rows the seed may see: not from its future (train task rows: strictly earlier)."""
+        time = self.time[rows]
+        with np.errstate(invalid="ignore"):
+            return np.where(self.is_task[rows], time < seed_time, ~(time > seed_time))
+
+
+SEED = -1  # the seed row's id in a walk: it is no row of a table
+
+
 class _ContextWalk:
     """One seed's walk over the rows it may see, within a budget of cells: up each row's parents
     depth-first, then down to a sample of children breadth-first. It records the rows reached in
-    order (the seed first, as row -1 of the task table), each row's node, and its parent links."""
+    order (the seed first), each row's node, and its parent links. Rows are global ids (_RowIndex)."""
 
-    def __init__(self, tables: list[_EncodedTable], seed_time: float, budget: int) -> None:
-        self.tables = tables
-        self.task_index = len(tables) - 1
+    def __init__(self, index: _RowIndex, seed_time: float, budget: int) -> None:
+        self.index = index
         self.seed_time = seed_time
         self.budget = budget  # cells left; the seed's timestamp and label cells are not in it
-        self.order: list[tuple[int, int]] = [(self.task_index, -1)]  # the seed row itself
-        self.node_of: dict[tuple[int, int], int] = {(self.task_index, -1): 0}
-        self.row_parents: list[list[tuple[int, int]]] = [[]]
+        self.order: list[int] = [SEED]
+        self.node_of: dict[int, int] = {SEED: 0}
+        self.row_parents: list[list[int]] = [[]]
 
-    def visible(self, table: _EncodedTable, row: int) -> bool:
-        """Whether the seed may see the row: not from its future (no leak of the label)."""
-        if table.index == self.task_index:  # train rows strictly before the seed
-            return bool(table.time is not None and table.time[row] < self.seed_time)
-        return table.time is None or not table.time[row] > self.seed_time
+    def release(self) -> None:
+        """Clear the index's marks of the rows this walk reached, for the next walk."""
+        self.index.seen[self.order[1:]] = False
 
-    def visit(self, table_index: int, row: int) -> None:
+    def visit(self, row: int) -> None:
         """Add the row and, depth-first, its parents, until the budget is spent."""
-        stack = [(table_index, row)]
-        while stack and self.budget > 0:
-            t, r = stack.pop()
-            if (t, r) in self.node_of or not self.visible(self.tables[t], r):
+        # (Locals, not attributes, in this loop: it runs once per row of every context.)
+        index, node_of, order, row_parents = self.index, self.node_of, self.order, self.row_parents
+        seen, times, is_task, parents, cell_count = (
+            index.seen,
+            index.time,
+            index.is_task,
+            index.parents,
+            index.cell_count,
+        )
+        seed_time, budget = self.seed_time, self.budget
+        stack = [row]
+        while stack and budget > 0:
+            g = stack.pop()
+            if g in node_of:
                 continue
-            self.node_of[(t, r)] = len(self.order)
-            self.order.append((t, r))
-            self.budget -= int(self.tables[t].present[r].sum())
-            links = [(p, int(rows[r])) for p, rows in self.tables[t].parents if rows[r] >= 0]
-            self.row_parents.append(links)
-            stack.extend(reversed(links))
+            time = times[g]
+            if (time < seed_time) if is_task[g] else not time > seed_time:
+                node_of[g] = len(order)
+                order.append(g)
+                seen[g] = True
+                budget -= cell_count[g]
+                links = [p for p in parents[g].tolist() if p >= 0]
+                row_parents.append(links)
+                stack.extend(reversed(links))
+        self.budget = int(budget)
 
     def spread(self, rng: np.random.Generator, max_children: int) -> None:
         """From the rows reached so far, visit their children level by level until the budget is spent."""
@@ -387,37 +465,33 @@ class _ContextWalk:
         while frontier and self.budget > 0:
             frontier = self._visit_children(frontier, rng, max_children)
 
-    def _visit_children(
-        self, frontier: list[tuple[int, int]], rng: np.random.Generator, max_children: int
-    ) -> list[tuple[int, int]]:
+    def _visit_children(self, frontier: list[int], rng: np.random.Generator, max_children: int) -> list[int]:
         """Visit a sample of each frontier row's children; the rows this reached (the next frontier)."""
-        reached: list[tuple[int, int]] = []
-        for t, r in frontier:
-            if r < 0:
+        reached: list[int] = []
+        for g in frontier:
+            if g == SEED:
                 continue
-            for child, c in self._sampled_children(t, r, rng, max_children):
+            for child in self._sampled_children(g, rng, max_children):
                 before = len(self.order)
-                self.visit(child, c)
+                self.visit(child)
                 reached.extend(self.order[before:])
                 if self.budget <= 0:
                     return reached
         return reached
 
-    def _sampled_children(
-        self, t: int, r: int, rng: np.random.Generator, max_children: int
-    ) -> list[tuple[int, int]]:
+    def _sampled_children(self, g: int, rng: np.random.Generator, max_children: int) -> list[int]:
         """The row's children not yet reached that the seed may see, at most `max_children` of them
         (a random sample, in their order)."""
-        candidates = [
-            (child, int(c))
-            for child, offsets, rows in self.tables[t].children
-            for c in rows[offsets[r] : offsets[r + 1]]
-            if (child, int(c)) not in self.node_of and self.visible(self.tables[child], int(c))
-        ]
+        index = self.index
+        start, end = index.child_start[g], index.child_start[g + 1]
+        if start == end:
+            return []
+        candidates = index.children[start:end]
+        candidates = candidates[~index.seen[candidates] & index.visible(candidates, self.seed_time)]
         if len(candidates) > max_children:
             picked = rng.choice(len(candidates), max_children, replace=False)
-            candidates = [candidates[i] for i in sorted(picked)]
-        return candidates
+            candidates = candidates[np.sort(picked)]
+        return list(candidates.tolist())
 
 
 def _labels(rows: pa.Table, spec: TaskSpec) -> np.ndarray:
