@@ -22,7 +22,14 @@ from relay_engine.families.rtj.losses import (
     RegressionLoss,
     loss_for,
 )
-from relay_engine.families.rtj.network import NAMED_CONFIGS, RTJConfig, RTJNetwork, parameter_count
+from relay_engine.families.rtj.network import (
+    NAMED_CONFIGS,
+    OUTPUT_VIEWS,
+    ModelOutput,
+    RTJConfig,
+    RTJNetwork,
+    parameter_count,
+)
 from relay_engine.families.rtj.trainer import (
     RelationalExample,
     RelationalTrainer,
@@ -35,11 +42,13 @@ __all__ = [
     "DEFAULT_MODEL",
     "MAX_PARENTS",
     "NAMED_CONFIGS",
+    "OUTPUT_VIEWS",
     "SEM_BOOLEAN",
     "SEM_DATETIME",
     "SEM_NUMBER",
     "SEM_TEXT",
     "BinaryClassificationLoss",
+    "ModelOutput",
     "MulticlassClassificationLoss",
     "MultilabelClassificationLoss",
     "RTJConfig",

@@ -19,7 +19,7 @@ import torch
 
 from relay.optimizer import AdamParams
 from relay_engine.core.loop import LoopState, run_loop
-from relay_engine.families.rtj.batch import RelationalBatch, collate
+from relay_engine.families.rtj.batch import collate
 from relay_engine.families.rtj.learner import LabelledBatch, RelationalLearner
 from relay_engine.families.rtj.losses import PROBLEM_TYPES, SCALAR_PROBLEM_TYPES
 from relay_engine.families.rtj.transformer import RelationalTransformer, TaskHead
@@ -30,11 +30,14 @@ SAVE_STRATEGIES: tuple[str, ...] = ("epoch", "no")
 
 @dataclass
 class RelationalExample:
-    """One labelled context: `input` holds one context (batch size 1) with its target cells marked.
-    `label`: 0/1 (binary), a number (regression), a class index (multiclass) or a list of 0/1."""
+    """One labelled context: `input` is one context (batch size 1) in any form the model takes
+    (RelationalTransformer.as_batch); `target` names the target cell(s) when it is an array of
+    cells, a batch already marks them. `label`: 0/1 (binary), a number (regression, forecasting),
+    a class index (multiclass) or a list of 0/1 (multilabel)."""
 
-    input: RelationalBatch
+    input: Any
     label: Any
+    target: int | Sequence[int] | None = None
 
 
 @dataclass
@@ -134,7 +137,10 @@ class RelationalTrainer:
         learner = self._learner(network, forward)
 
         def batch_of(examples: Sequence[RelationalExample]) -> LabelledBatch:
-            return LabelledBatch(collate([example.input for example in examples]), self._labels(examples))
+            contexts = [
+                self.transformer.as_batch(example.input, target=example.target) for example in examples
+            ]
+            return LabelledBatch(collate(contexts), self._labels(examples))
 
         self._run(learner, batch_of, self._save_epoch)
         network.eval()
@@ -143,10 +149,7 @@ class RelationalTrainer:
         """The backbone stays frozen: each context's target features are computed once."""
         args, transformer = self.args, self.transformer
         torch.manual_seed(args.seed)
-        features = {
-            id(example): transformer.encode(example.input).squeeze(0).float()
-            for example in self.train_dataset
-        }
+        features = {id(example): _features(transformer, example) for example in self.train_dataset}
         labels = [example.label for example in self.train_dataset]
         num_labels = (
             int(max(int(label) for label in labels)) + 1
@@ -232,6 +235,15 @@ class RelationalTrainer:
 
     def save_model(self, directory: str | Path | None = None) -> None:
         self.transformer.save_pretrained(directory or self.args.output_dir)
+
+
+def _features(transformer: RelationalTransformer, example: RelationalExample) -> torch.Tensor:
+    """The frozen target features of one example's context, [d_model]."""
+    features = transformer.encode(
+        example.input, target=example.target, output_value="target_features", convert_to_numpy=False
+    )
+    assert isinstance(features, torch.Tensor)
+    return features.squeeze(0).float()
 
 
 class _EpochSteps:

@@ -1,0 +1,116 @@
+"""RelativeDB's `relational-transformers` API on our model: the same inputs (its own
+RelationalBatch, a mapping of the fields, raw text cells with target=) and the same outputs as
+its model, loaded with the same weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# RelativeDB's package (the dev extra installs it): the peer these tests hold us to.
+import relational_transformers as peer
+import torch
+from relational_transformers.checkpoints import save_checkpoint as peer_save
+
+from relay_engine.relational import OUTPUT_VIEWS, ModelOutput, RelationalTransformer
+from tests.engine.relational.batches import mixed_batch
+from tests.engine.relational.test_model import SIZES, TINY, scramble
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> tuple[RelationalTransformer, peer.RelationalTransformer]:
+    """Our model and the peer's, loaded from one checkpoint of seeded random weights."""
+    weights = peer.RTJModel(**SIZES)
+    scramble(weights, seed=11)
+    peer_save(weights, tmp_path, SIZES)
+    return RelationalTransformer(tmp_path, device="cpu"), peer.RelationalTransformer(
+        str(tmp_path), device="cpu"
+    )
+
+
+def assert_same_output(got: ModelOutput, expected: object) -> None:
+    for name in ("scores", "token_scores", "target_text", "features", "embeddings"):
+        theirs = getattr(expected, name)
+        ours = getattr(got, name)
+        if theirs is None:
+            assert ours is None, name
+        else:
+            assert ours is not None, name
+            torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0, msg=name)
+
+
+def text_cells(seed: int, cells: int = 7) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(cells, 2 * TINY.d_text)).astype(np.float32)
+
+
+@pytest.mark.parametrize("output", OUTPUT_VIEWS)
+def test_the_peers_own_batch_gives_the_peers_outputs(
+    pair: tuple[RelationalTransformer, peer.RelationalTransformer], output: str
+) -> None:
+    ours, theirs = pair
+    their_batch = peer.RelationalBatch(**mixed_batch(d_text=TINY.d_text, seed=12))
+    assert_same_output(ours.forward(their_batch, output=output), theirs.forward(their_batch, output=output))
+
+
+def test_a_mapping_of_the_fields_short_names_included(
+    pair: tuple[RelationalTransformer, peer.RelationalTransformer],
+) -> None:
+    ours, theirs = pair
+    fields = {name: value.numpy() for name, value in mixed_batch(d_text=TINY.d_text, seed=13).items()}
+    expected = theirs.forward(fields).scores
+    torch.testing.assert_close(ours.forward(fields).scores, expected, atol=1e-5, rtol=0)
+    short = {
+        "f2p" if k == "f2p_nbr_idxs" else "number_v" if k == "number_values" else k: v
+        for k, v in fields.items()
+    }
+    torch.testing.assert_close(ours.target_scores(short), expected, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="sem_types"):
+        ours.forward({k: v for k, v in fields.items() if k != "sem_types"})
+
+
+def test_raw_cells_with_a_target(pair: tuple[RelationalTransformer, peer.RelationalTransformer]) -> None:
+    ours, theirs = pair
+    one, two = text_cells(14), text_cells(15, cells=5)
+    assert isinstance(ours.predict(one, target=3), float)
+    assert ours.predict(one, target=3) == pytest.approx(theirs.predict(one, target=3), abs=1e-6)
+    for output in ("target_scores", "target_features", "embeddings"):
+        assert_same_output(
+            ours.forward(one, target=[2, 3], output=output), theirs.forward(one, target=[2, 3], output=output)
+        )
+    # A sequence of contexts is padded to the longest and scored together.
+    together = ours.predict([one, two], target=1, activation="identity")
+    np.testing.assert_allclose(
+        together, theirs.predict([one, two], target=1, activation="identity"), atol=1e-5
+    )
+    np.testing.assert_allclose(
+        ours.encode(two, target=0, output_value="target_features"),
+        theirs.encode(two, target=0, output_value="target_features"),
+        atol=1e-5,
+    )
+    with pytest.raises(ValueError, match="target"):
+        ours.forward(one)
+    with pytest.raises(ValueError, match="target"):
+        ours.forward(one, target=7)
+
+
+def test_predict_activations_and_bad_views(
+    pair: tuple[RelationalTransformer, peer.RelationalTransformer],
+) -> None:
+    ours, theirs = pair
+    batch = peer.RelationalBatch(**mixed_batch(d_text=TINY.d_text, seed=16))
+    for activation in (None, "identity", "sigmoid"):
+        np.testing.assert_allclose(
+            ours.predict(batch, activation=activation),
+            theirs.predict(batch, activation=activation),
+            atol=1e-6,
+        )
+    tensor = ours.predict(batch, convert_to_numpy=False)
+    assert isinstance(tensor, torch.Tensor) and tensor.shape == (3,)
+    with pytest.raises(ValueError, match="activation"):
+        ours.predict(batch, activation="relu")
+    with pytest.raises(ValueError, match="output"):
+        ours.forward(batch, output="logits")
+    with pytest.raises(TypeError, match="inputs"):
+        ours.forward(42)
