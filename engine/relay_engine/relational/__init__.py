@@ -15,6 +15,11 @@ from relay_engine.families.rtj.batch import (
     RelationalBatch,
     collate,
 )
+from relay_engine.families.rtj.evaluators import (
+    BinaryClassificationEvaluator,
+    RegressionEvaluator,
+    SequentialEvaluator,
+)
 from relay_engine.families.rtj.losses import (
     BinaryClassificationLoss,
     MulticlassClassificationLoss,
@@ -47,18 +52,21 @@ __all__ = [
     "SEM_DATETIME",
     "SEM_NUMBER",
     "SEM_TEXT",
+    "BinaryClassificationEvaluator",
     "BinaryClassificationLoss",
     "ModelOutput",
     "MulticlassClassificationLoss",
     "MultilabelClassificationLoss",
     "RTJConfig",
     "RTJNetwork",
+    "RegressionEvaluator",
     "RegressionLoss",
     "RelationalBatch",
     "RelationalExample",
     "RelationalTrainer",
     "RelationalTrainingArguments",
     "RelationalTransformer",
+    "SequentialEvaluator",
     "TaskHead",
     "collate",
     "loss_for",

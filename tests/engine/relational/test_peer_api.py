@@ -14,7 +14,15 @@ import relational_transformers as peer
 import torch
 from relational_transformers.checkpoints import save_checkpoint as peer_save
 
-from relay_engine.relational import OUTPUT_VIEWS, ModelOutput, RelationalTransformer
+from relay_engine.relational import (
+    OUTPUT_VIEWS,
+    BinaryClassificationEvaluator,
+    ModelOutput,
+    RegressionEvaluator,
+    RelationalExample,
+    RelationalTransformer,
+    SequentialEvaluator,
+)
 from tests.engine.relational.batches import mixed_batch
 from tests.engine.relational.test_model import SIZES, TINY, scramble
 
@@ -114,3 +122,67 @@ def test_predict_activations_and_bad_views(
         ours.forward(batch, output="logits")
     with pytest.raises(TypeError, match="inputs"):
         ours.forward(42)
+
+
+def labelled(seed: int, count: int, labels: list[float]) -> tuple[list[RelationalExample], list[object]]:
+    """The same contexts as our examples and the peer's: raw text cells (target 1) for the even
+    ones, a one-context batch for the odd ones."""
+    ours, theirs = [], []
+    for i, label in zip(range(count), labels, strict=True):
+        if i % 2:
+            fields = mixed_batch(d_text=TINY.d_text, seed=seed + i, batch=1)
+            ours.append(RelationalExample(fields, label))
+            theirs.append(peer.RelationalExample(peer.RelationalBatch(**fields), label))
+        else:
+            cells = text_cells(seed + i, cells=4 + i % 5)
+            ours.append(RelationalExample(cells, label, target=1))
+            theirs.append(peer.RelationalExample(cells, label, target=1))
+    return ours, theirs
+
+
+def test_evaluators_give_the_peers_metrics(
+    pair: tuple[RelationalTransformer, peer.RelationalTransformer],
+) -> None:
+    model, their_model = pair
+    rng = np.random.default_rng(20)
+    binary = [float(x) for x in rng.integers(0, 2, 12)]
+    ours, theirs = labelled(100, 12, binary)
+    # A threshold at the median probability, so both classes are predicted.
+    threshold = float(np.median([model.predict(e.input, target=e.target) for e in ours]))
+    got = BinaryClassificationEvaluator(ours, threshold=threshold)(model)
+    expected = peer.BinaryClassificationEvaluator(theirs, threshold=threshold)(their_model)
+    assert set(got) == {"accuracy", "precision", "recall", "f1"} == set(expected)
+    assert 0 < got["precision"] < 1 and 0 < got["recall"] < 1
+    assert got == pytest.approx(expected, abs=1e-9)
+
+    values = [float(x) for x in rng.normal(size=10)]
+    ours_r, theirs_r = labelled(200, 10, values)
+    got = RegressionEvaluator(ours_r)(model)
+    assert got == pytest.approx(peer.RegressionEvaluator(theirs_r)(their_model), abs=1e-5)
+    assert set(got) == {"mae", "rmse", "r2"}
+
+    both = SequentialEvaluator(
+        [BinaryClassificationEvaluator(ours, threshold=threshold), RegressionEvaluator(ours_r)]
+    )
+    expected_both = peer.SequentialEvaluator(
+        [peer.BinaryClassificationEvaluator(theirs, threshold=threshold), peer.RegressionEvaluator(theirs_r)]
+    )(their_model)
+    assert both(model) == pytest.approx(expected_both, abs=1e-5)
+
+
+def test_evaluator_edge_cases(pair: tuple[RelationalTransformer, peer.RelationalTransformer]) -> None:
+    model, their_model = pair
+    same, same_theirs = labelled(300, 4, [2.0] * 4)
+    got = RegressionEvaluator(same)(model)
+    assert np.isnan(got["r2"]) and np.isnan(peer.RegressionEvaluator(same_theirs)(their_model)["r2"])
+    # Nothing predicted positive: precision, recall and F1 are 0, as the peer gives them.
+    ours, theirs = labelled(400, 4, [1.0, 0.0, 1.0, 0.0])
+    got = BinaryClassificationEvaluator(ours, threshold=2.0)(model)
+    assert got == peer.BinaryClassificationEvaluator(theirs, threshold=2.0)(their_model)
+    assert got["f1"] == 0.0 and got["accuracy"] == 0.5
+    with pytest.raises(ValueError, match="examples"):
+        RegressionEvaluator([])(model)
+    with pytest.raises(ValueError, match="evaluators"):
+        SequentialEvaluator([])
+    with pytest.raises(ValueError, match="mae"):
+        SequentialEvaluator([RegressionEvaluator(same), RegressionEvaluator(same)])(model)
