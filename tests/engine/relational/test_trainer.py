@@ -19,6 +19,7 @@ from relay_engine.relational import (
     collate,
 )
 from tests.engine.relational.batches import our_batch
+from tests.engine.relational.test_model import scramble
 from tests.hub import FakeHub, Repo
 
 
@@ -159,3 +160,76 @@ def test_multiclass_head_tuning_saves_the_head_beside_the_model(tmp_path: Path) 
     torch.testing.assert_close(
         torch.as_tensor(probabilities), torch.as_tensor(model.predict(batch, task_head="task"))
     )
+
+
+def test_logging_steps_fill_the_log_history(tmp_path: Path) -> None:
+    model = RelationalTransformer("rt-j-tiny", device="cpu")
+    args = RelationalTrainingArguments(
+        output_dir=str(tmp_path),
+        num_train_epochs=2,
+        per_device_train_batch_size=4,
+        logging_steps=3,
+        save_strategy="no",
+    )
+    trainer = RelationalTrainer(model=model, args=args, train_dataset=examples_of(20))
+    trainer.train()
+    # 5 steps an epoch, 10 in all: a log entry every 3 steps and at the last.
+    assert [entry["step"] for entry in trainer.log_history] == [3, 6, 9, 10]
+    assert [entry["epoch"] for entry in trainer.log_history] == [0.6, 1.2, 1.8, 2.0]
+    windows = [trainer.losses[0:3], trainer.losses[3:6], trainer.losses[6:9], trainer.losses[9:10]]
+    for entry, window in zip(trainer.log_history, windows, strict=True):
+        assert entry["loss"] == pytest.approx(sum(window) / len(window))
+        assert entry["learning_rate"] == pytest.approx(args.learning_rate) and entry["grad_norm"] > 0
+
+
+def test_save_strategy_steps_writes_a_checkpoint_every_save_steps(tmp_path: Path) -> None:
+    examples = examples_of(20)
+    model = RelationalTransformer("rt-j-tiny", device="cpu")
+    scramble(model.model, seed=9)
+    args = RelationalTrainingArguments(
+        output_dir=str(tmp_path),
+        num_train_epochs=2,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        save_strategy="steps",
+        save_steps=5,
+    )
+    RelationalTrainer(model=model, args=args, train_dataset=examples).train()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-10", "checkpoint-5"]
+    batch = collate([e.input for e in examples[:4]])
+    last = RelationalTransformer(str(tmp_path / "checkpoint-10"), device="cpu")
+    torch.testing.assert_close(last.target_scores(batch), model.target_scores(batch))
+    halfway = RelationalTransformer(str(tmp_path / "checkpoint-5"), device="cpu")
+    assert not torch.equal(halfway.target_scores(batch), last.target_scores(batch))
+
+
+def test_forecasting_trains_as_regression_and_is_saved_as_forecasting(tmp_path: Path) -> None:
+    examples = [RelationalExample(e.input, float(e.input.number_values[0, 4, 0])) for e in examples_of(12)]
+    losses = {}
+    for problem in ("regression", "forecasting"):
+        model = RelationalTransformer("rt-j-tiny", device="cpu")
+        scramble(model.model, seed=10)
+        args = RelationalTrainingArguments(
+            output_dir=str(tmp_path / problem),
+            per_device_train_batch_size=4,
+            learning_rate=1e-3,
+            problem_type=problem,
+        )
+        trainer = RelationalTrainer(model=model, args=args, train_dataset=examples)
+        trainer.train()
+        losses[problem] = trainer.losses
+    assert losses["forecasting"] == losses["regression"]  # Huber loss for both
+    reloaded = RelationalTransformer(str(tmp_path / "forecasting"), device="cpu")
+    assert reloaded.problem_type == "forecasting"
+    batch = collate([e.input for e in examples[:3]])
+    # A forecast is a value: predict applies no sigmoid.
+    np.testing.assert_allclose(reloaded.predict(batch), reloaded.target_scores(batch).numpy())
+
+
+def test_bad_logging_and_save_steps_name_the_field() -> None:
+    with pytest.raises(ValueError, match="logging_steps"):
+        RelationalTrainingArguments(logging_steps=0)
+    with pytest.raises(ValueError, match="save_steps"):
+        RelationalTrainingArguments(save_strategy="steps", save_steps=0)
+    with pytest.raises(ValueError, match="save_strategy"):
+        RelationalTrainingArguments(save_strategy="best")

@@ -1,14 +1,17 @@
-"""The task losses, by problem type: BCE on one logit for binary, Huber for regression, and for
-heads, cross-entropy (multiclass) or BCE per label (multilabel)."""
+"""The task losses, by problem type: BCE on one logit for binary, Huber for regression and
+forecasting, and for heads, cross-entropy (multiclass) or BCE per label (multilabel)."""
 
 from __future__ import annotations
 
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-PROBLEM_TYPES: tuple[str, ...] = ("binary", "regression", "multiclass", "multilabel")
+PROBLEM_TYPES: tuple[str, ...] = ("binary", "regression", "forecasting", "multiclass", "multilabel")
 # Problem types the scalar target_scores output serves; the others need a head.
-SCALAR_PROBLEM_TYPES: tuple[str, ...] = ("binary", "regression")
+SCALAR_PROBLEM_TYPES: tuple[str, ...] = ("binary", "regression", "forecasting")
+# Problem types whose target is a number, trained with Huber loss: forecasting is regression of a
+# future value.
+NUMERIC_PROBLEM_TYPES: tuple[str, ...] = ("regression", "forecasting")
 
 
 class BinaryClassificationLoss(nn.Module):
@@ -38,6 +41,7 @@ class MultilabelClassificationLoss(nn.Module):
 _LOSSES: dict[str, type[nn.Module]] = {
     "binary": BinaryClassificationLoss,
     "regression": RegressionLoss,
+    "forecasting": RegressionLoss,
     "multiclass": MulticlassClassificationLoss,
     "multilabel": MultilabelClassificationLoss,
 }

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from relay.events import Event, MetricsEvent
 from relay.optimizer import AdamParams
 from relay_engine.core.loop import LoopState, run_loop
 from relay_engine.families.rtj.batch import collate
@@ -25,7 +26,9 @@ from relay_engine.families.rtj.losses import PROBLEM_TYPES, SCALAR_PROBLEM_TYPES
 from relay_engine.families.rtj.transformer import RelationalTransformer, TaskHead
 
 TRAINING_BACKENDS: tuple[str, ...] = ("torch", "triton")
-SAVE_STRATEGIES: tuple[str, ...] = ("epoch", "no")
+SAVE_STRATEGIES: tuple[str, ...] = ("epoch", "steps", "no")
+# Where save_strategy="steps" writes the checkpoint of optimizer step N, under output_dir.
+STEP_CHECKPOINT_DIR = "checkpoint-{step}"
 
 
 @dataclass
@@ -50,7 +53,12 @@ class RelationalTrainingArguments:
     weight_decay: float = 1e-2
     max_grad_norm: float = 1.0
     seed: int = 42
+    # Every this many optimizer steps (and at the last) the trainer appends the window's mean loss
+    # to its log_history.
+    logging_steps: int = 10
     save_strategy: str = "epoch"
+    # With save_strategy="steps": a checkpoint every this many optimizer steps.
+    save_steps: int = 500
     training_backend: str = "torch"
     # None: the loaded checkpoint's (regression, else binary).
     problem_type: str | None = None
@@ -62,6 +70,8 @@ class RelationalTrainingArguments:
             "num_train_epochs": self.num_train_epochs,
             "per_device_train_batch_size": self.per_device_train_batch_size,
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "logging_steps": self.logging_steps,
+            "save_steps": self.save_steps,
         }
         for name, value in positive.items():
             if not isinstance(value, int) or value < 1:
@@ -109,6 +119,8 @@ class RelationalTrainer:
                 f"problem_type must be one of {', '.join(PROBLEM_TYPES)}, got {self.problem_type!r}"
             )
         self.losses: list[float] = []
+        # One entry every logging_steps optimizer steps: step, epoch, loss, grad_norm, learning_rate.
+        self.log_history: list[dict[str, float]] = []
 
     def train(self) -> dict[str, float | int]:
         if self.problem_type in SCALAR_PROBLEM_TYPES:
@@ -142,7 +154,7 @@ class RelationalTrainer:
             ]
             return LabelledBatch(collate(contexts), self._labels(examples))
 
-        self._run(learner, batch_of, self._save_epoch)
+        self._run(learner, batch_of, self._save_to)
         network.eval()
 
     def _train_head(self) -> None:
@@ -165,13 +177,13 @@ class RelationalTrainer:
             inputs = torch.stack([features[id(example)] for example in examples])
             return LabelledBatch(inputs, self._labels(examples))
 
-        def save_epoch(epoch: int) -> None:
+        def save_to(directory: Path) -> None:
             head.eval()
             transformer.heads[args.head_name] = head
-            self._save_epoch(epoch)
+            self._save_to(directory)
             head.train()
 
-        self._run(learner, batch_of, save_epoch)
+        self._run(learner, batch_of, save_to)
         head.eval()
 
     def _learner(self, network: torch.nn.Module, forward: Callable[[Any], torch.Tensor]) -> RelationalLearner:
@@ -188,10 +200,12 @@ class RelationalTrainer:
         self,
         learner: RelationalLearner,
         batch_of: Callable[[Sequence[RelationalExample]], LabelledBatch],
-        save_epoch: Callable[[int], None],
+        save_to: Callable[[Path], None],
     ) -> None:
         """The engine's loop (run_loop) over the epochs: a step is one optimizer step, on up to
-        `gradient_accumulation_steps` micro-batches of one epoch, at the constant rate."""
+        `gradient_accumulation_steps` micro-batches of one epoch, at the constant rate. `save_to`
+        writes a checkpoint where save_strategy says: output_dir after each epoch ("epoch"), or
+        output_dir/checkpoint-<step> every save_steps steps ("steps")."""
         args = self.args
         steps = _EpochSteps(self, random.Random(args.seed))
         total_steps = steps.per_epoch * args.num_train_epochs
@@ -204,9 +218,22 @@ class RelationalTrainer:
             grad_clip_norm=args.max_grad_norm,
         )
 
+        output_dir = Path(args.output_dir)
+
         def after_step(state: LoopState) -> None:
-            if state.step % steps.per_epoch == 0:
-                save_epoch(state.step // steps.per_epoch - 1)
+            if args.save_strategy == "epoch" and state.step % steps.per_epoch == 0:
+                save_to(output_dir)
+            elif args.save_strategy == "steps" and state.step % args.save_steps == 0:
+                save_to(output_dir / STEP_CHECKPOINT_DIR.format(step=state.step))
+
+        def log(event: Event) -> None:
+            if isinstance(event, MetricsEvent) and event.loss is not None:
+                entry = {"step": event.step, "epoch": event.step / steps.per_epoch, "loss": event.loss}
+                if event.grad_norm is not None:
+                    entry["grad_norm"] = event.grad_norm
+                if event.lr is not None:
+                    entry["learning_rate"] = event.lr
+                self.log_history.append(entry)
 
         run_loop(
             learner,
@@ -215,17 +242,16 @@ class RelationalTrainer:
             total_steps=total_steps,
             learning_rate_at=lambda step: args.learning_rate,
             adam=adam,
-            on_event=lambda event: None,
+            on_event=log,
             should_stop=lambda: False,
-            log_every=total_steps,
+            log_every=args.logging_steps,
             on_batch_loss=self.losses.append,
             after_step=after_step,
         )
 
-    def _save_epoch(self, epoch: int) -> None:
-        if self.args.save_strategy == "epoch":
-            self.transformer.config = {**self.transformer.config, "problem_type": self._saved_problem_type()}
-            self.save_model()
+    def _save_to(self, directory: Path) -> None:
+        self.transformer.config = {**self.transformer.config, "problem_type": self._saved_problem_type()}
+        self.save_model(directory)
 
     def _saved_problem_type(self) -> str:
         # A head-tuned model's own score output is unchanged, so its checkpoint default is too.
