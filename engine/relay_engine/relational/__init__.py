@@ -20,8 +20,10 @@ from relay_engine.families.rtj.evaluators import (
     RegressionEvaluator,
     SequentialEvaluator,
 )
+from relay_engine.families.rtj.heads import FineTunedHead, HeadError, fit_feature_head
 from relay_engine.families.rtj.losses import (
     BinaryClassificationLoss,
+    ListwiseRankingLoss,
     MulticlassClassificationLoss,
     MultilabelClassificationLoss,
     RegressionLoss,
@@ -54,6 +56,9 @@ __all__ = [
     "SEM_TEXT",
     "BinaryClassificationEvaluator",
     "BinaryClassificationLoss",
+    "FineTunedHead",
+    "HeadError",
+    "ListwiseRankingLoss",
     "ModelOutput",
     "MulticlassClassificationLoss",
     "MultilabelClassificationLoss",
@@ -69,6 +74,7 @@ __all__ = [
     "SequentialEvaluator",
     "TaskHead",
     "collate",
+    "fit_feature_head",
     "loss_for",
     "parameter_count",
 ]

@@ -17,11 +17,14 @@ from relational_transformers.checkpoints import save_checkpoint as peer_save
 from relay_engine.relational import (
     OUTPUT_VIEWS,
     BinaryClassificationEvaluator,
+    FineTunedHead,
+    HeadError,
     ModelOutput,
     RegressionEvaluator,
     RelationalExample,
     RelationalTransformer,
     SequentialEvaluator,
+    fit_feature_head,
 )
 from tests.engine.relational.batches import mixed_batch
 from tests.engine.relational.test_model import SIZES, TINY, scramble
@@ -186,3 +189,100 @@ def test_evaluator_edge_cases(pair: tuple[RelationalTransformer, peer.Relational
         SequentialEvaluator([])
     with pytest.raises(ValueError, match="mae"):
         SequentialEvaluator([RegressionEvaluator(same), RegressionEvaluator(same)])(model)
+
+
+@pytest.mark.parametrize(
+    ("problem_type", "num_labels", "labels"),
+    [("binary", 1, [0, 1, 1, 0, 1, 0]), ("multiclass", 3, [0, 2, 1, 1, 0, 2])],
+)
+def test_fit_head_fits_the_peers_head(
+    pair: tuple[RelationalTransformer, peer.RelationalTransformer],
+    problem_type: str,
+    num_labels: int,
+    labels: list[int],
+) -> None:
+    model, their_model = pair
+    ours, theirs = labelled(500, 6, [float(x) if problem_type == "binary" else x for x in labels])
+    torch.manual_seed(5)  # the head's starting weights
+    head = model.fit_head(ours, task="churn", num_labels=num_labels, problem_type=problem_type, epochs=30)
+    torch.manual_seed(5)
+    their_head = their_model.fit_head(
+        theirs, task="churn", num_labels=num_labels, problem_type=problem_type, epochs=30
+    )
+    assert model.heads["churn"] is head and head.problem_type == problem_type
+    torch.testing.assert_close(head.projection.weight, their_head.projection.weight, atol=1e-5, rtol=0)
+    torch.testing.assert_close(head.projection.bias, their_head.projection.bias, atol=1e-5, rtol=0)
+    context = mixed_batch(d_text=TINY.d_text, seed=501)
+    np.testing.assert_allclose(
+        model.predict(context, task_head="churn"), their_model.predict(context, task_head="churn"), atol=1e-5
+    )
+    with pytest.raises(ValueError, match="examples"):
+        model.fit_head([], task="x")
+
+
+def feature_head_cases() -> list[tuple[str, dict[str, object]]]:
+    rng = np.random.default_rng(30)
+    decoder = torch.nn.Linear(16, 8)
+    return [
+        ("binary", {"labels": rng.integers(0, 2, 12).astype(float)}),
+        ("regression", {"labels": rng.normal(size=12)}),
+        ("multiclass", {"labels": rng.integers(0, 3, 12), "classes": ("a", "b", "c")}),
+        (
+            "multiclass",
+            {
+                "labels": rng.integers(0, 3, 12),
+                "classes": ("a", "b", "c"),
+                "class_embeddings": rng.normal(size=(3, 8)),
+                "text_decoder": decoder,
+            },
+        ),
+        (
+            "ranking",
+            {"labels": np.tile([1.0, 0.0, 0.0, 1.0], 3), "group_offsets": [0, 4, 8, 12], "n_groups": 3},
+        ),
+    ]
+
+
+@pytest.mark.parametrize(("task", "options"), feature_head_cases())
+def test_fit_feature_head_fits_the_peers_head(task: str, options: dict[str, object]) -> None:
+    features = np.random.default_rng(31).normal(size=(12, 16)) * 0.01 + 1.0  # a narrow cone
+    kwargs = {k: v for k, v in options.items() if k != "labels"}
+    torch.manual_seed(6)
+    ours = fit_feature_head(features, options["labels"], task, epochs=25, learning_rate=1e-2, **kwargs)
+    torch.manual_seed(6)
+    theirs = peer.fit_feature_head(features, options["labels"], task, epochs=25, learning_rate=1e-2, **kwargs)
+    for name in ("weight", "bias", "feat_mu", "feat_sd"):
+        np.testing.assert_allclose(getattr(ours, name), getattr(theirs, name), atol=1e-5, err_msg=name)
+    assert ours.initial_loss == pytest.approx(theirs.initial_loss, abs=1e-6)
+    assert ours.final_loss == pytest.approx(theirs.final_loss, abs=1e-6)
+    assert ours.final_loss < ours.initial_loss
+    np.testing.assert_allclose(ours.predict(features), theirs.predict(features), atol=1e-5)
+    assert (ours.n_outputs, ours.d_model, ours.n_examples) == (
+        theirs.n_outputs,
+        theirs.d_model,
+        theirs.n_examples,
+    )
+
+
+def test_fine_tuned_heads_move_both_ways(tmp_path: Path) -> None:
+    features = np.random.default_rng(40).normal(size=(10, 16))
+    labels = (features[:, 0] > 0).astype(float)
+    ours = fit_feature_head(features, labels, "binary", epochs=5, column_stats={"age": [30.0, 5.0]})
+    ours.save(tmp_path / "ours.safetensors")
+    loaded_by_peer = peer.FineTunedHead.load(tmp_path / "ours.safetensors")
+    np.testing.assert_allclose(loaded_by_peer.predict(features), ours.predict(features), atol=1e-6)
+    assert loaded_by_peer.column_stats == {"age": [30.0, 5.0]}
+    theirs = peer.fit_feature_head(features, labels, "regression", epochs=5)
+    theirs.save(tmp_path / "theirs.safetensors")
+    loaded = FineTunedHead.load(tmp_path / "theirs.safetensors")
+    assert loaded.task == "regression" and loaded.normalization_mode == "zero_shot"
+    np.testing.assert_allclose(loaded.predict(features), theirs.predict(features), atol=1e-6)
+    with pytest.raises(HeadError, match=r"features must have shape \[N, 16\]"):
+        loaded.predict(features[:, :4])
+    FineTunedHead.sidecar_path(tmp_path / "theirs.safetensors").unlink()
+    with pytest.raises(HeadError, match=r"preproc\.json is missing"):
+        FineTunedHead.load(tmp_path / "theirs.safetensors")
+    with pytest.raises(HeadError, match="cannot load"):
+        FineTunedHead.load(tmp_path / "nothing.safetensors")
+    with pytest.raises(ValueError, match="task"):
+        fit_feature_head(features, labels, "multilabel")

@@ -3,6 +3,9 @@ forecasting, and for heads, cross-entropy (multiclass) or BCE per label (multila
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
+
 from torch import Tensor, nn
 from torch.nn import functional as F
 
@@ -36,6 +39,24 @@ class MulticlassClassificationLoss(nn.Module):
 class MultilabelClassificationLoss(nn.Module):
     def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
         return F.binary_cross_entropy_with_logits(logits, labels.float())
+
+
+class ListwiseRankingLoss(nn.Module):
+    """Cross-entropy between each group's softmax over its candidates' scores and its labels
+    normalised to sum to 1, averaged over the groups; candidates of group g are
+    group_offsets[g]:group_offsets[g+1]. Each group needs a positive label."""
+
+    def forward(self, logits: Tensor, labels: Tensor, group_offsets: Sequence[int]) -> Tensor:
+        scores, relevance = logits.reshape(-1), labels.float().reshape(-1)
+        bounds = [int(offset) for offset in group_offsets]
+        total = scores.new_zeros(())
+        for start, end in itertools.pairwise(bounds):
+            weights = relevance[start:end]
+            mass = weights.sum()
+            if not bool(mass > 0):
+                raise ValueError(f"labels: the ranking group {start}:{end} has no positive label")
+            total = total - (weights / mass * F.log_softmax(scores[start:end], dim=0)).sum()
+        return total / max(len(bounds) - 1, 1)
 
 
 _LOSSES: dict[str, type[nn.Module]] = {

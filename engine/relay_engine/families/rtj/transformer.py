@@ -13,7 +13,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ from relay_engine.families.rtj.checkpoint import (
     sizes_of,
 )
 from relay_engine.families.rtj.network import NAMED_CONFIGS, ModelOutput, RTJNetwork
+
+if TYPE_CHECKING:
+    from relay_engine.families.rtj.trainer import RelationalExample
 
 DEFAULT_MODEL = "RelativeDB/rt-j-fp16"
 BACKENDS: tuple[str, ...] = ("torch", "meta")
@@ -215,6 +218,32 @@ class RelationalTransformer:
             return scores
         values = scores.detach().float().cpu().numpy()
         return float(values[0]) if values.shape == (1,) else values
+
+    def fit_head(
+        self,
+        examples: Sequence[RelationalExample],
+        *,
+        task: str,
+        num_labels: int = 1,
+        problem_type: str = "binary",
+        epochs: int = 100,
+        learning_rate: float = 1e-3,
+        weight_decay: float = 1e-4,
+    ) -> TaskHead:
+        """A linear head fitted on the frozen target features of `examples` (full-batch AdamW for
+        `epochs` steps), stored as heads[task] and served by predict(..., task_head=task)."""
+        from relay_engine.families.rtj.heads import fit_head
+
+        return fit_head(
+            self,
+            examples,
+            task=task,
+            num_labels=num_labels,
+            problem_type=problem_type,
+            epochs=epochs,
+            learning_rate=learning_rate,
+            weight_decay=weight_decay,
+        )
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
         """config.json + model.safetensors (+ heads/<name>/ for fitted heads), loadable by the constructor."""
