@@ -15,6 +15,7 @@ import torch
 from relational_transformers.checkpoints import save_checkpoint as peer_save
 
 from relay_engine.relational import (
+    BATCH_FIELDS,
     OUTPUT_VIEWS,
     BinaryClassificationEvaluator,
     FineTunedHead,
@@ -26,7 +27,7 @@ from relay_engine.relational import (
     SequentialEvaluator,
     fit_feature_head,
 )
-from tests.engine.relational.batches import mixed_batch
+from tests.engine.relational.batches import mixed_batch, our_batch
 from tests.engine.relational.test_model import SIZES, TINY, scramble
 
 
@@ -286,3 +287,41 @@ def test_fine_tuned_heads_move_both_ways(tmp_path: Path) -> None:
         FineTunedHead.load(tmp_path / "nothing.safetensors")
     with pytest.raises(ValueError, match="task"):
         fit_feature_head(features, labels, "multilabel")
+
+
+def test_onnx_export_runs_in_onnx_runtime_with_the_torch_scores(
+    pair: tuple[RelationalTransformer, peer.RelationalTransformer], tmp_path: Path
+) -> None:
+    import onnxruntime
+
+    model, their_model = pair
+    example = mixed_batch(d_text=TINY.d_text, seed=50)
+    path = model.export_onnx(tmp_path / "onnx" / "model.onnx", example)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == list(BATCH_FIELDS)
+    # Another batch size and context length than the example's: both axes are free.
+    for batch in (
+        our_batch(d_text=TINY.d_text, seed=51, batch=2, cells=13),
+        our_batch(d_text=TINY.d_text, seed=52, batch=1, cells=40),
+    ):
+        (scores,) = session.run(["target_scores"], batch.numpy())
+        np.testing.assert_allclose(scores, model.target_scores(batch).numpy(), atol=1e-5, rtol=0)
+    # The peer's ONNX backend runs our file with its own feeding, to the same scores.
+    theirs = peer.RelationalTransformer(str(path), backend="onnx", providers=["CPUExecutionProvider"])
+    batch = peer.RelationalBatch(**mixed_batch(d_text=TINY.d_text, seed=53))
+    np.testing.assert_allclose(
+        theirs.forward(batch).scores.numpy(), their_model.forward(batch).scores.numpy(), atol=1e-5
+    )
+    with pytest.raises(RuntimeError, match="torch backend"):
+        RelationalTransformer("rt-j-tiny", backend="meta").export_onnx(tmp_path / "x.onnx", example)
+
+
+def test_the_triton_backend_needs_cuda() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA; the rule is for machines without it")
+    with pytest.raises(RuntimeError, match="backend='triton' needs a CUDA GPU"):
+        RelationalTransformer("rt-j-tiny", backend="triton")
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        RelationalTransformer("rt-j-tiny", backend="triton", device="cpu")
+    with pytest.raises(ValueError, match="backend must be one of torch, triton, meta"):
+        RelationalTransformer("rt-j-tiny", backend="onnx")

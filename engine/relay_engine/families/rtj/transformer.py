@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from relay_engine.families.rtj.trainer import RelationalExample
 
 DEFAULT_MODEL = "RelativeDB/rt-j-fp16"
-BACKENDS: tuple[str, ...] = ("torch", "meta")
+BACKENDS: tuple[str, ...] = ("torch", "triton", "meta")
 HEADS_DIR = "heads"
 # What the model's entry points take: a batch (ours or any object with the twelve fields), a
 # mapping of the fields, an array of text cells (with target=), or a sequence of these.
@@ -82,7 +82,8 @@ class RelationalTransformer:
     """An RT-J model. `model_name_or_path`: "rt-j" or "rt-j-tiny" (fresh weights from `seed`), a
     checkpoint directory, or a Hugging Face repository (default: RelativeDB/rt-j-fp16). `task`
     picks the classification or regression part of a repository that has both. `backend`:
-    "torch", or "meta" for shapes only (nothing runs)."""
+    "torch"; "triton", inference through torch.compile's Inductor (Triton kernels), on CUDA only,
+    serving target_scores; or "meta" for shapes only (nothing runs)."""
 
     def __init__(
         self,
@@ -99,6 +100,11 @@ class RelationalTransformer:
         self.task = task
         self.backend_name = backend
         self.device = torch.device(device) if device is not None else _default_device()
+        if backend == "triton" and (self.device.type != "cuda" or not torch.cuda.is_available()):
+            raise RuntimeError(
+                "backend='triton' needs a CUDA GPU (it compiles the model to Triton kernels with "
+                f"torch.compile); this model's device is {self.device}. Use backend='torch' on a CPU."
+            )
         self.heads: dict[str, TaskHead] = {}
         name = self.model_name_or_path
         if name in NAMED_CONFIGS:
@@ -118,6 +124,10 @@ class RelationalTransformer:
                 network, self.config = load_network(directory)
                 self._load_heads(directory)
         self.model: RTJNetwork = network if backend == "meta" else network.to(self.device).eval()
+        # The Triton backend's compiled scorer; shapes vary from call to call, hence dynamic.
+        self._compiled: Callable[[RelationalBatch], Tensor] | None = (
+            torch.compile(self.model, backend="inductor", dynamic=True) if backend == "triton" else None
+        )
 
     @property
     def problem_type(self) -> str:
@@ -159,10 +169,15 @@ class RelationalTransformer:
         """One forward pass; `output` picks the view (see OUTPUT_VIEWS and ModelOutput):
         "target_scores" (default) sets `scores`, one raw score per context (a logit for
         classification)."""
-        self._require_torch("running the model")
-        batch = self.as_batch(inputs, target=target)
+        if self.backend_name == "meta":
+            raise RuntimeError("a model loaded with backend='meta' has shapes only and cannot run")
+        batch = self.as_batch(inputs, target=target).to(self.device)
         with torch.inference_mode():
-            return self.model.outputs(batch.to(self.device), output)
+            if self._compiled is None:
+                return self.model.outputs(batch, output)
+            if output != "target_scores":
+                raise ValueError(f"backend='triton' serves output='target_scores' only, not {output!r}")
+            return ModelOutput(scores=self._compiled(batch))
 
     def target_scores(self, inputs: ModelInputs, *, target: int | Sequence[int] | None = None) -> Tensor:
         """forward(...).scores: one raw score per context, [B]."""
@@ -244,6 +259,22 @@ class RelationalTransformer:
             learning_rate=learning_rate,
             weight_decay=weight_decay,
         )
+
+    def export_onnx(
+        self,
+        path: str | os.PathLike[str],
+        example: ModelInputs,
+        *,
+        target: int | Sequence[int] | None = None,
+        opset_version: int = 18,
+    ) -> Path:
+        """Write target_scores as an ONNX graph (inputs: the twelve fields by name; output:
+        target_scores; batch and cell counts free, d_text that of `example`). Needs the torch backend."""
+        from relay_engine.families.rtj.onnx_export import export_onnx
+
+        self._require_torch("ONNX export")
+        batch = self.as_batch(example, target=target).to(self.device)
+        return export_onnx(self.model, batch, Path(path), opset_version=opset_version)
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
         """config.json + model.safetensors (+ heads/<name>/ for fitted heads), loadable by the constructor."""
