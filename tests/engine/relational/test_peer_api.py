@@ -12,8 +12,12 @@ import pytest
 # RelativeDB's package (the dev extra installs it): the peer these tests hold us to.
 import relational_transformers as peer
 import torch
+from relational_transformers.checkpoints import load_state as peer_load_state
 from relational_transformers.checkpoints import save_checkpoint as peer_save
+from safetensors.torch import save_file
 
+from relay_engine.errors import ConfigError
+from relay_engine.families.rtj.checkpoint import read_state
 from relay_engine.relational import (
     BATCH_FIELDS,
     OUTPUT_VIEWS,
@@ -325,3 +329,75 @@ def test_the_triton_backend_needs_cuda() -> None:
         RelationalTransformer("rt-j-tiny", backend="triton", device="cpu")
     with pytest.raises(ValueError, match="backend must be one of torch, triton, meta"):
         RelationalTransformer("rt-j-tiny", backend="onnx")
+
+
+def quantize_q8(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Symmetric int8, one fp16 scale per output row."""
+    scale = (weight.abs().amax(1) / 127).clamp_min(1e-8)
+    values = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return {"": values, ".q_scale": scale.half()}
+
+
+def quantize_q4(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Asymmetric 4-bit in groups of 32 values, an fp16 (scale, minimum) per group, two values a
+    byte with the even one in the low nibble."""
+    rows, width = weight.shape
+    groups = weight.reshape(rows, width // 32, 32)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp_min(1e-8)
+    codes = (
+        ((groups - low[..., None]) / scale[..., None])
+        .round()
+        .clamp(0, 15)
+        .to(torch.uint8)
+        .reshape(rows, width)
+    )
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    return {"": packed, ".q4_scale": torch.stack((scale, low), dim=-1).half().reshape(rows, -1)}
+
+
+@pytest.mark.parametrize("layout", ["fp8", "q8", "q4"])
+def test_quantized_checkpoints_load_as_the_peer_loads_them(tmp_path: Path, layout: str) -> None:
+    weights = peer.RTJModel(**SIZES)
+    scramble(weights, seed=60)
+    peer_save(weights, tmp_path, SIZES)
+    stored: dict[str, torch.Tensor] = {}
+    quantized = 0
+    for key, value in weights.state_dict().items():
+        linear = key.endswith(".weight") and value.ndim == 2
+        if layout == "fp8":
+            stored[key] = value.to(torch.float8_e4m3fn)
+        elif linear and (layout == "q8" or value.shape[1] % 32 == 0):
+            parts = quantize_q8(value) if layout == "q8" else quantize_q4(value)
+            stored.update({key + suffix: tensor for suffix, tensor in parts.items()})
+            quantized += 1
+        else:
+            stored[key] = value
+    assert layout == "fp8" or quantized > 10
+    save_file(stored, str(tmp_path / "model.safetensors"))
+
+    expected = peer_load_state(tmp_path / "model.safetensors")
+    got = read_state(tmp_path / "model.safetensors")
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        torch.testing.assert_close(got[key], value.float(), atol=0, rtol=0, msg=key)
+    # The dequantized weights differ from the originals, and both models score alike with them.
+    assert not torch.equal(got["blocks.0.ffn.w1.weight"], weights.state_dict()["blocks.0.ffn.w1.weight"])
+    ours, theirs = (
+        RelationalTransformer(tmp_path, device="cpu"),
+        peer.RelationalTransformer(str(tmp_path), device="cpu"),
+    )
+    batch = peer.RelationalBatch(**mixed_batch(d_text=TINY.d_text, seed=61))
+    torch.testing.assert_close(ours.target_scores(batch), theirs.forward(batch).scores, atol=1e-5, rtol=0)
+
+
+def test_a_bad_q4_weight_is_named(tmp_path: Path) -> None:
+    weights = peer.RTJModel(**SIZES)
+    peer_save(weights, tmp_path, SIZES)
+    stored = dict(weights.state_dict())
+    parts = quantize_q4(stored.pop("blocks.0.ffn.w1.weight"))
+    stored["blocks.0.ffn.w1.weight"] = parts[""][:, :-16].contiguous()  # one group's bytes short
+    stored["blocks.0.ffn.w1.weight.q4_scale"] = parts[".q4_scale"]
+    save_file(stored, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ConfigError, match=r"Q4 weight blocks\.0\.ffn\.w1\.weight has 16 bytes a row"):
+        RelationalTransformer(tmp_path, device="cpu")
