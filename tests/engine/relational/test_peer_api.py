@@ -26,6 +26,7 @@ from relay_engine.relational import (
     HeadError,
     ModelOutput,
     RegressionEvaluator,
+    RelationalBatch,
     RelationalExample,
     RelationalTransformer,
     SequentialEvaluator,
@@ -401,3 +402,26 @@ def test_a_bad_q4_weight_is_named(tmp_path: Path) -> None:
     save_file(stored, str(tmp_path / "model.safetensors"))
     with pytest.raises(ConfigError, match=r"Q4 weight blocks\.0\.ffn\.w1\.weight has 16 bytes a row"):
         RelationalTransformer(tmp_path, device="cpu")
+
+
+def test_ablation_validation_and_sizes(
+    pair: tuple[RelationalTransformer, peer.RelationalTransformer],
+) -> None:
+    model, their_model = pair
+    fields = mixed_batch(d_text=TINY.d_text, seed=70)
+    ablated = RelationalBatch(**fields).ablate([0, 5, 9])
+    their_ablated = peer.RelationalBatch(**fields).ablate([0, 5, 9])
+    assert torch.equal(ablated.is_padding, their_ablated.is_padding)
+    torch.testing.assert_close(
+        model.target_scores(ablated), their_model.forward(their_ablated).scores, atol=1e-5, rtol=0
+    )
+    assert not torch.equal(model.target_scores(ablated), model.target_scores(fields))
+    with pytest.raises(ValueError, match="target"):
+        RelationalBatch(**fields).ablate([1])
+    batch = RelationalBatch(**fields)
+    assert batch.validate() is batch
+    batch.sem_types[0, 0] = 9
+    with pytest.raises(ValueError, match="sem_types"):
+        batch.validate()
+    assert model.get_model_kwargs() == their_model.get_model_kwargs() == SIZES
+    assert RelationalTransformer("rt-j-tiny", backend="meta").get_model_kwargs() == SIZES

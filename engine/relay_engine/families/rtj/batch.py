@@ -93,6 +93,24 @@ class RelationalBatch:
         self._check_shapes()
         self._check_values()
 
+    def validate(self) -> RelationalBatch:
+        """The checks construction runs (shapes, semantic types, targets, finite values), again:
+        for a batch whose tensors were changed in place. ValueError names the field."""
+        self._check()
+        return self
+
+    def ablate(self, cells: Sequence[int]) -> RelationalBatch:
+        """A copy with the cells at these positions (in every context) turned to padding, to see
+        what they contribute. Positions stay where they are, so row and parent indices still hold;
+        a target cell cannot be ablated."""
+        positions = list(cells)
+        if bool(self.is_targets[:, positions].any()):
+            raise ValueError(f"cells: {positions} include a target cell, which cannot be ablated")
+        fields = self.as_dict()
+        fields["is_padding"] = self.is_padding.clone()
+        fields["is_padding"][:, positions] = True
+        return RelationalBatch(**fields)
+
     def _check_shapes(self) -> None:
         """Every field's shape against node_idxs' [batch, cells]."""
         if self.node_idxs.ndim != 2:

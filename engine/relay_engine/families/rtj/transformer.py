@@ -45,9 +45,10 @@ ModelInputs = RelationalBatch | Mapping[str, Any] | np.ndarray | Tensor | Sequen
 
 
 class TaskHead(nn.Module):
-    """A linear head on the target cell's features, for multiclass and multilabel tasks."""
+    """A linear head on the target cell's features (binary by default, as RelativeDB's; the trainer
+    fits multiclass and multilabel ones, fit_head any problem type)."""
 
-    def __init__(self, d_model: int, num_labels: int = 1, problem_type: str = "multiclass") -> None:
+    def __init__(self, d_model: int, num_labels: int = 1, problem_type: str = "binary") -> None:
         super().__init__()
         self.d_model = d_model
         self.num_labels = num_labels
@@ -233,6 +234,18 @@ class RelationalTransformer:
             return scores
         values = scores.detach().float().cpu().numpy()
         return float(values[0]) if values.shape == (1,) else values
+
+    def get_model_kwargs(self) -> dict[str, int]:
+        """The network's sizes (num_blocks, d_model, d_text, num_heads, d_ff); no weights needed,
+        so a backend="meta" model answers too."""
+        sizes = self.model.config
+        return {
+            "num_blocks": sizes.num_blocks,
+            "d_model": sizes.d_model,
+            "d_text": sizes.d_text,
+            "num_heads": sizes.num_heads,
+            "d_ff": sizes.d_ff,
+        }
 
     def fit_head(
         self,
