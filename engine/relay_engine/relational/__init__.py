@@ -38,6 +38,7 @@ from relay_engine.families.rtj.network import (
     parameter_count,
 )
 from relay_engine.families.rtj.trainer import (
+    RelationalDataset,
     RelationalExample,
     RelationalTrainer,
     RelationalTrainingArguments,
@@ -67,6 +68,7 @@ __all__ = [
     "RegressionEvaluator",
     "RegressionLoss",
     "RelationalBatch",
+    "RelationalDataset",
     "RelationalExample",
     "RelationalTrainer",
     "RelationalTrainingArguments",

@@ -27,6 +27,7 @@ from relay_engine.relational import (
     ModelOutput,
     RegressionEvaluator,
     RelationalBatch,
+    RelationalDataset,
     RelationalExample,
     RelationalTransformer,
     SequentialEvaluator,
@@ -425,3 +426,17 @@ def test_ablation_validation_and_sizes(
         batch.validate()
     assert model.get_model_kwargs() == their_model.get_model_kwargs() == SIZES
     assert RelationalTransformer("rt-j-tiny", backend="meta").get_model_kwargs() == SIZES
+
+
+def test_relational_dataset_as_the_peers() -> None:
+    cells = [text_cells(80), text_cells(81)]
+    dataset = RelationalDataset.from_inputs(cells, [0.0, 1.0])
+    theirs = peer.RelationalDataset.from_inputs(cells, [0.0, 1.0])
+    assert len(dataset) == len(theirs) == 2
+    assert [e.label for e in dataset] == [e.label for e in theirs] and dataset[1].input is cells[1]
+    with pytest.raises(ValueError, match="same length"):
+        RelationalDataset.from_inputs(cells, [0.0])
+    with pytest.raises(ValueError, match="at least one"):
+        RelationalDataset([])
+    with pytest.raises(TypeError, match="RelationalExample, got tuple"):
+        RelationalDataset([(cells[0], 1.0)])  # type: ignore[list-item]

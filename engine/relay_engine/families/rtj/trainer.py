@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -41,6 +41,40 @@ class RelationalExample:
     input: Any
     label: Any
     target: int | Sequence[int] | None = None
+
+
+class RelationalDataset(Sequence[RelationalExample]):
+    """A non-empty list of RelationalExamples, checked once: what train_dataset and the
+    evaluators take (any sequence of examples does)."""
+
+    def __init__(self, examples: Iterable[RelationalExample]) -> None:
+        self.examples = list(examples)
+        if not self.examples:
+            raise ValueError("examples: a RelationalDataset needs at least one example")
+        strays = sorted({type(e).__name__ for e in self.examples if not isinstance(e, RelationalExample)})
+        if strays:
+            raise TypeError(f"examples: every item must be a RelationalExample, got {', '.join(strays)}")
+
+    @classmethod
+    def from_inputs(cls, inputs: Sequence[Any], labels: Sequence[Any]) -> RelationalDataset:
+        """Examples pairing each input (anything the model takes) with its label."""
+        if len(inputs) != len(labels):
+            raise ValueError(
+                f"inputs and labels must have the same length, got {len(inputs)} and {len(labels)}"
+            )
+        return cls(RelationalExample(value, label) for value, label in zip(inputs, labels, strict=True))
+
+    @overload
+    def __getitem__(self, index: int) -> RelationalExample: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[RelationalExample]: ...
+
+    def __getitem__(self, index: int | slice) -> RelationalExample | list[RelationalExample]:
+        return self.examples[index]
+
+    def __len__(self) -> int:
+        return len(self.examples)
 
 
 @dataclass
