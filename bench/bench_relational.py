@@ -133,7 +133,7 @@ def against_peer(model_name: str, batch_size: int, examples: list) -> None:
         rounds.append((ours_s, theirs_s))
     ours_median = statistics.median(r[0] for r in rounds)
     theirs_median = statistics.median(r[1] for r in rounds)
-    difference = float((ours.forward(batch) - theirs.forward(their_batch).scores).abs().max())
+    difference = float((ours.target_scores(batch) - theirs.forward(their_batch).scores).abs().max())
     print(
         f"forward of {model_name} on batch {batch_size} x {batch.sequence_length} cells (median of 3 rounds):"
     )

@@ -157,5 +157,5 @@ def test_the_documented_loop_runs_as_written(
     tuned = RelationalTransformer(namespace["tuned"].path, device="cpu")  # type: ignore[attr-defined]
     batch = namespace["batch"]
     assert isinstance(batch, list)
-    reloaded = tuned.forward([RelationalBatch.from_mapping(d.context) for d in batch])
+    reloaded = tuned.target_scores([RelationalBatch.from_mapping(d.context) for d in batch])
     np.testing.assert_allclose(reloaded.numpy(), scores["target_scores"], rtol=1e-5, atol=1e-6)

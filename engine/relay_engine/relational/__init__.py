@@ -15,15 +15,30 @@ from relay_engine.families.rtj.batch import (
     RelationalBatch,
     collate,
 )
+from relay_engine.families.rtj.evaluators import (
+    BinaryClassificationEvaluator,
+    RegressionEvaluator,
+    SequentialEvaluator,
+)
+from relay_engine.families.rtj.heads import FineTunedHead, HeadError, fit_feature_head
 from relay_engine.families.rtj.losses import (
     BinaryClassificationLoss,
+    ListwiseRankingLoss,
     MulticlassClassificationLoss,
     MultilabelClassificationLoss,
     RegressionLoss,
     loss_for,
 )
-from relay_engine.families.rtj.network import NAMED_CONFIGS, RTJConfig, RTJNetwork, parameter_count
+from relay_engine.families.rtj.network import (
+    NAMED_CONFIGS,
+    OUTPUT_VIEWS,
+    ModelOutput,
+    RTJConfig,
+    RTJNetwork,
+    parameter_count,
+)
 from relay_engine.families.rtj.trainer import (
+    RelationalDataset,
     RelationalExample,
     RelationalTrainer,
     RelationalTrainingArguments,
@@ -35,23 +50,33 @@ __all__ = [
     "DEFAULT_MODEL",
     "MAX_PARENTS",
     "NAMED_CONFIGS",
+    "OUTPUT_VIEWS",
     "SEM_BOOLEAN",
     "SEM_DATETIME",
     "SEM_NUMBER",
     "SEM_TEXT",
+    "BinaryClassificationEvaluator",
     "BinaryClassificationLoss",
+    "FineTunedHead",
+    "HeadError",
+    "ListwiseRankingLoss",
+    "ModelOutput",
     "MulticlassClassificationLoss",
     "MultilabelClassificationLoss",
     "RTJConfig",
     "RTJNetwork",
+    "RegressionEvaluator",
     "RegressionLoss",
     "RelationalBatch",
+    "RelationalDataset",
     "RelationalExample",
     "RelationalTrainer",
     "RelationalTrainingArguments",
     "RelationalTransformer",
+    "SequentialEvaluator",
     "TaskHead",
     "collate",
+    "fit_feature_head",
     "loss_for",
     "parameter_count",
 ]

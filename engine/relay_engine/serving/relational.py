@@ -238,7 +238,7 @@ class ServedRelationalModel:
         started = time.perf_counter()
         batch = collate([r.context for r in rows])
         collated = time.perf_counter()
-        scores = self.model.forward(batch).float().cpu().numpy().astype(np.float64)
+        scores = self.model.target_scores(batch).float().cpu().numpy().astype(np.float64)
         scored = time.perf_counter()
         if self.spec.problem_type == "binary":
             predictions = 1.0 / (1.0 + np.exp(-scores))

@@ -63,11 +63,16 @@ def test_peer_checkpoint_loads_into_ours_with_the_same_scores(tmp_path: Path) ->
     ours = RelationalTransformer(tmp_path, device="cpu")
     fields = mixed_batch(d_text=TINY.d_text, seed=2)
     expected = theirs.eval()(peer.RelationalBatch(**fields), output="target_scores").scores.detach()
-    got = ours.forward(RelationalBatch(**fields))
+    got = ours.target_scores(RelationalBatch(**fields))
     assert got.shape == (3,)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     features = theirs(peer.RelationalBatch(**fields), output="target_features").features.detach()
-    torch.testing.assert_close(ours.encode(RelationalBatch(**fields)), features, atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        ours.encode(RelationalBatch(**fields), output_value="target_features", convert_to_numpy=False),
+        features,
+        atol=1e-5,
+        rtol=0,
+    )
 
 
 def test_our_checkpoint_loads_into_the_peer_with_the_same_scores(tmp_path: Path) -> None:
@@ -76,7 +81,7 @@ def test_our_checkpoint_loads_into_the_peer_with_the_same_scores(tmp_path: Path)
     ours.save_pretrained(tmp_path)
     theirs = peer.RelationalTransformer(str(tmp_path), device="cpu")
     fields = mixed_batch(d_text=TINY.d_text, seed=4)
-    expected = ours.forward(RelationalBatch(**fields))
+    expected = ours.target_scores(RelationalBatch(**fields))
     got = theirs.forward(peer.RelationalBatch(**fields)).scores
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
@@ -95,7 +100,9 @@ def test_norm_scales_load_from_weight_names_and_fp16(tmp_path: Path) -> None:
     batch = our_batch(seed=6)
     half_rounded = RelationalTransformer("rt-j-tiny", device="cpu")
     half_rounded.model.load_state_dict({k: v.half().float() for k, v in state.items()})
-    torch.testing.assert_close(reloaded.forward(batch), half_rounded.forward(batch), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        reloaded.target_scores(batch), half_rounded.target_scores(batch), atol=1e-6, rtol=0
+    )
 
 
 def test_fresh_models_are_seeded_and_start_at_zero() -> None:
@@ -105,7 +112,7 @@ def test_fresh_models_are_seeded_and_start_at_zero() -> None:
     assert torch.equal(a.model.mask_embs["number"], b.model.mask_embs["number"])
     assert not torch.equal(a.model.mask_embs["number"], c.model.mask_embs["number"])
     # RT-J's decoders start at zero: a fresh model scores every context 0.
-    assert torch.equal(a.forward(our_batch()), torch.zeros(3))
+    assert torch.equal(a.target_scores(our_batch()), torch.zeros(3))
 
 
 def test_bad_batches_name_the_field() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +19,7 @@ from relay_engine.relational import (
     collate,
 )
 from tests.engine.relational.batches import our_batch
+from tests.engine.relational.test_model import scramble
 from tests.hub import FakeHub, Repo
 
 
@@ -67,9 +69,9 @@ def test_full_fine_tuning_as_the_page_shows_it(hub_checkpoint: FakeHub, tmp_path
     assert trainer.problem_type == "binary"
     tuned = RelationalTransformer(str(output_dir))
     batch = collate([e.input for e in examples[:5]])
-    torch.testing.assert_close(tuned.forward(batch), model.forward(batch))
+    torch.testing.assert_close(tuned.target_scores(batch), model.target_scores(batch))
     base = RelationalTransformer("RelativeDB/rt-j-fp16")
-    assert not torch.equal(base.forward(batch), model.forward(batch)), "training changed nothing"
+    assert not torch.equal(base.target_scores(batch), model.target_scores(batch)), "training changed nothing"
 
 
 def test_training_lowers_the_loss(tmp_path: Path) -> None:
@@ -153,8 +155,81 @@ def test_multiclass_head_tuning_saves_the_head_beside_the_model(tmp_path: Path) 
     reloaded = RelationalTransformer(str(tmp_path), device="cpu")
     assert reloaded.heads["task"].num_labels == 3
     batch = collate([e.input for e in examples[:4]])
-    probabilities = reloaded.predict(batch, task_head="task")
+    probabilities = np.asarray(reloaded.predict(batch, task_head="task"))
     assert probabilities.shape == (4, 3)
     torch.testing.assert_close(
         torch.as_tensor(probabilities), torch.as_tensor(model.predict(batch, task_head="task"))
     )
+
+
+def test_logging_steps_fill_the_log_history(tmp_path: Path) -> None:
+    model = RelationalTransformer("rt-j-tiny", device="cpu")
+    args = RelationalTrainingArguments(
+        output_dir=str(tmp_path),
+        num_train_epochs=2,
+        per_device_train_batch_size=4,
+        logging_steps=3,
+        save_strategy="no",
+    )
+    trainer = RelationalTrainer(model=model, args=args, train_dataset=examples_of(20))
+    trainer.train()
+    # 5 steps an epoch, 10 in all: a log entry every 3 steps and at the last.
+    assert [entry["step"] for entry in trainer.log_history] == [3, 6, 9, 10]
+    assert [entry["epoch"] for entry in trainer.log_history] == [0.6, 1.2, 1.8, 2.0]
+    windows = [trainer.losses[0:3], trainer.losses[3:6], trainer.losses[6:9], trainer.losses[9:10]]
+    for entry, window in zip(trainer.log_history, windows, strict=True):
+        assert entry["loss"] == pytest.approx(sum(window) / len(window))
+        assert entry["learning_rate"] == pytest.approx(args.learning_rate) and entry["grad_norm"] > 0
+
+
+def test_save_strategy_steps_writes_a_checkpoint_every_save_steps(tmp_path: Path) -> None:
+    examples = examples_of(20)
+    model = RelationalTransformer("rt-j-tiny", device="cpu")
+    scramble(model.model, seed=9)
+    args = RelationalTrainingArguments(
+        output_dir=str(tmp_path),
+        num_train_epochs=2,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        save_strategy="steps",
+        save_steps=5,
+    )
+    RelationalTrainer(model=model, args=args, train_dataset=examples).train()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-10", "checkpoint-5"]
+    batch = collate([e.input for e in examples[:4]])
+    last = RelationalTransformer(str(tmp_path / "checkpoint-10"), device="cpu")
+    torch.testing.assert_close(last.target_scores(batch), model.target_scores(batch))
+    halfway = RelationalTransformer(str(tmp_path / "checkpoint-5"), device="cpu")
+    assert not torch.equal(halfway.target_scores(batch), last.target_scores(batch))
+
+
+def test_forecasting_trains_as_regression_and_is_saved_as_forecasting(tmp_path: Path) -> None:
+    examples = [RelationalExample(e.input, float(e.input.number_values[0, 4, 0])) for e in examples_of(12)]
+    losses = {}
+    for problem in ("regression", "forecasting"):
+        model = RelationalTransformer("rt-j-tiny", device="cpu")
+        scramble(model.model, seed=10)
+        args = RelationalTrainingArguments(
+            output_dir=str(tmp_path / problem),
+            per_device_train_batch_size=4,
+            learning_rate=1e-3,
+            problem_type=problem,
+        )
+        trainer = RelationalTrainer(model=model, args=args, train_dataset=examples)
+        trainer.train()
+        losses[problem] = trainer.losses
+    assert losses["forecasting"] == losses["regression"]  # Huber loss for both
+    reloaded = RelationalTransformer(str(tmp_path / "forecasting"), device="cpu")
+    assert reloaded.problem_type == "forecasting"
+    batch = collate([e.input for e in examples[:3]])
+    # A forecast is a value: predict applies no sigmoid.
+    np.testing.assert_allclose(reloaded.predict(batch), reloaded.target_scores(batch).numpy())
+
+
+def test_bad_logging_and_save_steps_name_the_field() -> None:
+    with pytest.raises(ValueError, match="logging_steps"):
+        RelationalTrainingArguments(logging_steps=0)
+    with pytest.raises(ValueError, match="save_steps"):
+        RelationalTrainingArguments(save_strategy="steps", save_steps=0)
+    with pytest.raises(ValueError, match="save_strategy"):
+        RelationalTrainingArguments(save_strategy="best")

@@ -40,6 +40,19 @@ BATCH_FIELDS: tuple[str, ...] = (
     "col_name_values",
 )
 
+# RelativeDB's short field names, accepted by from_mapping.
+FIELD_ALIASES: dict[str, str] = {
+    "f2p": "f2p_nbr_idxs",
+    "col_idxs": "col_name_idxs",
+    "table_idxs": "table_name_idxs",
+    "is_target": "is_targets",
+    "number_v": "number_values",
+    "datetime_v": "datetime_values",
+    "boolean_v": "boolean_values",
+    "text_v": "text_values",
+    "col_name_v": "col_name_values",
+}
+
 
 @dataclass
 class RelationalBatch:
@@ -79,6 +92,24 @@ class RelationalBatch:
         """Refuse a batch whose tensors disagree on their shapes or hold values out of range."""
         self._check_shapes()
         self._check_values()
+
+    def validate(self) -> RelationalBatch:
+        """The checks construction runs (shapes, semantic types, targets, finite values), again:
+        for a batch whose tensors were changed in place. ValueError names the field."""
+        self._check()
+        return self
+
+    def ablate(self, cells: Sequence[int]) -> RelationalBatch:
+        """A copy with the cells at these positions (in every context) turned to padding, to see
+        what they contribute. Positions stay where they are, so row and parent indices still hold;
+        a target cell cannot be ablated."""
+        positions = list(cells)
+        if bool(self.is_targets[:, positions].any()):
+            raise ValueError(f"cells: {positions} include a target cell, which cannot be ablated")
+        fields = self.as_dict()
+        fields["is_padding"] = self.is_padding.clone()
+        fields["is_padding"][:, positions] = True
+        return RelationalBatch(**fields)
 
     def _check_shapes(self) -> None:
         """Every field's shape against node_idxs' [batch, cells]."""
@@ -143,11 +174,62 @@ class RelationalBatch:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RelationalBatch:
-        """From a mapping of the twelve fields (arrays, tensors or nested lists)."""
-        missing = [name for name in BATCH_FIELDS if name not in values]
+        """From a mapping of the twelve fields (arrays, tensors or nested lists); RelativeDB's short
+        names (`f2p`, `col_idxs`, `number_v`, ...) stand for the long ones."""
+        named = {FIELD_ALIASES.get(name, name): value for name, value in values.items()}
+        missing = [name for name in BATCH_FIELDS if name not in named]
         if missing:
             raise ValueError("a relational batch needs the fields: " + ", ".join(missing))
-        return cls(**{name: values[name] for name in BATCH_FIELDS})
+        return cls(**{name: named[name] for name in BATCH_FIELDS})
+
+    @classmethod
+    def from_text_cells(
+        cls,
+        cells: np.ndarray | Tensor,
+        *,
+        target: int | Sequence[int],
+        node_idxs: Sequence[int] | None = None,
+        parents: Mapping[int, Sequence[int]] | None = None,
+        table_idxs: Sequence[int] | None = None,
+    ) -> RelationalBatch:
+        """One context of text cells from an array [S, 2*d_text]: each row is a column-name
+        embedding followed by a value embedding. Every cell is its own column; `node_idxs` groups
+        cells into rows (default: all one row), `parents` maps a cell to its row's parent rows and
+        `table_idxs` gives each cell's table (default 0). `target`: the cell(s) to predict."""
+        array = torch.as_tensor(cells, dtype=torch.float32)
+        if array.ndim != 2 or array.shape[1] % 2:
+            raise ValueError(f"cells must have shape [cells, 2*d_text], got {tuple(array.shape)}")
+        count, d_text = int(array.shape[0]), int(array.shape[1]) // 2
+        chosen = [target] if isinstance(target, int) else list(target)
+        if not all(0 <= cell < count for cell in chosen):
+            raise ValueError(f"target: cell positions must be from 0 to {count - 1}, got {chosen}")
+        parent_rows = torch.full((1, count, MAX_PARENTS), -1, dtype=torch.int64)
+        for cell, rows in (parents or {}).items():
+            listed = list(rows)
+            if len(listed) > MAX_PARENTS:
+                raise ValueError(f"parents: cell {cell} has {len(listed)} parents, at most {MAX_PARENTS}")
+            parent_rows[0, cell, : len(listed)] = torch.as_tensor(listed, dtype=torch.int64)
+        is_targets = torch.zeros((1, count), dtype=torch.bool)
+        is_targets[0, chosen] = True
+        nothing = torch.zeros((1, count, 1))
+        return cls(
+            node_idxs=torch.as_tensor(list(node_idxs) if node_idxs is not None else [0] * count).view(
+                1, count
+            ),
+            f2p_nbr_idxs=parent_rows,
+            col_name_idxs=torch.arange(count).view(1, count),
+            table_name_idxs=torch.as_tensor(list(table_idxs) if table_idxs is not None else [0] * count).view(
+                1, count
+            ),
+            is_padding=torch.zeros((1, count), dtype=torch.bool),
+            sem_types=torch.full((1, count), SEM_TEXT),
+            is_targets=is_targets,
+            number_values=nothing,
+            datetime_values=nothing.clone(),
+            boolean_values=nothing.clone(),
+            text_values=array[:, d_text:].reshape(1, count, d_text),
+            col_name_values=array[:, :d_text].reshape(1, count, d_text),
+        )
 
 
 def _all_finite(value: Tensor) -> bool:

@@ -4,6 +4,8 @@ The layout is RelativeDB's: the network's sizes at the top level of config.json 
 "model"), `checkpoint_file` naming the weights, and, for a repository that holds both, one
 `classification/` and one `regression/` subdirectory. RMSNorm scales load from `.scale` or
 `.weight` names (both are in circulation) and are written as `.scale`, as RelativeDB writes them.
+Weights load from fp32, fp16, bf16, fp8 (e4m3fn, e5m2), Q8 and Q4 files (see _dequantize); they are
+always written in the network's dtype.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 SIZE_KEYS = ("num_blocks", "d_model", "d_text", "num_heads", "d_ff")
 REGRESSION_TASKS = ("regression", "forecasting", "reg")
+# Beside a quantized weight `<name>`: `<name>.q_scale` (Q8) or `<name>.q4_scale` (Q4, in groups of
+# Q4_GROUP values).
+Q8_SCALE_SUFFIX = ".q_scale"
+Q4_SCALE_SUFFIX = ".q4_scale"
+Q4_GROUP = 32
 
 
 def checkpoint_directory(directory: Path, task: str) -> Path:
@@ -58,7 +65,7 @@ def sizes_of(config: dict[str, Any], state_keys: set[str] | None = None) -> RTJC
 
 
 def read_state(path: Path) -> dict[str, torch.Tensor]:
-    """A state dict in our names, as float32."""
+    """A state dict in our names, as float32 (fp16, bf16, fp8, Q8 and Q4 files alike)."""
     if not path.is_file():
         raise ConfigError(f"no weights at {path}")
     state = load_file(str(path), device="cpu")
@@ -69,8 +76,45 @@ def read_state(path: Path) -> dict[str, torch.Tensor]:
         ) or key.startswith("norm_out.")
         if is_norm and key.endswith(".weight"):
             key = key.removesuffix(".weight") + ".scale"
+        # float8_e4m3fn and float8_e5m2 are floating point too: an fp8 file widens here.
         renamed[key] = value.float() if value.is_floating_point() else value
-    return renamed
+    return _dequantize(renamed, path)
+
+
+def _dequantize(state: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+    """RelativeDB's quantized layouts, widened to float32. Q8: an integer weight and beside it
+    `<name>.q_scale`, one scale per output row. Q4: a uint8 weight [rows, width/2] holding two
+    values a byte (the even one in the low nibble) and beside it `<name>.q4_scale`, a (scale,
+    minimum) pair for each group of 32 values of a row; a value is nibble * scale + minimum."""
+    for scale_key in [key for key in state if key.endswith(Q8_SCALE_SUFFIX)]:
+        name = scale_key.removesuffix(Q8_SCALE_SUFFIX)
+        if name in state:
+            weight, scale = state[name], state.pop(scale_key).float()
+            state[name] = weight.float() * scale.reshape(-1, *([1] * (weight.ndim - 1)))
+    for scale_key in [key for key in state if key.endswith(Q4_SCALE_SUFFIX)]:
+        name = scale_key.removesuffix(Q4_SCALE_SUFFIX)
+        if name in state:
+            state[name] = _unpack_q4(name, state[name], state.pop(scale_key), path)
+    return state
+
+
+def _unpack_q4(name: str, packed: torch.Tensor, params: torch.Tensor, path: Path) -> torch.Tensor:
+    if packed.dtype != torch.uint8 or packed.ndim != 2:
+        raise ConfigError(
+            f"{path}: the Q4 weight {name} must be a 2-d uint8 tensor, "
+            f"got {packed.dtype} {tuple(packed.shape)}"
+        )
+    rows, width = (int(n) for n in packed.shape)
+    pairs = params.float().reshape(rows, -1, 2)  # [rows, groups, (scale, minimum)]
+    groups = int(pairs.shape[1])
+    if width != groups * Q4_GROUP // 2:
+        raise ConfigError(
+            f"{path}: the Q4 weight {name} has {width} bytes a row "
+            f"but {groups} scale groups of {Q4_GROUP} values"
+        )
+    low, high = packed & 0x0F, packed >> 4
+    values = torch.stack((low, high), dim=-1).reshape(rows, groups, Q4_GROUP).float()
+    return (values * pairs[..., :1] + pairs[..., 1:]).reshape(rows, groups * Q4_GROUP)
 
 
 def load_network(directory: Path) -> tuple[RTJNetwork, dict[str, Any]]:

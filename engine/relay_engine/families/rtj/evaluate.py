@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from relay_engine.errors import ConfigError
-from relay_engine.families.rtj.batch import collate
 from relay_engine.families.rtj.database import seconds
 from relay_engine.families.rtj.sampling import ContextSampler, LabelScale
 from relay_engine.families.rtj.trainer import RelationalExample
@@ -52,7 +51,7 @@ def predict_scores(
 ) -> np.ndarray:
     """Raw target_scores (logits, or z-scored values) for each example, in order."""
     out = [
-        model.forward(collate([e.input for e in examples[start : start + batch_size]])).float().cpu().numpy()
+        model.target_scores([e.input for e in examples[start : start + batch_size]]).float().cpu().numpy()
         for start in range(0, len(examples), batch_size)
     ]
     return np.concatenate(out) if out else np.zeros(0)

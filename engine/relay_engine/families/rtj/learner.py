@@ -30,7 +30,7 @@ from relay.optimizer import AdamParams
 from relay_engine.core.learner import ForwardBackwardResult, Learner, OptimStepResult, clipped_adam_step
 from relay_engine.errors import EngineError
 from relay_engine.families.rtj.batch import RelationalBatch, collate
-from relay_engine.families.rtj.losses import loss_for
+from relay_engine.families.rtj.losses import NUMERIC_PROBLEM_TYPES, loss_for
 
 if TYPE_CHECKING:
     from relay_engine.families.rtj.trainer import RelationalExample
@@ -57,9 +57,9 @@ class LabelledBatch:
 def per_context_loss(scores: torch.Tensor, labels: torch.Tensor, problem_type: str) -> torch.Tensor:
     if problem_type == "binary":
         return F.binary_cross_entropy_with_logits(scores, labels, reduction="none")
-    if problem_type == "regression":
+    if problem_type in NUMERIC_PROBLEM_TYPES:
         return F.huber_loss(scores, labels, reduction="none", delta=1.0)
-    raise EngineError(f"RT-J jobs train binary or regression tasks, not {problem_type!r}")
+    raise EngineError(f"RT-J jobs train binary, regression or forecasting tasks, not {problem_type!r}")
 
 
 class RelationalLearner(Learner[LabelledBatch]):

@@ -1,14 +1,20 @@
-"""The task losses, by problem type: BCE on one logit for binary, Huber for regression, and for
-heads, cross-entropy (multiclass) or BCE per label (multilabel)."""
+"""The task losses, by problem type: BCE on one logit for binary, Huber for regression and
+forecasting, and for heads, cross-entropy (multiclass) or BCE per label (multilabel)."""
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
 
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-PROBLEM_TYPES: tuple[str, ...] = ("binary", "regression", "multiclass", "multilabel")
+PROBLEM_TYPES: tuple[str, ...] = ("binary", "regression", "forecasting", "multiclass", "multilabel")
 # Problem types the scalar target_scores output serves; the others need a head.
-SCALAR_PROBLEM_TYPES: tuple[str, ...] = ("binary", "regression")
+SCALAR_PROBLEM_TYPES: tuple[str, ...] = ("binary", "regression", "forecasting")
+# Problem types whose target is a number, trained with Huber loss: forecasting is regression of a
+# future value.
+NUMERIC_PROBLEM_TYPES: tuple[str, ...] = ("regression", "forecasting")
 
 
 class BinaryClassificationLoss(nn.Module):
@@ -35,9 +41,28 @@ class MultilabelClassificationLoss(nn.Module):
         return F.binary_cross_entropy_with_logits(logits, labels.float())
 
 
+class ListwiseRankingLoss(nn.Module):
+    """Cross-entropy between each group's softmax over its candidates' scores and its labels
+    normalised to sum to 1, averaged over the groups; candidates of group g are
+    group_offsets[g]:group_offsets[g+1]. Each group needs a positive label."""
+
+    def forward(self, logits: Tensor, labels: Tensor, group_offsets: Sequence[int]) -> Tensor:
+        scores, relevance = logits.reshape(-1), labels.float().reshape(-1)
+        bounds = [int(offset) for offset in group_offsets]
+        total = scores.new_zeros(())
+        for start, end in itertools.pairwise(bounds):
+            weights = relevance[start:end]
+            mass = weights.sum()
+            if not bool(mass > 0):
+                raise ValueError(f"labels: the ranking group {start}:{end} has no positive label")
+            total = total - (weights / mass * F.log_softmax(scores[start:end], dim=0)).sum()
+        return total / max(len(bounds) - 1, 1)
+
+
 _LOSSES: dict[str, type[nn.Module]] = {
     "binary": BinaryClassificationLoss,
     "regression": RegressionLoss,
+    "forecasting": RegressionLoss,
     "multiclass": MulticlassClassificationLoss,
     "multilabel": MultilabelClassificationLoss,
 }

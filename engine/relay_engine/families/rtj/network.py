@@ -25,6 +25,30 @@ from relay_engine.families.rtj.batch import SEMANTIC_TYPES, RelationalBatch
 from relay_engine.modules import ModuleMapping, ModuleSequence
 
 ATTENTION_KINDS: tuple[str, ...] = ("col", "feat", "nbr")
+# The views `RTJNetwork.outputs` gives, by the names RelativeDB's package uses for them.
+OUTPUT_VIEWS: tuple[str, ...] = (
+    "target_scores",
+    "token_scores",
+    "target_features",
+    "target_scores_and_text",
+    "embeddings",
+)
+
+
+@dataclass
+class ModelOutput:
+    """What one forward pass gives; only the fields of the view asked for are set.
+
+    scores [B]: the number decoder summed over each context's target cells; token_scores [B, S]:
+    that decoder on every cell; target_text [B, d_text]: the text decoder summed over the targets;
+    features [B, d_model]: the final hidden state summed over the targets; embeddings
+    [B, S, d_model]: the final hidden state of every cell."""
+
+    scores: Tensor | None = None
+    token_scores: Tensor | None = None
+    target_text: Tensor | None = None
+    features: Tensor | None = None
+    embeddings: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -247,6 +271,25 @@ class RTJNetwork(nn.Module):
         hidden = self.encode(batch)
         per_cell = self.dec_dict["number"](hidden).squeeze(-1)
         return (per_cell * batch.is_targets.to(per_cell.dtype)).sum(1)
+
+    def outputs(self, batch: RelationalBatch, output: str = "target_scores") -> ModelOutput:
+        """One of OUTPUT_VIEWS of a forward pass (see ModelOutput)."""
+        if output not in OUTPUT_VIEWS:
+            raise ValueError(f"output must be one of {', '.join(OUTPUT_VIEWS)}, got {output!r}")
+        hidden = self.encode(batch)
+        if output == "embeddings":
+            return ModelOutput(embeddings=hidden)
+        targets = batch.is_targets.to(hidden.dtype)
+        if output == "target_features":
+            return ModelOutput(features=(hidden * targets.unsqueeze(-1)).sum(1))
+        per_cell = self.dec_dict["number"](hidden).squeeze(-1)
+        if output == "token_scores":
+            return ModelOutput(token_scores=per_cell)
+        scores = (per_cell * targets).sum(1)
+        if output == "target_scores":
+            return ModelOutput(scores=scores)
+        text = (self.dec_dict["text"](hidden) * targets.unsqueeze(-1)).sum(1)
+        return ModelOutput(scores=scores, target_text=text)
 
 
 def parameter_count(config: RTJConfig) -> int:

@@ -10,31 +10,71 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import torch
 
+from relay.events import Event, MetricsEvent
 from relay.optimizer import AdamParams
 from relay_engine.core.loop import LoopState, run_loop
-from relay_engine.families.rtj.batch import RelationalBatch, collate
+from relay_engine.families.rtj.batch import collate
 from relay_engine.families.rtj.learner import LabelledBatch, RelationalLearner
 from relay_engine.families.rtj.losses import PROBLEM_TYPES, SCALAR_PROBLEM_TYPES
 from relay_engine.families.rtj.transformer import RelationalTransformer, TaskHead
 
 TRAINING_BACKENDS: tuple[str, ...] = ("torch", "triton")
-SAVE_STRATEGIES: tuple[str, ...] = ("epoch", "no")
+SAVE_STRATEGIES: tuple[str, ...] = ("epoch", "steps", "no")
+# Where save_strategy="steps" writes the checkpoint of optimizer step N, under output_dir.
+STEP_CHECKPOINT_DIR = "checkpoint-{step}"
 
 
 @dataclass
 class RelationalExample:
-    """One labelled context: `input` holds one context (batch size 1) with its target cells marked.
-    `label`: 0/1 (binary), a number (regression), a class index (multiclass) or a list of 0/1."""
+    """One labelled context: `input` is one context (batch size 1) in any form the model takes
+    (RelationalTransformer.as_batch); `target` names the target cell(s) when it is an array of
+    cells, a batch already marks them. `label`: 0/1 (binary), a number (regression, forecasting),
+    a class index (multiclass) or a list of 0/1 (multilabel)."""
 
-    input: RelationalBatch
+    input: Any
     label: Any
+    target: int | Sequence[int] | None = None
+
+
+class RelationalDataset(Sequence[RelationalExample]):
+    """A non-empty list of RelationalExamples, checked once: what train_dataset and the
+    evaluators take (any sequence of examples does)."""
+
+    def __init__(self, examples: Iterable[RelationalExample]) -> None:
+        self.examples = list(examples)
+        if not self.examples:
+            raise ValueError("examples: a RelationalDataset needs at least one example")
+        strays = sorted({type(e).__name__ for e in self.examples if not isinstance(e, RelationalExample)})
+        if strays:
+            raise TypeError(f"examples: every item must be a RelationalExample, got {', '.join(strays)}")
+
+    @classmethod
+    def from_inputs(cls, inputs: Sequence[Any], labels: Sequence[Any]) -> RelationalDataset:
+        """Examples pairing each input (anything the model takes) with its label."""
+        if len(inputs) != len(labels):
+            raise ValueError(
+                f"inputs and labels must have the same length, got {len(inputs)} and {len(labels)}"
+            )
+        return cls(RelationalExample(value, label) for value, label in zip(inputs, labels, strict=True))
+
+    @overload
+    def __getitem__(self, index: int) -> RelationalExample: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[RelationalExample]: ...
+
+    def __getitem__(self, index: int | slice) -> RelationalExample | list[RelationalExample]:
+        return self.examples[index]
+
+    def __len__(self) -> int:
+        return len(self.examples)
 
 
 @dataclass
@@ -47,7 +87,12 @@ class RelationalTrainingArguments:
     weight_decay: float = 1e-2
     max_grad_norm: float = 1.0
     seed: int = 42
+    # Every this many optimizer steps (and at the last) the trainer appends the window's mean loss
+    # to its log_history.
+    logging_steps: int = 10
     save_strategy: str = "epoch"
+    # With save_strategy="steps": a checkpoint every this many optimizer steps.
+    save_steps: int = 500
     training_backend: str = "torch"
     # None: the loaded checkpoint's (regression, else binary).
     problem_type: str | None = None
@@ -59,6 +104,8 @@ class RelationalTrainingArguments:
             "num_train_epochs": self.num_train_epochs,
             "per_device_train_batch_size": self.per_device_train_batch_size,
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "logging_steps": self.logging_steps,
+            "save_steps": self.save_steps,
         }
         for name, value in positive.items():
             if not isinstance(value, int) or value < 1:
@@ -106,6 +153,8 @@ class RelationalTrainer:
                 f"problem_type must be one of {', '.join(PROBLEM_TYPES)}, got {self.problem_type!r}"
             )
         self.losses: list[float] = []
+        # One entry every logging_steps optimizer steps: step, epoch, loss, grad_norm, learning_rate.
+        self.log_history: list[dict[str, float]] = []
 
     def train(self) -> dict[str, float | int]:
         if self.problem_type in SCALAR_PROBLEM_TYPES:
@@ -134,19 +183,19 @@ class RelationalTrainer:
         learner = self._learner(network, forward)
 
         def batch_of(examples: Sequence[RelationalExample]) -> LabelledBatch:
-            return LabelledBatch(collate([example.input for example in examples]), self._labels(examples))
+            contexts = [
+                self.transformer.as_batch(example.input, target=example.target) for example in examples
+            ]
+            return LabelledBatch(collate(contexts), self._labels(examples))
 
-        self._run(learner, batch_of, self._save_epoch)
+        self._run(learner, batch_of, self._save_to)
         network.eval()
 
     def _train_head(self) -> None:
         """The backbone stays frozen: each context's target features are computed once."""
         args, transformer = self.args, self.transformer
         torch.manual_seed(args.seed)
-        features = {
-            id(example): transformer.encode(example.input).squeeze(0).float()
-            for example in self.train_dataset
-        }
+        features = {id(example): _features(transformer, example) for example in self.train_dataset}
         labels = [example.label for example in self.train_dataset]
         num_labels = (
             int(max(int(label) for label in labels)) + 1
@@ -162,13 +211,13 @@ class RelationalTrainer:
             inputs = torch.stack([features[id(example)] for example in examples])
             return LabelledBatch(inputs, self._labels(examples))
 
-        def save_epoch(epoch: int) -> None:
+        def save_to(directory: Path) -> None:
             head.eval()
             transformer.heads[args.head_name] = head
-            self._save_epoch(epoch)
+            self._save_to(directory)
             head.train()
 
-        self._run(learner, batch_of, save_epoch)
+        self._run(learner, batch_of, save_to)
         head.eval()
 
     def _learner(self, network: torch.nn.Module, forward: Callable[[Any], torch.Tensor]) -> RelationalLearner:
@@ -185,10 +234,12 @@ class RelationalTrainer:
         self,
         learner: RelationalLearner,
         batch_of: Callable[[Sequence[RelationalExample]], LabelledBatch],
-        save_epoch: Callable[[int], None],
+        save_to: Callable[[Path], None],
     ) -> None:
         """The engine's loop (run_loop) over the epochs: a step is one optimizer step, on up to
-        `gradient_accumulation_steps` micro-batches of one epoch, at the constant rate."""
+        `gradient_accumulation_steps` micro-batches of one epoch, at the constant rate. `save_to`
+        writes a checkpoint where save_strategy says: output_dir after each epoch ("epoch"), or
+        output_dir/checkpoint-<step> every save_steps steps ("steps")."""
         args = self.args
         steps = _EpochSteps(self, random.Random(args.seed))
         total_steps = steps.per_epoch * args.num_train_epochs
@@ -201,9 +252,22 @@ class RelationalTrainer:
             grad_clip_norm=args.max_grad_norm,
         )
 
+        output_dir = Path(args.output_dir)
+
         def after_step(state: LoopState) -> None:
-            if state.step % steps.per_epoch == 0:
-                save_epoch(state.step // steps.per_epoch - 1)
+            if args.save_strategy == "epoch" and state.step % steps.per_epoch == 0:
+                save_to(output_dir)
+            elif args.save_strategy == "steps" and state.step % args.save_steps == 0:
+                save_to(output_dir / STEP_CHECKPOINT_DIR.format(step=state.step))
+
+        def log(event: Event) -> None:
+            if isinstance(event, MetricsEvent) and event.loss is not None:
+                entry = {"step": event.step, "epoch": event.step / steps.per_epoch, "loss": event.loss}
+                if event.grad_norm is not None:
+                    entry["grad_norm"] = event.grad_norm
+                if event.lr is not None:
+                    entry["learning_rate"] = event.lr
+                self.log_history.append(entry)
 
         run_loop(
             learner,
@@ -212,17 +276,16 @@ class RelationalTrainer:
             total_steps=total_steps,
             learning_rate_at=lambda step: args.learning_rate,
             adam=adam,
-            on_event=lambda event: None,
+            on_event=log,
             should_stop=lambda: False,
-            log_every=total_steps,
+            log_every=args.logging_steps,
             on_batch_loss=self.losses.append,
             after_step=after_step,
         )
 
-    def _save_epoch(self, epoch: int) -> None:
-        if self.args.save_strategy == "epoch":
-            self.transformer.config = {**self.transformer.config, "problem_type": self._saved_problem_type()}
-            self.save_model()
+    def _save_to(self, directory: Path) -> None:
+        self.transformer.config = {**self.transformer.config, "problem_type": self._saved_problem_type()}
+        self.save_model(directory)
 
     def _saved_problem_type(self) -> str:
         # A head-tuned model's own score output is unchanged, so its checkpoint default is too.
@@ -232,6 +295,15 @@ class RelationalTrainer:
 
     def save_model(self, directory: str | Path | None = None) -> None:
         self.transformer.save_pretrained(directory or self.args.output_dir)
+
+
+def _features(transformer: RelationalTransformer, example: RelationalExample) -> torch.Tensor:
+    """The frozen target features of one example's context, [d_model]."""
+    features = transformer.encode(
+        example.input, target=example.target, output_value="target_features", convert_to_numpy=False
+    )
+    assert isinstance(features, torch.Tensor)
+    return features.squeeze(0).float()
 
 
 class _EpochSteps:

@@ -4,22 +4,23 @@ model = RelationalTransformer("rt-j-tiny")                  # fresh weights, see
 model = RelationalTransformer("models/customer-churn")      # a checkpoint directory
 model = RelationalTransformer("RelativeDB/rt-j-fp16")       # a Hub repository (needs the network)
 scores = model.predict(batch)                               # one probability (or value) per context
+out = model.forward(batch, output="target_features")        # a ModelOutput; out.features [B, d_model]
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from relay_engine.errors import ConfigError
-from relay_engine.families.rtj.batch import RelationalBatch, collate
+from relay_engine.families.rtj.batch import BATCH_FIELDS, RelationalBatch, collate
 from relay_engine.families.rtj.checkpoint import (
     CONFIG_FILE,
     REGRESSION_TASKS,
@@ -30,17 +31,24 @@ from relay_engine.families.rtj.checkpoint import (
     save_network,
     sizes_of,
 )
-from relay_engine.families.rtj.network import NAMED_CONFIGS, RTJNetwork
+from relay_engine.families.rtj.network import NAMED_CONFIGS, ModelOutput, RTJNetwork
+
+if TYPE_CHECKING:
+    from relay_engine.families.rtj.trainer import RelationalExample
 
 DEFAULT_MODEL = "RelativeDB/rt-j-fp16"
-BACKENDS: tuple[str, ...] = ("torch", "meta")
+BACKENDS: tuple[str, ...] = ("torch", "triton", "meta")
 HEADS_DIR = "heads"
+# What the model's entry points take: a batch (ours or any object with the twelve fields), a
+# mapping of the fields, an array of text cells (with target=), or a sequence of these.
+ModelInputs = RelationalBatch | Mapping[str, Any] | np.ndarray | Tensor | Sequence[Any] | object
 
 
 class TaskHead(nn.Module):
-    """A linear head on the target cell's features, for multiclass and multilabel tasks."""
+    """A linear head on the target cell's features (binary by default, as RelativeDB's; the trainer
+    fits multiclass and multilabel ones, fit_head any problem type)."""
 
-    def __init__(self, d_model: int, num_labels: int = 1, problem_type: str = "multiclass") -> None:
+    def __init__(self, d_model: int, num_labels: int = 1, problem_type: str = "binary") -> None:
         super().__init__()
         self.d_model = d_model
         self.num_labels = num_labels
@@ -75,7 +83,8 @@ class RelationalTransformer:
     """An RT-J model. `model_name_or_path`: "rt-j" or "rt-j-tiny" (fresh weights from `seed`), a
     checkpoint directory, or a Hugging Face repository (default: RelativeDB/rt-j-fp16). `task`
     picks the classification or regression part of a repository that has both. `backend`:
-    "torch", or "meta" for shapes only (nothing runs)."""
+    "torch"; "triton", inference through torch.compile's Inductor (Triton kernels), on CUDA only,
+    serving target_scores; or "meta" for shapes only (nothing runs)."""
 
     def __init__(
         self,
@@ -92,6 +101,11 @@ class RelationalTransformer:
         self.task = task
         self.backend_name = backend
         self.device = torch.device(device) if device is not None else _default_device()
+        if backend == "triton" and (self.device.type != "cuda" or not torch.cuda.is_available()):
+            raise RuntimeError(
+                "backend='triton' needs a CUDA GPU (it compiles the model to Triton kernels with "
+                f"torch.compile); this model's device is {self.device}. Use backend='torch' on a CPU."
+            )
         self.heads: dict[str, TaskHead] = {}
         name = self.model_name_or_path
         if name in NAMED_CONFIGS:
@@ -111,6 +125,10 @@ class RelationalTransformer:
                 network, self.config = load_network(directory)
                 self._load_heads(directory)
         self.model: RTJNetwork = network if backend == "meta" else network.to(self.device).eval()
+        # The Triton backend's compiled scorer; shapes vary from call to call, hence dynamic.
+        self._compiled: Callable[[RelationalBatch], Tensor] | None = (
+            torch.compile(self.model, backend="inductor", dynamic=True) if backend == "triton" else None
+        )
 
     @property
     def problem_type(self) -> str:
@@ -124,44 +142,152 @@ class RelationalTransformer:
                 f"{what} requires the torch backend (this model was loaded with {self.backend_name!r})"
             )
 
-    def as_batch(self, inputs: RelationalBatch | Sequence[RelationalBatch]) -> RelationalBatch:
+    def as_batch(self, inputs: ModelInputs, *, target: int | Sequence[int] | None = None) -> RelationalBatch:
+        """One batch from any input the model takes: a RelationalBatch (ours, or any object with
+        the twelve fields, such as RelativeDB's), a mapping of the twelve fields, an array of text
+        cells [S, 2*d_text] with `target` naming the target cell(s), or a non-empty sequence of
+        these (collated, each padded to the longest)."""
         if isinstance(inputs, RelationalBatch):
             return inputs
-        if isinstance(inputs, Sequence) and inputs and all(isinstance(i, RelationalBatch) for i in inputs):
-            return collate(list(inputs))
-        raise TypeError("inputs must be a RelationalBatch or a non-empty sequence of them")
+        if isinstance(inputs, Mapping):
+            return RelationalBatch.from_mapping(inputs)
+        if isinstance(inputs, (np.ndarray, Tensor)):
+            if target is None:
+                raise ValueError("target: name the target cell(s) when passing an array of cells")
+            return RelationalBatch.from_text_cells(inputs, target=target)
+        if all(hasattr(inputs, name) for name in BATCH_FIELDS):
+            return RelationalBatch(**{name: getattr(inputs, name) for name in BATCH_FIELDS})
+        if isinstance(inputs, Sequence) and not isinstance(inputs, str) and inputs:
+            return collate([self.as_batch(item, target=target) for item in inputs])
+        raise TypeError(
+            "inputs must be a RelationalBatch, a mapping of its fields, an array of cells with target=, "
+            f"or a non-empty sequence of these; got {type(inputs).__name__}"
+        )
 
-    def forward(self, inputs: RelationalBatch | Sequence[RelationalBatch]) -> Tensor:
-        """target_scores: one raw score per context (a logit for classification)."""
-        self._require_torch("running the model")
+    def forward(
+        self, inputs: ModelInputs, *, output: str = "target_scores", target: int | Sequence[int] | None = None
+    ) -> ModelOutput:
+        """One forward pass; `output` picks the view (see OUTPUT_VIEWS and ModelOutput):
+        "target_scores" (default) sets `scores`, one raw score per context (a logit for
+        classification)."""
+        if self.backend_name == "meta":
+            raise RuntimeError("a model loaded with backend='meta' has shapes only and cannot run")
+        batch = self.as_batch(inputs, target=target).to(self.device)
         with torch.inference_mode():
-            return self.model(self.as_batch(inputs).to(self.device))
+            if self._compiled is None:
+                return self.model.outputs(batch, output)
+            if output != "target_scores":
+                raise ValueError(f"backend='triton' serves output='target_scores' only, not {output!r}")
+            return ModelOutput(scores=self._compiled(batch))
 
-    def encode(self, inputs: RelationalBatch | Sequence[RelationalBatch]) -> Tensor:
-        """target_features: the final hidden state summed over each context's target cells."""
-        self._require_torch("running the model")
-        with torch.inference_mode():
-            return self.model.target_features(self.as_batch(inputs).to(self.device))
+    def target_scores(self, inputs: ModelInputs, *, target: int | Sequence[int] | None = None) -> Tensor:
+        """forward(...).scores: one raw score per context, [B]."""
+        scores = self.forward(inputs, output="target_scores", target=target).scores
+        assert scores is not None  # the target_scores view always sets them
+        return scores
+
+    def encode(
+        self,
+        inputs: ModelInputs,
+        *,
+        target: int | Sequence[int] | None = None,
+        output_value: str = "embeddings",
+        convert_to_numpy: bool = True,
+    ) -> np.ndarray | Tensor:
+        """The final hidden states: "embeddings" [B, S, d_model], one per cell, or
+        "target_features" [B, d_model], summed over each context's target cells (what heads read)."""
+        if output_value not in ("embeddings", "target_features"):
+            raise ValueError(f"output_value must be 'embeddings' or 'target_features', got {output_value!r}")
+        result = self.forward(inputs, output=output_value, target=target)
+        values = result.features if output_value == "target_features" else result.embeddings
+        assert values is not None
+        return values.detach().float().cpu().numpy() if convert_to_numpy else values
 
     def predict(
-        self, inputs: RelationalBatch | Sequence[RelationalBatch], *, task_head: str | None = None
-    ) -> np.ndarray:
-        """Probabilities for classification (sigmoid; softmax for a multiclass head), else values."""
+        self,
+        inputs: ModelInputs,
+        *,
+        target: int | Sequence[int] | None = None,
+        task_head: str | None = None,
+        activation: str | None = None,
+        convert_to_numpy: bool = True,
+    ) -> float | np.ndarray | Tensor:
+        """Scores after `activation`; None picks it from the problem type (the head's, or the
+        checkpoint's): sigmoid for binary, multilabel and classification, softmax for multiclass,
+        none for regression and forecasting. "identity" gives the raw scores. With
+        `convert_to_numpy` the result is a numpy array, or a float for a single context's score."""
         if task_head is not None:
             if task_head not in self.heads:
                 raise KeyError(f"no head named {task_head!r}; heads: {', '.join(self.heads) or 'none'}")
             head = self.heads[task_head]
+            features = self.encode(
+                inputs, target=target, output_value="target_features", convert_to_numpy=False
+            )
+            assert isinstance(features, Tensor)
             with torch.inference_mode():
-                scores = head(self.encode(inputs))
+                scores = head(features.to(head.projection.weight.dtype))
             problem = head.problem_type
         else:
-            scores = self.forward(inputs)
-            problem = self.problem_type
-        if problem == "multiclass":
-            scores = scores.softmax(-1)
-        elif problem != "regression":
-            scores = scores.sigmoid()
-        return scores.detach().float().cpu().numpy()
+            scores, problem = self.target_scores(inputs, target=target), self.problem_type
+        scores = _activate(scores, activation or _DEFAULT_ACTIVATION.get(problem, "identity"))
+        if not convert_to_numpy:
+            return scores
+        values = scores.detach().float().cpu().numpy()
+        return float(values[0]) if values.shape == (1,) else values
+
+    def get_model_kwargs(self) -> dict[str, int]:
+        """The network's sizes (num_blocks, d_model, d_text, num_heads, d_ff); no weights needed,
+        so a backend="meta" model answers too."""
+        sizes = self.model.config
+        return {
+            "num_blocks": sizes.num_blocks,
+            "d_model": sizes.d_model,
+            "d_text": sizes.d_text,
+            "num_heads": sizes.num_heads,
+            "d_ff": sizes.d_ff,
+        }
+
+    def fit_head(
+        self,
+        examples: Sequence[RelationalExample],
+        *,
+        task: str,
+        num_labels: int = 1,
+        problem_type: str = "binary",
+        epochs: int = 100,
+        learning_rate: float = 1e-3,
+        weight_decay: float = 1e-4,
+    ) -> TaskHead:
+        """A linear head fitted on the frozen target features of `examples` (full-batch AdamW for
+        `epochs` steps), stored as heads[task] and served by predict(..., task_head=task)."""
+        from relay_engine.families.rtj.heads import fit_head
+
+        return fit_head(
+            self,
+            examples,
+            task=task,
+            num_labels=num_labels,
+            problem_type=problem_type,
+            epochs=epochs,
+            learning_rate=learning_rate,
+            weight_decay=weight_decay,
+        )
+
+    def export_onnx(
+        self,
+        path: str | os.PathLike[str],
+        example: ModelInputs,
+        *,
+        target: int | Sequence[int] | None = None,
+        opset_version: int = 18,
+    ) -> Path:
+        """Write target_scores as an ONNX graph (inputs: the twelve fields by name; output:
+        target_scores; batch and cell counts free, d_text that of `example`). Needs the torch backend."""
+        from relay_engine.families.rtj.onnx_export import export_onnx
+
+        self._require_torch("ONNX export")
+        batch = self.as_batch(example, target=target).to(self.device)
+        return export_onnx(self.model, batch, Path(path), opset_version=opset_version)
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
         """config.json + model.safetensors (+ heads/<name>/ for fitted heads), loadable by the constructor."""
@@ -177,6 +303,27 @@ class RelationalTransformer:
             for path in sorted(heads.iterdir()):
                 if (path / "head_config.json").is_file():
                     self.heads[path.name] = TaskHead.from_pretrained(path).to(self.device).eval()
+
+
+# The activation predict() applies by default, by problem type (none for the others).
+_DEFAULT_ACTIVATION: dict[str, str] = {
+    "binary": "sigmoid",
+    "classification": "sigmoid",
+    "clf": "sigmoid",
+    "multilabel": "sigmoid",
+    "multiclass": "softmax",
+}
+ACTIVATIONS: tuple[str, ...] = ("identity", "sigmoid", "softmax")
+
+
+def _activate(scores: Tensor, activation: str) -> Tensor:
+    if activation == "sigmoid":
+        return scores.sigmoid()
+    if activation == "softmax":
+        return scores.softmax(dim=-1)
+    if activation == "identity":
+        return scores
+    raise ValueError(f"activation must be None or one of {', '.join(ACTIVATIONS)}, got {activation!r}")
 
 
 def _problem_of(task: str) -> str:
