@@ -13,6 +13,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from relay.dataset_names import redacted_url
+from relay_api.db import Db
 from relay_api.models import dataset_credentials
 
 
@@ -23,7 +24,7 @@ def masked(url: str) -> tuple[str, str | None]:
     return shown, (None if shown == url else url)
 
 
-def keep_secret_url(db: Session, job_id: str, url: str) -> None:
+def keep_secret_url(db: Db, job_id: str, url: str) -> None:
     """Hold a new job's URL until its snapshot (in the caller's transaction: with the job)."""
     db.execute(dataset_credentials.insert().values(job_id=job_id, url=url))
 
