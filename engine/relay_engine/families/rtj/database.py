@@ -246,4 +246,6 @@ def seconds(values: pa.ChunkedArray | pa.Array) -> np.ndarray:
     kind = values.type
     unit = pa.timestamp("us") if pa.types.is_date(kind) else pa.timestamp("us", tz=kind.tz)
     micros = pc.cast(pc.cast(values, unit), pa.int64())
-    return np.asarray(pc.cast(micros, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64) / 1e6
+    # Unsafe: past the year 2255 microseconds exceed 2**53 and a float64 rounds them, which is fine.
+    as_float = pc.cast(micros, pa.float64(), safe=False)
+    return np.asarray(as_float.to_numpy(zero_copy_only=False), dtype=np.float64) / 1e6
