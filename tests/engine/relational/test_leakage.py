@@ -79,10 +79,12 @@ def test_a_row_after_the_cutoff_changes_no_earlier_encoding_and_no_train_context
     review = planted.tables[planted.table_index["review"]]
     assert review.num_rows == clean.tables[clean.table_index["review"]].num_rows + 1
 
-    for before, after in zip(clean.examples("train"), planted.examples("train"), strict=True):
-        assert before.label == after.label
-        for name in (f.name for f in dataclasses.fields(before.input)):
-            assert torch.equal(getattr(before.input, name), getattr(after.input, name)), name
+    for clean_example, planted_example in zip(
+        clean.examples("train"), planted.examples("train"), strict=True
+    ):
+        assert clean_example.label == planted_example.label
+        for name in (f.name for f in dataclasses.fields(clean_example.input)):
+            assert torch.equal(getattr(clean_example.input, name), getattr(planted_example.input, name)), name
 
 
 def test_statistics_come_from_rows_before_the_earliest_val_timestamp(shops: tuple[Path, Path]) -> None:
