@@ -6,6 +6,7 @@ plainly when the Hub cannot be reached."""
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -26,6 +27,7 @@ from relay_engine.families.rtj.database import open_database, seconds  # noqa: E
 from relay_engine.families.rtj.encoding import HashEmbedder  # noqa: E402
 from relay_engine.families.rtj.relbench_source import parse_relbench_name, relbench_database  # noqa: E402
 from relay_engine.families.rtj.sampling import ContextSampler  # noqa: E402
+from relay_engine.families.rtj.tasks import WindowTask, window_labels  # noqa: E402
 from relay_engine.relational import (  # noqa: E402
     RelationalTrainer,
     RelationalTrainingArguments,
@@ -197,6 +199,22 @@ def test_relbench_objects_convert_open_sample_and_train(dataset: ShopDataset, tm
     )
     result = RelationalTrainer(model=model, args=args, train_dataset=examples[:24]).train()
     assert result["steps"] == 3 and math.isfinite(result["train_loss"])
+
+
+def test_window_labels_agree_with_relbench(dataset: ShopDataset, tmp_path: Path) -> None:
+    """The window tasks' labels (tasks.py) are RelBench's: for each customer and timestamp of
+    RelBench's user-reviews train and val splits, our count of reviews in (t, t + 20 days] is
+    theirs. (Their entities are the customers who reviewed by t; ours every customer.)"""
+    database = open_database(relbench_database(dataset, directory=tmp_path / "shop"))
+    task = WindowTask("reviews", "customer", "review", timedelta(days=20))
+    theirs_task = build_task(dataset, REVIEWS)
+    for split in ("train", "val"):
+        theirs = theirs_task.get_table(split, mask_input_cols=False).df
+        stamps = sorted({t.to_pydatetime() for t in theirs.timestamp})
+        ours = window_labels(database, task, stamps).to_pandas()
+        joined = theirs.merge(ours, on=["customer_id", "timestamp"], how="left")
+        assert len(joined) == len(theirs) > 0 and not joined.target.isna().any()
+        np.testing.assert_array_equal(joined.target.to_numpy(), joined.reviews.to_numpy())
 
 
 def test_a_local_relbench_directory_by_name(

@@ -292,6 +292,18 @@ def test_cli_makes_a_task_on_the_shop(tmp_path: Path) -> None:
     churn = np.asarray(train.column("target").to_numpy())
     assert set(churn.tolist()) == {0, 1}
 
+    listed = runner.invoke(
+        app,
+        ["datasets", "task", str(root), "quiet-month", "--replace", "--entity", "customer",
+         "--events", "review", "--window", "30d", "--aggregate", "exists",
+         "--train-timestamps", "1970-02-01,1970-03-01", "--val-timestamps", "1970-05-01"],
+    )  # fmt: skip
+    assert listed.exit_code == 0, listed.output
+    remade = open_database(root)
+    assert remade.task("quiet-month").cutoffs == {"val": "1970-05-01T00:00:00"}
+    assert not (root / "tasks" / "quiet-month" / "test.parquet").exists()
+    assert remade.task_split("quiet-month", "train").num_rows == 40
+
     refused = runner.invoke(
         app,
         ["datasets", "task", str(root), "x", "--entity", "customer", "--events", "review", "--window", "30x",
