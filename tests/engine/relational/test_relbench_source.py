@@ -27,6 +27,7 @@ from relay_engine.families.rtj.database import open_database, seconds  # noqa: E
 from relay_engine.families.rtj.encoding import HashEmbedder  # noqa: E402
 from relay_engine.families.rtj.relbench_source import parse_relbench_name, relbench_database  # noqa: E402
 from relay_engine.families.rtj.sampling import ContextSampler  # noqa: E402
+from relay_engine.families.rtj.summary import column_stats  # noqa: E402
 from relay_engine.families.rtj.tasks import WindowTask, window_labels  # noqa: E402
 from relay_engine.relational import (  # noqa: E402
     RelationalTrainer,
@@ -168,7 +169,8 @@ def test_relbench_objects_convert_open_sample_and_train(dataset: ShopDataset, tm
     )
     product = database.tables["product"].data
     assert product.column("note").to_pylist()[:3] == ["1", "fragile", None]
-    assert product.column("tags").to_pylist()[:3] == [None, [], ["toy", "health"]]
+    assert product.column("tags").to_pylist()[:3] == [None, "[]", '["toy", "health"]']
+    assert column_stats(database)["product"]["tags"]["type"] == "text"  # `relay datasets stats` reads it
 
     cutoffs = {"val": "2020-08-28T00:00:00", "test": "2020-09-27T00:00:00"}
     assert (

@@ -295,8 +295,8 @@ def _write_task(dataset: Any, name: str, task: Any, directory: Path) -> dict[str
 
 
 def _arrow_table(frame: Any) -> pa.Table:
-    """A pandas frame as an Arrow table: timestamps in microseconds; a column Arrow cannot type
-    (mixed objects) as text."""
+    """A pandas frame as an Arrow table: timestamps in microseconds; lists and records as JSON text;
+    a column Arrow cannot type (mixed objects) as text."""
     columns: dict[str, pa.Array | pa.ChunkedArray] = {}
     for name in frame.columns:
         series = frame[name]
@@ -306,6 +306,9 @@ def _arrow_table(frame: Any) -> pa.Table:
             array = pa.array([None if _missing(v) else str(v) for v in series], pa.string())
         if pa.types.is_timestamp(array.type) and array.type.unit != "us":
             array = array.cast(pa.timestamp("us", tz=array.type.tz), safe=False)
+        elif pa.types.is_nested(array.type):  # lists and records: one text cell, as JSON
+            texts = [None if v is None else json.dumps(v, default=str) for v in array.to_pylist()]
+            array = pa.array(texts, pa.string())
         columns[str(name)] = array
     return pa.table(columns)
 
