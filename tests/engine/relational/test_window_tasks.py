@@ -230,6 +230,7 @@ def test_rules_are_refused_with_the_field_named(orders_db: Path) -> None:
         ),
         (WindowTask("t", "customer", "orders", WINDOW, "sum", "placed"), "number or boolean column"),
         (WindowTask("bad/name", "customer", "orders", WINDOW), "task name"),
+        (WindowTask("t", "customer", "orders", WINDOW, target_column="customer_id"), "would clash"),
     ]
     for task, message in cases:
         with pytest.raises(DatasetError, match=message):

@@ -233,7 +233,8 @@ def write_window_task(
     tasks = schema.setdefault("tasks", {})
     if task.name in tasks and not replace:
         raise DatasetError(
-            where, f"{SCHEMA_FILE} already has a task {task.name!r} (replace=True to remake it)"
+            where,
+            f"{SCHEMA_FILE} already has a task {task.name!r} (remake it with --replace, or replace=True)",
         )
     splits = timestamps.of()
     if "train" not in splits:
@@ -290,6 +291,10 @@ def _check_task(database: Database, task: WindowTask) -> tuple[Table, Table, str
     if events.time_column is None:
         raise DatasetError(where, f"event table {task.event_table!r} has no time_column: windows need one")
     _check_aggregate(where, task, events)
+    if task.target_column in (entity.primary_key, TIME_COLUMN):
+        raise DatasetError(
+            where, f"target_column {task.target_column!r} would clash with the task's key or timestamp column"
+        )
     if task.window <= timedelta(0):
         raise DatasetError(where, f"window must be positive, got {task.window}")
     return entity, events, _event_key(where, task, events)
