@@ -335,7 +335,7 @@ def task(
         str | None, typer.Option(help="The validation cutoff (ISO); train steps back from it.")
     ] = None,
     test_timestamp: Annotated[str | None, typer.Option(help="The test cutoff (ISO).")] = None,
-    step: Annotated[str | None, typer.Option(help="Between train timestamps [default: the window].")] = None,
+    step: Annotated[str | None, typer.Option(help="Between train timestamps (default: the window).")] = None,
     train_timestamps: Annotated[
         str | None, typer.Option(help="Instead of the cutoffs: comma-separated ISO timestamps.")
     ] = None,
