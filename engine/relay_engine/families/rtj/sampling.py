@@ -12,10 +12,10 @@ No row later than the seed's timestamp is visited, so nothing from the future re
 and the seed's own label appears only as the hidden target.
 
 Values are encoded per type: numbers z-scored per column, datetimes as seconds z-scored together
-(every datetime cell and the train timestamps), booleans as 0/1, text through the text embedder; each cell also carries the
-embedding of "<column> of <table>". Nulls make no cell. Every mean and standard deviation is taken
-over the rows known before the task's split cutoff only (cutoff.py), so no later row moves the
-encoding of an earlier one.
+(every datetime cell and the train timestamps), booleans as 0/1, text through the text embedder;
+each cell also carries the embedding of "<column> of <table>". Nulls make no cell. Every mean and
+standard deviation is taken over the rows known before the task's split cutoff only (cutoff.py),
+so no later row moves the encoding of an earlier one.
 """
 
 from __future__ import annotations
