@@ -12,6 +12,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -331,6 +332,135 @@ def synth_db(
     rtj = require("relay_engine.families").family_named(families.RTJ)
     path = rtj.synthesize(out_dir, customers=customers, products=products, reviews=reviews, seed=seed)
     _out.print(f"wrote {path} (tasks user-churn, user-ltv)", soft_wrap=True, markup=False)
+
+
+@app.command("task")
+def task(
+    database: Annotated[Path, typer.Argument(help="An rt-j database directory (schema.json, tables/).")],
+    name: Annotated[str, typer.Argument(help="The new task's name (its folder under tasks/).")],
+    entity: Annotated[str, typer.Option(help="The entity table: one row per entity and timestamp.")],
+    events: Annotated[
+        str, typer.Option(help="The event table: it has a time column and a foreign key to the entity table.")
+    ],
+    window: Annotated[str, typer.Option(help="How far after each timestamp events count: 30d, 12h, 2w.")],
+    aggregate: Annotated[
+        str, typer.Option(help="count, sum, mean, max or min (of --column), or exists.")
+    ] = "count",
+    column: Annotated[str | None, typer.Option(help="The event column for sum, mean, max and min.")] = None,
+    threshold: Annotated[
+        str | None,
+        typer.Option(help="Makes a binary label, e.g. '==0' (no event: churn); without it: regression."),
+    ] = None,
+    val_timestamp: Annotated[
+        str | None, typer.Option(help="The validation cutoff (ISO); train steps back from it.")
+    ] = None,
+    test_timestamp: Annotated[str | None, typer.Option(help="The test cutoff (ISO).")] = None,
+    step: Annotated[str | None, typer.Option(help="Between train timestamps (default: the window).")] = None,
+    train_timestamps: Annotated[
+        str | None, typer.Option(help="Instead of the cutoffs: comma-separated ISO timestamps.")
+    ] = None,
+    val_timestamps: Annotated[str | None, typer.Option(help="With --train-timestamps.")] = None,
+    test_timestamps: Annotated[str | None, typer.Option(help="With --train-timestamps.")] = None,
+    event_key: Annotated[
+        str | None, typer.Option(help="The event table's key to the entity, if it has several.")
+    ] = None,
+    replace: Annotated[bool, typer.Option(help="Remake a task of that name.")] = False,
+) -> None:
+    """Make a task from time windows, as RelBench does: at each timestamp, each entity that exists
+    then, labelled by --aggregate of its events in the --window after it. Writes
+    tasks/NAME/{train,val,test}.parquet and adds the task to schema.json."""
+    tasks = require("relay_engine.families.rtj.tasks")
+    errors = require("relay_engine.errors")
+    opened = _open_database(str(database))
+    try:
+        spec = tasks.WindowTask(
+            name=name,
+            entity_table=entity,
+            event_table=events,
+            window=_duration(tasks, "window", window),
+            aggregate=aggregate,
+            column=column,
+            threshold=_threshold(tasks, threshold),
+            event_key=event_key,
+        )
+        stamps = _split_timestamps(
+            tasks,
+            opened,
+            spec,
+            (val_timestamp, test_timestamp, step),
+            (train_timestamps, val_timestamps, test_timestamps),
+        )
+        written = tasks.write_window_task(opened, spec, stamps, replace=replace)
+    except errors.EngineError as error:
+        fail(str(error))
+    rows = ", ".join(f"{split} {len(times)} timestamp(s)" for split, times in stamps.of().items())
+    _out.print(
+        f"wrote task {name} ({written.problem_type}, on {entity}): {rows}", soft_wrap=True, markup=False
+    )
+
+
+def _duration(tasks: Any, option: str, text: str) -> Any:
+    try:
+        return tasks.parse_duration(text)
+    except ValueError as error:
+        fail(f"--{option}: {error}")
+
+
+def _threshold(tasks: Any, text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return tasks.Threshold.parse(text)
+    except ValueError as error:
+        fail(f"--threshold: {error}")
+
+
+def _timestamps(option: str, text: str | None) -> tuple[datetime, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(datetime.fromisoformat(part.strip()) for part in text.split(","))
+    except ValueError:
+        fail(f"--{option}: timestamps are ISO dates or datetimes separated by commas, got {text!r}")
+
+
+def _split_timestamps(
+    tasks: Any,
+    database: Any,
+    spec: Any,
+    cutoffs: tuple[str | None, str | None, str | None],
+    lists: tuple[str | None, str | None, str | None],
+) -> Any:
+    """The splits' timestamps: from --val-timestamp and --test-timestamp (and --step), or the lists."""
+    val, test, step = cutoffs
+    if any(lists):
+        if val or test or step:
+            fail(
+                "give either --val-timestamp and --test-timestamp (and --step), or --train-timestamps "
+                "(and --val-timestamps, --test-timestamps)"
+            )
+        train_at, val_at, test_at = (
+            _timestamps(option, text)
+            for option, text in zip(
+                ("train-timestamps", "val-timestamps", "test-timestamps"), lists, strict=True
+            )
+        )
+        if not train_at:
+            fail("--train-timestamps: at least one timestamp")
+        return tasks.SplitTimestamps(train_at, val_at, test_at)
+    if not (val and test):
+        fail("give --val-timestamp and --test-timestamp (or --train-timestamps)")
+    every = _duration(tasks, "step", step) if step else None
+    return tasks.stepped_timestamps(
+        database, _timestamp("val-timestamp", val), _timestamp("test-timestamp", test), spec.window, every
+    )
+
+
+def _timestamp(option: str, text: str) -> datetime:
+    try:
+        return datetime.fromisoformat(text.strip())
+    except ValueError:
+        fail(f"--{option}: an ISO date or datetime (e.g. 2024-01-31 or 2024-01-31T12:00), got {text!r}")
 
 
 # -- helpers -----------------------------------------------------------------------------------------

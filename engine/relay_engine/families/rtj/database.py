@@ -84,6 +84,9 @@ class TaskSpec:
     time_column: str
     target_column: str
     problem_type: str
+    # Optional: the split cutoffs the task was made with ({"val": ISO datetime, "test": ...}), as
+    # written by tasks.py; kept so the task can be remade and reported, not used for sampling.
+    cutoffs: dict[str, str] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True)
@@ -329,7 +332,34 @@ def _task_spec(where: str, name: str, spec: Any, tables: dict[str, Table]) -> Ta
             where,
             f"tasks.{name}.problem_type {spec['problem_type']!r} (must be {' or '.join(TASK_PROBLEM_TYPES)})",
         )
-    return TaskSpec(name, *(str(spec[key]) for key in needed))
+    entity_table, entity_column, time_column, target_column, problem_type = (str(spec[key]) for key in needed)
+    return TaskSpec(
+        name,
+        entity_table,
+        entity_column,
+        time_column,
+        target_column,
+        problem_type,
+        cutoffs=_task_cutoffs(where, name, spec),
+    )
+
+
+def _task_cutoffs(where: str, name: str, spec: dict[str, Any]) -> dict[str, str] | None:
+    """The optional `cutoffs` of a task: an object from "val"/"test" to ISO datetimes."""
+    cutoffs = spec.get("cutoffs")
+    if cutoffs is None:
+        return None
+    rule = 'an object from "val" or "test" to ISO datetimes, e.g. {"val": "2024-01-01T00:00:00"}'
+    if not isinstance(cutoffs, dict) or not set(cutoffs) <= {"val", "test"}:
+        raise DatasetError(where, f"{SCHEMA_FILE}: tasks.{name}.cutoffs must be {rule}")
+    for split, value in cutoffs.items():
+        try:
+            datetime.fromisoformat(value)
+        except (TypeError, ValueError):
+            raise DatasetError(
+                where, f"{SCHEMA_FILE}: tasks.{name}.cutoffs.{split} must be an ISO datetime, got {value!r}"
+            ) from None
+    return dict(cutoffs)
 
 
 def _table_file(directory: Path, name: str) -> Path | None:
@@ -370,4 +400,6 @@ def seconds(values: pa.ChunkedArray | pa.Array) -> np.ndarray:
     kind = values.type
     unit = pa.timestamp("us") if pa.types.is_date(kind) else pa.timestamp("us", tz=kind.tz)
     micros = pc.cast(pc.cast(values, unit), pa.int64())
-    return np.asarray(pc.cast(micros, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64) / 1e6
+    # Unsafe: past the year 2255 microseconds exceed 2**53 and a float64 rounds them, which is fine.
+    as_float = pc.cast(micros, pa.float64(), safe=False)
+    return np.asarray(as_float.to_numpy(zero_copy_only=False), dtype=np.float64) / 1e6

@@ -11,9 +11,11 @@ For each row of a task split (an entity, a timestamp, a label) the context is bu
 No row later than the seed's timestamp is visited, so nothing from the future reaches a context,
 and the seed's own label appears only as the hidden target.
 
-Values are encoded per type: numbers z-scored per column, datetimes as seconds z-scored over the
-whole database, booleans as 0/1, text through the text embedder; each cell also carries the
-embedding of "<column> of <table>". Nulls make no cell.
+Values are encoded per type: numbers z-scored per column, datetimes as seconds z-scored together
+(every datetime cell and the train timestamps), booleans as 0/1, text through the text embedder;
+each cell also carries the embedding of "<column> of <table>". Nulls make no cell. Every mean and
+standard deviation is taken over the rows known before the task's split cutoff only (cutoff.py),
+so no later row moves the encoding of an earlier one.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from relay_engine.families.rtj.batch import (
     SEM_TEXT,
     RelationalBatch,
 )
+from relay_engine.families.rtj.cutoff import StatisticsCutoff, statistics_cutoff
 from relay_engine.families.rtj.database import SPLITS, Database, Table, TaskSpec, column_type, seconds
 from relay_engine.families.rtj.encoding import TextEmbedder
 from relay_engine.families.rtj.trainer import RelationalExample
@@ -75,7 +78,8 @@ class ContextSampler:
 
     `examples(split)` returns RelationalExamples whose labels are 0/1 (binary) or z-scored
     (regression; `label_scale` turns predictions back). Contexts are deterministic in
-    (`seed`, split, row): the same call gives the same contexts.
+    (`seed`, split, row): the same call gives the same contexts. Encoding statistics come from
+    the rows before `statistics_cutoff` only (the regression label scale from the train split).
     """
 
     def __init__(
@@ -101,6 +105,7 @@ class ContextSampler:
         }
         if "train" not in self.splits:
             raise DatasetError(str(database.root), f"task {task} needs a train split")
+        self.statistics_cutoff: StatisticsCutoff = statistics_cutoff(self.splits, self.spec)
         train_labels = _labels(self.splits["train"], self.spec)
         self.label_scale = LabelScale(float(np.mean(train_labels)), float(np.std(train_labels)) or 1.0)
         self._build()
@@ -111,9 +116,15 @@ class ContextSampler:
         db, spec = self.database, self.spec
         names = [*db.tables, spec.name]
         self.table_index = {name: i for i, name in enumerate(names)}
-        all_times = [seconds(t.data.column(c)) for t in db.tables.values() for c in _datetime_columns(t)]
-        all_times += [seconds(s.column(spec.time_column)) for s in self.splits.values()]
-        stacked = np.concatenate([t[np.isfinite(t)] for t in all_times]) if all_times else np.zeros(1)
+        cutoff = self.statistics_cutoff
+        known_times = [
+            seconds(t.data.column(c))[cutoff.counts(_row_times(t), t.num_rows)]
+            for t in db.tables.values()
+            for c in _datetime_columns(t)
+        ]
+        train_times = seconds(self.splits["train"].column(spec.time_column))
+        known_times.append(train_times[cutoff.counts(train_times, len(train_times))])
+        stacked = np.concatenate([t[np.isfinite(t)] for t in known_times])
         self.time_mean = float(stacked.mean()) if stacked.size else 0.0
         self.time_std = float(stacked.std()) if stacked.size and stacked.std() > 0 else 1.0
 
@@ -158,7 +169,11 @@ class ContextSampler:
         self.column_names.append(f"{column} of {table}")
         return len(self.column_names) - 1
 
-    def _encode_columns(self, name: str, data: pa.Table, kinds: dict[str, str]) -> tuple[np.ndarray, ...]:
+    def _encode_columns(
+        self, name: str, data: pa.Table, kinds: dict[str, str], counted: np.ndarray
+    ) -> tuple[np.ndarray, ...]:
+        """Each column's cells; a number column is z-scored with the mean and std of its `counted`
+        rows (those known before the statistics cutoff)."""
         rows, cols = data.num_rows, len(kinds)
         present = np.zeros((rows, cols), dtype=bool)
         scalars = np.zeros((rows, cols), dtype=np.float32)
@@ -183,16 +198,20 @@ class ContextSampler:
             else:
                 numbers = np.asarray(pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False), np.float64)
                 valid &= np.isfinite(numbers)
-                mean = float(numbers[valid].mean()) if valid.any() else 0.0
-                std = float(numbers[valid].std()) if valid.any() else 1.0
+                known = numbers[valid & counted]
+                mean = float(known.mean()) if known.size else 0.0
+                std = float(known.std()) if known.size else 1.0
                 scalars[:, j] = np.where(valid, (numbers - mean) / (std or 1.0), 0.0)
             present[:, j] = valid
         return column_ids, sem, present, scalars, text_ids
 
     def _encode_table(self, table: Table) -> _EncodedTable:
         columns = {column: column_type(table, column) for column in table.value_columns()}
-        column_ids, sem, present, scalars, text_ids = self._encode_columns(table.name, table.data, columns)
-        time = seconds(table.data.column(table.time_column)) if table.time_column else None
+        time = _row_times(table)
+        counted = self.statistics_cutoff.counts(time, table.num_rows)
+        column_ids, sem, present, scalars, text_ids = self._encode_columns(
+            table.name, table.data, columns, counted
+        )
         return _EncodedTable(
             table.name,
             self.table_index[table.name],
@@ -213,7 +232,9 @@ class ContextSampler:
         spec = self.spec
         kinds = {spec.time_column: "datetime", spec.target_column: self._task_label_kind()}
         data = rows.select([spec.time_column, spec.target_column])
-        column_ids, sem, present, scalars, text_ids = self._encode_columns(spec.name, data, kinds)
+        times = seconds(rows.column(spec.time_column))
+        counted = self.statistics_cutoff.counts(times, rows.num_rows)
+        column_ids, sem, present, scalars, text_ids = self._encode_columns(spec.name, data, kinds, counted)
         if spec.problem_type == "regression":  # the train stats, as for the targets
             labels = _labels(rows, spec)
             scalars[:, 1] = (labels - self.label_scale.mean) / self.label_scale.std
@@ -226,7 +247,7 @@ class ContextSampler:
             present,
             scalars,
             text_ids,
-            seconds(rows.column(spec.time_column)),
+            times,
         )
 
     # --- sampling ---------------------------------------------------------------------------
@@ -499,6 +520,11 @@ def _labels(rows: pa.Table, spec: TaskSpec) -> np.ndarray:
     if values.null_count:
         raise DatasetError(spec.name, f"the task's {spec.target_column} column has empty labels")
     return np.asarray(pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False), np.float64)
+
+
+def _row_times(table: Table) -> np.ndarray | None:
+    """Each row's time in seconds, or None for a table without a time column."""
+    return seconds(table.data.column(table.time_column)) if table.time_column else None
 
 
 def _datetime_columns(table: Table) -> list[str]:

@@ -76,7 +76,8 @@ def _count_found(values: pa.ChunkedArray, keys: pa.ChunkedArray) -> int:
 def column_stats(database: Database) -> dict[str, dict[str, dict[str, Any]]]:
     """Per table and column: its type, how many values are missing, and per type: mean, std, min
     and max (numbers), the first and last time (datetimes), the share that is true (booleans), the
-    number of distinct values (text). Numbers are what training z-scores with."""
+    number of distinct values (text), over every row. Training z-scores with the same statistics
+    taken over the rows before its task's cutoff only (cutoff.py)."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for name, table in database.tables.items():
         columns: dict[str, dict[str, Any]] = {}
