@@ -62,9 +62,7 @@ def assert_trained_on_a_snapshot(stack: Stack, job: FineTuneJob, shop: Database,
     assert snapshot["row_counts"] == {name: table.num_rows for name, table in shop.tables.items()}
     with stack.sessions() as session:
         stored = session.scalar(select(fine_tunes.c.config).where(fine_tunes.c.id == job.id))
-        held = session.scalar(
-            select(dataset_credentials.c.url).where(dataset_credentials.c.job_id == job.id)
-        )
+        held = session.scalar(select(dataset_credentials.c.url).where(dataset_credentials.c.job_id == job.id))
         rows = session.execute(text("SELECT data FROM fine_tune_events WHERE job_id = :id"), {"id": job.id})
         stored_events = [json.dumps(row[0]) for row in rows]
     assert stored["dataset_name"] == masked and held is None, "the password outlived the snapshot"
@@ -109,7 +107,18 @@ def test_an_rt_j_job_trains_from_a_postgresql_url_through_the_cli(
     env = {"RELAY_BASE_URL": stack.api_url, "RELAY_API_KEY": client.api_key, "RELAY_HOME": str(tmp_path)}
     options = ["--model", "rt-j-tiny", "--dataset", url, "--task", "user-churn", "--batch-size", "4"]
     created = subprocess.run(
-        [sys.executable, "-m", "relay.cli", "fine-tunes", "create", *options, "--steps", "4", "--wait", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "relay.cli",
+            "fine-tunes",
+            "create",
+            *options,
+            "--steps",
+            "4",
+            "--wait",
+            "--json",
+        ],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -124,7 +133,10 @@ def test_an_rt_j_job_trains_from_a_postgresql_url_through_the_cli(
 @pytest.mark.parametrize(
     ("fields", "words"),
     [
-        ({"model": "pi05-tiny", "task": None}, "pi05-tiny trains on LeRobot datasets; a database URL is read by"),
+        (
+            {"model": "pi05-tiny", "task": None},
+            "pi05-tiny trains on LeRobot datasets; a database URL is read by",
+        ),
         ({"dataset_name": "sqlite:///relative/shop.db"}, "must be named by its absolute path"),
         ({"dataset_name": "sqlite://"}, "must be named by its absolute path"),
     ],

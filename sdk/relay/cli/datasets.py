@@ -371,7 +371,7 @@ def task(
     tasks/NAME/{train,val,test}.parquet and adds the task to schema.json."""
     tasks = require("relay_engine.families.rtj.tasks")
     errors = require("relay_engine.errors")
-    opened = _open_database(str(database))
+    opened = _open_database(str(database), None)
     try:
         spec = tasks.WindowTask(
             name=name,
