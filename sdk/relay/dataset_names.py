@@ -31,8 +31,24 @@ LOCAL_NAME_PATTERN = r"(?:/|~|\./|\.\./|file:(?:///|//localhost/|/[^/\x00-\x1f\x
 # repo id has no `:` and a local name starts with `/`, `~`, `.` or `file:`, so none is taken for another.
 DATABASE_BACKENDS: tuple[str, ...] = ("sqlite", "postgresql", "mysql", "mariadb")
 DATABASE_URL_PATTERN = rf"(?:{'|'.join(DATABASE_BACKENDS)})(?:\+[A-Za-z0-9_]+)?://[^\x00-\x1f\x7f]*"
-# Every name a dataset may have: a Hub repo id, a local directory or a database URL.
-DATASET_NAME_PATTERN = rf"^(?:{HUB_REPO_ID_PATTERN}|{LOCAL_NAME_PATTERN}|{DATABASE_URL_PATTERN})$"
+# A RelBench dataset (and task) read through the relbench package: relbench:rel-f1,
+# relbench:rel-f1/driver-dnf, or relbench:<a local RelBench directory>[/<task>] (rt-j models).
+RELBENCH_PREFIX = "relbench:"
+RELBENCH_NAME_PATTERN = rf"{RELBENCH_PREFIX}[^\x00-\x1f\x7f]+"
+# Every name a dataset may have: a Hub repo id, a local directory, a database URL or a RelBench name.
+DATASET_NAME_PATTERN = (
+    rf"^(?:{HUB_REPO_ID_PATTERN}|{LOCAL_NAME_PATTERN}|{DATABASE_URL_PATTERN}|{RELBENCH_NAME_PATTERN})$"
+)
+
+
+def is_relbench_name(name: str) -> bool:
+    """Whether `name` names a RelBench dataset (relbench:rel-f1, relbench:rel-f1/driver-dnf)."""
+    return re.fullmatch(RELBENCH_NAME_PATTERN, name) is not None
+
+
+def is_relational_source(name: str) -> bool:
+    """Whether `name` is data only an RT-J model reads: a database URL or a RelBench name."""
+    return is_database_url(name) or is_relbench_name(name)
 
 
 def is_hub_repo_id(name: str) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from relay import catalog
-from relay.dataset_names import is_database_url
+from relay.dataset_names import is_relational_source
 
 # How a datum of the family's sessions is written on the wire: (its place in the call, the datum)
 # -> the message; None where the datum type does not belong to the family.
@@ -133,7 +133,7 @@ def family_of_data(name: str | Path) -> FamilySpec | None:
 
 
 def _is_database(name: str) -> bool:
-    if is_database_url(name):
+    if is_relational_source(name):
         return True
     path = Path(name).expanduser()
     return (path / "schema.json").is_file() and (path / "tables").is_dir()

@@ -102,7 +102,9 @@ def test_tasks_dir_is_rt_j_s() -> None:
     assert raised.value.param == "tasks_dir" and "no control characters" in str(raised.value)
     with pytest.raises(ConfigError) as raised:
         SFTConfig(model="pi05", dataset_name="sqlite:///shop.db")
-    assert raised.value.param == "dataset_name" and "a database URL is read by rt-j" in str(raised.value)
+    assert raised.value.param == "dataset_name" and "a database URL or RelBench name is read by rt-j" in str(
+        raised.value
+    )
     # The JSON Schema states the refusal too, so the API's OpenAPI document refuses what it refuses.
     rules = SFTConfig.model_json_schema()["allOf"]
     assert any(

@@ -135,7 +135,7 @@ def test_an_rt_j_job_trains_from_a_postgresql_url_through_the_cli(
     [
         (
             {"model": "pi05-tiny", "task": None},
-            "pi05-tiny trains on LeRobot datasets; a database URL is read by",
+            "pi05-tiny trains on LeRobot datasets; a database URL or RelBench name is read by",
         ),
         ({"dataset_name": "sqlite:///relative/shop.db"}, "must be named by its absolute path"),
         ({"dataset_name": "sqlite://"}, "must be named by its absolute path"),

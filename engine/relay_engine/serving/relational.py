@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from relay.dataset_names import is_database_url
+from relay.dataset_names import is_relational_source
 from relay_engine.errors import ConfigError
 from relay_engine.families.rtj.batch import RelationalBatch, collate
 from relay_engine.families.rtj.database import SPLITS, seconds
@@ -141,7 +141,7 @@ class ServedRelationalModel:
         # The tasks_dir it was trained with goes with the database it recorded (a snapshot of a SQL
         # database keeps its tasks inside); a database named here brings its own tasks.
         tasks_dir = saved.get("tasks_dir") if database is None else None
-        if not is_database_url(chosen_database) and not Path(chosen_database).expanduser().is_dir():
+        if not is_relational_source(chosen_database) and not Path(chosen_database).expanduser().is_dir():
             raise ConfigError(
                 f"database: no directory {chosen_database} (the database {name} was trained on); "
                 "name where it is (relay serve --database DIR)",

@@ -25,7 +25,7 @@ from relay import families
 from relay.cli._common import console, dataset_name, fail, parse_pairs
 from relay.cli._extras import require
 from relay.dataset_description import DatasetDescription
-from relay.dataset_names import is_database_url, redacted_url
+from relay.dataset_names import is_database_url, is_relational_source, redacted_url
 
 app = typer.Typer(
     help="Describe and check LeRobot v2.1 and v3.0 datasets, print their norm stats, write synthetic ones.",
@@ -588,7 +588,7 @@ def _own_data_checker(family: str) -> OwnDataChecker:
 def _open_database(dataset: str, tasks_dir: Path | None) -> Any:
     database = require("relay_engine.families.rtj.database")
     errors = require("relay_engine.errors")
-    source = dataset if is_database_url(dataset) else Path(dataset).expanduser()
+    source = dataset if is_relational_source(dataset) else Path(dataset).expanduser()
     try:
         return database.open_database(source, tasks_dir)
     except errors.EngineError as error:

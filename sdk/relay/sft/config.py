@@ -15,7 +15,7 @@ from pydantic import BeforeValidator, Field, PlainValidator, WithJsonSchema, fie
 
 from relay import catalog, families
 from relay.catalog import LORA_RANK_DEFAULT
-from relay.dataset_names import is_database_url, names_local_directory
+from relay.dataset_names import is_relational_source, names_local_directory
 from relay.env_evaluation import JobEval, job_eval_value
 from relay.episodes import VALIDATION_EPISODES_RULE, VALIDATION_EPISODES_SCHEMA, validation_episodes_value
 from relay.errors import ConfigError
@@ -56,7 +56,8 @@ RULES: dict[str, str] = {
     "dataset_name": (
         "must be a LeRobot dataset on the Hugging Face Hub such as lerobot/pusht_image, or a local "
         "dataset directory (for rt-j models: a relational database directory), or a database URL such "
-        "as sqlite:///shop.db or postgresql://host/db (rt-j models): "
+        "as sqlite:///shop.db or postgresql://host/db, or a RelBench dataset such as relbench:rel-f1 "
+        "(rt-j models): "
         f"1 to {DATASET_NAME_MAX} characters, no control characters"
     ),
     "dataset_revision": (
@@ -294,11 +295,11 @@ class SFTConfig(CheckedConfig):
                 )
 
     def _database_url_of_a_relational_model(self, spec: families.FamilySpec) -> None:
-        if spec.recognizes_data is None and is_database_url(self.dataset_name):
+        if spec.recognizes_data is None and is_relational_source(self.dataset_name):
             relational = ", ".join(families.models_where(lambda other: other.recognizes_data is not None))
             raise ConfigError(
-                f"bad dataset_name: {self.model} trains on LeRobot datasets; a database URL is read by "
-                f"{relational}",
+                f"bad dataset_name: {self.model} trains on LeRobot datasets; a database URL or RelBench "
+                f"name is read by {relational}",
                 "dataset_name",
                 "invalid_value",
             )

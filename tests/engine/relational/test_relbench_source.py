@@ -13,23 +13,22 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 import pytest
+from relbench.base import Database as RelBenchDatabase
+from relbench.base import Dataset, EntityTask, TaskType
+from relbench.base import Table as RelBenchTable
+from relbench.load import build_task
+from relbench.manifest import DatasetManifest, TableSpec, TaskManifest
+from typer.testing import CliRunner
 
-relbench = pytest.importorskip("relbench", reason="relbench is in the dev extra")
-
-from relbench.base import Database as RelBenchDatabase  # noqa: E402
-from relbench.base import Dataset, EntityTask, TaskType  # noqa: E402
-from relbench.base import Table as RelBenchTable  # noqa: E402
-from relbench.load import build_task  # noqa: E402
-from relbench.manifest import DatasetManifest, TableSpec, TaskManifest  # noqa: E402
-
-from relay_engine.errors import DatasetError  # noqa: E402
-from relay_engine.families.rtj.database import open_database, seconds  # noqa: E402
-from relay_engine.families.rtj.encoding import HashEmbedder  # noqa: E402
-from relay_engine.families.rtj.relbench_source import parse_relbench_name, relbench_database  # noqa: E402
-from relay_engine.families.rtj.sampling import ContextSampler  # noqa: E402
-from relay_engine.families.rtj.summary import column_stats  # noqa: E402
-from relay_engine.families.rtj.tasks import WindowTask, window_labels  # noqa: E402
-from relay_engine.relational import (  # noqa: E402
+from relay.cli import app
+from relay_engine.errors import DatasetError
+from relay_engine.families.rtj.database import open_database, seconds
+from relay_engine.families.rtj.encoding import HashEmbedder
+from relay_engine.families.rtj.relbench_source import parse_relbench_name, relbench_database
+from relay_engine.families.rtj.sampling import ContextSampler
+from relay_engine.families.rtj.summary import column_stats
+from relay_engine.families.rtj.tasks import WindowTask, window_labels
+from relay_engine.relational import (
     RelationalTrainer,
     RelationalTrainingArguments,
     RelationalTransformer,
@@ -251,6 +250,16 @@ def test_a_local_relbench_directory_by_name(
     assert (root / "schema.json").stat().st_mtime_ns == written, "a second call reuses the conversion"
     # Without a task: every binary or regression entity task the dataset lists.
     assert list(open_database(relbench_database(f"relbench:{source}")).tasks) == ["user-reviews"]
+    # The name itself wherever a database is named: open_database, and a local training run.
+    assert open_database(f"relbench:{source}/user-reviews").root == root
+    options = ["--model", "rt-j-tiny", "--task", "user-reviews", "--steps", "2", "--batch-size", "4"]
+    name = f"relbench:{source}/user-reviews"
+    out = tmp_path / "out"
+    trained = CliRunner().invoke(
+        app, ["local", "train", *options, "--dataset", name, "--output-dir", str(out)]
+    )
+    assert trained.exit_code == 0, trained.output
+    assert any(out.rglob("model.safetensors")), trained.output
     with pytest.raises(DatasetError, match="RelBench refused it: no task 'nope'"):
         relbench_database(f"relbench:{source}/nope")
 

@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from relay.dataset_names import is_database_url, redacted_url
+from relay.dataset_names import is_database_url, is_relbench_name, redacted_url
 from relay_engine.errors import DatasetError
 from relay_engine.paths import cache_dir_or_default
 
@@ -163,11 +163,17 @@ def open_database(
 ) -> Database:
     """The database in a directory, or a fresh snapshot of the SQL database a URL names (see
     relay_engine.families.rtj.sql), written under `cache_dir` (RELAY_CACHE_DIR or ~/.cache/relay by
-    default). `tasks_dir`: where the tasks are, when they are kept apart from the database (a
-    schema.json defining them, and tasks_dir/<task>/<split>.parquet or .csv)."""
+    default), or a RelBench dataset named `relbench:<dataset>[/<task>]`, converted through the
+    relbench package (relay_engine.families.rtj.relbench_source). `tasks_dir`: where the tasks are,
+    when they are kept apart from the database (a schema.json defining them, and
+    tasks_dir/<task>/<split>.parquet or .csv)."""
     tasks_root = Path(tasks_dir).expanduser().absolute() if tasks_dir is not None else None
     if isinstance(source, str) and is_database_url(source):
         return _open_snapshot(source, tasks_root, cache_dir_or_default(cache_dir))
+    if isinstance(source, str) and is_relbench_name(source):
+        from relay_engine.families.rtj.relbench_source import relbench_database
+
+        source = relbench_database(source)  # converted once into the cache, then a directory
     root = Path(source).expanduser()
     database = _open_directory(root, tasks_root)
     if tasks_root is not None:

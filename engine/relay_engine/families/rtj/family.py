@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from relay import families as sdk_families
-from relay.dataset_names import is_database_url
+from relay.dataset_names import is_relational_source
 from relay.optimizer import AdamParams
 from relay_engine.core.data import BatchOrder, DataPosition
 from relay_engine.errors import ConfigError
@@ -70,7 +70,7 @@ def build_sampler(
     names, taken now under `cache_dir`), with a model's context settings."""
     from relay_engine.families.rtj.sampling import ContextSampler
 
-    source: str | Path = dataset if is_database_url(dataset) else Path(dataset).expanduser()
+    source: str | Path = dataset if is_relational_source(dataset) else Path(dataset).expanduser()
     database = open_database(source, tasks_dir, cache_dir=cache_dir)
     prefer = "hash" if settings["text_encoder"].startswith("hash") else "auto"
     embedder = default_text_embedder(d_text, prefer=prefer)

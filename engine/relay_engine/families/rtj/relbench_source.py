@@ -36,25 +36,21 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from relay.dataset_names import RELBENCH_PREFIX as PREFIX
 from relay_engine.errors import DatasetError
 from relay_engine.families.rtj.database import MAX_FOREIGN_KEYS, SCHEMA_FILE, SPLITS
 from relay_engine.paths import default_cache_dir
 
-PREFIX = "relbench:"
 MARKER_FILE = "relbench.json"  # what a converted directory was made from, to reuse it
 PROBLEM_TYPES = {"binary_classification": "binary", "regression": "regression"}
 _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def is_relbench_name(name: str) -> bool:
-    return name.startswith(PREFIX)
 
 
 def parse_relbench_name(name: str) -> tuple[str, str | None]:
     """`relbench:<dataset>[/<task>]` as (dataset, task or None). The dataset is a RelBench name
     (rel-f1) or a local RelBench directory; a task is the part after the last "/" when what is
     before it is such a directory, else after the first "/"."""
-    if not is_relbench_name(name):
+    if not name.startswith(PREFIX):
         raise DatasetError(name, f"a RelBench name starts with {PREFIX!r}, e.g. relbench:rel-f1/driver-dnf")
     rest = name[len(PREFIX) :].strip().rstrip("/")
     if not rest:
