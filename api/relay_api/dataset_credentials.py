@@ -13,8 +13,9 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from relay.dataset_names import redacted_url
+from relay.sft import status as st
 from relay_api.db import Db
-from relay_api.models import dataset_credentials
+from relay_api.models import dataset_credentials, fine_tunes
 
 
 def masked(url: str) -> tuple[str, str | None]:
@@ -40,3 +41,13 @@ def forget_secret_url(db_sessions: sessionmaker[Session], job_id: str) -> None:
     with db_sessions() as db:
         db.execute(delete(dataset_credentials).where(dataset_credentials.c.job_id == job_id))
         db.commit()
+
+
+def forget_ended_jobs_urls(db_sessions: sessionmaker[Session]) -> int:
+    """Delete the URLs held for jobs that ended without taking their snapshot (cancelled while
+    queued, or ended in error first): nothing will read them again. The reconciler's, every pass."""
+    ended = select(fine_tunes.c.id).where(fine_tunes.c.status.in_(sorted(st.TERMINAL)))
+    with db_sessions() as db:
+        removed = db.execute(delete(dataset_credentials).where(dataset_credentials.c.job_id.in_(ended)))
+        db.commit()
+    return int(getattr(removed, "rowcount", 0) or 0)

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from relay.events import CancelledEvent, DatasetEvent, ErrorEvent, MetricsEvent, RetryEvent, parse_event
 from relay.sft import status as st
+from relay_api import dataset_credentials
 from relay_api.db import database_now, rows_changed, with_retries
 from relay_api.event_rows import ROW_KEYS, insert_event
 from relay_api.models import fine_tunes
@@ -349,6 +350,7 @@ def reconcile(
     report.resumed += resumed
     report.failed += failed
     report.cancelled += _end_orphaned_cancels(db_sessions, orphaned_cancels)
+    dataset_credentials.forget_ended_jobs_urls(db_sessions)
     return report
 
 
