@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from relay.cli import app
 from relay_engine.errors import DatasetError
 from relay_engine.families.rtj import sql
-from relay_engine.families.rtj.database import Database, open_database
+from relay_engine.families.rtj.database import Database, column_type, open_database
 from relay_engine.families.rtj.sql import snapshot_database
 from relay_engine.families.rtj.synth import write_fake_shop
 from relay_engine.serving.relational import ServedRelationalModel
@@ -167,6 +167,36 @@ def test_a_relative_sqlite_url_is_the_file_where_the_command_runs(
 def test_a_postgresql_database_reads_as_the_directory_it_came_from(postgres: str, shop: Database) -> None:
     write_shop(postgres, shop)
     assert_same_database(open_database(postgres, tasks_dir=shop.root / "tasks"), shop)
+
+
+def test_postgresql_types_become_rt_j_column_types(postgres: str) -> None:
+    engine = sa.create_engine(postgres.replace("postgresql://", "postgresql+psycopg://"))
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            "CREATE TABLE account (id UUID PRIMARY KEY, opened TIMESTAMPTZ, balance NUMERIC(12, 2), "
+            "active BOOLEAN, tier SMALLINT, born DATE, notes JSONB, nickname VARCHAR(20))"
+        )
+        connection.exec_driver_sql(
+            "INSERT INTO account VALUES ('8c6f2a4e-0d3b-4d8e-9a51-2b7d6c1e9f00', '2024-03-01 12:00:00+02', "
+            "12.50, true, 3, '1990-05-17', '{\"plan\": \"gold\"}', 'ann')"
+        )
+    engine.dispose()
+    account = open_database(postgres).tables["account"]
+    assert account.primary_key == "id" and account.time_column is None  # two date/time columns
+    assert {column: column_type(account, column) for column in account.value_columns()} == {
+        "opened": "datetime",
+        "balance": "number",
+        "active": "boolean",
+        "tier": "number",
+        "born": "datetime",
+        "notes": "text",
+        "nickname": "text",
+    }
+    row = account.data.to_pylist()[0]
+    assert row["opened"] == datetime(2024, 3, 1, 10, 0, tzinfo=UTC) and row["balance"] == 12.5
+    assert row["id"] == "8c6f2a4e-0d3b-4d8e-9a51-2b7d6c1e9f00" and json.loads(row["notes"]) == {
+        "plan": "gold"
+    }
 
 
 def test_task_tables_in_the_database_are_tasks_not_tables(tmp_path: Path, shop: Database) -> None:
@@ -339,6 +369,17 @@ def test_bad_urls_name_the_problem(tmp_path: Path, url: str, words: str) -> None
     assert words in str(raised.value)
     assert not (tmp_path / "missing.db").exists(), "a snapshot must not create the SQLite file it reads"
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.parquet"))
+
+
+def test_a_value_its_column_cannot_hold_is_named_with_its_table(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'loose.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql("CREATE TABLE visit (id INTEGER PRIMARY KEY, seen DATETIME)")
+        connection.exec_driver_sql("INSERT INTO visit VALUES (1, 'last tuesday')")  # SQLite keeps it
+    engine.dispose()
+    with pytest.raises(DatasetError, match="table visit: cannot read its rows"):
+        open_database(url)
 
 
 def test_keys_and_time_columns_come_from_the_database_or_the_overlay(tmp_path: Path) -> None:
