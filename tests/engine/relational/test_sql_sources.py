@@ -5,6 +5,7 @@ database or in a tasks_dir, the password of the URL nowhere, and every bad URL a
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -17,11 +18,13 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from relay.cli import app
+from relay.sft.config import SFTConfig
 from relay_engine.errors import DatasetError
 from relay_engine.families.rtj import sql
 from relay_engine.families.rtj.database import Database, column_type, open_database
 from relay_engine.families.rtj.sql import snapshot_database
 from relay_engine.families.rtj.synth import write_fake_shop
+from relay_engine.recipe import Recipe, run_recipe
 from relay_engine.serving.relational import ServedRelationalModel
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -236,29 +239,53 @@ def test_a_task_table_that_leaves_doubt_asks_for_the_overlay(tmp_path: Path, sho
     assert not read.has_split("rating", "val") and "rating_train" not in read.tables
 
 
-def test_a_directory_takes_its_tasks_from_a_tasks_dir(tmp_path: Path, shop: Database) -> None:
-    bare = tmp_path / "bare"
+def split_directory(tmp_path: Path, shop: Database) -> tuple[Path, Path]:
+    """The shop as a directory without tasks, and a tasks_dir holding them."""
+    bare, tasks = tmp_path / "bare", tmp_path / "tasks"
     (bare / "tables").mkdir(parents=True)
     for name in shop.tables:
-        (bare / "tables" / f"{name}.parquet").write_bytes(
-            (shop.root / "tables" / f"{name}.parquet").read_bytes()
-        )
+        shutil.copyfile(shop.root / "tables" / f"{name}.parquet", bare / "tables" / f"{name}.parquet")
     schema = json.loads((shop.root / "schema.json").read_text())
-    tasks = tmp_path / "tasks"
     (bare / "schema.json").write_text(json.dumps({"tables": schema["tables"]}))
-    for task in shop.tasks:
-        (tasks / task).mkdir(parents=True)
-        for split in ("train", "val", "test"):
-            (tasks / task / f"{split}.parquet").write_bytes(
-                (shop.root / "tasks" / task / f"{split}.parquet").read_bytes()
-            )
+    shutil.copytree(shop.root / "tasks", tasks)
     (tasks / "schema.json").write_text(json.dumps({"tasks": schema["tasks"]}))
+    return bare, tasks
+
+
+def test_a_directory_takes_its_tasks_from_a_tasks_dir(tmp_path: Path, shop: Database) -> None:
+    bare, tasks = split_directory(tmp_path, shop)
+    assert open_database(bare).tasks == {}
     read = open_database(bare, tasks_dir=tasks)
     assert read.tasks == shop.tasks and read.tasks_root == tasks and read.snapshot is None
+    assert read.tasks_dir == tasks
     assert read.task_split("user-ltv", "val").equals(shop.task_split("user-ltv", "val"))
     (tasks / "user-churn" / "test.parquet").unlink()
     with pytest.raises(DatasetError, match="task user-churn has no test split"):
         read.task_split("user-churn", "test")
+    (tasks / "schema.json").write_text(json.dumps({"tables": {"review": {}}}))
+    with pytest.raises(DatasetError, match="tables here apply to a database read by URL"):
+        open_database(bare, tasks_dir=tasks)
+
+
+def test_a_job_on_a_directory_and_a_tasks_dir_serves_from_both(tmp_path: Path, shop: Database) -> None:
+    bare, tasks = split_directory(tmp_path, shop)
+    config = SFTConfig(
+        model="rt-j-tiny",
+        dataset_name=str(bare),
+        task="user-ltv",
+        tasks_dir=str(tasks),
+        batch_size=8,
+        steps=2,
+        learning_rate=1e-3,
+    )
+    recipe = Recipe.from_config(config, checkpoint_every=2, log_every=2, device="cpu")
+    result = run_recipe(recipe, tmp_path / "job", on_event=lambda e: None, should_stop=lambda: False)
+    assert result.status == "completed" and result.output_dir is not None
+    saved = json.loads((result.output_dir / "config.json").read_text())["relay"]
+    assert saved["dataset"] == str(bare) and saved["tasks_dir"] == str(tasks)
+    assert "dataset_source" not in saved
+    served = ServedRelationalModel.load(result.output_dir, device="cpu")
+    assert served.spec == shop.tasks["user-ltv"] and served.sampler.database.tasks_root == tasks
 
 
 def test_the_snapshot_is_one_transaction(

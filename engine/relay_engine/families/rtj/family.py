@@ -219,8 +219,8 @@ def _write_output(
     # The rows it was trained on: the directory (for a SQL database, the snapshot taken for the job,
     # which serving reads), where its tasks were, and the URL read (its password hidden).
     read_from: dict[str, str] = {"dataset": str(database.root.resolve())}
-    if database.tasks_root is not None and database.tasks_root != database.root / "tasks":
-        read_from["tasks_dir"] = str(database.tasks_root.resolve())
+    if database.tasks_dir is not None:
+        read_from["tasks_dir"] = str(database.tasks_dir.resolve())
     if database.snapshot is not None:
         read_from["dataset_source"] = database.snapshot.source
     model.config = {
