@@ -371,6 +371,21 @@ def test_the_password_is_nowhere(postgres: str, shop: Database, tmp_path: Path) 
     checked = CliRunner().invoke(app, ["datasets", "check", url, "--tasks-dir", str(shop.root / "tasks")])
     assert checked.exit_code == 0, checked.output
     assert PASSWORD not in checked.output and "review 240" in checked.output
+    # A job trained on it: its output, checkpoints and snapshot hold no password either.
+    trained = CliRunner().invoke(
+        app,
+        [
+            "local", "train", "--model", "rt-j-tiny", "--dataset", url, "--task", "user-churn",
+            "--tasks-dir", str(shop.root / "tasks"), "--steps", "1", "--batch-size", "8",
+            "--device", "cpu", "--output-dir", str(tmp_path / "job"),
+        ],
+    )  # fmt: skip
+    assert trained.exit_code == 0 and PASSWORD not in trained.output, trained.output
+    written = [path for path in [*tmp_path.rglob("*")] if path.is_file()]
+    assert any(path.name == "model.safetensors" for path in written)
+    assert not [path for path in written if PASSWORD.encode() in path.read_bytes()]
+    saved = json.loads((tmp_path / "job" / "config.json").read_text())["relay"]
+    assert saved["dataset_source"] == read.snapshot.source
 
 
 @pytest.mark.parametrize(
