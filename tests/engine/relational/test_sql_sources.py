@@ -509,3 +509,32 @@ def test_local_train_reads_a_sqlite_url(tmp_path: Path, shop: Database) -> None:
     assert served.metadata()["database"] == str(snapshot)
     assert served.sampler.database.snapshot is not None
     assert served.sampler.database.snapshot.row_counts["review"] == 240
+
+
+def test_a_resumed_job_reads_the_snapshot_its_first_run_took(tmp_path: Path, shop: Database) -> None:
+    """Rows added between a stop and the resume are not read: the resumed run trains on what the
+    stopped one did, so it ends with the weights of an uninterrupted run on that snapshot."""
+    url = sqlite_shop(tmp_path, shop, task_tables=True)
+    config = SFTConfig(model="rt-j-tiny", dataset_name=url, task="user-churn", batch_size=8, steps=4)
+    recipe = Recipe.from_config(config, checkpoint_every=2, log_every=2, device="cpu")
+    events: list[Any] = []
+    stop_at_2 = lambda: any(e.get("event") == "checkpoint" and e["step"] == 2 for e in events)  # noqa: E731
+    first = run_recipe(recipe, tmp_path / "split", on_event=events.append, should_stop=stop_at_2)
+    assert first.status == "stopped" and first.step == 2
+    taken = (tmp_path / "split" / "database-snapshot.txt").read_text().strip()
+
+    engine = sa.create_engine(url)
+    with engine.begin() as connection:  # a new train row: a fresh snapshot would train differently
+        connection.exec_driver_sql(
+            'INSERT INTO "user-churn_train" (timestamp, customer_id, churn) '
+            "VALUES ('2020-01-01 00:00:00.000000', 'customer_1', 1)"
+        )
+    engine.dispose()
+    second = run_recipe(recipe, tmp_path / "split", on_event=events.append, should_stop=lambda: False)
+    assert second.status == "completed" and second.resumed_from == 2 and second.output_dir is not None
+    saved = json.loads((second.output_dir / "config.json").read_text())["relay"]
+    assert saved["dataset"] == taken and saved["dataset_source"] == url
+
+    fresh = run_recipe(recipe, tmp_path / "fresh", on_event=lambda e: None, should_stop=lambda: False)
+    assert fresh.output_dir is not None
+    assert json.loads((fresh.output_dir / "config.json").read_text())["relay"]["dataset"] != taken

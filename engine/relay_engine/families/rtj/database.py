@@ -218,7 +218,7 @@ def _overlay_tasks(tasks_dir: Path, tables: dict[str, Table]) -> dict[str, TaskS
     return {name: _task_spec(where, name, spec, tables) for name, spec in overlay.get("tasks", {}).items()}
 
 
-def _read_snapshot_record(root: Path) -> DatabaseSnapshot | None:
+def read_snapshot_record(root: Path) -> DatabaseSnapshot | None:
     """snapshot.json of a directory read from a SQL database (None for any other directory)."""
     try:
         record = json.loads((root / SNAPSHOT_FILE).read_text())
@@ -252,7 +252,7 @@ def _open_directory(root: Path) -> Database:
     if not isinstance(tasks_spec, dict):
         raise DatasetError(where, f"{SCHEMA_FILE}: tasks must be an object")
     tasks = {name: _task_spec(where, name, spec, tables) for name, spec in tasks_spec.items()}
-    return Database(root, tables, tasks, snapshot=_read_snapshot_record(root))
+    return Database(root, tables, tasks, snapshot=read_snapshot_record(root))
 
 
 def _load_table(root: Path, name: str, spec: Any) -> Table:
