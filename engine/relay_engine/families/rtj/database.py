@@ -173,9 +173,9 @@ def open_database(
 
 def snapshot_directory(source: str, tasks_dir: Path | None = None, cache_dir: Path | None = None) -> Path:
     """Where a new snapshot of the database at `source` goes: one directory per snapshot, under a
-    folder of the cache named for the URL (its password hidden) and the tasks_dir. A snapshot is
-    never reused: each open reads the database as it is then, and a model trained on one keeps
-    reading the rows it was trained on."""
+    folder of the cache named for the URL (its password hidden) and the tasks_dir. open_database
+    never reuses one: each open reads the database as it is then, and a model trained on one keeps
+    reading the rows it was trained on (a resumed job opens its snapshot by path)."""
     key = hashlib.sha256(f"{redacted_url(source)}\0{tasks_dir or ''}".encode()).hexdigest()[:16]
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     return cache_dir_or_default(cache_dir) / "databases" / key / f"{stamp}-{uuid4().hex[:8]}"
