@@ -122,6 +122,18 @@ def redacted_url(url: str) -> str:
 
 
 _PASSWORD_PARAMETERS = frozenset({"password", "passwd", "pwd"})
+# In any text: a URL's `user:password@` (up to the text's last `@`, as a password may hold one) and a
+# `password=` query parameter.
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)\S*@")
+_PASSWORD_PARAMETER = re.compile(
+    rf"([?&](?:{'|'.join(sorted(_PASSWORD_PARAMETERS))})=)[^&\s]*", re.IGNORECASE
+)
+
+
+def hide_url_passwords(text: str) -> str:
+    """`text` with the password of any URL in it hidden, parsable or not (a message quoting a value
+    that broke a rule must not show the password it holds)."""
+    return _PASSWORD_PARAMETER.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
 
 
 def _parsed(url: str) -> URL | None:

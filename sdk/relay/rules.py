@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from relay import catalog, families
+from relay.dataset_names import hide_url_passwords
 from relay.errors import ConfigError
 
 SESSION_MODEL_RULE = "must be one of " + ", ".join(catalog.SESSION_MODELS)
@@ -245,6 +246,7 @@ def _show(value: Any) -> str:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
         text = repr(value)
+    text = hide_url_passwords(text)  # a database URL's password is never shown back
     return text if len(text) <= 80 else text[:77] + "..."
 
 

@@ -112,3 +112,19 @@ def test_tasks_dir_is_rt_j_s() -> None:
         and "pi05" in rule["if"]["properties"]["model"]["enum"]
         for rule in rules
     )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "postgresql://relay:Hunter2pw@db/" + "x" * 1100,  # too long
+        "postgresql://relay:Hunter2pw@db/shop\n",  # a control character
+        "postgresql://relay:Hunter2pw@ss@db/shop\n",  # and an unescaped @
+        "postgresql://db/shop?sslmode=require&password=Hunter2pw\n",
+    ],
+)
+def test_a_refused_dataset_name_never_shows_its_password(name: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        SFTConfig(model="rt-j", dataset_name=name, task="t")
+    assert raised.value.param == "dataset_name" and "Hunter2pw" not in str(raised.value)
+    assert "***" in str(raised.value)

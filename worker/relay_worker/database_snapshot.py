@@ -59,7 +59,8 @@ def with_snapshot(
             )
         )
         forget_secret_url(db_sessions, job_id)
-    return {**config, "dataset_name": str(target)}
+    # The snapshot holds the job's tasks too (a tasks_dir's are copied in): it is all the job reads.
+    return {**config, "dataset_name": str(target), "tasks_dir": None}
 
 
 def _url_to_read(stored: str, secret: str | None) -> str:

@@ -47,7 +47,7 @@ def serve(
     database: str | None = typer.Option(
         None,
         help="An RT-J's database directory, when it is not where the job read it "
-        "(the model's config.json records that).",
+        "(the model's config.json records that), or a database URL (read now, as one snapshot).",
     ),
     task: str | None = typer.Option(None, help="An RT-J's task, when its config.json names none."),
 ) -> None:

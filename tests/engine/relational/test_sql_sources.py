@@ -5,9 +5,10 @@ database or in a tasks_dir, the password of the URL nowhere, and every bad URL a
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,13 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from relay.cli import app
+from relay.sft.config import SFTConfig
 from relay_engine.errors import DatasetError
 from relay_engine.families.rtj import sql
-from relay_engine.families.rtj.database import Database, open_database
+from relay_engine.families.rtj.database import Database, column_type, open_database
 from relay_engine.families.rtj.sql import snapshot_database
 from relay_engine.families.rtj.synth import write_fake_shop
+from relay_engine.recipe import Recipe, run_recipe
 from relay_engine.serving.relational import ServedRelationalModel
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -169,6 +172,36 @@ def test_a_postgresql_database_reads_as_the_directory_it_came_from(postgres: str
     assert_same_database(open_database(postgres, tasks_dir=shop.root / "tasks"), shop)
 
 
+def test_postgresql_types_become_rt_j_column_types(postgres: str) -> None:
+    engine = sa.create_engine(postgres.replace("postgresql://", "postgresql+psycopg://"))
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            "CREATE TABLE account (id UUID PRIMARY KEY, opened TIMESTAMPTZ, balance NUMERIC(12, 2), "
+            "active BOOLEAN, tier SMALLINT, born DATE, notes JSONB, nickname VARCHAR(20))"
+        )
+        connection.exec_driver_sql(
+            "INSERT INTO account VALUES ('8c6f2a4e-0d3b-4d8e-9a51-2b7d6c1e9f00', '2024-03-01 12:00:00+02', "
+            "12.50, true, 3, '1990-05-17', '{\"plan\": \"gold\"}', 'ann')"
+        )
+    engine.dispose()
+    account = open_database(postgres).tables["account"]
+    assert account.primary_key == "id" and account.time_column is None  # two date/time columns
+    assert {column: column_type(account, column) for column in account.value_columns()} == {
+        "opened": "datetime",
+        "balance": "number",
+        "active": "boolean",
+        "tier": "number",
+        "born": "datetime",
+        "notes": "text",
+        "nickname": "text",
+    }
+    row = account.data.to_pylist()[0]
+    assert row["opened"] == datetime(2024, 3, 1, 10, 0, tzinfo=UTC) and row["balance"] == 12.5
+    assert row["id"] == "8c6f2a4e-0d3b-4d8e-9a51-2b7d6c1e9f00" and json.loads(row["notes"]) == {
+        "plan": "gold"
+    }
+
+
 def test_task_tables_in_the_database_are_tasks_not_tables(tmp_path: Path, shop: Database) -> None:
     url = sqlite_shop(tmp_path, shop, task_tables=True)
     read = open_database(url)  # no tasks_dir: each task's spec is inferred from its tables
@@ -206,29 +239,53 @@ def test_a_task_table_that_leaves_doubt_asks_for_the_overlay(tmp_path: Path, sho
     assert not read.has_split("rating", "val") and "rating_train" not in read.tables
 
 
-def test_a_directory_takes_its_tasks_from_a_tasks_dir(tmp_path: Path, shop: Database) -> None:
-    bare = tmp_path / "bare"
+def split_directory(tmp_path: Path, shop: Database) -> tuple[Path, Path]:
+    """The shop as a directory without tasks, and a tasks_dir holding them."""
+    bare, tasks = tmp_path / "bare", tmp_path / "tasks"
     (bare / "tables").mkdir(parents=True)
     for name in shop.tables:
-        (bare / "tables" / f"{name}.parquet").write_bytes(
-            (shop.root / "tables" / f"{name}.parquet").read_bytes()
-        )
+        shutil.copyfile(shop.root / "tables" / f"{name}.parquet", bare / "tables" / f"{name}.parquet")
     schema = json.loads((shop.root / "schema.json").read_text())
-    tasks = tmp_path / "tasks"
     (bare / "schema.json").write_text(json.dumps({"tables": schema["tables"]}))
-    for task in shop.tasks:
-        (tasks / task).mkdir(parents=True)
-        for split in ("train", "val", "test"):
-            (tasks / task / f"{split}.parquet").write_bytes(
-                (shop.root / "tasks" / task / f"{split}.parquet").read_bytes()
-            )
+    shutil.copytree(shop.root / "tasks", tasks)
     (tasks / "schema.json").write_text(json.dumps({"tasks": schema["tasks"]}))
+    return bare, tasks
+
+
+def test_a_directory_takes_its_tasks_from_a_tasks_dir(tmp_path: Path, shop: Database) -> None:
+    bare, tasks = split_directory(tmp_path, shop)
+    assert open_database(bare).tasks == {}
     read = open_database(bare, tasks_dir=tasks)
     assert read.tasks == shop.tasks and read.tasks_root == tasks and read.snapshot is None
+    assert read.tasks_dir == tasks
     assert read.task_split("user-ltv", "val").equals(shop.task_split("user-ltv", "val"))
     (tasks / "user-churn" / "test.parquet").unlink()
     with pytest.raises(DatasetError, match="task user-churn has no test split"):
         read.task_split("user-churn", "test")
+    (tasks / "schema.json").write_text(json.dumps({"tables": {"review": {}}}))
+    with pytest.raises(DatasetError, match="tables here apply to a database read by URL"):
+        open_database(bare, tasks_dir=tasks)
+
+
+def test_a_job_on_a_directory_and_a_tasks_dir_serves_from_both(tmp_path: Path, shop: Database) -> None:
+    bare, tasks = split_directory(tmp_path, shop)
+    config = SFTConfig(
+        model="rt-j-tiny",
+        dataset_name=str(bare),
+        task="user-ltv",
+        tasks_dir=str(tasks),
+        batch_size=8,
+        steps=2,
+        learning_rate=1e-3,
+    )
+    recipe = Recipe.from_config(config, checkpoint_every=2, log_every=2, device="cpu")
+    result = run_recipe(recipe, tmp_path / "job", on_event=lambda e: None, should_stop=lambda: False)
+    assert result.status == "completed" and result.output_dir is not None
+    saved = json.loads((result.output_dir / "config.json").read_text())["relay"]
+    assert saved["dataset"] == str(bare) and saved["tasks_dir"] == str(tasks)
+    assert "dataset_source" not in saved
+    served = ServedRelationalModel.load(result.output_dir, device="cpu")
+    assert served.spec == shop.tasks["user-ltv"] and served.sampler.database.tasks_root == tasks
 
 
 def test_the_snapshot_is_one_transaction(
@@ -314,6 +371,21 @@ def test_the_password_is_nowhere(postgres: str, shop: Database, tmp_path: Path) 
     checked = CliRunner().invoke(app, ["datasets", "check", url, "--tasks-dir", str(shop.root / "tasks")])
     assert checked.exit_code == 0, checked.output
     assert PASSWORD not in checked.output and "review 240" in checked.output
+    # A job trained on it: its output, checkpoints and snapshot hold no password either.
+    trained = CliRunner().invoke(
+        app,
+        [
+            "local", "train", "--model", "rt-j-tiny", "--dataset", url, "--task", "user-churn",
+            "--tasks-dir", str(shop.root / "tasks"), "--steps", "1", "--batch-size", "8",
+            "--device", "cpu", "--output-dir", str(tmp_path / "job"),
+        ],
+    )  # fmt: skip
+    assert trained.exit_code == 0 and PASSWORD not in trained.output, trained.output
+    written = [path for path in [*tmp_path.rglob("*")] if path.is_file()]
+    assert any(path.name == "model.safetensors" for path in written)
+    assert not [path for path in written if PASSWORD.encode() in path.read_bytes()]
+    saved = json.loads((tmp_path / "job" / "config.json").read_text())["relay"]
+    assert saved["dataset_source"] == read.snapshot.source
 
 
 @pytest.mark.parametrize(
@@ -339,6 +411,17 @@ def test_bad_urls_name_the_problem(tmp_path: Path, url: str, words: str) -> None
     assert words in str(raised.value)
     assert not (tmp_path / "missing.db").exists(), "a snapshot must not create the SQLite file it reads"
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.parquet"))
+
+
+def test_a_value_its_column_cannot_hold_is_named_with_its_table(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'loose.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql("CREATE TABLE visit (id INTEGER PRIMARY KEY, seen DATETIME)")
+        connection.exec_driver_sql("INSERT INTO visit VALUES (1, 'last tuesday')")  # SQLite keeps it
+    engine.dispose()
+    with pytest.raises(DatasetError, match="table visit: cannot read its rows"):
+        open_database(url)
 
 
 def test_keys_and_time_columns_come_from_the_database_or_the_overlay(tmp_path: Path) -> None:
@@ -426,3 +509,32 @@ def test_local_train_reads_a_sqlite_url(tmp_path: Path, shop: Database) -> None:
     assert served.metadata()["database"] == str(snapshot)
     assert served.sampler.database.snapshot is not None
     assert served.sampler.database.snapshot.row_counts["review"] == 240
+
+
+def test_a_resumed_job_reads_the_snapshot_its_first_run_took(tmp_path: Path, shop: Database) -> None:
+    """Rows added between a stop and the resume are not read: the resumed run trains on what the
+    stopped one did, so it ends with the weights of an uninterrupted run on that snapshot."""
+    url = sqlite_shop(tmp_path, shop, task_tables=True)
+    config = SFTConfig(model="rt-j-tiny", dataset_name=url, task="user-churn", batch_size=8, steps=4)
+    recipe = Recipe.from_config(config, checkpoint_every=2, log_every=2, device="cpu")
+    events: list[Any] = []
+    stop_at_2 = lambda: any(e.get("event") == "checkpoint" and e["step"] == 2 for e in events)  # noqa: E731
+    first = run_recipe(recipe, tmp_path / "split", on_event=events.append, should_stop=stop_at_2)
+    assert first.status == "stopped" and first.step == 2
+    taken = (tmp_path / "split" / "database-snapshot.txt").read_text().strip()
+
+    engine = sa.create_engine(url)
+    with engine.begin() as connection:  # a new train row: a fresh snapshot would train differently
+        connection.exec_driver_sql(
+            'INSERT INTO "user-churn_train" (timestamp, customer_id, churn) '
+            "VALUES ('2020-01-01 00:00:00.000000', 'customer_1', 1)"
+        )
+    engine.dispose()
+    second = run_recipe(recipe, tmp_path / "split", on_event=events.append, should_stop=lambda: False)
+    assert second.status == "completed" and second.resumed_from == 2 and second.output_dir is not None
+    saved = json.loads((second.output_dir / "config.json").read_text())["relay"]
+    assert saved["dataset"] == taken and saved["dataset_source"] == url
+
+    fresh = run_recipe(recipe, tmp_path / "fresh", on_event=lambda e: None, should_stop=lambda: False)
+    assert fresh.output_dir is not None
+    assert json.loads((fresh.output_dir / "config.json").read_text())["relay"]["dataset"] != taken

@@ -103,18 +103,19 @@ class DatabaseSnapshot:
 @dataclass
 class Database:
     """Tables by name, the tasks the schema defines, and where they came from: `root`, the
-    directory; `tasks_root`, where the task splits are (root/tasks unless a tasks_dir was given);
-    `snapshot`, for a directory read from a SQL database, what was read and from where."""
+    directory; `tasks_dir`, the directory of its tasks when they are kept apart from it (None:
+    root/tasks); `snapshot`, for a directory read from a SQL database, what was read and from where."""
 
     root: Path
     tables: dict[str, Table]
     tasks: dict[str, TaskSpec]
-    tasks_root: Path | None = None
+    tasks_dir: Path | None = None
     snapshot: DatabaseSnapshot | None = None
 
-    def __post_init__(self) -> None:
-        if self.tasks_root is None:
-            self.tasks_root = self.root / "tasks"
+    @property
+    def tasks_root(self) -> Path:
+        """Where the task splits are: <tasks_root>/<task>/<split>.parquet or .csv."""
+        return self.tasks_dir if self.tasks_dir is not None else self.root / "tasks"
 
     @property
     def source(self) -> str:
@@ -123,7 +124,6 @@ class Database:
 
     def split_file(self, task: str, split: str) -> Path | None:
         """The file holding a task's split, if there is one."""
-        assert self.tasks_root is not None  # __post_init__
         return _table_file(self.tasks_root / task, split)
 
     def has_split(self, task: str, split: str) -> bool:
@@ -132,9 +132,8 @@ class Database:
     def task_split(self, task: str, split: str) -> pa.Table:
         spec = self.task(task)
         if split not in SPLITS:
-            raise DatasetError(str(self.root), f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+            raise DatasetError(self.source, f"split must be one of {', '.join(SPLITS)}, got {split!r}")
         path = self.split_file(task, split)
-        assert self.tasks_root is not None
         # Files are named relative to the directory (tasks/...), or in full in a tasks_dir elsewhere.
         shown_from = self.root if self.tasks_root.is_relative_to(self.root) else self.tasks_root.parent
         if path is None:
@@ -143,13 +142,13 @@ class Database:
         data = _read_table(path, shown_from)
         for column in (spec.entity_column, spec.time_column, spec.target_column):
             if column not in data.column_names:
-                raise DatasetError(str(self.root), f"{path.name} of task {task} has no column {column!r}")
+                raise DatasetError(self.source, f"{path.name} of task {task} has no column {column!r}")
         return data
 
     def task(self, name: str) -> TaskSpec:
         if name not in self.tasks:
             known = ", ".join(self.tasks) or "none"
-            raise DatasetError(str(self.root), f"no task {name!r} in {SCHEMA_FILE} (tasks: {known})")
+            raise DatasetError(self.source, f"no task {name!r} in {SCHEMA_FILE} (tasks: {known})")
         return self.tasks[name]
 
 
@@ -174,19 +173,18 @@ def open_database(
         from relay_engine.families.rtj.relbench_source import relbench_database
 
         source = relbench_database(source)  # converted once into the cache, then a directory
-    root = Path(source).expanduser()
-    database = _open_directory(root, tasks_root)
+    database = _open_directory(Path(source).expanduser())
     if tasks_root is not None:
         database.tasks = {**database.tasks, **_overlay_tasks(tasks_root, database.tables)}
-        database.tasks_root = tasks_root
+        database.tasks_dir = tasks_root
     return database
 
 
 def snapshot_directory(source: str, tasks_dir: Path | None = None, cache_dir: Path | None = None) -> Path:
     """Where a new snapshot of the database at `source` goes: one directory per snapshot, under a
-    folder of the cache named for the URL (its password hidden) and the tasks_dir. A snapshot is
-    never reused: each open reads the database as it is then, and a model trained on one keeps
-    reading the rows it was trained on."""
+    folder of the cache named for the URL (its password hidden) and the tasks_dir. open_database
+    never reuses one: each open reads the database as it is then, and a model trained on one keeps
+    reading the rows it was trained on (a resumed job opens its snapshot by path)."""
     key = hashlib.sha256(f"{redacted_url(source)}\0{tasks_dir or ''}".encode()).hexdigest()[:16]
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     return cache_dir_or_default(cache_dir) / "databases" / key / f"{stamp}-{uuid4().hex[:8]}"
@@ -197,7 +195,7 @@ def _open_snapshot(url: str, tasks_dir: Path | None, cache_dir: Path) -> Databas
 
     snapshot = snapshot_database(url, snapshot_directory(url, tasks_dir, cache_dir), tasks_dir)
     try:
-        database = _open_directory(snapshot.path, None)
+        database = _open_directory(snapshot.path)
     except DatasetError as error:
         # A snapshot that does not open is of no use to anyone: its problem, named by the URL.
         shutil.rmtree(snapshot.path, ignore_errors=True)
@@ -229,7 +227,7 @@ def _overlay_tasks(tasks_dir: Path, tables: dict[str, Table]) -> dict[str, TaskS
     return {name: _task_spec(where, name, spec, tables) for name, spec in overlay.get("tasks", {}).items()}
 
 
-def _read_snapshot_record(root: Path) -> DatabaseSnapshot | None:
+def read_snapshot_record(root: Path) -> DatabaseSnapshot | None:
     """snapshot.json of a directory read from a SQL database (None for any other directory)."""
     try:
         record = json.loads((root / SNAPSHOT_FILE).read_text())
@@ -241,7 +239,7 @@ def _read_snapshot_record(root: Path) -> DatabaseSnapshot | None:
         return None
 
 
-def _open_directory(root: Path, tasks_root: Path | None) -> Database:
+def _open_directory(root: Path) -> Database:
     where = str(root)
     if not root.is_dir():
         raise DatasetError(where, f"no such directory: {root}")
@@ -263,7 +261,7 @@ def _open_directory(root: Path, tasks_root: Path | None) -> Database:
     if not isinstance(tasks_spec, dict):
         raise DatasetError(where, f"{SCHEMA_FILE}: tasks must be an object")
     tasks = {name: _task_spec(where, name, spec, tables) for name, spec in tasks_spec.items()}
-    return Database(root, tables, tasks, tasks_root, _read_snapshot_record(root))
+    return Database(root, tables, tasks, snapshot=read_snapshot_record(root))
 
 
 def _load_table(root: Path, name: str, spec: Any) -> Table:

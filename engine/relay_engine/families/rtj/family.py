@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from relay import families as sdk_families
-from relay.dataset_names import is_relational_source
+from relay.dataset_names import is_database_url, is_relational_source, redacted_url
 from relay.optimizer import AdamParams
+from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.core.data import BatchOrder, DataPosition
 from relay_engine.errors import ConfigError
 from relay_engine.families.base import EvaluationRequest, Family, ModelDescription, PreparedRecipe, RecipeRun
-from relay_engine.families.rtj.database import open_database
+from relay_engine.families.rtj.database import open_database, read_snapshot_record
 from relay_engine.families.rtj.encoding import default_text_embedder
 from relay_engine.families.rtj.learner import LabelledBatch, RelationalLearner
 from relay_engine.families.rtj.sampling import ContextSampler
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
 CONTEXT_LENGTH = 256
 TINY_MODELS = ("rt-j-tiny",)
 MAX_CHILDREN = 32
+# In a job's work directory: the snapshot of a database URL the job trains on (its path), which a
+# resumed run reads again.
+SNAPSHOT_POINTER = "database-snapshot.txt"
 # AdamW as the RelationalTrainer runs it (torch's betas, weight decay 0.01), clipped at 1.
 RELATIONAL_ADAM = AdamParams(
     learning_rate=0.0, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, grad_clip_norm=1.0
@@ -105,15 +109,19 @@ class RelationalFamily(Family):
             raise ConfigError(f"{config.model} trains on a task: name the task table of the database")
         model = RelationalTransformer(config.model, device=run.device, seed=recipe.seed)
         settings = context_settings(model.config)
+        dataset, tasks_dir = _job_database(run)
         sampler = build_sampler(
-            config.dataset_name,
+            dataset,
             config.task,
             settings,
             model.model.config.d_text,
             recipe.seed,
-            tasks_dir=config.tasks_dir,
+            tasks_dir=tasks_dir,
             cache_dir=run.dataset_cache_dir,
         )
+        if sampler.database.snapshot is not None and is_database_url(config.dataset_name):
+            run.work_dir.mkdir(parents=True, exist_ok=True)
+            (run.work_dir / SNAPSHOT_POINTER).write_text(str(sampler.database.root) + "\n")
         examples = sampler.examples("train")
         problem_type = sampler.spec.problem_type
         learner = RelationalLearner(model.model, problem_type, seed=recipe.seed, device=run.device)
@@ -204,6 +212,23 @@ class RelationalFamily(Family):
         return write_fake_shop(directory, **options)
 
 
+def _job_database(run: RecipeRun) -> tuple[str, str | None]:
+    """The dataset and tasks_dir a job opens. A job on a database URL that resumes from a checkpoint
+    reads the snapshot its first run took (if it is still there), not the database as it is now, so
+    a resumed job takes the steps an uninterrupted one would."""
+    config = run.recipe.config
+    if not is_database_url(config.dataset_name):
+        return config.dataset_name, config.tasks_dir
+    pointer = run.work_dir / SNAPSHOT_POINTER
+    resuming = CheckpointStore(run.work_dir / "checkpoints", attempt=run.recipe.attempt).latest() is not None
+    if resuming and pointer.is_file():
+        taken = Path(pointer.read_text().strip())
+        snapshot = read_snapshot_record(taken)
+        if snapshot is not None and snapshot.source == redacted_url(config.dataset_name):
+            return str(taken), None  # the snapshot holds its tasks, tasks_dir's included
+    return config.dataset_name, config.tasks_dir
+
+
 def _batches_of(
     examples: Sequence[RelationalExample],
 ) -> Callable[[BatchOrder, DataPosition], Iterator[Any]]:
@@ -228,8 +253,8 @@ def _write_output(
     # The rows it was trained on: the directory (for a SQL database, the snapshot taken for the job,
     # which serving reads), where its tasks were, and the URL read (its password hidden).
     read_from: dict[str, str] = {"dataset": str(database.root.resolve())}
-    if database.tasks_root is not None and database.tasks_root != database.root / "tasks":
-        read_from["tasks_dir"] = str(database.tasks_root.resolve())
+    if database.tasks_dir is not None:
+        read_from["tasks_dir"] = str(database.tasks_dir.resolve())
     if database.snapshot is not None:
         read_from["dataset_source"] = database.snapshot.source
     model.config = {

@@ -94,7 +94,7 @@ def snapshot_database(url: str, target: Path, tasks_dir: Path | None = None) -> 
         with _read_transaction(engine) as connection:
             taken_at = datetime.now(UTC)
             reflected = _reflect(connection)
-            data = {name: _read_rows(connection, table) for name, table in reflected.tables.items()}
+            data = {name: _rows_of(source, connection, table) for name, table in reflected.tables.items()}
     except SQLAlchemyError as error:
         raise DatasetError(
             source,
@@ -219,6 +219,15 @@ def _reflect(connection: Connection) -> sa.MetaData:
     metadata = sa.MetaData()
     metadata.reflect(bind=connection, views=False)
     return metadata
+
+
+def _rows_of(source: str, connection: Connection, table: sa.Table) -> pa.Table:
+    try:
+        return _read_rows(connection, table)
+    except (ValueError, TypeError, OverflowError, pa.ArrowException) as error:
+        # A value its column's type does not hold (SQLite keeps any value in any column), or a
+        # date SQLAlchemy cannot parse: named with the table, as a DatasetError.
+        raise DatasetError(source, f"table {table.name}: cannot read its rows: {error}") from None
 
 
 def _read_rows(connection: Connection, table: sa.Table) -> pa.Table:
