@@ -101,6 +101,27 @@ def check_dataset(name: str, settings: Settings) -> None:
         )
 
 
+def check_tasks_dir(tasks_dir: str | None, settings: Settings) -> None:
+    """An RT-J job's tasks_dir is a directory on the workers' disk: refused where the service reads
+    no local directories, when relative (it would mean the worker's working directory), and where
+    the API shares the workers' disk, when it is not there."""
+    if tasks_dir is None:
+        return
+    path = Path(tasks_dir).expanduser()
+    if not settings.local_datasets:
+        raise _bad_tasks_dir(tasks_dir, "this server does not read local directories")
+    if not path.is_absolute():
+        raise _bad_tasks_dir(tasks_dir, "a job's tasks_dir must be an absolute path: /data/shop-tasks")
+    if settings.api_shares_workers_disk and not path.is_dir():
+        raise _bad_tasks_dir(tasks_dir, f"{path} is not a directory on the workers' disk")
+
+
+def _bad_tasks_dir(tasks_dir: str, rule: str) -> APIProblem:
+    return APIProblem(
+        400, f"bad tasks_dir: {json.dumps(tasks_dir)} ({rule})", param="tasks_dir", code="invalid_value"
+    )
+
+
 def _check_database_url(name: str, settings: Settings) -> None:
     """A SQLite file is a local dataset: refused where the service reads none, and it must be named
     by an absolute path (a relative one would mean the worker's working directory). A server's URL

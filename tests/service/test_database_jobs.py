@@ -51,6 +51,14 @@ def url(shop: Database) -> Iterator[str]:
         yield plain.replace("postgres@", f"postgres:{PASSWORD}@")
 
 
+@pytest.fixture(scope="module")
+def url_without_tasks(shop: Database) -> Iterator[str]:
+    """The shop's tables alone in PostgreSQL: its tasks stay in the shop's directory (a tasks_dir)."""
+    with postgres_database() as plain:
+        write_shop(plain, shop)
+        yield plain.replace("postgres@", f"postgres:{PASSWORD}@")
+
+
 def assert_trained_on_a_snapshot(stack: Stack, job: FineTuneJob, shop: Database, tmp_path: Path) -> None:
     """Completed, from a snapshot event of the shop's row counts, the password nowhere it could be."""
     assert job.status == "completed", job.error
@@ -102,10 +110,17 @@ def test_an_rt_j_job_trains_from_a_postgresql_url_through_http(
 
 
 def test_an_rt_j_job_trains_from_a_postgresql_url_through_the_cli(
-    stack: Stack, worker: WorkerProcess, client: Client, shop: Database, url: str, tmp_path: Path
+    stack: Stack,
+    worker: WorkerProcess,
+    client: Client,
+    shop: Database,
+    url_without_tasks: str,
+    tmp_path: Path,
 ) -> None:
+    """With its tasks in a --tasks-dir on the workers' disk, copied into the job's snapshot."""
     env = {"RELAY_BASE_URL": stack.api_url, "RELAY_API_KEY": client.api_key, "RELAY_HOME": str(tmp_path)}
-    options = ["--model", "rt-j-tiny", "--dataset", url, "--task", "user-churn", "--batch-size", "4"]
+    options = ["--model", "rt-j-tiny", "--dataset", url_without_tasks, "--task", "user-churn"]
+    options += ["--tasks-dir", str(shop.root / "tasks"), "--batch-size", "4"]
     created = subprocess.run(
         [
             sys.executable,
@@ -127,22 +142,29 @@ def test_an_rt_j_job_trains_from_a_postgresql_url_through_the_cli(
     assert created.returncode == 0, created.stderr
     assert PASSWORD not in created.stdout + created.stderr
     job = retrieve(json.loads(created.stdout)["id"], client=client)
+    assert job.to_dict()["tasks_dir"] == str(shop.root / "tasks")
     assert_trained_on_a_snapshot(stack, job, shop, tmp_path)
 
 
 @pytest.mark.parametrize(
-    ("fields", "words"),
+    ("fields", "param", "words"),
     [
         (
             {"model": "pi05-tiny", "task": None},
+            "dataset_name",
             "pi05-tiny trains on LeRobot datasets; a database URL or RelBench name is read by",
         ),
-        ({"dataset_name": "sqlite:///relative/shop.db"}, "must be named by its absolute path"),
-        ({"dataset_name": "sqlite://"}, "must be named by its absolute path"),
+        (
+            {"dataset_name": "sqlite:///relative/shop.db"},
+            "dataset_name",
+            "must be named by its absolute path",
+        ),
+        ({"dataset_name": "sqlite://"}, "dataset_name", "must be named by its absolute path"),
+        ({"tasks_dir": "shop-tasks"}, "tasks_dir", "a job's tasks_dir must be an absolute path"),
     ],
 )
 def test_a_database_url_no_worker_could_read_is_a_400(
-    stack: Stack, client: Client, url: str, fields: dict[str, object], words: str
+    stack: Stack, client: Client, url: str, fields: dict[str, object], param: str, words: str
 ) -> None:
     body = {k: v for k, v in {"dataset_name": url, **TRAIN, **fields}.items() if v is not None}
     answer = httpx.post(
@@ -150,6 +172,6 @@ def test_a_database_url_no_worker_could_read_is_a_400(
     )
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
-    assert error["param"] == "dataset_name" and words in error["message"], error
+    assert error["param"] == param and words in error["message"], error
     assert PASSWORD not in answer.text
     assert list_jobs(client=client) == [], "a refused job was created"

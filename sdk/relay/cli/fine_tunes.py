@@ -112,6 +112,12 @@ def create(
     task: str | None = typer.Option(
         None, help="rt-j models (required for them): the task table of the database to train on."
     ),
+    tasks_dir: Path | None = typer.Option(
+        None,
+        "--tasks-dir",
+        help="rt-j models: a directory on the workers' disk holding the database's tasks "
+        "(a schema.json with their definitions, and <task>/train.parquet ...).",
+    ),
     name: str | None = typer.Option(None, help="A name for the job."),
     validation_episodes: str | None = typer.Option(
         None,
@@ -143,6 +149,7 @@ def create(
             "targets": split_targets(target),
             "cameras": parse_pairs(camera, "camera") if camera else None,
             "task": task,
+            "tasks_dir": str(tasks_dir.expanduser().resolve()) if tasks_dir is not None else None,
             "name": name,
             "validation_episodes": validation_episodes,
         }
