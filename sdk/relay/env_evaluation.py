@@ -8,12 +8,12 @@ model_validate_json`) needs no engine.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from relay.errors import ConfigError
-from relay.rules import CheckedConfig, WholeNumber
+from relay.rules import CheckedConfig, WholeNumber, whole_float_to_int
 
 
 class EpisodeRecord(BaseModel):
@@ -92,7 +92,13 @@ class JobEval(CheckedConfig):
     env: str = Field(description="The Gymnasium environment's id.")
     episodes: WholeNumber = Field(10, strict=True, ge=1, le=JOB_EVAL_EPISODES_MAX)
     seed: WholeNumber = Field(0, strict=True, ge=0)
-    max_steps: int | None = Field(None, strict=True, ge=1, le=JOB_EVAL_MAX_STEPS_MAX)
+    # The bounds inside the Annotated, so that they stay in the JSON Schema of the optional field.
+    max_steps: (
+        Annotated[
+            int, Field(strict=True, ge=1, le=JOB_EVAL_MAX_STEPS_MAX), BeforeValidator(whole_float_to_int)
+        ]
+        | None
+    ) = None
     at_checkpoints: bool = Field(False, strict=True, description="Also evaluate at each checkpoint.")
     videos: WholeNumber = Field(2, strict=True, ge=0, le=JOB_EVAL_VIDEOS_MAX)
 

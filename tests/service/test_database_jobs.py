@@ -160,7 +160,7 @@ def test_an_rt_j_job_trains_from_a_postgresql_url_through_the_cli(
             "must be named by its absolute path",
         ),
         ({"dataset_name": "sqlite://"}, "dataset_name", "must be named by its absolute path"),
-        ({"tasks_dir": "shop-tasks"}, "tasks_dir", "a job's tasks_dir must be an absolute path"),
+        ({"tasks_dir": "shop-tasks"}, "tasks_dir", "an absolute path (/data/shop-tasks, or ~/...)"),
     ],
 )
 def test_a_database_url_no_worker_could_read_is_a_400(

@@ -48,6 +48,8 @@ DATASET_REVISION_MAX = 256
 TASK_MAX = 128
 # A revision: no spaces or control characters (Git refuses both in a ref name).
 REVISION_PATTERN = r"^[^\s\x00-\x1f\x7f]+$"
+# An absolute path (or ~/...) with no control characters.
+ABSOLUTE_PATH_PATTERN = r"^[/~][^\x00-\x1f\x7f]*$"
 RECIPE_MODEL_RULE = "must be one of " + ", ".join(catalog.RECIPE_MODELS)
 
 # What each field must be; every message about a field ends with its rule.
@@ -70,8 +72,8 @@ RULES: dict[str, str] = {
     ),
     "tasks_dir": (
         "must name a directory holding the database's tasks (rt-j models only): a schema.json with a "
-        f"tasks section and <task>/train.parquet, val, test splits; 1 to {DATASET_NAME_MAX} characters, "
-        "no control characters"
+        "tasks section and <task>/train.parquet, val, test splits; an absolute path (/data/shop-tasks, "
+        f"or ~/...), 1 to {DATASET_NAME_MAX} characters, no control characters"
     ),
     "batch_size": f"must be an integer from 1 to {BATCH_SIZE_MAX}",
     "learning_rate": "must be a number greater than 0",
@@ -182,8 +184,9 @@ class SFTConfig(CheckedConfig):
     ) = None
     task: str | None = Field(None, min_length=1, max_length=TASK_MAX, pattern=PLAIN_TEXT_PATTERN)
     # Where the database's tasks are kept when apart from it (rt-j): schema.json's tasks and splits.
+    # Absolute: the machine that trains may run anywhere (the CLIs resolve a relative one first).
     tasks_dir: str | None = Field(
-        None, min_length=1, max_length=DATASET_NAME_MAX, pattern=NOT_BLANK_TEXT_PATTERN
+        None, min_length=1, max_length=DATASET_NAME_MAX, pattern=ABSOLUTE_PATH_PATTERN
     )
     validation_episodes: ValidationEpisodes = None
     eval: Annotated[JobEval | None, BeforeValidator(job_eval_value)] = None
@@ -224,7 +227,7 @@ class SFTConfig(CheckedConfig):
     @field_validator("tasks_dir")
     @classmethod
     def _plain_tasks_dir(cls, value: str | None) -> str | None:
-        if value is not None and (not value.strip() or has_control_characters(value)):
+        if value is not None and re.fullmatch(ABSOLUTE_PATH_PATTERN, value) is None:
             raise ValueError(RULES["tasks_dir"])
         return value
 
