@@ -19,7 +19,13 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from relay.dataset_description import DatasetDescription
-from relay.dataset_names import DATASET_NAME_PATTERN, names_local_directory
+from relay.dataset_names import (
+    DATASET_NAME_PATTERN,
+    is_database_url,
+    is_relational_source,
+    names_local_directory,
+    redacted_url,
+)
 from relay.sft.config import DATASET_NAME_MAX, DATASET_REVISION_MAX, REVISION_PATTERN
 from relay_api import schemas
 from relay_api.deps import CurrentUser, SettingsDep
@@ -129,6 +135,16 @@ def check_name(name: str, revision: str | None, settings: Settings) -> None:
     if not _NAME.fullmatch(name):
         raise APIProblem(
             400, f"bad name: {json.dumps(name)} ({NAME_RULE})", param="name", code="invalid_value"
+        )
+    if is_relational_source(name):
+        shown = redacted_url(name) if is_database_url(name) else name
+        raise APIProblem(
+            400,
+            f"bad name: {json.dumps(shown)} (a database URL or RelBench name is an rt-j model's data; "
+            "this endpoint describes LeRobot datasets: check a database with `relay datasets check "
+            "NAME` on a machine that reads it)",
+            param="name",
+            code="invalid_value",
         )
     if not names_local_directory(name):
         return

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -175,3 +176,14 @@ def test_a_database_url_no_worker_could_read_is_a_400(
     assert error["param"] == param and words in error["message"], error
     assert PASSWORD not in answer.text
     assert list_jobs(client=client) == [], "a refused job was created"
+
+
+def test_the_datasets_endpoint_says_a_database_url_is_not_a_lerobot_dataset(
+    stack: Stack, client: Client, url: str
+) -> None:
+    answer = httpx.get(
+        f"{stack.api_url}/v1/datasets/{quote(url, safe='')}",
+        headers={"authorization": f"Bearer {client.api_key}"},
+    )
+    assert answer.status_code == 400, answer.text
+    assert "relay datasets check" in answer.json()["error"]["message"] and PASSWORD not in answer.text
