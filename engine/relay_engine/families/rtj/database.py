@@ -207,17 +207,7 @@ def _open_snapshot(url: str, tasks_dir: Path | None, cache_dir: Path) -> Databas
 def _overlay_tasks(tasks_dir: Path, tables: dict[str, Table]) -> dict[str, TaskSpec]:
     """The tasks a tasks_dir's schema.json defines (a tasks_dir without one adds none)."""
     where = str(tasks_dir)
-    if not tasks_dir.is_dir():
-        raise DatasetError(where, f"tasks_dir: no such directory: {tasks_dir}", reason=DatasetError.NOT_FOUND)
-    path = tasks_dir / SCHEMA_FILE
-    if not path.is_file():
-        return {}
-    try:
-        overlay = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise DatasetError(where, f"{SCHEMA_FILE} is not valid JSON: {error}") from None
-    if not isinstance(overlay, dict) or not isinstance(overlay.get("tasks", {}), dict):
-        raise DatasetError(where, f"{SCHEMA_FILE}: tasks must be an object")
+    overlay = read_overlay(tasks_dir, where)
     if overlay.get("tables"):
         raise DatasetError(
             where,
@@ -225,6 +215,37 @@ def _overlay_tasks(tasks_dir: Path, tables: dict[str, Table]) -> dict[str, TaskS
             "described by its own schema.json",
         )
     return {name: _task_spec(where, name, spec, tables) for name, spec in overlay.get("tasks", {}).items()}
+
+
+def read_overlay(tasks_dir: Path | None, source: str) -> dict[str, Any]:
+    """A tasks_dir's schema.json (empty without one): `tables` (what a database read by URL does
+    not declare) and `tasks`, each an object of objects. Problems are named by `source`."""
+    if tasks_dir is None:
+        return {}
+    tasks_dir = Path(tasks_dir).expanduser()
+    if not tasks_dir.is_dir():
+        raise DatasetError(
+            source, f"tasks_dir: no such directory: {tasks_dir}", reason=DatasetError.NOT_FOUND
+        )
+    path = tasks_dir / SCHEMA_FILE
+    if not path.is_file():
+        return {}
+    try:
+        overlay = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise DatasetError(source, f"{path} is not valid JSON: {error}") from None
+    if not isinstance(overlay, dict):
+        raise DatasetError(source, f"{path} must be an object with tables and tasks")
+    unknown = set(overlay) - {"tables", "tasks"}
+    if unknown:
+        raise DatasetError(source, f"{path} has unknown fields {sorted(unknown)} (known: tables, tasks)")
+    for section in ("tables", "tasks"):
+        if not isinstance(overlay.get(section, {}), dict):
+            raise DatasetError(source, f"{path}: {section} must be an object")
+        for name, spec in overlay.get(section, {}).items():
+            if not isinstance(spec, dict):
+                raise DatasetError(source, f"{path}: {section}.{name} must be an object")
+    return overlay
 
 
 def read_snapshot_record(root: Path) -> DatabaseSnapshot | None:

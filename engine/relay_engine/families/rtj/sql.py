@@ -54,6 +54,7 @@ from relay_engine.families.rtj.database import (
     SNAPSHOT_FILE,
     SPLITS,
     DatabaseSnapshot,
+    read_overlay,
 )
 
 __all__ = ["DatabaseSnapshot", "snapshot_database"]
@@ -87,7 +88,7 @@ def snapshot_database(url: str, target: Path, tasks_dir: Path | None = None) -> 
     target = Path(target)
     if target.exists():
         raise DatasetError(source, f"cannot write the snapshot: {target} already exists")
-    overlay = _read_overlay(tasks_dir, source)
+    overlay = read_overlay(tasks_dir, source)
     password = make_url(url).password
     engine = _engine(url, source)
     try:
@@ -290,35 +291,6 @@ def _text(value: Any) -> str:
 
 
 # --- the schema -----------------------------------------------------------------------------------
-
-
-def _read_overlay(tasks_dir: Path | None, source: str) -> dict[str, Any]:
-    if tasks_dir is None:
-        return {}
-    tasks_dir = Path(tasks_dir).expanduser()
-    if not tasks_dir.is_dir():
-        raise DatasetError(
-            source, f"tasks_dir: no such directory: {tasks_dir}", reason=DatasetError.NOT_FOUND
-        )
-    path = tasks_dir / SCHEMA_FILE
-    if not path.is_file():
-        return {}
-    try:
-        overlay = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise DatasetError(source, f"{path} is not valid JSON: {error}") from None
-    if not isinstance(overlay, dict):
-        raise DatasetError(source, f"{path} must be an object with tables and tasks")
-    unknown = set(overlay) - {"tables", "tasks"}
-    if unknown:
-        raise DatasetError(source, f"{path} has unknown fields {sorted(unknown)} (known: tables, tasks)")
-    for section in ("tables", "tasks"):
-        if not isinstance(overlay.get(section, {}), dict):
-            raise DatasetError(source, f"{path}: {section} must be an object")
-        for name, spec in overlay.get(section, {}).items():
-            if not isinstance(spec, dict):
-                raise DatasetError(source, f"{path}: {section}.{name} must be an object")
-    return overlay
 
 
 class _Layout:
