@@ -88,6 +88,17 @@ class RelationalBatch:
             setattr(self, name, value)
         self._check()
 
+    @classmethod
+    def trusted(cls, fields: Mapping[str, Tensor]) -> RelationalBatch:
+        """A batch from tensors already of the right dtypes and shapes, without the conversions
+        and checks of the constructor: for a producer that guarantees them (the context sampler
+        builds thousands of contexts a second, and checking each would cost more than building it).
+        `validate()` runs the checks on demand."""
+        batch = cls.__new__(cls)
+        for name in BATCH_FIELDS:
+            setattr(batch, name, fields[name])
+        return batch
+
     def _check(self) -> None:
         """Refuse a batch whose tensors disagree on their shapes or hold values out of range."""
         self._check_shapes()
