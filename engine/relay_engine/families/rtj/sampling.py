@@ -34,6 +34,7 @@ from relay_engine.families.rtj.batch import (
     SEM_DATETIME,
     SEM_NUMBER,
     SEM_TEXT,
+    LookedUpBatch,
     RelationalBatch,
 )
 from relay_engine.families.rtj.cutoff import StatisticsCutoff, statistics_cutoff
@@ -157,9 +158,12 @@ class ContextSampler:
             self.embedder.embed(text_list) if text_list else np.zeros((0, self.embedder.dim), np.float32)
         )
         self.column_vectors = self.embedder.embed(self.column_names)
-        self._text_rows = np.concatenate(
-            [self.text_vectors, np.zeros((1, self.embedder.dim), np.float32)]
-        ).astype(np.float32)
+        # The embedding tables a context's cells index, each ending with the zero row of padding.
+        zero_row = np.zeros((1, self.embedder.dim), np.float32)
+        self._text_table = torch.from_numpy(np.concatenate([self.text_vectors, zero_row]).astype(np.float32))
+        self._column_table = torch.from_numpy(
+            np.concatenate([self.column_vectors, zero_row]).astype(np.float32)
+        )
         self._index = _RowIndex(self.tables)
 
     def _text_id(self, text: str) -> int:
@@ -363,9 +367,6 @@ class ContextSampler:
         targets = np.zeros(total, bool)
         targets[starts + 1] = True
         channels = {code: np.where(sem == code, value, np.float32(0.0)) for code in SEM_CODES.values()}
-        # One gather each: a cell without text (-1) takes the zero row that ends the table.
-        text_values = np.take(self._text_rows, text, axis=0)
-        col_values = np.take(self.column_vectors, col_idxs, axis=0)
         flat = {
             "node_idxs": node_idxs,
             "f2p_nbr_idxs": parents,
@@ -377,14 +378,24 @@ class ContextSampler:
             "number_values": channels[SEM_NUMBER][:, None],
             "datetime_values": channels[SEM_DATETIME][:, None],
             "boolean_values": channels[SEM_BOOLEAN][:, None],
-            "text_values": text_values,
-            "col_name_values": col_values,
+            # Rows of the embedding tables; a cell without text (-1) takes the zero row at the end.
+            "text_rows": np.where(text >= 0, text, len(self._text_table) - 1),
+            "col_name_rows": col_idxs,
         }
         tensors = {name: torch.from_numpy(array) for name, array in flat.items()}
-        return [
-            RelationalBatch.trusted({name: t[start:end].unsqueeze(0) for name, t in tensors.items()})
-            for start, end in zip(starts.tolist(), ends.tolist(), strict=True)
-        ]
+        batches: list[RelationalBatch] = []
+        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+            context = {name: t[start:end].unsqueeze(0) for name, t in tensors.items()}
+            batches.append(
+                LookedUpBatch(
+                    context,
+                    text_rows=context["text_rows"],
+                    text_table=self._text_table,
+                    col_name_rows=context["col_name_rows"],
+                    col_name_table=self._column_table,
+                )
+            )
+        return batches
 
 
 CONTEXTS_PER_WALK = 64  # contexts walked together by `examples`
@@ -538,7 +549,10 @@ class _ContextWalk:
     def _reach(self, ctx: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Reach these rows (each followed by its parents), within the budget: the pairs reached."""
         ctx, rows = self._within_budget(*self._with_parents(ctx, rows))
-        self.reached = np.union1d(self.reached, ctx * self.index.size + rows)
+        # New pairs are distinct and not reached before: a merge of two sorted runs (the stable
+        # sort finds the runs) keeps `reached` sorted.
+        new = np.sort(ctx * self.index.size + rows)
+        self.reached = np.sort(np.concatenate([self.reached, new]), kind="stable")
         return ctx, rows
 
     def _unreached(self, ctx: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -635,8 +649,10 @@ def _exclusive_cumsum_within(values: np.ndarray, groups: np.ndarray) -> np.ndarr
 
 def _first_times(keys: np.ndarray) -> np.ndarray:
     """Which items are the first of their key."""
-    first = np.zeros(len(keys), bool)
-    first[np.unique(keys, return_index=True)[1]] = True
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    first = np.ones(len(keys), bool)
+    first[order[1:]] = ordered[1:] != ordered[:-1]
     return first
 
 
