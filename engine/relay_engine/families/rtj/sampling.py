@@ -20,7 +20,9 @@ so no later row moves the encoding of an earlier one.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +42,7 @@ from relay_engine.families.rtj.batch import (
 from relay_engine.families.rtj.cutoff import StatisticsCutoff, statistics_cutoff
 from relay_engine.families.rtj.database import SPLITS, Database, Table, TaskSpec, column_type, seconds
 from relay_engine.families.rtj.encoding import TextEmbedder
+from relay_engine.families.rtj.mapped import memory_mapped
 from relay_engine.families.rtj.trainer import RelationalExample
 
 SEM_CODES = {"number": SEM_NUMBER, "text": SEM_TEXT, "datetime": SEM_DATETIME, "boolean": SEM_BOOLEAN}
@@ -92,6 +95,7 @@ class ContextSampler:
         context_length: int = DEFAULT_CONTEXT_LENGTH,
         max_children: int = DEFAULT_MAX_CHILDREN,
         seed: int = 0,
+        cache_dir: Path | None = None,
     ) -> None:
         if context_length < 2:
             raise ValueError(f"context_length must be at least 2, got {context_length}")
@@ -101,6 +105,7 @@ class ContextSampler:
         self.context_length = context_length
         self.max_children = max_children
         self.seed = seed
+        self.cache_dir = cache_dir
         self.splits = {
             split: database.task_split(task, split) for split in SPLITS if database.has_split(task, split)
         }
@@ -160,11 +165,39 @@ class ContextSampler:
         self.column_vectors = self.embedder.embed(self.column_names)
         # The embedding tables a context's cells index, each ending with the zero row of padding.
         zero_row = np.zeros((1, self.embedder.dim), np.float32)
-        self._text_table = torch.from_numpy(np.concatenate([self.text_vectors, zero_row]).astype(np.float32))
+        self.text_table = np.concatenate([self.text_vectors, zero_row]).astype(np.float32)
         self._column_table = torch.from_numpy(
             np.concatenate([self.column_vectors, zero_row]).astype(np.float32)
         )
         self._index = _RowIndex(self.tables)
+        if self.cache_dir is not None:
+            self._map_to_files(self.cache_dir / "rtj-contexts")
+        self.text_vectors = self.text_table[:-1]
+        self._text_table = _tensor(self.text_table)
+
+    def _map_to_files(self, root: Path) -> None:
+        """Replace every per-row array (of the row index, of the encoded tables) and the text
+        embeddings by memory maps of files under `root` (see mapped.py)."""
+        arrays: dict[str, np.ndarray] = {"text_table": self.text_table}
+        arrays.update({f"index.{name}": value for name, value in _arrays_of(self._index).items()})
+        for t, table in enumerate(self.tables):
+            arrays.update({f"table{t}.{name}": value for name, value in _arrays_of(table).items()})
+            for k, (_, rows) in enumerate(table.parents):
+                arrays[f"table{t}.parent{k}"] = rows
+            for k, (_, offsets, rows) in enumerate(table.children):
+                arrays[f"table{t}.child{k}.offsets"], arrays[f"table{t}.child{k}.rows"] = offsets, rows
+        mapped = memory_mapped(arrays, root)
+        self.text_table = mapped["text_table"]
+        for name in _arrays_of(self._index):
+            setattr(self._index, name, mapped[f"index.{name}"])
+        for t, table in enumerate(self.tables):
+            for name in _arrays_of(table):
+                setattr(table, name, mapped[f"table{t}.{name}"])
+            table.parents = [(p, mapped[f"table{t}.parent{k}"]) for k, (p, _) in enumerate(table.parents)]
+            table.children = [
+                (c, mapped[f"table{t}.child{k}.offsets"], mapped[f"table{t}.child{k}.rows"])
+                for k, (c, _, _) in enumerate(table.children)
+            ]
 
     def _text_id(self, text: str) -> int:
         return self.texts.setdefault(text, len(self.texts))
@@ -411,6 +444,23 @@ class _RowIndex:
     ids in foreign-key order (-1 where null or dangling); `child_start[g]..child_start[g + 1]`: its
     children's ids in `children`, by foreign key and then by row, as `_EncodedTable.children`
     lists them."""
+
+    # The arrays with one entry per row or cell, which ContextSampler memory-maps.
+    PER_ROW = (
+        "table_of",
+        "row_of",
+        "is_task",
+        "time",
+        "cell_count",
+        "cell_start",
+        "cell_column",
+        "cell_sem",
+        "cell_value",
+        "cell_text",
+        "parents",
+        "children",
+        "child_start",
+    )
 
     def __init__(self, tables: list[_EncodedTable]) -> None:
         sizes = np.asarray([t.num_rows for t in tables], np.int64)
@@ -675,6 +725,24 @@ def _context_keys(parts: np.ndarray) -> np.ndarray:
     for part in parts:
         keys = _mix(keys ^ np.asarray([int(v) & _MASK64 for v in part], np.uint64))
     return keys
+
+
+def _arrays_of(holder: object) -> dict[str, np.ndarray]:
+    """An object's array attributes with one value per row (not its per-column or per-table ones)."""
+    per_row = {"present", "scalars", "text_ids", "time"} | set(_RowIndex.PER_ROW)
+    return {
+        name: value
+        for name, value in vars(holder).items()
+        if name in per_row and isinstance(value, np.ndarray)
+    }
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor over the array's memory; a read-only memory map stays read-only (nothing writes to
+    these tables: contexts gather copies of their rows)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
 
 
 def _labels(rows: pa.Table, spec: TaskSpec) -> np.ndarray:

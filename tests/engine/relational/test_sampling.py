@@ -1,0 +1,93 @@
+"""The context sampler's machinery: arrays memory-mapped from files, contexts built many at a
+time, embeddings looked up when a batch is collated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from relay_engine.families.rtj.batch import BATCH_FIELDS, LookedUpBatch, RelationalBatch, collate
+from relay_engine.families.rtj.database import open_database
+from relay_engine.families.rtj.encoding import HashEmbedder
+from relay_engine.families.rtj.sampling import CONTEXTS_PER_WALK, ContextSampler
+from relay_engine.families.rtj.synth import write_fake_shop
+
+
+@pytest.fixture(scope="module")
+def shop(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_fake_shop(tmp_path_factory.mktemp("shop"))
+
+
+def sampler(root: Path, cache_dir: Path | None = None, context_length: int = 96) -> ContextSampler:
+    return ContextSampler(
+        open_database(root),
+        "user-churn",
+        HashEmbedder(64),
+        context_length=context_length,
+        max_children=8,
+        cache_dir=cache_dir,
+    )
+
+
+def same_batches(a: RelationalBatch, b: RelationalBatch) -> bool:
+    return all(torch.equal(getattr(a, name), getattr(b, name)) for name in BATCH_FIELDS)
+
+
+def test_a_sampler_with_a_cache_dir_memory_maps_its_per_row_arrays_and_samples_the_same(
+    shop: Path, tmp_path: Path
+) -> None:
+    in_memory, mapped = sampler(shop), sampler(shop, tmp_path)
+    index = mapped._index
+    for name in ("cell_value", "cell_text", "parents", "children", "child_start", "time", "table_of"):
+        assert isinstance(getattr(index, name), np.memmap), name
+        assert not isinstance(getattr(in_memory._index, name), np.memmap), name
+        assert np.array_equal(getattr(index, name), getattr(in_memory._index, name), equal_nan=True), name
+    for table in mapped.tables:
+        if table.scalars.size:  # (an empty array cannot be mapped: the relations table has no values)
+            assert isinstance(table.scalars, np.memmap) and isinstance(table.present, np.memmap), table.name
+        for _, rows in table.parents:
+            assert isinstance(rows, np.memmap), table.name
+    assert isinstance(mapped.text_table, np.memmap)
+    assert len(list((tmp_path / "rtj-contexts").iterdir())) == 1
+
+    for ours, theirs in zip(mapped.examples("val"), in_memory.examples("val"), strict=True):
+        assert ours.label == theirs.label
+        assert same_batches(ours.input, theirs.input)
+
+    # The same database, task and settings open the files already written.
+    again = sampler(shop, tmp_path)
+    assert len(list((tmp_path / "rtj-contexts").iterdir())) == 1
+    assert Path(again._index.cell_value.filename) == Path(index.cell_value.filename)
+
+
+def test_a_context_alone_is_the_one_built_with_others(shop: Path) -> None:
+    s = sampler(shop)
+    count = CONTEXTS_PER_WALK + 5  # across two walks of many contexts
+    examples = s.examples("train", limit=count)
+    rows = s.splits["train"]
+    entities = rows.column("customer_id").to_pylist()
+    times = rows.column("timestamp").cast("int64").to_numpy() / 1e6
+    for i in (0, CONTEXTS_PER_WALK - 1, CONTEXTS_PER_WALK + 4):
+        entity = s.pk_rows["customer"][entities[i]]
+        alone = s.context(entity, float(times[i]), (s.seed, 0, i))
+        assert same_batches(alone, examples[i].input), i
+    # Another seed draws other children: contexts are random, yet fixed by (seed, split, row).
+    other = ContextSampler(
+        open_database(shop), "user-churn", HashEmbedder(64), context_length=96, max_children=8, seed=1
+    ).examples("train", limit=count)
+    assert any(not same_batches(a.input, b.input) for a, b in zip(examples, other, strict=True))
+
+
+def test_collate_gathers_looked_up_embeddings_as_a_batch_of_values_would(shop: Path) -> None:
+    contexts = [e.input for e in sampler(shop, context_length=4096).examples("train", limit=6)]
+    assert all(isinstance(c, LookedUpBatch) for c in contexts)
+    assert len({c.sequence_length for c in contexts}) > 1, "the test needs padding"
+    materialized = [RelationalBatch(**c.as_dict()) for c in contexts]
+    looked_up, plain = collate(contexts), collate(materialized)
+    assert same_batches(looked_up, plain)
+    assert bool(looked_up.text_values.abs().sum() > 0) and looked_up.validate() is looked_up
+    # Padding takes the zero rows.
+    assert bool((looked_up.col_name_values[looked_up.is_padding] == 0).all())
