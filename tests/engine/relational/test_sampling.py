@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from relay_engine.families.rtj.batch import BATCH_FIELDS, LookedUpBatch, RelationalBatch, collate
-from relay_engine.families.rtj.database import open_database
+from relay_engine.families.rtj.database import open_database, seconds
 from relay_engine.families.rtj.encoding import HashEmbedder
 from relay_engine.families.rtj.sampling import CONTEXTS_PER_WALK, ContextSampler
 from relay_engine.families.rtj.synth import write_fake_shop
@@ -69,7 +69,7 @@ def test_a_context_alone_is_the_one_built_with_others(shop: Path) -> None:
     examples = s.examples("train", limit=count)
     rows = s.splits["train"]
     entities = rows.column("customer_id").to_pylist()
-    times = rows.column("timestamp").cast("int64").to_numpy() / 1e6
+    times = seconds(rows.column("timestamp"))
     for i in (0, CONTEXTS_PER_WALK - 1, CONTEXTS_PER_WALK + 4):
         entity = s.pk_rows["customer"][entities[i]]
         alone = s.context(entity, float(times[i]), (s.seed, 0, i))
