@@ -60,7 +60,9 @@ def test_a_sampler_with_a_cache_dir_memory_maps_its_per_row_arrays_and_samples_t
     # The same database, task and settings open the files already written.
     again = sampler(shop, tmp_path)
     assert len(list((tmp_path / "rtj-contexts").iterdir())) == 1
-    assert Path(again._index.cell_value.filename) == Path(index.cell_value.filename)
+    reopened, first = again._index.cell_value, index.cell_value
+    assert isinstance(reopened, np.memmap) and isinstance(first, np.memmap)
+    assert reopened.filename == first.filename
 
 
 def test_a_context_alone_is_the_one_built_with_others(shop: Path) -> None:
