@@ -22,16 +22,29 @@ FORMAT = b"relay-rtj-mapped-1"  # change it when what the files mean changes
 
 
 def memory_mapped(arrays: dict[str, np.ndarray], root: Path) -> dict[str, np.ndarray]:
-    """The arrays, as read-only memory maps of .npy files under `root` (empty arrays, which cannot
-    be mapped, stay as they are). Names must be usable as file names."""
+    """The arrays, over read-only memory maps of .npy files under `root` (empty arrays, which cannot
+    be mapped, stay as they are). Names must be usable as file names.
+
+    Each is a plain ndarray view of its np.memmap (`is_memory_mapped` tells): np.memmap indexes
+    through Python code, which a walk that indexes thousands of times a second would feel."""
     contiguous = {name: np.ascontiguousarray(array) for name, array in arrays.items()}
     directory = root / _digest(contiguous)
     if not (directory / "complete").exists():
         _write(contiguous, directory)
     return {
-        name: np.load(directory / f"{name}.npy", mmap_mode="r") if array.size else array
+        name: np.load(directory / f"{name}.npy", mmap_mode="r").view(np.ndarray) if array.size else array
         for name, array in contiguous.items()
     }
+
+
+def is_memory_mapped(array: np.ndarray) -> bool:
+    """Whether the array's memory is a memory-mapped file (it or an array it views is a np.memmap)."""
+    current: object = array
+    while isinstance(current, np.ndarray):
+        if isinstance(current, np.memmap):
+            return True
+        current = current.base
+    return False
 
 
 def _digest(arrays: dict[str, np.ndarray]) -> str:
