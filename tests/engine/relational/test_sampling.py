@@ -13,7 +13,8 @@ from relay_engine.families.rtj.batch import BATCH_FIELDS, LookedUpBatch, Relatio
 from relay_engine.families.rtj.database import open_database, seconds
 from relay_engine.families.rtj.encoding import HashEmbedder
 from relay_engine.families.rtj.mapped import is_memory_mapped
-from relay_engine.families.rtj.sampling import CONTEXTS_PER_WALK, ContextSampler
+from relay_engine.families.rtj import sampling
+from relay_engine.families.rtj.sampling import ContextSampler
 from relay_engine.families.rtj.synth import write_fake_shop
 
 
@@ -66,22 +67,25 @@ def test_a_sampler_with_a_cache_dir_memory_maps_its_per_row_arrays_and_samples_t
     assert reopened.filename == first.filename
 
 
-def test_a_context_alone_is_the_one_built_with_others(shop: Path) -> None:
+def test_a_context_alone_is_the_one_built_with_others(shop: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     s = sampler(shop)
-    count = CONTEXTS_PER_WALK + 5  # across two walks of many contexts
-    examples = s.examples("train", limit=count)
+    examples = s.examples("train")  # every train row in one walk
+    monkeypatch.setattr(sampling, "CONTEXTS_PER_WALK", 7)
+    count = 20
+    in_walks_of_7 = s.examples("train", limit=count)
     rows = s.splits["train"]
     entities = rows.column("customer_id").to_pylist()
     times = seconds(rows.column("timestamp"))
-    for i in (0, CONTEXTS_PER_WALK - 1, CONTEXTS_PER_WALK + 4):
+    for i in range(count):
         entity = s.pk_rows["customer"][entities[i]]
         alone = s.context(entity, float(times[i]), (s.seed, 0, i))
         assert same_batches(alone, examples[i].input), i
+        assert same_batches(alone, in_walks_of_7[i].input), i
     # Another seed draws other children: contexts are random, yet fixed by (seed, split, row).
     other = ContextSampler(
         open_database(shop), "user-churn", HashEmbedder(64), context_length=96, max_children=8, seed=1
     ).examples("train", limit=count)
-    assert any(not same_batches(a.input, b.input) for a, b in zip(examples, other, strict=True))
+    assert any(not same_batches(a.input, b.input) for a, b in zip(in_walks_of_7, other, strict=True))
 
 
 def test_collate_gathers_looked_up_embeddings_as_a_batch_of_values_would(shop: Path) -> None:
