@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from relay_engine.families.rtj import sampling
 from relay_engine.families.rtj.batch import BATCH_FIELDS, LookedUpBatch, RelationalBatch, collate
 from relay_engine.families.rtj.database import open_database, seconds
 from relay_engine.families.rtj.encoding import HashEmbedder
 from relay_engine.families.rtj.mapped import is_memory_mapped
-from relay_engine.families.rtj import sampling
 from relay_engine.families.rtj.sampling import ContextSampler
 from relay_engine.families.rtj.synth import write_fake_shop
 
