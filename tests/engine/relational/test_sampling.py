@@ -43,7 +43,7 @@ def test_a_sampler_with_a_cache_dir_memory_maps_its_per_row_arrays_and_samples_t
 ) -> None:
     in_memory, mapped = sampler(shop), sampler(shop, tmp_path)
     index = mapped._index
-    for name in ("cell_value", "cell_text", "parents", "children", "child_start", "time", "table_of"):
+    for name in ("cell_value", "cell_text", "parents", "children", "child_start", "visible_from", "table_of"):
         assert is_memory_mapped(getattr(index, name)), name
         assert not is_memory_mapped(getattr(in_memory._index, name)), name
         assert np.array_equal(getattr(index, name), getattr(in_memory._index, name), equal_nan=True), name

@@ -449,8 +449,8 @@ class _RowIndex:
     PER_ROW = (
         "table_of",
         "row_of",
-        "is_task",
-        "time",
+        "draw_id",
+        "visible_from",
         "cell_count",
         "cell_start",
         "cell_column",
@@ -469,10 +469,10 @@ class _RowIndex:
         self.task_table = len(tables) - 1
         self.table_of = np.repeat(np.arange(len(tables)), sizes)
         self.row_of = np.concatenate([np.arange(n) for n in sizes]) if len(sizes) else np.zeros(0, np.int64)
-        self.is_task = self.table_of == self.task_table
-        self.time = np.concatenate(
-            [t.time if t.time is not None else np.full(t.num_rows, np.nan) for t in tables]
-        )
+        # A row's identity for random draws: its table and row, not its global id, so that rows
+        # added to one table change no draw among the rows of another.
+        self.draw_id = ((self.table_of << 40) + self.row_of).astype(np.uint64)
+        self.visible_from = np.concatenate([_visible_from(t, t.index == self.task_table) for t in tables])
         self.cell_count = np.concatenate([t.present.sum(axis=1) for t in tables]).astype(np.int64)
         self.cell_start = np.concatenate([[0], np.cumsum(self.cell_count)[:-1]]).astype(np.int64)
         where = [np.nonzero(t.present) for t in tables]  # row-major: a row's cells in column order
@@ -507,11 +507,8 @@ class _RowIndex:
         self.child_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
     def visible(self, rows: np.ndarray, seed_times: np.ndarray) -> np.ndarray:
-        """Which rows their seeds may see: not from the seed's future (train task rows: strictly
-        earlier). `seed_times` is one per row."""
-        time = self.time[rows]
-        with np.errstate(invalid="ignore"):
-            return np.where(self.is_task[rows], time < seed_times, ~(time > seed_times))
+        """Which rows their seeds may see (`seed_times`: one per row): see `_visible_from`."""
+        return self.visible_from[rows] <= seed_times
 
 
 @dataclass
@@ -537,10 +534,14 @@ class _Walked:
         keys = self.contexts * self.size + self.rows
         order = np.argsort(keys)
         sorted_keys = keys[order]
-        wanted = self.contexts[:, None] * self.size + links
+        linked = links >= 0  # (most of the MAX_PARENTS slots are empty: look up only the links)
+        wanted = np.broadcast_to(self.contexts[:, None], links.shape)[linked] * self.size + links[linked]
         found = np.minimum(np.searchsorted(sorted_keys, wanted), len(sorted_keys) - 1)
-        reached = (links >= 0) & (sorted_keys[found] == wanted)
-        nodes = np.where(reached, self.nodes[order][found], -1)
+        hit = sorted_keys[found] == wanted
+        reached = np.zeros(links.shape, bool)
+        reached[linked] = hit
+        nodes = np.full(links.shape, -1, np.int64)
+        nodes[reached] = self.nodes[order][found[hit]]
         packing = np.argsort(~reached, axis=1, kind="stable")
         return np.take_along_axis(nodes, packing, axis=1)
 
@@ -652,19 +653,30 @@ class _ContextWalk:
         low, high = index.child_start[rows], index.child_start[rows + 1]
         counts = high - low
         group = np.repeat(np.arange(len(rows)), counts)
-        children = index.children[np.repeat(low, counts) + _position_within(group)]
+        # The children of pair i lie at low[i]..high[i]: each position is its index in the
+        # candidates plus its pair's shift.
+        shift = np.repeat(low - (np.cumsum(counts) - counts), counts)
+        children = index.children[np.arange(len(group)) + shift]
         child_ctx = ctx[group]
         keep = index.visible(children, self.seed_times[child_ctx]) & self._unreached(child_ctx, children)
         group, children, child_ctx = group[keep], children[keep], child_ctx[keep]
-        # A child's random key comes from its table and row, not its global id: rows added to one
-        # table then change no draw among the rows of another.
-        identity = (index.table_of[children] << 40) + index.row_of[children] + (depth << 56)
-        random = _mix(self.keys[child_ctx] ^ _mix(identity))
+        random = _mix(self.keys[child_ctx] ^ _mix(index.draw_id[children] + np.uint64(depth << 56)))
         by_key = np.lexsort((random, group))
         rank = np.empty(len(group), np.int64)
         rank[by_key] = _position_within(group[by_key])
         picked = rank < max_children
         return child_ctx[picked], children[picked]
+
+
+def _visible_from(table: _EncodedTable, is_task: bool) -> np.ndarray:
+    """Per row, the earliest seed time that may see it, so that one comparison tells: a row of the
+    database from its own time on (always, without a time), a train task row only strictly after
+    its time (the next float up; never, without a time)."""
+    if table.time is None:
+        return np.full(table.num_rows, np.inf if is_task else -np.inf)
+    if is_task:
+        return np.where(np.isnan(table.time), np.inf, np.nextafter(table.time, np.inf))
+    return np.where(np.isnan(table.time), -np.inf, table.time)
 
 
 def _by_context(steps: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
