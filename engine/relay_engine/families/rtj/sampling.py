@@ -415,10 +415,13 @@ class ContextSampler:
             "text_rows": np.where(text >= 0, text, len(self._text_table) - 1),
             "col_name_rows": col_idxs,
         }
-        tensors = {name: torch.from_numpy(array) for name, array in flat.items()}
+        # Each context's tensors are views of the flat ones ([1, cells, ...]): one split per field.
+        names = list(flat)
+        sizes = cells_of.tolist()
+        per_field = [torch.split(torch.from_numpy(flat[name])[None], sizes, dim=1) for name in names]
         batches: list[RelationalBatch] = []
-        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-            context = {name: t[start:end].unsqueeze(0) for name, t in tensors.items()}
+        for views in zip(*per_field, strict=True):
+            context = dict(zip(names, views, strict=True))
             batches.append(
                 LookedUpBatch(
                     context,
