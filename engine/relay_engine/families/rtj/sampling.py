@@ -4,12 +4,14 @@ For each row of a task split (an entity, a timestamp, a label) the context is bu
   1. the seed's own row: its timestamp and its label, the label hidden as the target cell;
   2. every parent through foreign keys, depth first (the entity row, then what it points to);
   3. children breadth first (rows that point to a visited row), at most `max_children` per row,
-     sampled without replacement;
+     sampled without replacement (those with the smallest random keys, a hash of the context's
+     key and the child), each followed depth first by its parents not visited yet;
   4. labelled task rows of the same task as in-context examples: from the train split only, and
      only those strictly earlier than the seed;
   5. cells of the visited rows in visiting order until `context_length`.
 No row later than the seed's timestamp is visited, so nothing from the future reaches a context,
-and the seed's own label appears only as the hidden target.
+and the seed's own label appears only as the hidden target. Many seeds are walked at once, level by
+level, with array operations (`_ContextWalk`); a context does not depend on what is walked with it.
 
 Values are encoded per type: numbers z-scored per column, datetimes as seconds z-scored together
 (every datetime cell and the train timestamps), booleans as 0/1, text through the text embedder;
@@ -84,6 +86,7 @@ class ContextSampler:
     (regression; `label_scale` turns predictions back). Contexts are deterministic in
     (`seed`, split, row): the same call gives the same contexts. Encoding statistics come from
     the rows before `statistics_cutoff` only (the regression label scale from the train split).
+    With `cache_dir`, the per-row arrays are written under it once and memory-mapped (mapped.py).
     """
 
     def __init__(
