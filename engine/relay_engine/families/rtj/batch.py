@@ -274,6 +274,10 @@ class LookedUpBatch(RelationalBatch):
     def col_name_values(self) -> Tensor:  # type: ignore[override]
         return self.col_name_table[self.col_name_rows]
 
+    @property
+    def d_text(self) -> int:  # (from the table: no gather)
+        return int(self.text_table.shape[-1])
+
 
 def collate(batches: Sequence[RelationalBatch]) -> RelationalBatch:
     """Stack contexts into one batch, padding each to the longest (padding cells have no parents)."""
