@@ -1,7 +1,8 @@
 """RT-J figures on this machine, measured in one run (not a test):
 
-1. context sampling: contexts/s on one core, against reading the same rows' cells with pyarrow
-   (`Table.take` of every sampled row of every table, then to numpy);
+1. context sampling: contexts/s on one core (the sampler's arrays memory-mapped), alone and with
+   collate, against reading the same rows' cells with pyarrow (`Table.take` of every sampled row of
+   every table, then to numpy);
 2. a training step (forward, backward, AdamW) of rt-j at 256-cell contexts: its FLOP/s (counted
    by torch's FlopCounterMode) against this machine's fp32 matmul rate;
 3. our forward against RelativeDB's `relational-transformers` on the same batch and weights.
@@ -16,6 +17,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -33,37 +35,64 @@ from relay_engine.families.rtj.synth import write_fake_shop
 from relay_engine.relational import NAMED_CONFIGS, RelationalTransformer, collate
 
 
-def sampling(root: Path, contexts: int, context_length: int) -> None:
+def sampling(root: Path, contexts: int, context_length: int, batch_size: int = 32) -> None:
+    """Contexts/s of the sampler (its arrays memory-mapped from files, as in jobs), alone and with
+    collate (where the text and column-name embeddings are gathered), against pyarrow reading the
+    same rows; the median of 3 alternating rounds, so that a busy moment of the machine hits both."""
     database = open_database(root)
-    sampler = ContextSampler(
-        database, "user-churn", HashEmbedder(384), context_length=context_length, max_children=32
-    )
-    rows = sampler.splits["train"]
-    count = min(contexts, rows.num_rows)
-    started = time.perf_counter()
-    examples = sampler.examples("train", limit=count)
-    sample_seconds = time.perf_counter() - started
-    cells = sum(e.input.sequence_length for e in examples)
+    with tempfile.TemporaryDirectory() as cache:
+        sampler = ContextSampler(
+            database,
+            "user-churn",
+            HashEmbedder(384),
+            context_length=context_length,
+            max_children=32,
+            cache_dir=Path(cache),
+        )
+        rows = sampler.splits["train"]
+        count = min(contexts, rows.num_rows)
+        # The same rows, read with pyarrow: per context, take each visited row of each table.
+        orders = [_walk(sampler, rows, i) for i in range(count)]
+        tables = {name: table.data for name, table in database.tables.items()}
 
-    # The same rows, read with pyarrow: per context, take each visited row of each table.
-    orders = [_walk(sampler, rows, i) for i in range(count)]
-    tables = {name: table.data for name, table in database.tables.items()}
-    started = time.perf_counter()
-    for order in orders:
-        for name, indices in order.items():
-            taken = tables[name].take(pa.array(indices, pa.int64()))
-            for column in taken.columns:
-                column.to_numpy(zero_copy_only=False)
-    read_seconds = time.perf_counter() - started
+        def sample() -> list:
+            return sampler.examples("train", limit=count)
+
+        def collated() -> None:
+            examples = sample()
+            for first in range(0, count, batch_size):
+                collate([e.input for e in examples[first : first + batch_size]])
+
+        def read() -> None:
+            for order in orders:
+                for name, indices in order.items():
+                    taken = tables[name].take(pa.array(indices, pa.int64()))
+                    for column in taken.columns:
+                        column.to_numpy(zero_copy_only=False)
+
+        rounds = [(_seconds(sample), _seconds(collated), _seconds(read)) for _ in range(3)]
+        cells = sum(e.input.sequence_length for e in sample())
+    sample_s, collated_s, read_s = (statistics.median(r[k] for r in rounds) for k in range(3))
     print(
         f"context sampling ({count} contexts of up to {context_length} cells, "
-        f"{cells / count:.0f} on average):"
+        f"{cells / count:.0f} on average; median of 3 rounds):"
     )
+    print(f"  sampled:       {count / sample_s:8.1f} contexts/s ({cells / sample_s:,.0f} cells/s)")
     print(
-        f"  sampled:       {count / sample_seconds:8.1f} contexts/s ({cells / sample_seconds:,.0f} cells/s)"
+        f"  and collated:  {count / collated_s:8.1f} contexts/s "
+        f"(batches of {batch_size}, embeddings gathered)"
     )
-    print(f"  pyarrow reads: {count / read_seconds:8.1f} contexts/s of the same rows")
-    print(f"  ratio:         sampling takes {sample_seconds / read_seconds:.1f}x a pyarrow read of its rows")
+    print(f"  pyarrow reads: {count / read_s:8.1f} contexts/s of the same rows")
+    print(
+        f"  ratio:         sampling runs at {read_s / sample_s:.2f}x a pyarrow read of its rows "
+        f"({read_s / collated_s:.2f}x with collate)"
+    )
+
+
+def _seconds(work: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
 
 
 def _walk(sampler: ContextSampler, rows: pa.Table, i: int) -> dict[str, list[int]]:

@@ -242,6 +242,43 @@ def _all_finite(value: Tensor) -> bool:
     return bool(torch.isfinite(value).all())
 
 
+class LookedUpBatch(RelationalBatch):
+    """A RelationalBatch whose two embedding channels are rows of shared tables, gathered when
+    read. A sampled context then holds one index a cell per channel instead of 2 x d_text floats
+    (3 MB for 1024 cells at d_text 384), and `collate` gathers a whole batch at once. Each table's
+    last row is zeros: the row of padding and of a cell without text.
+
+    Built from tensors the producer guarantees (the context sampler): the constructor neither
+    converts nor checks them, as RelationalBatch's does; `validate()` runs the checks."""
+
+    def __init__(
+        self,
+        fields: Mapping[str, Tensor],
+        *,
+        text_rows: Tensor,
+        text_table: Tensor,
+        col_name_rows: Tensor,
+        col_name_table: Tensor,
+    ) -> None:
+        for name in BATCH_FIELDS:
+            if name not in EMBEDDING_FIELDS:
+                setattr(self, name, fields[name])
+        self.text_rows, self.text_table = text_rows, text_table
+        self.col_name_rows, self.col_name_table = col_name_rows, col_name_table
+
+    @property
+    def text_values(self) -> Tensor:  # type: ignore[override]
+        return self.text_table[self.text_rows]
+
+    @property
+    def col_name_values(self) -> Tensor:  # type: ignore[override]
+        return self.col_name_table[self.col_name_rows]
+
+    @property
+    def d_text(self) -> int:  # (from the table: no gather)
+        return int(self.text_table.shape[-1])
+
+
 def collate(batches: Sequence[RelationalBatch]) -> RelationalBatch:
     """Stack contexts into one batch, padding each to the longest (padding cells have no parents)."""
     if not batches:
@@ -250,17 +287,46 @@ def collate(batches: Sequence[RelationalBatch]) -> RelationalBatch:
     if len(widths) != 1:
         raise ValueError(f"every context must have the same d_text, got {sorted(widths)}")
     longest = max(batch.sequence_length for batch in batches)
+    shared = _shared_tables(batches)
     stacked: dict[str, Tensor] = {}
     for name in BATCH_FIELDS:
-        rows = []
-        for batch in batches:
-            tensor = getattr(batch, name)
-            missing = longest - batch.sequence_length
-            if missing:
-                shape = list(tensor.shape)
-                shape[1] = missing
-                fill = -1 if name == "f2p_nbr_idxs" else (1 if name == "is_padding" else 0)
-                tensor = torch.cat([tensor, torch.full(shape, fill, dtype=tensor.dtype)], dim=1)
-            rows.append(tensor)
-        stacked[name] = torch.cat(rows, dim=0)
+        if shared is not None and name in EMBEDDING_FIELDS:
+            continue
+        fill = -1 if name == "f2p_nbr_idxs" else (1 if name == "is_padding" else 0)
+        stacked[name] = _padded([getattr(batch, name) for batch in batches], longest, fill)
+    if shared is not None:  # one gather per channel for the whole batch; padding takes the zero row
+        text_table, col_name_table = shared
+        looked_up = [batch for batch in batches if isinstance(batch, LookedUpBatch)]
+        text_rows = _padded([b.text_rows for b in looked_up], longest, len(text_table) - 1)
+        col_name_rows = _padded([b.col_name_rows for b in looked_up], longest, len(col_name_table) - 1)
+        stacked["text_values"] = text_table[text_rows]
+        stacked["col_name_values"] = col_name_table[col_name_rows]
     return RelationalBatch(**stacked)
+
+
+def _shared_tables(batches: Sequence[RelationalBatch]) -> tuple[Tensor, Tensor] | None:
+    """The embedding tables of the batches when every one is a LookedUpBatch over the same two."""
+    first = batches[0]
+    if not isinstance(first, LookedUpBatch):
+        return None
+    for batch in batches:
+        if not (
+            isinstance(batch, LookedUpBatch)
+            and batch.text_table is first.text_table
+            and batch.col_name_table is first.col_name_table
+        ):
+            return None
+    return first.text_table, first.col_name_table
+
+
+def _padded(tensors: Sequence[Tensor], longest: int, fill: int) -> Tensor:
+    """The tensors ([1 or more, S, ...]) padded along the cells with `fill` to `longest`, stacked."""
+    rows = []
+    for tensor in tensors:
+        missing = longest - int(tensor.shape[1])
+        if missing:
+            shape = list(tensor.shape)
+            shape[1] = missing
+            tensor = torch.cat([tensor, torch.full(shape, fill, dtype=tensor.dtype)], dim=1)
+        rows.append(tensor)
+    return torch.cat(rows, dim=0)

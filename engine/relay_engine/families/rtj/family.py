@@ -32,6 +32,7 @@ from relay_engine.families.rtj.learner import LabelledBatch, RelationalLearner
 from relay_engine.families.rtj.sampling import ContextSampler
 from relay_engine.families.rtj.trainer import RelationalExample
 from relay_engine.families.rtj.transformer import RelationalTransformer
+from relay_engine.paths import cache_dir_or_default
 
 if TYPE_CHECKING:
     from relay_engine.families.rtj.session import RelationalSession
@@ -85,6 +86,7 @@ def build_sampler(
         context_length=settings["context_length"],
         max_children=settings["max_children"],
         seed=seed,
+        cache_dir=cache_dir_or_default(cache_dir),
     )
 
 

@@ -4,12 +4,14 @@ For each row of a task split (an entity, a timestamp, a label) the context is bu
   1. the seed's own row: its timestamp and its label, the label hidden as the target cell;
   2. every parent through foreign keys, depth first (the entity row, then what it points to);
   3. children breadth first (rows that point to a visited row), at most `max_children` per row,
-     sampled without replacement;
+     sampled without replacement (those with the smallest random keys, a hash of the context's
+     key and the child), each followed depth first by its parents not visited yet;
   4. labelled task rows of the same task as in-context examples: from the train split only, and
      only those strictly earlier than the seed;
   5. cells of the visited rows in visiting order until `context_length`.
 No row later than the seed's timestamp is visited, so nothing from the future reaches a context,
-and the seed's own label appears only as the hidden target.
+and the seed's own label appears only as the hidden target. Many seeds are walked at once, level by
+level, with array operations (`_ContextWalk`); a context does not depend on what is walked with it.
 
 Values are encoded per type: numbers z-scored per column, datetimes as seconds z-scored together
 (every datetime cell and the train timestamps), booleans as 0/1, text through the text embedder;
@@ -20,7 +22,9 @@ so no later row moves the encoding of an earlier one.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -34,11 +38,13 @@ from relay_engine.families.rtj.batch import (
     SEM_DATETIME,
     SEM_NUMBER,
     SEM_TEXT,
+    LookedUpBatch,
     RelationalBatch,
 )
 from relay_engine.families.rtj.cutoff import StatisticsCutoff, statistics_cutoff
 from relay_engine.families.rtj.database import SPLITS, Database, Table, TaskSpec, column_type, seconds
 from relay_engine.families.rtj.encoding import TextEmbedder
+from relay_engine.families.rtj.mapped import memory_mapped
 from relay_engine.families.rtj.trainer import RelationalExample
 
 SEM_CODES = {"number": SEM_NUMBER, "text": SEM_TEXT, "datetime": SEM_DATETIME, "boolean": SEM_BOOLEAN}
@@ -80,6 +86,7 @@ class ContextSampler:
     (regression; `label_scale` turns predictions back). Contexts are deterministic in
     (`seed`, split, row): the same call gives the same contexts. Encoding statistics come from
     the rows before `statistics_cutoff` only (the regression label scale from the train split).
+    With `cache_dir`, the per-row arrays are written under it once and memory-mapped (mapped.py).
     """
 
     def __init__(
@@ -91,6 +98,7 @@ class ContextSampler:
         context_length: int = DEFAULT_CONTEXT_LENGTH,
         max_children: int = DEFAULT_MAX_CHILDREN,
         seed: int = 0,
+        cache_dir: Path | None = None,
     ) -> None:
         if context_length < 2:
             raise ValueError(f"context_length must be at least 2, got {context_length}")
@@ -100,6 +108,7 @@ class ContextSampler:
         self.context_length = context_length
         self.max_children = max_children
         self.seed = seed
+        self.cache_dir = cache_dir
         self.splits = {
             split: database.task_split(task, split) for split in SPLITS if database.has_split(task, split)
         }
@@ -157,10 +166,41 @@ class ContextSampler:
             self.embedder.embed(text_list) if text_list else np.zeros((0, self.embedder.dim), np.float32)
         )
         self.column_vectors = self.embedder.embed(self.column_names)
-        self._text_rows = np.concatenate(
-            [self.text_vectors, np.zeros((1, self.embedder.dim), np.float32)]
-        ).astype(np.float32)
+        # The embedding tables a context's cells index, each ending with the zero row of padding.
+        zero_row = np.zeros((1, self.embedder.dim), np.float32)
+        self.text_table = np.concatenate([self.text_vectors, zero_row]).astype(np.float32)
+        self._column_table = torch.from_numpy(
+            np.concatenate([self.column_vectors, zero_row]).astype(np.float32)
+        )
         self._index = _RowIndex(self.tables)
+        if self.cache_dir is not None:
+            self._map_to_files(self.cache_dir / "rtj-contexts")
+        self.text_vectors = self.text_table[:-1]
+        self._text_table = _tensor(self.text_table)
+
+    def _map_to_files(self, root: Path) -> None:
+        """Replace every per-row array (of the row index, of the encoded tables) and the text
+        embeddings by memory maps of files under `root` (see mapped.py)."""
+        arrays: dict[str, np.ndarray] = {"text_table": self.text_table}
+        arrays.update({f"index.{name}": value for name, value in _arrays_of(self._index).items()})
+        for t, table in enumerate(self.tables):
+            arrays.update({f"table{t}.{name}": value for name, value in _arrays_of(table).items()})
+            for k, (_, rows) in enumerate(table.parents):
+                arrays[f"table{t}.parent{k}"] = rows
+            for k, (_, offsets, rows) in enumerate(table.children):
+                arrays[f"table{t}.child{k}.offsets"], arrays[f"table{t}.child{k}.rows"] = offsets, rows
+        mapped = memory_mapped(arrays, root)
+        self.text_table = mapped["text_table"]
+        for name in _arrays_of(self._index):
+            setattr(self._index, name, mapped[f"index.{name}"])
+        for t, table in enumerate(self.tables):
+            for name in _arrays_of(table):
+                setattr(table, name, mapped[f"table{t}.{name}"])
+            table.parents = [(p, mapped[f"table{t}.parent{k}"]) for k, (p, _) in enumerate(table.parents)]
+            table.children = [
+                (c, mapped[f"table{t}.child{k}.offsets"], mapped[f"table{t}.child{k}.rows"])
+                for k, (c, _, _) in enumerate(table.children)
+            ]
 
     def _text_id(self, text: str) -> int:
         return self.texts.setdefault(text, len(self.texts))
@@ -263,114 +303,147 @@ class ContextSampler:
         entities = _lookup(self.pk_rows[self.spec.entity_table], rows.column(self.spec.entity_column))
         times = seconds(rows.column(self.spec.time_column))
         split_code = SPLITS.index(split)
-        return [
-            RelationalExample(
-                self.context(int(entities[i]), float(times[i]), (self.seed, split_code, i)), float(labels[i])
+        examples: list[RelationalExample] = []
+        # Contexts are walked together, a chunk at a time: the walk's array operations then serve
+        # many contexts at once, and a chunk's cell arrays stay small.
+        for first in range(0, count, CONTEXTS_PER_WALK):
+            chunk = np.arange(first, min(first + CONTEXTS_PER_WALK, count))
+            keys = _context_keys(
+                np.stack([np.full(len(chunk), self.seed), np.full(len(chunk), split_code), chunk])
             )
-            for i in range(count)
-        ]
+            batches = self._contexts(entities[chunk], times[chunk], keys)
+            examples.extend(
+                RelationalExample(batch, float(label))
+                for batch, label in zip(batches, labels[chunk], strict=True)
+            )
+        return examples
 
     def context(self, entity_row: int, seed_time: float, rng_key: tuple[int, ...]) -> RelationalBatch:
         """The context of one seed: an entity row (-1 if unknown) at a time (seconds)."""
-        walk = self._walk(entity_row, seed_time, rng_key)
-        return self._emit(walk, seed_time)
+        keys = _context_keys(np.asarray(rng_key, dtype=object).reshape(-1, 1))
+        return self._contexts(np.asarray([entity_row]), np.asarray([seed_time]), keys)[0]
 
     def visited_rows(
         self, entity_row: int, seed_time: float, rng_key: tuple[int, ...]
     ) -> list[tuple[str, int]]:
         """The rows the context of a seed visits after the seed, in order, as (table, row): rows of
         the database's tables, and train rows of the task (named by the task) as in-context examples."""
-        walk = self._walk(entity_row, seed_time, rng_key)
-        index, visited = self._index, walk.order[1:]
+        keys = _context_keys(np.asarray(rng_key, dtype=object).reshape(-1, 1))
+        walk = self._walk(np.asarray([entity_row]), np.asarray([seed_time], np.float64), keys)
+        index = self._index
         return [
             (self.tables[table].name, int(row))
             for table, row in zip(
-                index.table_of[visited].tolist(), index.row_of[visited].tolist(), strict=True
+                index.table_of[walk.rows].tolist(), index.row_of[walk.rows].tolist(), strict=True
             )
         ]
 
-    def _walk(self, entity_row: int, seed_time: float, rng_key: tuple[int, ...]) -> _ContextWalk:
-        rng = np.random.default_rng(list(rng_key))
-        walk = _ContextWalk(self._index, seed_time, budget=self.context_length - 2)
-        try:
-            if entity_row >= 0:
-                entity = self._index.global_row(self.table_index[self.spec.entity_table], entity_row)
-                walk.row_parents[0] = [entity]
-                walk.visit(entity)
-            walk.spread(rng, self.max_children)
-        finally:
-            walk.release()
-        return walk
+    def _walk(self, entity_rows: np.ndarray, seed_times: np.ndarray, keys: np.ndarray) -> _Walked:
+        index = self._index
+        entity_first = int(index.first[self.table_index[self.spec.entity_table]])
+        starts = np.where(entity_rows >= 0, entity_first + entity_rows, -1).astype(np.int64)
+        walk = _ContextWalk(index, seed_times.astype(np.float64), keys, budget=self.context_length - 2)
+        return walk.run(starts, self.max_children)
 
-    def _emit(self, walk: _ContextWalk, seed_time: float) -> RelationalBatch:
-        """The batch of one context: the seed's two cells, then every present cell of the rows
-        reached, in the walk's order, cut to the context length."""
+    def _contexts(
+        self, entity_rows: np.ndarray, seed_times: np.ndarray, keys: np.ndarray
+    ) -> list[RelationalBatch]:
+        """The batches of the contexts of these seeds (entity rows, -1 if unknown; times in seconds;
+        one random key each)."""
+        seed_times = np.asarray(seed_times, np.float64)
+        walked = self._walk(entity_rows, seed_times, keys)
+        return self._emit(walked, seed_times)
+
+    def _emit(self, walked: _Walked, seed_times: np.ndarray) -> list[RelationalBatch]:
+        """Each context's batch: the seed's two cells, then every present cell of the rows reached,
+        in the walk's order, cut to the context length. All contexts' cells are gathered at once in
+        flat arrays, then each context takes its slice."""
         index, task = self._index, self.tables[-1]
-        rows = np.asarray(walk.order[1:], np.int64)
+        contexts = len(seed_times)
+        ctx, rows, node = walked.contexts, walked.rows, walked.nodes
+        # Each row's cells, cut where its context's cells pass the budget.
         counts = index.cell_count[rows]
-        starts = index.cell_start[rows]
-        ends = np.cumsum(counts)
-        cells = np.repeat(starts - (ends - counts), counts) + np.arange(int(ends[-1]) if len(ends) else 0)
-        length = min(2 + len(cells), self.context_length)
-        cells = cells[: length - 2]
-        nodes = np.repeat(np.arange(1, len(rows) + 1), counts)[: length - 2]
-        # Each node's parents as nodes of this context (those reached), at most MAX_PARENTS of them.
-        node_of = walk.node_of
-        parents = np.full((len(rows) + 1, MAX_PARENTS), -1, np.int64)
-        for node, links in enumerate(walk.row_parents):
-            reached = [node_of[p] for p in links if p in node_of][:MAX_PARENTS]
-            parents[node, : len(reached)] = reached
-        seed_time_value = (seed_time - self.time_mean) / self.time_std
-        return self._as_batch(
-            np.concatenate([[0, 0], nodes]),
-            np.concatenate([task.column_ids[:2], index.cell_column[cells]]),
-            np.concatenate([[task.index, task.index], index.table_of[rows][nodes - 1]]),
-            np.concatenate([[SEM_DATETIME, task.sem[1]], index.cell_sem[cells]]).astype(np.int64),
-            np.concatenate([[seed_time_value, 0.0], index.cell_value[cells]]).astype(np.float32),
-            np.concatenate([[-1, -1], index.cell_text[cells]]).astype(np.int64),
-            parents[np.concatenate([[0, 0], nodes])],
-        )
+        before = _exclusive_cumsum_within(counts, ctx)
+        kept = np.clip(self.context_length - 2 - before, 0, counts)
+        cells_of = np.bincount(ctx, kept, minlength=contexts).astype(np.int64) + 2
+        ends = np.cumsum(cells_of)
+        starts = ends - cells_of
+        total = int(ends[-1])
+        # Flat positions: two seed cells per context, then the kept cells of each row.
+        row_of_cell = np.repeat(np.arange(len(rows)), kept)
+        within = np.arange(len(row_of_cell)) - np.repeat(np.cumsum(kept) - kept, kept)
+        position = starts[ctx[row_of_cell]] + 2 + before[row_of_cell] + within
+        source = index.cell_start[rows[row_of_cell]] + within
 
-    def _as_batch(
-        self,
-        nodes: np.ndarray,
-        cols: np.ndarray,
-        tables: np.ndarray,
-        sem_array: np.ndarray,
-        value_array: np.ndarray,
-        text_array: np.ndarray,
-        parents: np.ndarray,
-    ) -> RelationalBatch:
-        """A batch of one context from its cells' arrays: the text and column-name embeddings looked
-        up, each scalar in its semantic type's channel, the seed's label cell (the second) the target."""
-        length = len(nodes)
-        # One gather: a cell without text (-1) takes the zero row that ends the table.
-        text_values = self._text_rows[text_array]
-        targets = np.zeros(length, bool)
-        targets[1] = True
-        channel = {
-            code: np.where(sem_array == code, value_array, 0.0)[None, :, None] for code in SEM_CODES.values()
+        node_idxs = np.zeros(total, np.int64)
+        node_idxs[position] = node[row_of_cell]
+        col_idxs = np.empty(total, np.int64)
+        table_idxs = np.full(total, task.index, np.int64)
+        sem = np.empty(total, np.int64)
+        value = np.zeros(total, np.float32)
+        text = np.full(total, -1, np.int64)
+        col_idxs[starts], col_idxs[starts + 1] = task.column_ids[0], task.column_ids[1]
+        sem[starts], sem[starts + 1] = SEM_DATETIME, task.sem[1]
+        value[starts] = (seed_times - self.time_mean) / self.time_std
+        col_idxs[position] = index.cell_column[source]
+        table_idxs[position] = index.table_of[rows[row_of_cell]]
+        sem[position] = index.cell_sem[source]
+        value[position] = index.cell_value[source]
+        text[position] = index.cell_text[source]
+
+        # Each row's parents as nodes of its context (those reached), packed to the left.
+        node_parents = walked.parent_nodes(index)
+        parents = np.full((total, MAX_PARENTS), -1, np.int64)
+        parents[position] = node_parents[row_of_cell]
+        entity_reached = walked.entity_reached(contexts)
+        seed_parents = np.full((contexts, MAX_PARENTS), -1, np.int64)
+        seed_parents[entity_reached, 0] = 1  # the seed points to its entity, the first row reached
+        parents[starts], parents[starts + 1] = seed_parents, seed_parents
+
+        targets = np.zeros(total, bool)
+        targets[starts + 1] = True
+        channels = {code: np.where(sem == code, value, np.float32(0.0)) for code in SEM_CODES.values()}
+        flat = {
+            "node_idxs": node_idxs,
+            "f2p_nbr_idxs": parents,
+            "col_name_idxs": col_idxs,
+            "table_name_idxs": table_idxs,
+            "is_padding": np.zeros(total, bool),
+            "sem_types": sem,
+            "is_targets": targets,
+            "number_values": channels[SEM_NUMBER][:, None],
+            "datetime_values": channels[SEM_DATETIME][:, None],
+            "boolean_values": channels[SEM_BOOLEAN][:, None],
+            # Rows of the embedding tables; a cell without text (-1) takes the zero row at the end.
+            "text_rows": np.where(text >= 0, text, len(self._text_table) - 1),
+            "col_name_rows": col_idxs,
         }
-        return RelationalBatch(
-            node_idxs=torch.as_tensor(nodes[None]),
-            f2p_nbr_idxs=torch.as_tensor(parents[None]),
-            col_name_idxs=torch.as_tensor(cols[None]),
-            table_name_idxs=torch.as_tensor(tables[None]),
-            is_padding=torch.zeros((1, length), dtype=torch.bool),
-            sem_types=torch.as_tensor(sem_array[None]),
-            is_targets=torch.as_tensor(targets[None]),
-            number_values=torch.as_tensor(channel[SEM_NUMBER]),
-            datetime_values=torch.as_tensor(channel[SEM_DATETIME]),
-            boolean_values=torch.as_tensor(channel[SEM_BOOLEAN]),
-            text_values=torch.as_tensor(text_values[None]),
-            col_name_values=torch.as_tensor(self.column_vectors[cols][None]),
-        )
+        # Each context's tensors are views of the flat ones ([1, cells, ...]): one split per field.
+        names = list(flat)
+        sizes = cells_of.tolist()
+        per_field = [torch.split(torch.from_numpy(flat[name])[None], sizes, dim=1) for name in names]
+        batches: list[RelationalBatch] = []
+        for views in zip(*per_field, strict=True):
+            context = dict(zip(names, views, strict=True))
+            batches.append(
+                LookedUpBatch(
+                    context,
+                    text_rows=context["text_rows"],
+                    text_table=self._text_table,
+                    col_name_rows=context["col_name_rows"],
+                    col_name_table=self._column_table,
+                )
+            )
+        return batches
+
+
+CONTEXTS_PER_WALK = 256  # contexts walked together by `examples` (their cells' arrays: ~70 KB each at 1024)
 
 
 class _RowIndex:
     """Every row of every table (the task's train rows last) under one global id, as flat arrays:
     the cells of a row in column order, its time, its parents and its children. A context's walk
-    and its cells are then a few array lookups per row rather than per cell.
+    and its cells are then array lookups over many rows at once.
 
     Global id = the table's first id + the row. `cell_start[g]`, `cell_count[g]`: the row's
     present cells in `cell_column`/`cell_sem`/`cell_value`/`cell_text`; `parents[g]`: its parents'
@@ -378,16 +451,34 @@ class _RowIndex:
     children's ids in `children`, by foreign key and then by row, as `_EncodedTable.children`
     lists them."""
 
+    # The arrays with one entry per row or cell, which ContextSampler memory-maps.
+    PER_ROW = (
+        "table_of",
+        "row_of",
+        "draw_id",
+        "visible_from",
+        "cell_count",
+        "cell_start",
+        "cell_column",
+        "cell_sem",
+        "cell_value",
+        "cell_text",
+        "parents",
+        "children",
+        "child_start",
+    )
+
     def __init__(self, tables: list[_EncodedTable]) -> None:
         sizes = np.asarray([t.num_rows for t in tables], np.int64)
         self.first = np.concatenate([[0], np.cumsum(sizes)])
+        self.size = int(self.first[-1])
         self.task_table = len(tables) - 1
         self.table_of = np.repeat(np.arange(len(tables)), sizes)
         self.row_of = np.concatenate([np.arange(n) for n in sizes]) if len(sizes) else np.zeros(0, np.int64)
-        self.is_task = self.table_of == self.task_table
-        self.time = np.concatenate(
-            [t.time if t.time is not None else np.full(t.num_rows, np.nan) for t in tables]
-        )
+        # A row's identity for random draws: its table and row, not its global id, so that rows
+        # added to one table change no draw among the rows of another.
+        self.draw_id = ((self.table_of << 40) + self.row_of).astype(np.uint64)
+        self.visible_from = np.concatenate([_visible_from(t, t.index == self.task_table) for t in tables])
         self.cell_count = np.concatenate([t.present.sum(axis=1) for t in tables]).astype(np.int64)
         self.cell_start = np.concatenate([[0], np.cumsum(self.cell_count)[:-1]]).astype(np.int64)
         where = [np.nonzero(t.present) for t in tables]  # row-major: a row's cells in column order
@@ -395,14 +486,13 @@ class _RowIndex:
         self.cell_sem = np.concatenate([t.sem[j] for t, (_, j) in zip(tables, where, strict=True)])
         self.cell_value = np.concatenate([t.scalars[r, j] for t, (r, j) in zip(tables, where, strict=True)])
         self.cell_text = np.concatenate([t.text_ids[r, j] for t, (r, j) in zip(tables, where, strict=True)])
-        self.parents = np.full((int(self.first[-1]), MAX_PARENTS), -1, np.int64)
+        self.parents = np.full((self.size, MAX_PARENTS), -1, np.int64)
         for t, table in enumerate(tables):
             for k, (parent, rows) in enumerate(table.parents):
                 linked = rows >= 0
                 ids = np.where(linked, self.first[parent] + rows, -1)
                 self.parents[self.first[t] : self.first[t + 1], k] = ids
         self._index_children(tables)
-        self.seen = np.zeros(int(self.first[-1]), bool)  # the rows a walk reached (cleared after it)
 
     def _index_children(self, tables: list[_EncodedTable]) -> None:
         owners, keys, ids = [], [], []
@@ -416,103 +506,261 @@ class _RowIndex:
             owner, key, child_ids = np.concatenate(owners), np.concatenate(keys), np.concatenate(ids)
             order = np.lexsort((key, owner))  # stable: within a key, rows stay in their order
             self.children = child_ids[order]
-            counts = np.bincount(owner, minlength=int(self.first[-1]))
+            counts = np.bincount(owner, minlength=self.size)
         else:
             self.children = np.zeros(0, np.int64)
-            counts = np.zeros(int(self.first[-1]), np.int64)
+            counts = np.zeros(self.size, np.int64)
         self.child_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
-    def global_row(self, table: int, row: int) -> int:
-        return int(self.first[table] + row)
-
-    def visible(self, rows: np.ndarray, seed_time: float) -> np.ndarray:
-        """Which rows the seed may see: not from its future (train task rows: strictly earlier)."""
-        time = self.time[rows]
-        with np.errstate(invalid="ignore"):
-            return np.where(self.is_task[rows], time < seed_time, ~(time > seed_time))
+    def visible(self, rows: np.ndarray, seed_times: np.ndarray) -> np.ndarray:
+        """Which rows their seeds may see (`seed_times`: one per row): see `_visible_from`."""
+        return self.visible_from[rows] <= seed_times
 
 
-SEED = -1  # the seed row's id in a walk: it is no row of a table
+@dataclass
+class _Walked:
+    """The rows the walks reached, context by context and each context's in visiting order:
+    `contexts[i]` reached `rows[i]` (a global id) as its node `nodes[i]` (the seed is node 0)."""
+
+    contexts: np.ndarray
+    rows: np.ndarray
+    nodes: np.ndarray
+    size: int  # the number of global ids, for the (context, row) keys
+
+    def entity_reached(self, contexts: int) -> np.ndarray:
+        """Per context, whether its walk reached a row at all (the first is the seed's entity)."""
+        return np.bincount(self.contexts, minlength=contexts) > 0
+
+    def parent_nodes(self, index: _RowIndex) -> np.ndarray:
+        """Each reached row's parents as nodes of its context, those reached, packed to the left
+        in foreign-key order (-1 after them)."""
+        links = index.parents[self.rows]
+        if not len(self.rows):
+            return links
+        keys = self.contexts * self.size + self.rows
+        order = np.argsort(keys)
+        sorted_keys = keys[order]
+        linked = links >= 0  # (most of the MAX_PARENTS slots are empty: look up only the links)
+        wanted = np.broadcast_to(self.contexts[:, None], links.shape)[linked] * self.size + links[linked]
+        found = np.minimum(np.searchsorted(sorted_keys, wanted), len(sorted_keys) - 1)
+        hit = sorted_keys[found] == wanted
+        reached = np.zeros(links.shape, bool)
+        reached[linked] = hit
+        nodes = np.full(links.shape, -1, np.int64)
+        nodes[reached] = self.nodes[order][found[hit]]
+        packing = np.argsort(~reached, axis=1, kind="stable")
+        return np.take_along_axis(nodes, packing, axis=1)
 
 
 class _ContextWalk:
-    """One seed's walk over the rows it may see, within a budget of cells: up each row's parents
-    depth-first, then down to a sample of children breadth-first. It records the rows reached in
-    order (the seed first), each row's node, and its parent links. Rows are global ids (_RowIndex)."""
+    """The walks of many seeds at once, level by level, each within a budget of cells.
 
-    def __init__(self, index: _RowIndex, seed_time: float, budget: int) -> None:
+    A level is a list of (context, row) pairs, context by context and in visiting order within a
+    context. The first level is each seed's entity row; every next level is a sample of the
+    children of the rows the level before reached (at most `max_children` per row, without
+    replacement, those the seed may see and not reached yet). Each row a level adds is followed,
+    depth first, by its parents not reached yet; a context stops once its cells reach the budget
+    (the row that reaches it still counts, as its cells are cut when emitted)."""
+
+    def __init__(self, index: _RowIndex, seed_times: np.ndarray, keys: np.ndarray, budget: int) -> None:
         self.index = index
-        self.seed_time = seed_time
-        self.budget = budget  # cells left; the seed's timestamp and label cells are not in it
-        self.order: list[int] = [SEED]
-        self.node_of: dict[int, int] = {SEED: 0}
-        self.row_parents: list[list[int]] = [[]]
+        self.seed_times = seed_times
+        self.keys = keys  # one random key per context (uint64)
+        self.remaining = np.full(len(seed_times), budget, np.int64)
+        self.reached = np.zeros(0, np.int64)  # sorted (context, row) keys of the rows reached
 
-    def release(self) -> None:
-        """Clear the index's marks of the rows this walk reached, for the next walk."""
-        self.index.seen[self.order[1:]] = False
+    def run(self, starts: np.ndarray, max_children: int) -> _Walked:
+        size = self.index.size
+        ctx = np.flatnonzero(starts >= 0)
+        first = self._reach(ctx, starts[ctx])
+        steps, frontier = [first], first
+        depth = 1
+        while len(frontier[0]):
+            reached = self._next_level(frontier, max_children, depth)
+            steps.extend(reached)
+            frontier = _by_context(reached)
+            depth += 1
+        all_ctx, all_rows = _by_context(steps)
+        nodes = _position_within(all_ctx) + 1
+        return _Walked(all_ctx, all_rows, nodes, size)
 
-    def visit(self, row: int) -> None:
-        """Add the row and, depth-first, its parents, until the budget is spent."""
-        # (Locals, not attributes, in this loop: it runs once per row of every context.)
-        index, node_of, order, row_parents = self.index, self.node_of, self.order, self.row_parents
-        seen, times, is_task, parents, cell_count = (
-            index.seen,
-            index.time,
-            index.is_task,
-            index.parents,
-            index.cell_count,
-        )
-        seed_time, budget = self.seed_time, self.budget
-        stack = [row]
-        while stack and budget > 0:
-            g = stack.pop()
-            if g in node_of:
-                continue
-            time = times[g]
-            if (time < seed_time) if is_task[g] else not time > seed_time:
-                node_of[g] = len(order)
-                order.append(g)
-                seen[g] = True
-                budget -= cell_count[g]
-                links = [p for p in parents[g].tolist() if p >= 0]
-                row_parents.append(links)
-                stack.extend(reversed(links))
-        self.budget = int(budget)
+    def _next_level(
+        self, frontier: tuple[np.ndarray, np.ndarray], max_children: int, depth: int
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The rows reached from the children of a frontier, in steps: each context's first
+        frontier row, then its next 2, then 4, ..., so that a context whose budget is spent early
+        stops drawing children (as a walk one row at a time would) while a step still serves every
+        context at once."""
+        ctx, rows = frontier
+        position = _position_within(ctx)
+        steps: list[tuple[np.ndarray, np.ndarray]] = []
+        low, width = 0, 1
+        while low <= (position.max() if len(position) else -1):
+            step = (position >= low) & (position < low + width) & (self.remaining[ctx] > 0)
+            if step.any():
+                children = self._sampled_children(ctx[step], rows[step], max_children, depth)
+                steps.append(self._reach(*children))
+            low, width = low + width, width * 2
+        return steps
 
-    def spread(self, rng: np.random.Generator, max_children: int) -> None:
-        """From the rows reached so far, visit their children level by level until the budget is spent."""
-        frontier = list(self.order)
-        while frontier and self.budget > 0:
-            frontier = self._visit_children(frontier, rng, max_children)
+    def _reach(self, ctx: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Reach these rows (each followed by its parents), within the budget: the pairs reached."""
+        ctx, rows = self._within_budget(*self._with_parents(ctx, rows))
+        # New pairs are distinct and not reached before: a merge of two sorted runs (the stable
+        # sort finds the runs) keeps `reached` sorted.
+        new = np.sort(ctx * self.index.size + rows)
+        self.reached = np.sort(np.concatenate([self.reached, new]), kind="stable")
+        return ctx, rows
 
-    def _visit_children(self, frontier: list[int], rng: np.random.Generator, max_children: int) -> list[int]:
-        """Visit a sample of each frontier row's children; the rows this reached (the next frontier)."""
-        reached: list[int] = []
-        for g in frontier:
-            if g == SEED:
-                continue
-            for child in self._sampled_children(g, rng, max_children):
-                before = len(self.order)
-                self.visit(child)
-                reached.extend(self.order[before:])
-                if self.budget <= 0:
-                    return reached
-        return reached
+    def _unreached(self, ctx: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        keys = ctx * self.index.size + rows
+        found = np.searchsorted(self.reached, keys)
+        hit = found < len(self.reached)
+        hit[hit] = self.reached[found[hit]] == keys[hit]
+        return ~hit
 
-    def _sampled_children(self, g: int, rng: np.random.Generator, max_children: int) -> list[int]:
-        """The row's children not yet reached that the seed may see, at most `max_children` of them
-        (a random sample, in their order)."""
+    def _with_parents(self, ctx: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The pairs, each followed depth first by its parents, keeping the first time a row comes
+        and only rows the seed may see that no earlier level reached."""
+        parents, size = self.index.parents, self.index.size
+        open_ = np.ones(len(rows), bool)  # rows whose parents are not listed yet
+        while True:
+            candidate = open_
+            keep = ~candidate
+            keep[candidate] = self.index.visible(rows[candidate], self.seed_times[ctx[candidate]]) & (
+                self._unreached(ctx[candidate], rows[candidate])
+            )
+            keep &= _first_times(ctx * size + rows)
+            ctx, rows, open_ = ctx[keep], rows[keep], open_[keep]
+            if not open_.any():
+                return ctx, rows
+            links = np.where(open_[:, None], parents[rows], -1)
+            slots = np.concatenate([rows[:, None], links], axis=1)  # a row, then its parents
+            listed = slots >= 0
+            opened = np.zeros(slots.shape, bool)
+            opened[:, 1:] = True
+            ctx = np.broadcast_to(ctx[:, None], slots.shape)[listed]
+            rows, open_ = slots[listed], opened[listed]
+
+    def _within_budget(self, ctx: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The pairs up to and including the one whose cells reach its context's budget."""
+        counts = self.index.cell_count[rows]
+        keep = _exclusive_cumsum_within(counts, ctx) < self.remaining[ctx]
+        ctx, rows = ctx[keep], rows[keep]
+        self.remaining -= np.bincount(ctx, counts[keep], minlength=len(self.remaining)).astype(np.int64)
+        return ctx, rows
+
+    def _sampled_children(
+        self, ctx: np.ndarray, rows: np.ndarray, max_children: int, depth: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per pair, its row's children that the seed may see and are not reached yet, at most
+        `max_children` of them: those with the smallest random keys, in their order."""
         index = self.index
-        start, end = index.child_start[g], index.child_start[g + 1]
-        if start == end:
-            return []
-        candidates = index.children[start:end]
-        candidates = candidates[~index.seen[candidates] & index.visible(candidates, self.seed_time)]
-        if len(candidates) > max_children:
-            picked = rng.choice(len(candidates), max_children, replace=False)
-            candidates = candidates[np.sort(picked)]
-        return list(candidates.tolist())
+        low, high = index.child_start[rows], index.child_start[rows + 1]
+        counts = high - low
+        group = np.repeat(np.arange(len(rows)), counts)
+        # The children of pair i lie at low[i]..high[i]: each position is its index in the
+        # candidates plus its pair's shift.
+        shift = np.repeat(low - (np.cumsum(counts) - counts), counts)
+        children = index.children[np.arange(len(group)) + shift]
+        child_ctx = ctx[group]
+        keep = index.visible(children, self.seed_times[child_ctx]) & self._unreached(child_ctx, children)
+        group, children, child_ctx = group[keep], children[keep], child_ctx[keep]
+        random = _mix(self.keys[child_ctx] ^ _mix(index.draw_id[children] + np.uint64(depth << 56)))
+        by_key = np.lexsort((random, group))
+        rank = np.empty(len(group), np.int64)
+        rank[by_key] = _position_within(group[by_key])
+        picked = rank < max_children
+        return child_ctx[picked], children[picked]
+
+
+def _visible_from(table: _EncodedTable, is_task: bool) -> np.ndarray:
+    """Per row, the earliest seed time that may see it, so that one comparison tells: a row of the
+    database from its own time on (always, without a time), a train task row only strictly after
+    its time (the next float up; never, without a time)."""
+    if table.time is None:
+        return np.full(table.num_rows, np.inf if is_task else -np.inf)
+    if is_task:
+        return np.where(np.isnan(table.time), np.inf, np.nextafter(table.time, np.inf))
+    return np.where(np.isnan(table.time), -np.inf, table.time)
+
+
+def _by_context(steps: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The (context, row) pairs of several steps, context by context, each context's in step order."""
+    if not steps:
+        empty = np.zeros(0, np.int64)
+        return empty, empty
+    ctx = np.concatenate([c for c, _ in steps])
+    rows = np.concatenate([r for _, r in steps])
+    order = np.argsort(ctx, kind="stable")
+    return ctx[order], rows[order]
+
+
+def _position_within(groups: np.ndarray) -> np.ndarray:
+    """Each item's position within its run of equal (consecutive) group values."""
+    if not len(groups):
+        return np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.concatenate([[True], groups[1:] != groups[:-1]]))
+    lengths = np.diff(np.concatenate([starts, [len(groups)]]))
+    return np.arange(len(groups)) - np.repeat(starts, lengths)
+
+
+def _exclusive_cumsum_within(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Per item, the sum of the values before it in its run of equal (consecutive) group values."""
+    if not len(values):
+        return np.zeros(0, np.int64)
+    total = np.cumsum(values) - values
+    starts = np.flatnonzero(np.concatenate([[True], groups[1:] != groups[:-1]]))
+    lengths = np.diff(np.concatenate([starts, [len(groups)]]))
+    return total - np.repeat(total[starts], lengths)
+
+
+def _first_times(keys: np.ndarray) -> np.ndarray:
+    """Which items are the first of their key."""
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    first = np.ones(len(keys), bool)
+    first[order[1:]] = ordered[1:] != ordered[:-1]
+    return first
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(values: np.ndarray) -> np.ndarray:
+    """A 64-bit integer hash (splitmix64's finaliser): random-looking keys from integers."""
+    with np.errstate(over="ignore"):
+        z = values.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def _context_keys(parts: np.ndarray) -> np.ndarray:
+    """One random key per context from its integers (a column each: seed, split, row): the same
+    integers give the same key, whatever else is walked with them."""
+    keys = np.zeros(parts.shape[1], np.uint64)
+    for part in parts:
+        keys = _mix(keys ^ np.asarray([int(v) & _MASK64 for v in part], np.uint64))
+    return keys
+
+
+def _arrays_of(holder: object) -> dict[str, np.ndarray]:
+    """An object's array attributes with one value per row (not its per-column or per-table ones)."""
+    per_row = {"present", "scalars", "text_ids", "time"} | set(_RowIndex.PER_ROW)
+    return {
+        name: value
+        for name, value in vars(holder).items()
+        if name in per_row and isinstance(value, np.ndarray)
+    }
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor over the array's memory; a read-only memory map stays read-only (nothing writes to
+    these tables: contexts gather copies of their rows)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
 
 
 def _labels(rows: pa.Table, spec: TaskSpec) -> np.ndarray:

@@ -1,0 +1,71 @@
+"""Arrays written once to files named by their content and opened memory-mapped.
+
+A sampler's per-row arrays (cells, times, parents, children, the text embeddings) grow with the
+database; opened from files with `np.load(mmap_mode="r")` they take no worker memory of their own:
+the pages a walk touches are read from the file as needed and the system can drop them again.
+The directory is named by a digest of every array's name, dtype, shape and bytes, so the same
+database, task and settings find the files already written, and two processes writing the same
+arrays do not disturb each other (each writes aside, then renames).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = b"relay-rtj-mapped-1"  # change it when what the files mean changes
+
+
+def memory_mapped(arrays: dict[str, np.ndarray], root: Path) -> dict[str, np.ndarray]:
+    """The arrays, over read-only memory maps of .npy files under `root` (empty arrays, which cannot
+    be mapped, stay as they are). Names must be usable as file names.
+
+    Each is a plain ndarray view of its np.memmap (`is_memory_mapped` tells): np.memmap indexes
+    through Python code, which a walk that indexes thousands of times a second would feel."""
+    contiguous = {name: np.ascontiguousarray(array) for name, array in arrays.items()}
+    directory = root / _digest(contiguous)
+    if not (directory / "complete").exists():
+        _write(contiguous, directory)
+    return {
+        name: np.load(directory / f"{name}.npy", mmap_mode="r").view(np.ndarray) if array.size else array
+        for name, array in contiguous.items()
+    }
+
+
+def is_memory_mapped(array: np.ndarray) -> bool:
+    """Whether the array's memory is a memory-mapped file (it or an array it views is a np.memmap)."""
+    current: object = array
+    while isinstance(current, np.ndarray):
+        if isinstance(current, np.memmap):
+            return True
+        current = current.base
+    return False
+
+
+def _digest(arrays: dict[str, np.ndarray]) -> str:
+    digest = hashlib.sha256(FORMAT)
+    for name in sorted(arrays):
+        array = arrays[name]
+        digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+        digest.update(array.data)  # (contiguous: no copy)
+    return digest.hexdigest()[:32]
+
+
+def _write(arrays: dict[str, np.ndarray], directory: Path) -> None:
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    aside = Path(tempfile.mkdtemp(dir=directory.parent, prefix=".writing-"))
+    try:
+        for name, array in arrays.items():
+            np.save(aside / f"{name}.npy", array)
+        (aside / "complete").touch()
+        os.replace(aside, directory)
+    except OSError:
+        if not (directory / "complete").exists():
+            raise
+    finally:  # another process may have renamed the same arrays into place first
+        shutil.rmtree(aside, ignore_errors=True)
