@@ -12,7 +12,6 @@ The job's row and events hold the URL with its password masked; the URL as given
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,13 +19,14 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from relay.dataset_names import is_database_url
-from relay.events import Event, SnapshotEvent
+from relay.events import Event
 from relay_api.dataset_credentials import forget_secret_url, secret_url
 from relay_engine.errors import DatasetError
+from relay_engine.families.rtj.database import SNAPSHOT_FILE
+from relay_engine.families.rtj.sql import snapshot_database
 
 # Where in the job's directory the snapshot is: beside checkpoints/ and output/.
 SNAPSHOT_DIR = "database"
-SNAPSHOT_FILE = "snapshot.json"
 
 
 def with_snapshot(
@@ -43,21 +43,10 @@ def with_snapshot(
         return dict(config)
     target = work_dir / SNAPSHOT_DIR
     if not (target / SNAPSHOT_FILE).is_file():
-        from relay_engine.families.rtj.sql import snapshot_database
-
         tasks_dir = config.get("tasks_dir")
         url = _url_to_read(name, secret_url(db_sessions, job_id))
         taken = snapshot_database(url, target, Path(tasks_dir).expanduser() if tasks_dir else None)
-        recorded = json.loads((taken.path / SNAPSHOT_FILE).read_text())
-        on_event(
-            SnapshotEvent(
-                step=0,
-                source=taken.source,
-                path=str(taken.path),
-                taken_at=str(recorded["taken_at"]),
-                row_counts=dict(taken.row_counts),
-            )
-        )
+        on_event(taken.event(step=0))
         forget_secret_url(db_sessions, job_id)
     # The snapshot holds the job's tasks too (a tasks_dir's are copied in): it is all the job reads.
     return {**config, "dataset_name": str(target), "tasks_dir": None}

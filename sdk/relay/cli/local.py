@@ -21,6 +21,7 @@ from relay.episodes import parse_episodes as episodes_of_text
 from relay.events import (
     METRICS,
     EvalEvent,
+    SnapshotEvent,
     ValidationEvent,
     dataset_line,
     eval_line,
@@ -248,6 +249,9 @@ class _TrainingProgress:
                 )
         elif kind == "dataset":
             self.report.note(f"reading {dataset_line(event)}")
+        elif kind == SnapshotEvent.kind:
+            tables = ", ".join(f"{name} {count:,}" for name, count in event["row_counts"].items())
+            self.report.note(f"reading a snapshot of {event['source']} ({tables} rows) at {event['path']}")
         elif kind == ValidationEvent.kind:
             self.report.note(f"step {event['step']}: validation: {validation_line(event)}")
         elif kind == EvalEvent.kind:

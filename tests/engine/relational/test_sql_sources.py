@@ -434,6 +434,9 @@ def test_local_train_reads_a_sqlite_url(tmp_path: Path, shop: Database) -> None:
     saved = json.loads((output / "config.json").read_text())["relay"]
     assert saved["dataset_source"] == url and saved["task"] == "user-churn"
     snapshot = Path(saved["dataset"])
+    # The run says what it read: the snapshot, where it is, and its row counts.
+    said = " ".join(result.output.split())
+    assert f"reading a snapshot of {url} (" in said and "review 240" in said
     assert json.loads((snapshot / "snapshot.json").read_text())["source"] == url
     assert open_database(snapshot).tasks == shop.tasks, "the snapshot holds the tasks_dir's tasks"
 

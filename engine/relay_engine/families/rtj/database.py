@@ -45,6 +45,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from relay.dataset_names import is_database_url, is_relbench_name, redacted_url
+from relay.events import SnapshotEvent
 from relay_engine.errors import DatasetError
 from relay_engine.paths import cache_dir_or_default
 
@@ -98,6 +99,16 @@ class DatabaseSnapshot:
     source: str
     row_counts: dict[str, int]
     taken_at: str = ""
+
+    def event(self, step: int) -> SnapshotEvent:
+        """The snapshot as a run reports it (a job's, or `relay local train`'s)."""
+        return SnapshotEvent(
+            step=step,
+            source=self.source,
+            path=str(self.path),
+            taken_at=self.taken_at,
+            row_counts=dict(self.row_counts),
+        )
 
 
 @dataclass

@@ -121,7 +121,8 @@ class RelationalFamily(Family):
             tasks_dir=tasks_dir,
             cache_dir=run.dataset_cache_dir,
         )
-        if sampler.database.snapshot is not None and is_database_url(config.dataset_name):
+        snapshot = sampler.database.snapshot if is_database_url(config.dataset_name) else None
+        if snapshot is not None:
             run.work_dir.mkdir(parents=True, exist_ok=True)
             (run.work_dir / SNAPSHOT_POINTER).write_text(str(sampler.database.root) + "\n")
         examples = sampler.examples("train")
@@ -139,6 +140,9 @@ class RelationalFamily(Family):
             batches=_batches_of(examples),
             adam=RELATIONAL_ADAM,
             write_output=write,
+            # A database read by URL: the snapshot, reported (the service's jobs report theirs as
+            # they take it, and train on it as a directory).
+            data_read=snapshot.event if snapshot is not None else None,
         )
 
     def open_session(self, config: Mapping[str, Any], device: torch.device | str) -> RelationalSession:
