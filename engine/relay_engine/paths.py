@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+
+# In a directory of the cache, a file whose modification time is when the directory was last used.
+LAST_USED_FILE = "last_used"
 
 
 def default_cache_dir() -> Path:
@@ -16,3 +20,10 @@ def default_cache_dir() -> Path:
 
 def cache_dir_or_default(cache_dir: str | os.PathLike[str] | None) -> Path:
     return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+
+
+def note_use(directory: Path) -> None:
+    """Mark a directory of the cache as used now: `relay cache` shows it, and pruning by last use
+    reads it. A read-only cache is used as it is."""
+    with contextlib.suppress(OSError):
+        (directory / LAST_USED_FILE).touch()

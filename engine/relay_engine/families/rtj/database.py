@@ -47,11 +47,13 @@ import pyarrow.parquet as pq
 from relay.dataset_names import is_database_url, is_relbench_name, redacted_url
 from relay.events import SnapshotEvent
 from relay_engine.errors import DatasetError
-from relay_engine.paths import cache_dir_or_default
+from relay_engine.paths import cache_dir_or_default, note_use
 
 SCHEMA_FILE = "schema.json"
 # What a snapshot of a SQL database records of where and when it was read (no password).
 SNAPSHOT_FILE = "snapshot.json"
+# What a directory converted from a RelBench dataset records of what it was made from (relbench_source).
+RELBENCH_MARKER_FILE = "relbench.json"
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 COLUMN_TYPES: tuple[str, ...] = ("number", "text", "datetime", "boolean")
 TASK_PROBLEM_TYPES: tuple[str, ...] = ("binary", "regression")
@@ -293,7 +295,10 @@ def _open_directory(root: Path) -> Database:
     if not isinstance(tasks_spec, dict):
         raise DatasetError(where, f"{SCHEMA_FILE}: tasks must be an object")
     tasks = {name: _task_spec(where, name, spec, tables) for name, spec in tasks_spec.items()}
-    return Database(root, tables, tasks, snapshot=read_snapshot_record(root))
+    snapshot = read_snapshot_record(root)
+    if snapshot is not None or (root / RELBENCH_MARKER_FILE).is_file():
+        note_use(root)  # a snapshot or conversion in the cache: `relay cache` prunes by last use
+    return Database(root, tables, tasks, snapshot=snapshot)
 
 
 def _load_table(root: Path, name: str, spec: Any) -> Table:

@@ -5,11 +5,15 @@ database; opened from files with `np.load(mmap_mode="r")` they take no worker me
 the pages a walk touches are read from the file as needed and the system can drop them again.
 The directory is named by a digest of every array's name, dtype, shape and bytes, so the same
 database, task and settings find the files already written, and two processes writing the same
-arrays do not disturb each other (each writes aside, then renames).
+arrays do not disturb each other (each writes aside, then renames). The directory's last use is
+noted (paths.note_use), and its `complete` file is held (a shared lock) while the files are opened,
+so that `relay cache prune` removes the least recently used and never one being opened; once open,
+a map outlives its file's removal.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -18,7 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from relay_engine.paths import note_use
+
 FORMAT = b"relay-rtj-mapped-1"  # change it when what the files mean changes
+COMPLETE_FILE = "complete"  # written last: the directory holds every array
 
 
 def memory_mapped(arrays: dict[str, np.ndarray], root: Path) -> dict[str, np.ndarray]:
@@ -29,12 +36,26 @@ def memory_mapped(arrays: dict[str, np.ndarray], root: Path) -> dict[str, np.nda
     through Python code, which a walk that indexes thousands of times a second would feel."""
     contiguous = {name: np.ascontiguousarray(array) for name, array in arrays.items()}
     directory = root / _digest(contiguous)
-    if not (directory / "complete").exists():
-        _write(contiguous, directory)
-    return {
-        name: np.load(directory / f"{name}.npy", mmap_mode="r").view(np.ndarray) if array.size else array
-        for name, array in contiguous.items()
-    }
+    while True:
+        if not (directory / COMPLETE_FILE).exists():
+            _write(contiguous, directory)
+        try:
+            held = os.open(directory / COMPLETE_FILE, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # pruned between the two looks: written again
+        try:
+            fcntl.flock(held, fcntl.LOCK_SH)
+            if not (directory / COMPLETE_FILE).exists():
+                continue  # pruned before the lock was ours
+            note_use(directory)
+            return {
+                name: np.load(directory / f"{name}.npy", mmap_mode="r").view(np.ndarray)
+                if array.size
+                else array
+                for name, array in contiguous.items()
+            }
+        finally:
+            os.close(held)
 
 
 def is_memory_mapped(array: np.ndarray) -> bool:
@@ -62,10 +83,10 @@ def _write(arrays: dict[str, np.ndarray], directory: Path) -> None:
     try:
         for name, array in arrays.items():
             np.save(aside / f"{name}.npy", array)
-        (aside / "complete").touch()
+        (aside / COMPLETE_FILE).touch()
         os.replace(aside, directory)
     except OSError:
-        if not (directory / "complete").exists():
+        if not (directory / COMPLETE_FILE).exists():
             raise
     finally:  # another process may have renamed the same arrays into place first
         shutil.rmtree(aside, ignore_errors=True)

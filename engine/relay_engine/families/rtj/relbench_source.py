@@ -38,10 +38,10 @@ import pyarrow.parquet as pq
 
 from relay.dataset_names import RELBENCH_PREFIX as PREFIX
 from relay_engine.errors import DatasetError
-from relay_engine.families.rtj.database import MAX_FOREIGN_KEYS, SCHEMA_FILE, SPLITS
+from relay_engine.families.rtj.database import MAX_FOREIGN_KEYS, RELBENCH_MARKER_FILE, SCHEMA_FILE, SPLITS
 from relay_engine.paths import default_cache_dir
 
-MARKER_FILE = "relbench.json"  # what a converted directory was made from, to reuse it
+MARKER_FILE = RELBENCH_MARKER_FILE  # what a converted directory was made from, to reuse it
 PROBLEM_TYPES = {"binary_classification": "binary", "regression": "regression"}
 _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
 
