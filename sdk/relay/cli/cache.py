@@ -48,10 +48,14 @@ def show(ctx: typer.Context, cache_dir: CacheDirOption = None) -> None:
     except ValueError as error:
         fail(str(error))
     found = contents.everything(cache)
-    table = Table("kind", "what", "size", "last used", "entry")
+    table = Table("kind", "what", "size", "last used", "where (in the cache)")
     for entry in reversed(found):
         table.add_row(
-            entry.kind, entry.description, size_text(entry.bytes), _when(entry.last_used), entry.path.name
+            entry.kind,
+            entry.description,
+            size_text(entry.bytes),
+            _when(entry.last_used),
+            _under(entry.path, cache),
         )
     show_table(table, _out)
     indexes = [entry for entry in found if entry.kind == contents.FRAME_INDEX]
@@ -116,6 +120,11 @@ def prune(
 
 def _when(timestamp: float) -> str:
     return dt.datetime.fromtimestamp(timestamp).isoformat(sep=" ", timespec="seconds")
+
+
+def _under(path: Path, cache: Path) -> str:
+    """Where an entry is, from the cache's directory."""
+    return str(path.relative_to(cache)) if path.is_relative_to(cache) else str(path)
 
 
 def _total(entries: Sequence[Any]) -> int:
