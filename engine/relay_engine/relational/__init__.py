@@ -37,6 +37,7 @@ from relay_engine.families.rtj.network import (
     RTJNetwork,
     parameter_count,
 )
+from relay_engine.families.rtj.onnx_runtime import DEFAULT_ONNX_MODEL
 from relay_engine.families.rtj.trainer import (
     RelationalDataset,
     RelationalExample,
@@ -48,6 +49,7 @@ from relay_engine.families.rtj.transformer import DEFAULT_MODEL, RelationalTrans
 __all__ = [
     "BATCH_FIELDS",
     "DEFAULT_MODEL",
+    "DEFAULT_ONNX_MODEL",
     "MAX_PARENTS",
     "NAMED_CONFIGS",
     "OUTPUT_VIEWS",

@@ -4,6 +4,7 @@ its model, loaded with the same weights."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from relay_engine.errors import ConfigError
 from relay_engine.families.rtj.checkpoint import read_state
 from relay_engine.relational import (
     BATCH_FIELDS,
+    DEFAULT_ONNX_MODEL,
     OUTPUT_VIEWS,
     BinaryClassificationEvaluator,
     FineTunedHead,
@@ -29,12 +31,15 @@ from relay_engine.relational import (
     RelationalBatch,
     RelationalDataset,
     RelationalExample,
+    RelationalTrainer,
+    RelationalTrainingArguments,
     RelationalTransformer,
     SequentialEvaluator,
     fit_feature_head,
 )
 from tests.engine.relational.batches import mixed_batch, our_batch
 from tests.engine.relational.test_model import SIZES, TINY, scramble
+from tests.hub import FakeHub, Repo
 
 
 @pytest.fixture
@@ -134,10 +139,13 @@ def test_predict_activations_and_bad_views(
         ours.forward(42)
 
 
-def labelled(seed: int, count: int, labels: list[float]) -> tuple[list[RelationalExample], list[object]]:
+def labelled(
+    seed: int, count: int, labels: list[float]
+) -> tuple[list[RelationalExample], list[peer.RelationalExample]]:
     """The same contexts as our examples and the peer's: raw text cells (target 1) for the even
     ones, a one-context batch for the odd ones."""
-    ours, theirs = [], []
+    ours: list[RelationalExample] = []
+    theirs: list[peer.RelationalExample] = []
     for i, label in zip(range(count), labels, strict=True):
         if i % 2:
             fields = mixed_batch(d_text=TINY.d_text, seed=seed + i, batch=1)
@@ -329,8 +337,8 @@ def test_the_triton_backend_needs_cuda() -> None:
         RelationalTransformer("rt-j-tiny", backend="triton")
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         RelationalTransformer("rt-j-tiny", backend="triton", device="cpu")
-    with pytest.raises(ValueError, match="backend must be one of torch, triton, meta"):
-        RelationalTransformer("rt-j-tiny", backend="onnx")
+    with pytest.raises(ValueError, match="backend must be one of torch, triton, onnx, meta"):
+        RelationalTransformer("rt-j-tiny", backend="tensorrt")
 
 
 def quantize_q8(weight: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -440,3 +448,228 @@ def test_relational_dataset_as_the_peers() -> None:
         RelationalDataset([])
     with pytest.raises(TypeError, match="RelationalExample, got tuple"):
         RelationalDataset([(cells[0], 1.0)])  # type: ignore[list-item]
+
+
+CPU = ["CPUExecutionProvider"]
+
+
+def test_the_onnx_backend_scores_as_the_torch_backend_and_the_peers(
+    pair: tuple[RelationalTransformer, peer.RelationalTransformer], tmp_path: Path
+) -> None:
+    model, _ = pair
+    path = model.export_onnx(tmp_path / "graph" / "model.onnx", mixed_batch(d_text=TINY.d_text, seed=90))
+    by_file = RelationalTransformer(path, backend="onnx", providers=CPU)
+    by_directory = RelationalTransformer(path.parent, backend="onnx", providers=CPU)
+    their_onnx = peer.RelationalTransformer(str(path), backend="onnx", providers=CPU)
+    # Other batch sizes and lengths than the example's; ours and the peer's batch of each.
+    for fields in (
+        mixed_batch(d_text=TINY.d_text, seed=91, batch=2, cells=13),
+        mixed_batch(d_text=TINY.d_text, seed=92, batch=1, cells=40),
+    ):
+        batch, their_batch = RelationalBatch(**fields), peer.RelationalBatch(**fields)
+        expected = model.target_scores(batch)
+        assert not torch.allclose(expected, torch.zeros_like(expected))  # scores to compare
+        for onnx_model in (by_file, by_directory):
+            torch.testing.assert_close(onnx_model.target_scores(batch), expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(by_file.target_scores(their_batch), expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(their_onnx.forward(their_batch).scores, expected, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(by_file.predict(batch), model.predict(batch), atol=1e-5)
+    cells = text_cells(94)
+    assert by_file.predict(cells, target=3) == pytest.approx(their_onnx.predict(cells, target=3), abs=1e-5)
+    regression = RelationalTransformer(path, backend="onnx", task="regression", providers=CPU)
+    assert regression.predict(cells, target=3) == pytest.approx(
+        model.target_scores(cells, target=3).item(), abs=1e-5
+    )  # no sigmoid for a regression task
+
+
+def test_the_onnx_backend_refuses_what_it_cannot_do(
+    pair: tuple[RelationalTransformer, peer.RelationalTransformer], tmp_path: Path
+) -> None:
+    model, _ = pair
+    example = mixed_batch(d_text=TINY.d_text, seed=95)
+    path = model.export_onnx(tmp_path / "model.onnx", example)
+    onnx_model = RelationalTransformer(path, backend="onnx")  # onnxruntime's default providers
+    with pytest.raises(ValueError, match="backend='onnx' serves output='target_scores' only"):
+        onnx_model.encode(example, output_value="target_features")
+    with pytest.raises(ValueError, match="output must be one of"):
+        onnx_model.forward(example, output="logits")
+    with pytest.raises(ValueError, match=f"d_text {TINY.d_text}, the batch has 4"):
+        onnx_model.target_scores(our_batch(d_text=4, seed=96))
+    args = RelationalTrainingArguments(output_dir=str(tmp_path / "out"), save_strategy="no")
+    examples = [RelationalExample(mixed_batch(d_text=TINY.d_text, seed=97, batch=1), 1.0)]
+    with pytest.raises(RuntimeError, match="fine-tuning requires the torch backend, not 'onnx'"):
+        RelationalTrainer(model=onnx_model, args=args, train_dataset=examples)
+    with pytest.raises(RuntimeError, match="fit_head requires the torch backend"):
+        onnx_model.fit_head(examples, task="churn")
+    for refused in (
+        lambda: onnx_model.save_pretrained(tmp_path / "copy"),
+        lambda: onnx_model.export_onnx(tmp_path / "again.onnx", example),
+        lambda: onnx_model.model,
+    ):
+        with pytest.raises(RuntimeError, match="torch"):
+            refused()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"holds no model\.onnx"):
+        RelationalTransformer(tmp_path / "empty", backend="onnx")
+    with pytest.raises(ConfigError, match="no ONNX file or directory"):
+        RelationalTransformer(tmp_path / "missing.onnx", backend="onnx")
+    with pytest.raises(ConfigError, match="rt-j-tiny has no ONNX graph"):
+        RelationalTransformer("rt-j-tiny", backend="onnx")
+    with pytest.raises(ConfigError, match="providers: this onnxruntime has no NoSuchExecutionProvider"):
+        RelationalTransformer(path, backend="onnx", providers=["NoSuchExecutionProvider"])
+    (tmp_path / "not-a-graph.onnx").write_bytes(b"not protobuf")
+    with pytest.raises(ConfigError, match="ONNX Runtime cannot open"):
+        RelationalTransformer(tmp_path / "not-a-graph.onnx", backend="onnx")
+    with pytest.raises(ValueError, match=r"providers: .* apply to backend='onnx', not 'torch'"):
+        RelationalTransformer("rt-j-tiny", providers=CPU)
+    with pytest.raises(ValueError, match="compile=True compiles the torch network; backend='onnx'"):
+        RelationalTransformer(path, backend="onnx", compile=True)
+    with pytest.raises(ValueError, match="device: with backend='onnx' the providers choose"):
+        RelationalTransformer(path, backend="onnx", device="cuda")
+
+
+def point_the_peer_at(hub: FakeHub, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """huggingface_hub reads HF_ENDPOINT and HF_HUB_CACHE once, at import; the peer passes no
+    endpoint or cache of its own, so its downloads go where these say."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(
+        constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    )
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+
+
+@pytest.fixture
+def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+    with FakeHub() as served:
+        monkeypatch.setenv("HF_ENDPOINT", served.endpoint)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+        point_the_peer_at(served, tmp_path / "peer-hub-cache", monkeypatch)
+        yield served
+
+
+def two_revisions(root: Path, write: Callable[[torch.nn.Module, Path], None]) -> Repo:
+    """A model repository whose main branch and tag v2 hold different weights (seeds 1 and 2)."""
+    repo = Repo()
+    for seed, where in ((1, {"branch": "main"}), (2, {"tag": "v2"})):  # where: add_commit's ref
+        weights = peer.RTJModel(**SIZES)
+        scramble(weights, seed=seed)
+        directory = root / f"seed-{seed}"
+        write(weights, directory)
+        repo.add_commit(directory, **where)
+    return repo
+
+
+def test_revision_picks_the_hub_commit_as_the_peers_does(hub: FakeHub, tmp_path: Path) -> None:
+    def both_parts(weights: torch.nn.Module, directory: Path) -> None:
+        # Laid out as RelativeDB's repositories: a classification and a regression part.
+        for part in ("classification", "regression"):
+            peer_save(weights, directory / part, SIZES)
+
+    hub.models["acme/rt-j"] = two_revisions(tmp_path / "repo", both_parts)
+    batch = peer.RelationalBatch(**mixed_batch(d_text=TINY.d_text, seed=98))
+    main = RelationalTransformer("acme/rt-j", device="cpu").target_scores(batch)
+    v2 = RelationalTransformer("acme/rt-j", device="cpu", revision="v2").target_scores(batch)
+    assert not torch.allclose(main, v2, atol=1e-3)
+    local_v2 = RelationalTransformer(tmp_path / "repo" / "seed-2", device="cpu").target_scores(batch)
+    torch.testing.assert_close(v2, local_v2, atol=0, rtol=0)
+    theirs = peer.RelationalTransformer("acme/rt-j", device="cpu", revision="v2")
+    torch.testing.assert_close(v2, theirs.forward(batch).scores, atol=1e-5, rtol=0)
+    assert any("/acme/rt-j/resolve/v2/" in path for _, path in hub.requests)
+    with pytest.raises(ConfigError, match=r"acme/rt-j at revision 'v9'.*RevisionNotFound"):
+        RelationalTransformer("acme/rt-j", device="cpu", revision="v9")
+    with pytest.raises(ConfigError, match=r"revision: .* is a local checkpoint directory"):
+        RelationalTransformer(tmp_path / "repo" / "seed-2", revision="v2")
+    with pytest.raises(ConfigError, match="revision: rt-j-tiny is built from fresh weights"):
+        RelationalTransformer("rt-j-tiny", revision="v2")
+
+
+def test_the_onnx_backend_fetches_its_graph_from_the_hub(hub: FakeHub, tmp_path: Path) -> None:
+    example = mixed_batch(d_text=TINY.d_text, seed=99)
+
+    def export(weights: torch.nn.Module, directory: Path) -> None:
+        peer_save(weights, directory / "torch", SIZES)
+        RelationalTransformer(directory / "torch", device="cpu").export_onnx(
+            directory / "model.onnx", example
+        )
+
+    hub.models[DEFAULT_ONNX_MODEL] = two_revisions(tmp_path / "repo", export)
+    batch = peer.RelationalBatch(**mixed_batch(d_text=TINY.d_text, seed=100, batch=2, cells=20))
+    for revision, seed in ((None, 1), ("v2", 2)):
+        got = RelationalTransformer(backend="onnx", revision=revision, providers=CPU).target_scores(batch)
+        expected = RelationalTransformer(tmp_path / "repo" / f"seed-{seed}" / "torch", device="cpu")
+        torch.testing.assert_close(got, expected.target_scores(batch), atol=1e-5, rtol=0)
+        theirs = peer.RelationalTransformer(backend="onnx", revision=revision, providers=CPU)
+        torch.testing.assert_close(got, theirs.forward(batch).scores, atol=1e-5, rtol=0)
+    with pytest.raises(ConfigError, match=r"model\.onnx of RelativeDB/rt-j-onnx at revision 'v9'"):
+        RelationalTransformer(backend="onnx", revision="v9")
+
+
+def test_compile_runs_every_view_through_torch_compile(
+    pair: tuple[RelationalTransformer, peer.RelationalTransformer],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The wiring, with a backend that records the graphs dynamo captures and runs them as they
+    are (Inductor's code generation would take minutes on this CPU; it is torch's to test)."""
+    eager, theirs = pair
+    graphs: list[torch.fx.GraphModule] = []
+
+    def recording_backend(graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
+        graphs.append(graph)
+        return graph.forward
+
+    compile_calls: list[dict[str, object]] = []
+    real_compile = torch.compile
+
+    def compile_recorded(model: Callable[..., object], *, dynamic: bool) -> Callable[..., object]:
+        compile_calls.append({"dynamic": dynamic})
+        return real_compile(model, dynamic=dynamic, backend=recording_backend)
+
+    monkeypatch.setattr(torch, "compile", compile_recorded)
+    torch._dynamo.reset()
+    compiled = RelationalTransformer(tmp_path, device="cpu", compile=True)
+    assert compile_calls == [{"dynamic": True}]
+    batch = peer.RelationalBatch(**mixed_batch(d_text=TINY.d_text, seed=101))
+    for output in ("target_scores", "embeddings"):
+        assert_same_output(compiled.forward(batch, output=output), theirs.forward(batch, output=output))
+        assert_same_output(compiled.forward(batch, output=output), eager.forward(batch, output=output))
+    assert graphs, "nothing went through torch.compile"
+    with pytest.raises(ValueError, match="compile=True compiles the torch network; backend='meta'"):
+        RelationalTransformer("rt-j-tiny", backend="meta", compile=True)
+
+
+def test_the_trainers_task_is_kept_and_names_a_tuned_head(
+    pair: tuple[RelationalTransformer, peer.RelationalTransformer], tmp_path: Path
+) -> None:
+    model, their_model = pair
+    ours, theirs = labelled(600, 6, [0.0, 1.0, 1.0, 0.0, 1.0, 0.0])
+    args = RelationalTrainingArguments(output_dir=str(tmp_path / "unused"), save_strategy="no")
+    their_args = peer.RelationalTrainingArguments(output_dir=str(tmp_path / "unused"), save_strategy="no")
+    assert (
+        RelationalTrainer(model=model, args=args, train_dataset=ours, task="churn").task
+        == peer.RelationalTrainer(model=their_model, args=their_args, train_dataset=theirs, task="churn").task
+        == "churn"
+    )
+    assert (
+        RelationalTrainer(model=model, args=args, train_dataset=ours).task
+        is peer.RelationalTrainer(model=their_model, args=their_args, train_dataset=theirs).task
+        is None
+    )
+    # A head-tuned task's head is served, and saved, under the task's name.
+    segments, _ = labelled(700, 6, [0.0, 2.0, 1.0, 1.0, 0.0, 2.0])
+    output_dir = tmp_path / "segments"
+    tuned = RelationalTrainingArguments(
+        output_dir=str(output_dir), problem_type="multiclass", learning_rate=1e-2
+    )
+    RelationalTrainer(model=model, args=tuned, train_dataset=segments, task="segment").train()
+    assert set(model.heads) == {"segment"}
+    assert (output_dir / "heads" / "segment" / "head_config.json").is_file()
+    probabilities = model.predict(mixed_batch(d_text=TINY.d_text, seed=701), task_head="segment")
+    assert isinstance(probabilities, np.ndarray) and probabilities.shape == (3, 3)
+    np.testing.assert_allclose(probabilities.sum(-1), 1.0, atol=1e-6)
+    assert set(RelationalTransformer(output_dir, device="cpu").heads) == {"segment"}
+    for bad in ("", "../elsewhere", "a/b", ".hidden"):
+        with pytest.raises(ValueError, match="task must be None or a name"):
+            RelationalTrainer(model=model, args=args, train_dataset=ours, task=bad)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,8 @@ TRAINING_BACKENDS: tuple[str, ...] = ("torch", "triton")
 SAVE_STRATEGIES: tuple[str, ...] = ("epoch", "steps", "no")
 # Where save_strategy="steps" writes the checkpoint of optimizer step N, under output_dir.
 STEP_CHECKPOINT_DIR = "checkpoint-{step}"
+# A head's name is its directory's under heads/: no separators, no leading dot.
+_HEAD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 @dataclass
@@ -136,6 +139,7 @@ class RelationalTrainer:
         model: RelationalTransformer,
         args: RelationalTrainingArguments,
         train_dataset: Sequence[RelationalExample],
+        task: str | None = None,
         problem_type: str | None = None,
     ) -> None:
         if model.backend_name != "torch":
@@ -152,6 +156,15 @@ class RelationalTrainer:
             raise ValueError(
                 f"problem_type must be one of {', '.join(PROBLEM_TYPES)}, got {self.problem_type!r}"
             )
+        if task is not None and not (isinstance(task, str) and _HEAD_NAME.fullmatch(task)):
+            raise ValueError(
+                "task must be None or a name of letters, digits, '_', '.' and '-' that starts with "
+                f"a letter or digit (it names the head's directory), got {task!r}"
+            )
+        # The task's name; a head-tuned task's head is saved and served under it (when None, under
+        # args.head_name).
+        self.task = task
+        self.head_name = task or args.head_name
         self.losses: list[float] = []
         # One entry every logging_steps optimizer steps: step, epoch, loss, grad_norm, learning_rate.
         self.log_history: list[dict[str, float]] = []
@@ -213,12 +226,13 @@ class RelationalTrainer:
 
         def save_to(directory: Path) -> None:
             head.eval()
-            transformer.heads[args.head_name] = head
+            transformer.heads[self.head_name] = head
             self._save_to(directory)
             head.train()
 
         self._run(learner, batch_of, save_to)
         head.eval()
+        transformer.heads[self.head_name] = head  # served at once, saved or not (save_strategy="no")
 
     def _learner(self, network: torch.nn.Module, forward: Callable[[Any], torch.Tensor]) -> RelationalLearner:
         return RelationalLearner(

@@ -3,6 +3,7 @@
 model = RelationalTransformer("rt-j-tiny")                  # fresh weights, seeded
 model = RelationalTransformer("models/customer-churn")      # a checkpoint directory
 model = RelationalTransformer("RelativeDB/rt-j-fp16")       # a Hub repository (needs the network)
+model = RelationalTransformer("churn.onnx", backend="onnx")  # an exported graph, run by ONNX Runtime
 scores = model.predict(batch)                               # one probability (or value) per context
 out = model.forward(batch, output="target_features")        # a ModelOutput; out.features [B, d_model]
 """
@@ -31,13 +32,15 @@ from relay_engine.families.rtj.checkpoint import (
     save_network,
     sizes_of,
 )
-from relay_engine.families.rtj.network import NAMED_CONFIGS, ModelOutput, RTJNetwork
+from relay_engine.families.rtj.hub import download, hub_endpoint
+from relay_engine.families.rtj.network import NAMED_CONFIGS, OUTPUT_VIEWS, ModelOutput, RTJNetwork
+from relay_engine.families.rtj.onnx_runtime import DEFAULT_ONNX_MODEL, OnnxScorer, Providers, onnx_file
 
 if TYPE_CHECKING:
     from relay_engine.families.rtj.trainer import RelationalExample
 
 DEFAULT_MODEL = "RelativeDB/rt-j-fp16"
-BACKENDS: tuple[str, ...] = ("torch", "triton", "meta")
+BACKENDS: tuple[str, ...] = ("torch", "triton", "onnx", "meta")
 HEADS_DIR = "heads"
 # What the model's entry points take: a batch (ours or any object with the twelve fields), a
 # mapping of the fields, an array of text cells (with target=), or a sequence of these.
@@ -81,10 +84,14 @@ class TaskHead(nn.Module):
 
 class RelationalTransformer:
     """An RT-J model. `model_name_or_path`: "rt-j" or "rt-j-tiny" (fresh weights from `seed`), a
-    checkpoint directory, or a Hugging Face repository (default: RelativeDB/rt-j-fp16). `task`
-    picks the classification or regression part of a repository that has both. `backend`:
-    "torch"; "triton", inference through torch.compile's Inductor (Triton kernels), on CUDA only,
-    serving target_scores; or "meta" for shapes only (nothing runs)."""
+    checkpoint directory, or a Hugging Face repository (default: RelativeDB/rt-j-fp16), fetched at
+    `revision` (a branch, tag or commit; None: the default branch). `task` picks the
+    classification or regression part of a repository that has both. `backend`: "torch";
+    "triton", inference through torch.compile's Inductor (Triton kernels), on CUDA only, serving
+    target_scores; "onnx", target_scores through ONNX Runtime from an exported graph (an .onnx
+    file, a directory holding model.onnx, or a Hub repository's model.onnx; default
+    RelativeDB/rt-j-onnx) with onnxruntime's execution `providers`; or "meta" for shapes only
+    (nothing runs). `compile`: run the torch backend's forward passes through torch.compile."""
 
     def __init__(
         self,
@@ -94,22 +101,47 @@ class RelationalTransformer:
         backend: str = "torch",
         device: str | torch.device | None = None,
         seed: int = 0,
+        revision: str | None = None,
+        compile: bool = False,
+        providers: Providers | None = None,
     ) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        self.model_name_or_path = str(model_name_or_path or DEFAULT_MODEL)
+        _check_options(backend, device, compile, providers)
+        default = DEFAULT_ONNX_MODEL if backend == "onnx" else DEFAULT_MODEL
+        self.model_name_or_path = str(model_name_or_path or default)
         self.task = task
         self.backend_name = backend
+        self.heads: dict[str, TaskHead] = {}
+        self.config: dict[str, Any] = {}
+        self._network: RTJNetwork | None = None
+        self._onnx: OnnxScorer | None = None
+        self._compiled: Callable[[RelationalBatch], Tensor] | None = None
+        if backend == "onnx":
+            # ONNX Runtime takes numpy arrays and gives them back: inputs are prepared, and scores
+            # returned, on the CPU; where the graph runs is the providers' choice.
+            self.device = torch.device("cpu")
+            if self.model_name_or_path in NAMED_CONFIGS:
+                raise ConfigError(
+                    f"{self.model_name_or_path} has no ONNX graph: write one with "
+                    "RelationalTransformer(...).export_onnx(path, example) and load that path"
+                )
+            self._onnx = OnnxScorer(
+                onnx_file(self.model_name_or_path, revision=revision), providers=providers
+            )
+            return
         self.device = torch.device(device) if device is not None else _default_device()
         if backend == "triton" and (self.device.type != "cuda" or not torch.cuda.is_available()):
             raise RuntimeError(
                 "backend='triton' needs a CUDA GPU (it compiles the model to Triton kernels with "
                 f"torch.compile); this model's device is {self.device}. Use backend='torch' on a CPU."
             )
-        self.heads: dict[str, TaskHead] = {}
         name = self.model_name_or_path
         if name in NAMED_CONFIGS:
-            self.config: dict[str, Any] = {"model_type": name, "problem_type": _problem_of(task)}
+            if revision is not None:
+                raise ConfigError(
+                    f"revision: {name} is built from fresh weights, not fetched from the Hub; "
+                    "a revision applies to a Hugging Face repository"
+                )
+            self.config = {"model_type": name, "problem_type": _problem_of(task)}
             meta = backend == "meta"
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
@@ -117,18 +149,31 @@ class RelationalTransformer:
                 if not meta:
                     network.init_weights()
         else:
-            directory = _local_or_hub(name, task)
+            directory = _local_or_hub(name, task, revision)
             if backend == "meta":
                 self.config = read_config(directory)
                 network = RTJNetwork(sizes_of(self.config), device="meta")
             else:
                 network, self.config = load_network(directory)
                 self._load_heads(directory)
-        self.model: RTJNetwork = network if backend == "meta" else network.to(self.device).eval()
-        # The Triton backend's compiled scorer; shapes vary from call to call, hence dynamic.
-        self._compiled: Callable[[RelationalBatch], Tensor] | None = (
-            torch.compile(self.model, backend="inductor", dynamic=True) if backend == "triton" else None
+        self._network = network if backend == "meta" else network.to(self.device).eval()
+        # Shapes vary from call to call, hence dynamic: the Triton backend's compiled scorer, and
+        # with compile=True every view's forward pass (one graph per view, compiled on first use).
+        if backend == "triton":
+            self._compiled = torch.compile(self._network, backend="inductor", dynamic=True)
+        self._outputs: Callable[[RelationalBatch, str], ModelOutput] = (
+            torch.compile(self._network.outputs, dynamic=True) if compile else self._network.outputs
         )
+
+    @property
+    def model(self) -> RTJNetwork:
+        """The torch network (the weights training updates); the "onnx" backend has none."""
+        if self._network is None:
+            raise RuntimeError(
+                f"a model loaded with backend='onnx' runs the ONNX graph {self.model_name_or_path}: "
+                "it has no torch network (load the checkpoint with backend='torch' for that)"
+            )
+        return self._network
 
     @property
     def problem_type(self) -> str:
@@ -172,10 +217,16 @@ class RelationalTransformer:
         classification)."""
         if self.backend_name == "meta":
             raise RuntimeError("a model loaded with backend='meta' has shapes only and cannot run")
+        if output not in OUTPUT_VIEWS:
+            raise ValueError(f"output must be one of {', '.join(OUTPUT_VIEWS)}, got {output!r}")
+        if self._onnx is not None:
+            if output != "target_scores":
+                raise ValueError(f"backend='onnx' serves output='target_scores' only, not {output!r}")
+            return ModelOutput(scores=self._onnx.scores(self.as_batch(inputs, target=target)))
         batch = self.as_batch(inputs, target=target).to(self.device)
         with torch.inference_mode():
             if self._compiled is None:
-                return self.model.outputs(batch, output)
+                return self._outputs(batch, output)
             if output != "target_scores":
                 raise ValueError(f"backend='triton' serves output='target_scores' only, not {output!r}")
             return ModelOutput(scores=self._compiled(batch))
@@ -334,34 +385,54 @@ def _default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _local_or_hub(name: str, task: str) -> Path:
-    """The directory holding config.json: a local checkpoint, or a Hub repository's files fetched
-    into the Hub cache (its `classification/` or `regression/` part when it has both)."""
+def _check_options(
+    backend: str, device: str | torch.device | None, compile: bool, providers: Providers | None
+) -> None:
+    """The constructor's options that only some backends take."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if providers is not None and backend != "onnx":
+        raise ValueError(
+            f"providers: ONNX Runtime's execution providers apply to backend='onnx', not {backend!r}"
+        )
+    if compile and backend in ("onnx", "meta"):
+        raise ValueError(f"compile=True compiles the torch network; backend={backend!r} runs none")
+    if backend == "onnx" and device is not None and torch.device(device).type != "cpu":
+        raise ValueError(
+            "device: with backend='onnx' the providers choose where the graph runs "
+            "(e.g. providers=['CUDAExecutionProvider']); leave device unset"
+        )
+
+
+def _local_or_hub(name: str, task: str, revision: str | None = None) -> Path:
+    """The directory holding config.json: a local checkpoint, or a Hub repository's files at
+    `revision` fetched into the Hub cache (its `classification/` or `regression/` part when it
+    has both)."""
     path = Path(name).expanduser()
     if path.exists() or name.startswith((".", "/", "~")):
         if not path.is_dir():
             raise ConfigError(f"no RT-J checkpoint directory at {path}")
+        if revision is not None:
+            raise ConfigError(
+                f"revision: {path} is a local checkpoint directory; "
+                "a revision applies to a Hugging Face repository"
+            )
         return checkpoint_directory(path, task)
-    from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError
 
-    options: dict[str, Any] = {
-        "endpoint": (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/"),
-        "token": os.environ.get("HF_TOKEN") or None,
-        "cache_dir": os.environ.get("HF_HUB_CACHE") or None,
-    }
     part = "regression" if task in REGRESSION_TASKS else "classification"
     try:
         try:
-            config_path = Path(hf_hub_download(name, f"{part}/{CONFIG_FILE}", **options))
+            config_path = download(name, f"{part}/{CONFIG_FILE}", revision=revision)
         except EntryNotFoundError:
-            config_path = Path(hf_hub_download(name, CONFIG_FILE, **options))
+            config_path = download(name, CONFIG_FILE, revision=revision)
         prefix = f"{part}/" if config_path.parent.name == part else ""
         weights = read_config(config_path.parent).get("checkpoint_file", WEIGHTS_FILE)
-        hf_hub_download(name, f"{prefix}{weights}", **options)
-    except Exception as error:  # offline, gated, missing: say which and how to fix it
+        download(name, f"{prefix}{weights}", revision=revision)
+    except Exception as error:  # offline, gated, missing, unknown revision: say which and how to fix it
+        at = f" at revision {revision!r}" if revision is not None else ""
         raise ConfigError(
-            f"cannot get the RT-J checkpoint {name} from {options['endpoint']} "
+            f"cannot get the RT-J checkpoint {name}{at} from {hub_endpoint()} "
             f"({type(error).__name__}: {error}); download it once, or pass a local checkpoint directory, "
             "rt-j or rt-j-tiny"
         ) from None
