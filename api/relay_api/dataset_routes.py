@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from relay.dataset_description import DatasetDescription
 from relay.dataset_names import (
-    DATASET_NAME_PATTERN,
+    LEROBOT_DATASET_NAME_PATTERN,
     is_database_url,
     is_relational_source,
     names_local_directory,
@@ -42,7 +42,7 @@ NAME_RULE = (
     "or a local dataset directory (an absolute path, ~/..., ./... or a file:// URL): "
     f"1 to {DATASET_NAME_MAX} characters, no control characters"
 )
-_NAME = re.compile(DATASET_NAME_PATTERN)
+_NAME = re.compile(LEROBOT_DATASET_NAME_PATTERN)
 
 DatasetName = Annotated[
     str,
@@ -50,7 +50,7 @@ DatasetName = Annotated[
         min_length=1,
         max_length=DATASET_NAME_MAX,
         # Stated for the document and checked in the route, with the rule in words (NAME_RULE).
-        json_schema_extra={"pattern": DATASET_NAME_PATTERN},
+        json_schema_extra={"pattern": LEROBOT_DATASET_NAME_PATTERN},
         description="A Hub dataset repo id (`lerobot/pusht_image`: its slash needs no escaping), or a "
         "local dataset directory (`/data/my_dataset`, `%2Fdata%2Fmy_dataset` escaped), which the API "
         "reads only where it sees the workers' disk.",
@@ -132,10 +132,6 @@ async def describe_dataset(
 
 def check_name(name: str, revision: str | None, settings: Settings) -> None:
     """Refuse a malformed name (400), and a local directory the API may not read (403)."""
-    if not _NAME.fullmatch(name):
-        raise APIProblem(
-            400, f"bad name: {json.dumps(name)} ({NAME_RULE})", param="name", code="invalid_value"
-        )
     if is_relational_source(name):
         shown = redacted_url(name) if is_database_url(name) else name
         raise APIProblem(
@@ -145,6 +141,10 @@ def check_name(name: str, revision: str | None, settings: Settings) -> None:
             "NAME` on a machine that reads it)",
             param="name",
             code="invalid_value",
+        )
+    if not _NAME.fullmatch(name):
+        raise APIProblem(
+            400, f"bad name: {json.dumps(name)} ({NAME_RULE})", param="name", code="invalid_value"
         )
     if not names_local_directory(name):
         return

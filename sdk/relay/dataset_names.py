@@ -35,6 +35,8 @@ DATABASE_URL_PATTERN = rf"(?:{'|'.join(DATABASE_BACKENDS)})(?:\+[A-Za-z0-9_]+)?:
 # relbench:rel-f1/driver-dnf, or relbench:<a local RelBench directory>[/<task>] (rt-j models).
 RELBENCH_PREFIX = "relbench:"
 RELBENCH_NAME_PATTERN = rf"{RELBENCH_PREFIX}[^\x00-\x1f\x7f]+"
+# The names of LeRobot datasets: a Hub repo id or a local directory.
+LEROBOT_DATASET_NAME_PATTERN = rf"^(?:{HUB_REPO_ID_PATTERN}|{LOCAL_NAME_PATTERN})$"
 # Every name a dataset may have: a Hub repo id, a local directory, a database URL or a RelBench name.
 DATASET_NAME_PATTERN = (
     rf"^(?:{HUB_REPO_ID_PATTERN}|{LOCAL_NAME_PATTERN}|{DATABASE_URL_PATTERN}|{RELBENCH_NAME_PATTERN})$"

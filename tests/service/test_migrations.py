@@ -25,6 +25,7 @@ TABLES = {
     "fine_tune_hosts",
     "deployments",
     "deployment_events",
+    "dataset_credentials",
 }
 
 
