@@ -14,7 +14,6 @@ snapshots go only when asked, by how long they have gone unused.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -69,7 +68,7 @@ def context_arrays(cache: Path) -> list[CacheEntry]:
                 f"{arrays} arrays of a context sampler",
                 _size(path),
                 _last_used(path, path / COMPLETE_FILE),
-                partial(_remove_unlocked, path, path / COMPLETE_FILE),
+                partial(frame_cache.remove_unless_open, path, path / COMPLETE_FILE),
             )
         )
     return found
@@ -174,23 +173,6 @@ def _last_used(path: Path, made: Path) -> float:
         with contextlib.suppress(OSError):
             return candidate.stat().st_mtime
     return 0.0
-
-
-def _remove_unlocked(path: Path, lock_file: Path) -> bool:
-    """Remove a directory unless a process holds a lock on `lock_file` (it is opening it now)."""
-    try:
-        descriptor = os.open(lock_file, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(descriptor)
-        return False
-    try:
-        return _remove(path)
-    finally:
-        os.close(descriptor)
 
 
 def _remove(path: Path) -> bool:

@@ -84,8 +84,15 @@ def hold(directory: Path) -> int | None:
 
 def remove(entry: Entry) -> bool:
     """Remove an index nobody has open; False (and nothing removed) if one is open."""
+    return remove_unless_open(entry.path, entry.path / _SUMMARY)
+
+
+def remove_unless_open(path: Path, lock_file: Path) -> bool:
+    """Remove a cache directory unless a process holds a lock on its `lock_file` (it has it open);
+    False (and nothing removed) then. Renamed away first, so a reader never finds half of it under
+    its name."""
     try:
-        descriptor = os.open(entry.path / _SUMMARY, os.O_RDONLY)
+        descriptor = os.open(lock_file, os.O_RDONLY)
     except OSError:
         return False
     try:
@@ -94,9 +101,8 @@ def remove(entry: Entry) -> bool:
         os.close(descriptor)
         return False
     try:
-        # Renamed away first, so a reader never finds half an index under its key.
-        doomed = entry.path.with_name(f".removing-{entry.path.name}-{time.monotonic_ns()}")
-        os.rename(entry.path, doomed)
+        doomed = path.with_name(f".removing-{path.name}-{time.monotonic_ns()}")
+        os.rename(path, doomed)
     except OSError:
         os.close(descriptor)
         return False
