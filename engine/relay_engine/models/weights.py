@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from torch import nn
 
 from relay.catalog import ACTION_HORIZON, MODELS
 from relay_engine.errors import ConfigError
+from relay_engine.hub_files import download, hub_endpoint
 from relay_engine.models.config import Pi05Config, named_config
 from relay_engine.models.lerobot_files import RobotFeatures, write_lerobot_config
 from relay_engine.models.pi05 import Pi05Policy
@@ -147,28 +147,18 @@ def _read_config(directory: Path, seed: int) -> Pi05Config:
 
 
 def _fetch_from_hub(repo: str) -> Path:
-    """The directory in the Hub cache holding the repo's weights and config.json.
-
-    HF_ENDPOINT, HF_TOKEN and HF_HUB_CACHE are read at each call.
-    """
-    from huggingface_hub import hf_hub_download
+    """The directory in the Hub cache holding the repo's weights and config.json (relay_engine.hub_files:
+    HF_ENDPOINT, HF_TOKEN and HF_HUB_CACHE are read at each call)."""
     from huggingface_hub.errors import EntryNotFoundError
 
-    endpoint = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
-    token = os.environ.get("HF_TOKEN") or None
-    cache_dir = os.environ.get("HF_HUB_CACHE") or None
-
-    def download(filename: str) -> str:
-        return hf_hub_download(repo, filename, endpoint=endpoint, token=token, cache_dir=cache_dir)
-
     try:
-        weights = Path(download(WEIGHTS_FILE))
+        weights = download(repo, WEIGHTS_FILE)
         for config_file in (CONFIG_FILE, OLD_CONFIG_FILE):  # without either, the weights are pi05's
             with contextlib.suppress(EntryNotFoundError):
-                download(config_file)
+                download(repo, config_file)
     except Exception as error:  # offline, gated, missing: say which and how to fix it
         raise ConfigError(
-            f"cannot get {WEIGHTS_FILE} of {repo} from {endpoint} "
+            f"cannot get {WEIGHTS_FILE} of {repo} from {hub_endpoint()} "
             f"({type(error).__name__}: {error}); "
             "download it once, or pass the path of a local directory holding it"
         ) from None

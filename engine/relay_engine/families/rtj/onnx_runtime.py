@@ -19,8 +19,8 @@ from torch import Tensor
 
 from relay_engine.errors import ConfigError
 from relay_engine.families.rtj.batch import BATCH_FIELDS, RelationalBatch
-from relay_engine.families.rtj.hub import download, hub_endpoint
 from relay_engine.families.rtj.onnx_export import ONNX_OUTPUT
+from relay_engine.hub_files import download, hub_endpoint
 
 ONNX_FILE = "model.onnx"
 DEFAULT_ONNX_MODEL = "RelativeDB/rt-j-onnx"

@@ -32,9 +32,9 @@ from relay_engine.families.rtj.checkpoint import (
     save_network,
     sizes_of,
 )
-from relay_engine.families.rtj.hub import download, hub_endpoint
 from relay_engine.families.rtj.network import NAMED_CONFIGS, OUTPUT_VIEWS, ModelOutput, RTJNetwork
 from relay_engine.families.rtj.onnx_runtime import DEFAULT_ONNX_MODEL, OnnxScorer, Providers, onnx_file
+from relay_engine.hub_files import download, hub_endpoint
 
 if TYPE_CHECKING:
     from relay_engine.families.rtj.trainer import RelationalExample

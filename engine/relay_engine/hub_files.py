@@ -1,4 +1,5 @@
-"""Files of RT-J repositories on the Hugging Face Hub, fetched into the Hub cache.
+"""Files of model repositories on the Hugging Face Hub (pi05 and RT-J weights, ONNX graphs), fetched
+into the Hub cache.
 
 HF_ENDPOINT, HF_TOKEN and HF_HUB_CACHE are read at each call (huggingface_hub reads them once, at
 import), so a process can be pointed at another Hub, or cache, after it has started.
