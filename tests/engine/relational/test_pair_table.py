@@ -1,0 +1,36 @@
+"""The walk's hash table of (context, row) pairs against a Python dict."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from relay_engine.families.rtj.pair_table import PairTable
+
+
+def test_a_pair_table_answers_as_a_dict_through_collisions_and_growth() -> None:
+    rng = np.random.default_rng(0)
+    table = PairTable()
+    expected: dict[int, int] = {}
+    # Keys in batches, many sharing low bits (as context x size + row keys do), until the table has
+    # grown several times past its first 1,024 slots.
+    for batch in range(12):
+        candidates = np.unique(rng.integers(0, 1 << 40, 900) & ~np.int64(0xFF) | batch)
+        fresh = np.asarray([k for k in candidates.tolist() if k not in expected], np.int64)
+        values = rng.integers(0, 1 << 30, len(fresh))
+        table.insert(fresh, values)
+        expected.update(zip(fresh.tolist(), values.tolist(), strict=True))
+        asked = np.concatenate(
+            [fresh, rng.integers(0, 1 << 40, 500), np.asarray(list(expected), np.int64)[:300]]
+        )
+        assert table.get(asked).tolist() == [expected.get(k, -1) for k in asked.tolist()]
+        assert table.contains(asked).tolist() == [k in expected for k in asked.tolist()]
+    assert table.count == len(expected) and len(table.keys) > 1024
+    assert len(table.keys) >= 2 * table.count  # at most half full: probe sequences stay short
+
+
+def test_an_empty_lookup_and_an_empty_table() -> None:
+    table = PairTable()
+    assert table.get(np.zeros(0, np.int64)).shape == (0,)
+    assert not table.contains(np.arange(5)).any()
+    table.insert(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    assert table.count == 0
