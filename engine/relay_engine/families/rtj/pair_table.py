@@ -33,7 +33,8 @@ class PairTable:
     def _home(self, keys: np.ndarray) -> np.ndarray:
         """Each key's first slot: the top bits of key x 2^64/phi (keys that differ in any bit spread)."""
         with np.errstate(over="ignore"):
-            return ((keys.astype(np.uint64) * _FIBONACCI) >> np.uint64(64 - self.bits)).astype(np.int64)
+            # (a view, not a copy: the keys are non-negative; the slots index as they are, uint64)
+            return (np.asarray(keys, np.int64).view(np.uint64) * _FIBONACCI) >> np.uint64(64 - self.bits)
 
     def slots(self, keys: np.ndarray) -> np.ndarray:
         """Each key's slot, -1 where the key is not in the table."""
@@ -41,16 +42,16 @@ class PairTable:
         held = self.keys[home]
         hit = held == keys
         probing = np.flatnonzero(~hit & (held != _EMPTY))  # (the few whose home holds another key)
-        mask = len(self.keys) - 1
-        slot = (home[probing] + 1) & mask
-        found = np.where(hit, home, -1)
+        mask = np.uint64(len(self.keys) - 1)
+        slot = (home[probing] + np.uint64(1)) & mask
+        found = np.where(hit, home.view(np.int64), -1)
         while len(probing):
             held = self.keys[slot]
             wanted = keys[probing]
             hit = held == wanted
             found[probing[hit]] = slot[hit]
             on = ~hit & (held != _EMPTY)
-            probing, slot = probing[on], (slot[on] + 1) & mask
+            probing, slot = probing[on], (slot[on] + np.uint64(1)) & mask
         return found
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
@@ -69,7 +70,7 @@ class PairTable:
         self.count += len(keys)
 
     def _place(self, keys: np.ndarray, values: np.ndarray) -> None:
-        mask = len(self.keys) - 1
+        mask = np.uint64(len(self.keys) - 1)
         pending = np.arange(len(keys))
         slot = self._home(keys)
         while len(pending):
@@ -79,7 +80,7 @@ class PairTable:
             self.keys[slot[free]] = wanted[free]
             placed = self.keys[slot] == wanted
             self.values[slot[placed]] = values[pending[placed]]
-            pending, slot = pending[~placed], (slot[~placed] + 1) & mask
+            pending, slot = pending[~placed], (slot[~placed] + np.uint64(1)) & mask
 
     def _grow(self, count: int) -> None:
         held = self.keys != _EMPTY

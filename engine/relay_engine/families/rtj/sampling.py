@@ -615,22 +615,32 @@ class _ContextWalk:
         parents, size = self.index.parents, self.index.size
         open_ = np.ones(len(rows), bool)  # rows whose parents are not listed yet
         while True:
-            candidate = open_
-            keep = ~candidate
-            keep[candidate] = self.index.visible(rows[candidate], self.seed_times[ctx[candidate]]) & (
-                self._unreached(ctx[candidate], rows[candidate])
-            )
-            keep &= _first_times(ctx * size + rows)
+            candidate = np.flatnonzero(open_)
+            candidate_ctx, candidate_rows = ctx[candidate], rows[candidate]
+            passed = self.index.visible(candidate_rows, self.seed_times[candidate_ctx])
+            passed[passed] = self._unreached(candidate_ctx[passed], candidate_rows[passed])
+            keep = ~open_
+            keep[candidate] = passed
+            if passed.any():  # (the rows kept before are distinct: only a new one can repeat a row)
+                keep &= _first_times(ctx * size + rows)
             ctx, rows, open_ = ctx[keep], rows[keep], open_[keep]
             if not open_.any():
                 return ctx, rows
-            links = np.where(open_[:, None], parents[rows], -1)
-            slots = np.concatenate([rows[:, None], links], axis=1)  # a row, then its parents
-            listed = slots >= 0
-            opened = np.zeros(slots.shape, bool)
-            opened[:, 1:] = True
-            ctx = np.broadcast_to(ctx[:, None], slots.shape)[listed]
-            rows, open_ = slots[listed], opened[listed]
+            # Each open row is followed by its parents (open in turn); the others stay alone.
+            opened = np.flatnonzero(open_)
+            links = parents[rows[opened]]
+            linked = links >= 0
+            span = np.ones(len(rows), np.int64)
+            span[opened] += linked.sum(axis=1)
+            at = np.cumsum(span) - span  # where each row goes
+            owner, slot = np.nonzero(linked)
+            parent_at = at[opened[owner]] + np.cumsum(linked, axis=1)[owner, slot]
+            listed = np.empty(int(at[-1] + span[-1]), rows.dtype)
+            listed[at] = rows
+            listed[parent_at] = links[owner, slot]
+            open_ = np.zeros(len(listed), bool)
+            open_[parent_at] = True
+            ctx, rows = np.repeat(ctx, span), listed
 
     def _within_budget(self, ctx: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The pairs up to and including the one whose cells reach its context's budget."""
@@ -664,7 +674,7 @@ class _ContextWalk:
             return child_ctx, children
         group_s, children_s, ctx_s = group[sampled], children[sampled], child_ctx[sampled]
         random = _mix(self.keys[ctx_s] ^ _mix(index.draw_id[children_s] + np.uint64(depth << 56)))
-        by_key = np.lexsort((random, group_s))
+        by_key = _order_within_groups(group_s, random)
         rank = np.empty(len(sampled), np.int64)
         rank[by_key] = _position_within(group_s[by_key])
         picked = np.ones(len(group), bool)
@@ -711,6 +721,20 @@ def _exclusive_cumsum_within(values: np.ndarray, groups: np.ndarray) -> np.ndarr
     starts = np.flatnonzero(np.concatenate([[True], groups[1:] != groups[:-1]]))
     lengths = np.diff(np.concatenate([starts, [len(groups)]]))
     return total - np.repeat(total[starts], lengths)
+
+
+def _order_within_groups(groups: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The order of np.lexsort((keys, groups)) for sorted int `groups` and uint64 `keys`, faster:
+    one stable sort of the group's rank in the top bits and the key's top bits below it. Only keys
+    equal in those bits within a group (about never: 2^-44 a pair) need lexsort's full comparison."""
+    rank = np.cumsum(np.concatenate([[False], groups[1:] != groups[:-1]])).astype(np.uint64)
+    bits = np.uint64(int(rank[-1]).bit_length() if len(rank) else 0)
+    combined = (rank << (np.uint64(64) - bits)) | (keys >> bits) if bits else keys
+    order = np.argsort(combined, kind="stable")
+    ordered = combined[order]
+    if bool((ordered[1:] == ordered[:-1]).any()):
+        return np.lexsort((keys, groups))
+    return order
 
 
 def _first_times(keys: np.ndarray) -> np.ndarray:
