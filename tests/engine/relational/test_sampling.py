@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from relay_engine.families.rtj import sampling
+from relay_engine.families.rtj import pair_table, sampling
 from relay_engine.families.rtj.batch import BATCH_FIELDS, LookedUpBatch, RelationalBatch, collate
 from relay_engine.families.rtj.database import open_database, seconds
 from relay_engine.families.rtj.encoding import HashEmbedder
@@ -121,3 +121,13 @@ def test_with_a_cache_dir_the_tables_are_memory_mapped_and_contexts_stay_the_sam
     ]
     for ours, theirs in zip(*contexts, strict=True):
         assert ours.label == theirs.label and same_batches(ours.input, theirs.input)
+
+
+def test_the_walk_s_hash_table_and_its_dense_table_give_the_same_contexts(
+    shop: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = sampler(shop, context_length=512)
+    dense = s.examples("train", limit=40)  # (the shop's pairs fit the dense table)
+    monkeypatch.setattr(pair_table, "DENSE_LIMIT", 0)
+    hashed = s.examples("train", limit=40)
+    assert all(same_batches(a.input, b.input) for a, b in zip(dense, hashed, strict=True))

@@ -87,3 +87,31 @@ class PairTable:
         keys, values = self.keys[held], self.values[held]
         self._allocate(max(self.bits + 1, (2 * count - 1).bit_length()))
         self._place(keys, values)
+
+
+# Key spaces up to this many keys get a plain array of values (4 bytes a key: 32 MB at most).
+DENSE_LIMIT = 1 << 23
+
+
+class DenseTable:
+    """The same answers over a small key space [0, size): one int32 value per possible key, -1
+    where absent. A lookup is one gather, cheaper than hashing, at a memory cost of the key space."""
+
+    def __init__(self, size: int) -> None:
+        self.values = np.full(size, -1, np.int32)
+        self.count = 0
+
+    def contains(self, keys: np.ndarray) -> np.ndarray:
+        return self.values[keys] >= 0
+
+    def get(self, keys: np.ndarray) -> np.ndarray:
+        return self.values[keys]
+
+    def insert(self, keys: np.ndarray, values: np.ndarray) -> None:
+        self.values[keys] = values
+        self.count += len(keys)
+
+
+def table_for(key_space: int, expected: int) -> PairTable | DenseTable:
+    """A DenseTable when the key space is small enough (and values fit int32), else a PairTable."""
+    return DenseTable(key_space) if key_space <= DENSE_LIMIT else PairTable(expected)

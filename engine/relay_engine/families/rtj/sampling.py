@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import torch
 
 from relay_engine.errors import DatasetError
+from relay_engine.families.rtj import pair_table
 from relay_engine.families.rtj.batch import (
     MAX_PARENTS,
     SEM_BOOLEAN,
@@ -45,7 +46,6 @@ from relay_engine.families.rtj.cutoff import StatisticsCutoff, statistics_cutoff
 from relay_engine.families.rtj.database import SPLITS, Database, Table, TaskSpec, column_type, seconds
 from relay_engine.families.rtj.encoding import TextEmbedder
 from relay_engine.families.rtj.mapped import memory_mapped
-from relay_engine.families.rtj.pair_table import PairTable
 from relay_engine.families.rtj.trainer import RelationalExample
 
 SEM_CODES = {"number": SEM_NUMBER, "text": SEM_TEXT, "datetime": SEM_DATETIME, "boolean": SEM_BOOLEAN}
@@ -521,7 +521,7 @@ class _Walked:
     rows: np.ndarray
     nodes: np.ndarray
     size: int  # the number of global ids, for the (context, row) keys
-    reached: PairTable  # (context x size + row) -> node, of every pair above
+    reached: pair_table.PairTable | pair_table.DenseTable  # (context x size + row) -> node
 
     def entity_reached(self, contexts: int) -> np.ndarray:
         """Per context, whether its walk reached a row at all (the first is the seed's entity)."""
@@ -560,7 +560,9 @@ class _ContextWalk:
         self.remaining = np.full(len(seed_times), budget, np.int64)
         # (context x size + row) -> node, of the rows reached; a context's nodes count from 1 (the
         # seed is node 0) in the order its rows are reached.
-        self.reached = PairTable(expected=len(seed_times) * max(budget // 2, 1))
+        self.reached = pair_table.table_for(
+            len(seed_times) * index.size, expected=len(seed_times) * max(budget // 2, 1)
+        )
         self.node_count = np.zeros(len(seed_times), np.int64)
 
     def run(self, starts: np.ndarray, max_children: int) -> _Walked:
