@@ -47,5 +47,6 @@ def test_a_dense_table_answers_as_a_dict_and_is_chosen_for_small_key_spaces() ->
         asked = rng.integers(0, 5000, 800)
         assert table.get(asked).tolist() == [expected.get(k, -1) for k in asked.tolist()]
         assert table.contains(asked).tolist() == [k in expected for k in asked.tolist()]
-    assert isinstance(table_for(1000, 10), DenseTable)
-    assert isinstance(table_for(1 << 40, 10), PairTable)
+    assert isinstance(table_for(1000, 100), DenseTable)
+    assert isinstance(table_for(1 << 40, 1 << 20), PairTable)  # too large
+    assert isinstance(table_for(1 << 20, 100), PairTable)  # too sparse to fill

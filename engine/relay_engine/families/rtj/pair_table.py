@@ -89,8 +89,11 @@ class PairTable:
         self._place(keys, values)
 
 
-# Key spaces up to this many keys get a plain array of values (4 bytes a key: 32 MB at most).
+# Key spaces up to this many keys get a plain array of values (4 bytes a key: 32 MB at most), when
+# they are also at most SPARSEST times the keys expected: filling the array must not cost more than
+# the walk it serves (a single context over a large database takes the hash table).
 DENSE_LIMIT = 1 << 23
+SPARSEST = 64
 
 
 class DenseTable:
@@ -113,5 +116,6 @@ class DenseTable:
 
 
 def table_for(key_space: int, expected: int) -> PairTable | DenseTable:
-    """A DenseTable when the key space is small enough (and values fit int32), else a PairTable."""
-    return DenseTable(key_space) if key_space <= DENSE_LIMIT else PairTable(expected)
+    """A DenseTable when the key space is small enough (values fit int32), else a PairTable."""
+    dense = key_space <= min(DENSE_LIMIT, SPARSEST * max(expected, 1))
+    return DenseTable(key_space) if dense else PairTable(expected)
