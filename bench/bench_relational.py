@@ -36,11 +36,12 @@ from relay_engine.relational import NAMED_CONFIGS, RelationalTransformer, collat
 
 
 def sampling(root: Path, contexts: int, context_length: int, batch_size: int = 32) -> None:
-    """Contexts/s of the sampler (its arrays memory-mapped from files, as in jobs), alone and with
-    collate (where the text and column-name embeddings are gathered), against pyarrow reading the
-    same rows; the median of 3 alternating rounds, so that a busy moment of the machine hits both."""
-    database = open_database(root)
+    """Contexts/s of the sampler (its arrays and the tables memory-mapped from files, as in jobs),
+    alone and with collate (where the text and column-name embeddings are gathered), against pyarrow
+    reading the same rows; the median of 3 alternating rounds, so that a busy moment of the machine
+    hits both."""
     with tempfile.TemporaryDirectory() as cache:
+        database = open_database(root, cache_dir=cache)  # tables memory-mapped, as in jobs
         sampler = ContextSampler(
             database,
             "user-churn",

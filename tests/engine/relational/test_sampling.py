@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
-from relay_engine.families.rtj import sampling
+from relay_engine.families.rtj import pair_table, sampling
 from relay_engine.families.rtj.batch import BATCH_FIELDS, LookedUpBatch, RelationalBatch, collate
 from relay_engine.families.rtj.database import open_database, seconds
 from relay_engine.families.rtj.encoding import HashEmbedder
@@ -98,3 +99,35 @@ def test_collate_gathers_looked_up_embeddings_as_a_batch_of_values_would(shop: P
     assert bool(looked_up.text_values.abs().sum() > 0) and looked_up.validate() is looked_up
     # Padding takes the zero rows.
     assert bool((looked_up.col_name_values[looked_up.is_padding] == 0).all())
+
+
+def test_with_a_cache_dir_the_tables_are_memory_mapped_and_contexts_stay_the_same(
+    shop: Path, tmp_path: Path
+) -> None:
+    in_memory = open_database(shop)
+    open_database(shop, cache_dir=tmp_path)  # (the first open writes the Arrow copies)
+    before = pa.total_allocated_bytes()
+    mapped = open_database(shop, cache_dir=tmp_path)
+    # Opened again, the tables take no memory from pyarrow's pool: their buffers are the files'.
+    assert pa.total_allocated_bytes() - before < sum(t.data.nbytes for t in mapped.tables.values()) / 10
+    copies = sorted((tmp_path / "rtj-tables").glob("*.arrow"))
+    assert len(copies) == len(in_memory.tables)
+    for name, table in mapped.tables.items():
+        assert table.data.equals(in_memory.tables[name].data), name
+        assert table.data.schema == in_memory.tables[name].data.schema, name
+    contexts = [
+        ContextSampler(db, "user-churn", HashEmbedder(64), context_length=96, max_children=8).examples("val")
+        for db in (mapped, in_memory)
+    ]
+    for ours, theirs in zip(*contexts, strict=True):
+        assert ours.label == theirs.label and same_batches(ours.input, theirs.input)
+
+
+def test_the_walk_s_hash_table_and_its_dense_table_give_the_same_contexts(
+    shop: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = sampler(shop, context_length=512)
+    dense = s.examples("train", limit=40)  # (the shop's pairs fit the dense table)
+    monkeypatch.setattr(pair_table, "DENSE_LIMIT", 0)
+    hashed = s.examples("train", limit=40)
+    assert all(same_batches(a.input, b.input) for a, b in zip(dense, hashed, strict=True))

@@ -47,6 +47,7 @@ import pyarrow.parquet as pq
 from relay.dataset_names import is_database_url, is_relbench_name, redacted_url
 from relay.events import SnapshotEvent
 from relay_engine.errors import DatasetError
+from relay_engine.families.rtj.mapped import memory_mapped_table
 from relay_engine.paths import cache_dir_or_default, note_use
 
 SCHEMA_FILE = "schema.json"
@@ -178,15 +179,21 @@ def open_database(
     default), or a RelBench dataset named `relbench:<dataset>[/<task>]`, converted through the
     relbench package (relay_engine.families.rtj.relbench_source). `tasks_dir`: where the tasks are,
     when they are kept apart from the database (a schema.json defining them, and
-    tasks_dir/<task>/<split>.parquet or .csv)."""
+    tasks_dir/<task>/<split>.parquet or .csv).
+
+    Given a `cache_dir`, each table is decoded once into an Arrow IPC file under
+    `<cache_dir>/rtj-tables` and opened memory-mapped (mapped.py): `Table.data` is then a pyarrow
+    Table over the file's pages rather than over worker memory. Without one, tables are read into
+    memory."""
     tasks_root = Path(tasks_dir).expanduser().absolute() if tasks_dir is not None else None
+    tables_cache = cache_dir_or_default(cache_dir) / "rtj-tables" if cache_dir is not None else None
     if isinstance(source, str) and is_database_url(source):
-        return _open_snapshot(source, tasks_root, cache_dir_or_default(cache_dir))
+        return _open_snapshot(source, tasks_root, cache_dir_or_default(cache_dir), tables_cache)
     if isinstance(source, str) and is_relbench_name(source):
         from relay_engine.families.rtj.relbench_source import relbench_database
 
         source = relbench_database(source)  # converted once into the cache, then a directory
-    database = _open_directory(Path(source).expanduser())
+    database = _open_directory(Path(source).expanduser(), tables_cache)
     if tasks_root is not None:
         database.tasks = {**database.tasks, **_overlay_tasks(tasks_root, database.tables)}
         database.tasks_dir = tasks_root
@@ -203,12 +210,14 @@ def snapshot_directory(source: str, tasks_dir: Path | None = None, cache_dir: Pa
     return cache_dir_or_default(cache_dir) / "databases" / key / f"{stamp}-{uuid4().hex[:8]}"
 
 
-def _open_snapshot(url: str, tasks_dir: Path | None, cache_dir: Path) -> Database:
+def _open_snapshot(
+    url: str, tasks_dir: Path | None, cache_dir: Path, tables_cache: Path | None = None
+) -> Database:
     from relay_engine.families.rtj.sql import snapshot_database
 
     snapshot = snapshot_database(url, snapshot_directory(url, tasks_dir, cache_dir), tasks_dir)
     try:
-        database = _open_directory(snapshot.path)
+        database = _open_directory(snapshot.path, tables_cache)
     except DatasetError as error:
         # A snapshot that does not open is of no use to anyone: its problem, named by the URL.
         shutil.rmtree(snapshot.path, ignore_errors=True)
@@ -273,7 +282,7 @@ def read_snapshot_record(root: Path) -> DatabaseSnapshot | None:
         return None
 
 
-def _open_directory(root: Path) -> Database:
+def _open_directory(root: Path, tables_cache: Path | None = None) -> Database:
     where = str(root)
     if not root.is_dir():
         raise DatasetError(where, f"no such directory: {root}")
@@ -288,7 +297,7 @@ def _open_directory(root: Path) -> Database:
         raise DatasetError(where, f"{SCHEMA_FILE} is not valid JSON: {error}") from None
     if not isinstance(schema, dict) or not isinstance(schema.get("tables"), dict) or not schema["tables"]:
         raise DatasetError(where, f"{SCHEMA_FILE}: tables must be an object naming at least one table")
-    tables = {name: _load_table(root, name, spec) for name, spec in schema["tables"].items()}
+    tables = {name: _load_table(root, name, spec, tables_cache) for name, spec in schema["tables"].items()}
     for table in tables.values():
         _check_keys(where, table, tables)
     tasks_spec = schema.get("tasks", {})
@@ -301,7 +310,7 @@ def _open_directory(root: Path) -> Database:
     return Database(root, tables, tasks, snapshot=snapshot)
 
 
-def _load_table(root: Path, name: str, spec: Any) -> Table:
+def _load_table(root: Path, name: str, spec: Any, tables_cache: Path | None = None) -> Table:
     where = str(root)
     if not isinstance(spec, dict):
         raise DatasetError(where, f"{SCHEMA_FILE}: tables.{name} must be an object")
@@ -315,7 +324,7 @@ def _load_table(root: Path, name: str, spec: Any) -> Table:
     path = _table_file(root / "tables", name)
     if path is None:
         raise DatasetError(where, f"table {name} has no file tables/{name}.parquet or tables/{name}.csv")
-    data = _read_table(path, root)
+    data = _read_table(path, root, tables_cache)
     foreign_keys = spec.get("foreign_keys", {}) or {}
     column_types = spec.get("column_types", {}) or {}
     if not isinstance(foreign_keys, dict) or not isinstance(column_types, dict):
@@ -411,9 +420,15 @@ def _table_file(directory: Path, name: str) -> Path | None:
     return None
 
 
-def _read_table(path: Path, root: Path) -> pa.Table:
+def _read_table(path: Path, root: Path, mapped_under: Path | None = None) -> pa.Table:
+    """The table in a .parquet or .csv file; with `mapped_under`, over a memory map of its Arrow
+    copy there (mapped.py)."""
+
+    def decode(source: Path) -> pa.Table:
+        return pq.read_table(source) if source.suffix == ".parquet" else pa_csv.read_csv(source)
+
     try:
-        return pq.read_table(path) if path.suffix == ".parquet" else pa_csv.read_csv(path)
+        return decode(path) if mapped_under is None else memory_mapped_table(path, decode, mapped_under)
     except (pa.ArrowException, OSError) as error:
         raise DatasetError(str(root), f"cannot read {path.relative_to(root)}: {error}") from None
 

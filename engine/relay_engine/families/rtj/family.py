@@ -76,7 +76,8 @@ def build_sampler(
     from relay_engine.families.rtj.sampling import ContextSampler
 
     source: str | Path = dataset if is_relational_source(dataset) else Path(dataset).expanduser()
-    database = open_database(source, tasks_dir, cache_dir=cache_dir)
+    # (the tables memory-mapped from Arrow copies in the cache, as the sampler's arrays are)
+    database = open_database(source, tasks_dir, cache_dir=cache_dir_or_default(cache_dir))
     prefer = "hash" if settings["text_encoder"].startswith("hash") else "auto"
     embedder = default_text_embedder(d_text, prefer=prefer)
     return ContextSampler(

@@ -9,6 +9,10 @@ arrays do not disturb each other (each writes aside, then renames). The director
 noted (paths.note_use), and its `complete` file is held (a shared lock) while the files are opened,
 so that `relay cache prune` removes the least recently used and never one being opened; once open,
 a map outlives its file's removal.
+
+A database's tables can be mapped the same way (`memory_mapped_table`): each is decoded once into
+an Arrow IPC file, which pyarrow opens without copying, so `Table.data` is a pyarrow Table whose
+buffers lie in the mapped file.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from relay_engine.paths import note_use
 
@@ -90,3 +96,31 @@ def _write(arrays: dict[str, np.ndarray], directory: Path) -> None:
             raise
     finally:  # another process may have renamed the same arrays into place first
         shutil.rmtree(aside, ignore_errors=True)
+
+
+TABLE_FORMAT = b"relay-rtj-table-1"
+
+
+def memory_mapped_table(source: Path, read: Callable[[Path], pa.Table], root: Path) -> pa.Table:
+    """The table in the file `source` (as `read` decodes it), over a read-only memory map of an
+    Arrow IPC copy under `root`: its columns' buffers are pages of that file, not worker memory.
+
+    The copy is written on the first open and named by the source's path, size and modification
+    time, so a changed file is decoded again; written aside, then renamed, as the arrays are."""
+    status = source.stat()
+    digest = hashlib.sha256(TABLE_FORMAT)
+    digest.update(f"{source.resolve()}|{status.st_size}|{status.st_mtime_ns}".encode())
+    copy = root / f"{digest.hexdigest()[:32]}.arrow"
+    if not copy.exists():
+        table = read(source)
+        root.mkdir(parents=True, exist_ok=True)
+        handle, aside = tempfile.mkstemp(dir=root, prefix=".writing-", suffix=".arrow")
+        os.close(handle)
+        try:
+            with pa.OSFile(aside, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+            os.replace(aside, copy)
+        finally:
+            Path(aside).unlink(missing_ok=True)
+    with pa.memory_map(str(copy), "r") as mapped:  # (the table's buffers keep the map open)
+        return pa.ipc.open_file(mapped).read_all()

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import torch
 
 from relay_engine.errors import DatasetError
+from relay_engine.families.rtj import pair_table
 from relay_engine.families.rtj.batch import (
     MAX_PARENTS,
     SEM_BOOLEAN,
@@ -360,45 +361,39 @@ class ContextSampler:
         flat arrays, then each context takes its slice."""
         index, task = self._index, self.tables[-1]
         contexts = len(seed_times)
-        ctx, rows, node = walked.contexts, walked.rows, walked.nodes
+        ctx, rows = walked.contexts, walked.rows
         # Each row's cells, cut where its context's cells pass the budget.
         counts = index.cell_count[rows]
-        before = _exclusive_cumsum_within(counts, ctx)
-        kept = np.clip(self.context_length - 2 - before, 0, counts)
+        kept = np.clip(self.context_length - 2 - _exclusive_cumsum_within(counts, ctx), 0, counts)
+        # Entries: per context its seed (two cells, node 0), then its rows reached, in the order
+        # of the cells. A cell then takes its entry's node, table, parents and first cell.
+        seed_at = np.searchsorted(ctx, np.arange(contexts))
+        seed_parents = np.full((contexts, MAX_PARENTS), -1, np.int64)
+        seed_parents[walked.entity_reached(contexts), 0] = 1  # the seed points to its entity (node 1)
+        entry_cells = np.insert(kept, seed_at, 2)
+        # (A seed's cells are gathered from cell 0, then written over: the train split's labels
+        # are cells, so there is one.)
+        entry_first = np.insert(index.cell_start[rows], seed_at, 0)
         cells_of = np.bincount(ctx, kept, minlength=contexts).astype(np.int64) + 2
-        ends = np.cumsum(cells_of)
-        starts = ends - cells_of
-        total = int(ends[-1])
-        # Flat positions: two seed cells per context, then the kept cells of each row.
-        row_of_cell = np.repeat(np.arange(len(rows)), kept)
-        within = np.arange(len(row_of_cell)) - np.repeat(np.cumsum(kept) - kept, kept)
-        position = starts[ctx[row_of_cell]] + 2 + before[row_of_cell] + within
-        source = index.cell_start[rows[row_of_cell]] + within
-
-        node_idxs = np.zeros(total, np.int64)
-        node_idxs[position] = node[row_of_cell]
-        col_idxs = np.empty(total, np.int64)
-        table_idxs = np.full(total, task.index, np.int64)
-        sem = np.empty(total, np.int64)
-        value = np.zeros(total, np.float32)
-        text = np.full(total, -1, np.int64)
+        starts = np.cumsum(cells_of) - cells_of
+        total = int(cells_of.sum())
+        within = np.arange(total) - np.repeat(np.cumsum(entry_cells) - entry_cells, entry_cells)
+        source = np.repeat(entry_first, entry_cells) + within
+        source[starts + 1] = 0
+        node_idxs = np.repeat(np.insert(walked.nodes, seed_at, 0), entry_cells)
+        table_idxs = np.repeat(np.insert(index.table_of[rows], seed_at, task.index), entry_cells)
+        parents = np.repeat(
+            np.insert(walked.parent_nodes(index), seed_at, seed_parents, axis=0), entry_cells, axis=0
+        )
+        col_idxs = index.cell_column[source]
+        sem = index.cell_sem[source]
+        value = index.cell_value[source]
+        text = index.cell_text[source]
         col_idxs[starts], col_idxs[starts + 1] = task.column_ids[0], task.column_ids[1]
         sem[starts], sem[starts + 1] = SEM_DATETIME, task.sem[1]
         value[starts] = (seed_times - self.time_mean) / self.time_std
-        col_idxs[position] = index.cell_column[source]
-        table_idxs[position] = index.table_of[rows[row_of_cell]]
-        sem[position] = index.cell_sem[source]
-        value[position] = index.cell_value[source]
-        text[position] = index.cell_text[source]
-
-        # Each row's parents as nodes of its context (those reached), packed to the left.
-        node_parents = walked.parent_nodes(index)
-        parents = np.full((total, MAX_PARENTS), -1, np.int64)
-        parents[position] = node_parents[row_of_cell]
-        entity_reached = walked.entity_reached(contexts)
-        seed_parents = np.full((contexts, MAX_PARENTS), -1, np.int64)
-        seed_parents[entity_reached, 0] = 1  # the seed points to its entity, the first row reached
-        parents[starts], parents[starts + 1] = seed_parents, seed_parents
+        value[starts + 1] = 0.0
+        text[starts] = text[starts + 1] = -1
 
         targets = np.zeros(total, bool)
         targets[starts + 1] = True
@@ -415,7 +410,7 @@ class ContextSampler:
             "datetime_values": channels[SEM_DATETIME][:, None],
             "boolean_values": channels[SEM_BOOLEAN][:, None],
             # Rows of the embedding tables; a cell without text (-1) takes the zero row at the end.
-            "text_rows": np.where(text >= 0, text, len(self._text_table) - 1),
+            "text_rows": np.where(text >= 0, text, np.int64(len(self._text_table) - 1)),
             "col_name_rows": col_idxs,
         }
         # Each context's tensors are views of the flat ones ([1, cells, ...]): one split per field.
@@ -526,6 +521,7 @@ class _Walked:
     rows: np.ndarray
     nodes: np.ndarray
     size: int  # the number of global ids, for the (context, row) keys
+    reached: pair_table.PairTable | pair_table.DenseTable  # (context x size + row) -> node
 
     def entity_reached(self, contexts: int) -> np.ndarray:
         """Per context, whether its walk reached a row at all (the first is the seed's entity)."""
@@ -535,21 +531,16 @@ class _Walked:
         """Each reached row's parents as nodes of its context, those reached, packed to the left
         in foreign-key order (-1 after them)."""
         links = index.parents[self.rows]
-        if not len(self.rows):
-            return links
-        keys = self.contexts * self.size + self.rows
-        order = np.argsort(keys)
-        sorted_keys = keys[order]
-        linked = links >= 0  # (most of the MAX_PARENTS slots are empty: look up only the links)
-        wanted = np.broadcast_to(self.contexts[:, None], links.shape)[linked] * self.size + links[linked]
-        found = np.minimum(np.searchsorted(sorted_keys, wanted), len(sorted_keys) - 1)
-        hit = sorted_keys[found] == wanted
-        reached = np.zeros(links.shape, bool)
-        reached[linked] = hit
-        nodes = np.full(links.shape, -1, np.int64)
-        nodes[reached] = self.nodes[order][found[hit]]
-        packing = np.argsort(~reached, axis=1, kind="stable")
-        return np.take_along_axis(nodes, packing, axis=1)
+        packed = np.full(links.shape, -1, np.int64)
+        filled = np.zeros(len(self.rows), np.int64)  # per row, the parents packed so far
+        for k in range(links.shape[1]):
+            linked = np.flatnonzero(links[:, k] >= 0)  # (most slots are empty: look up the links)
+            nodes = self.reached.get(self.contexts[linked] * self.size + links[linked, k])
+            hit = nodes >= 0
+            linked = linked[hit]
+            packed[linked, filled[linked]] = nodes[hit]
+            filled[linked] += 1
+        return packed
 
 
 class _ContextWalk:
@@ -567,7 +558,12 @@ class _ContextWalk:
         self.seed_times = seed_times
         self.keys = keys  # one random key per context (uint64)
         self.remaining = np.full(len(seed_times), budget, np.int64)
-        self.reached = np.zeros(0, np.int64)  # sorted (context, row) keys of the rows reached
+        # (context x size + row) -> node, of the rows reached; a context's nodes count from 1 (the
+        # seed is node 0) in the order its rows are reached.
+        self.reached = pair_table.table_for(
+            len(seed_times) * index.size, expected=len(seed_times) * max(budget // 2, 1)
+        )
+        self.node_count = np.zeros(len(seed_times), np.int64)
 
     def run(self, starts: np.ndarray, max_children: int) -> _Walked:
         size = self.index.size
@@ -582,7 +578,7 @@ class _ContextWalk:
             depth += 1
         all_ctx, all_rows = _by_context(steps)
         nodes = _position_within(all_ctx) + 1
-        return _Walked(all_ctx, all_rows, nodes, size)
+        return _Walked(all_ctx, all_rows, nodes, size, self.reached)
 
     def _next_level(
         self, frontier: tuple[np.ndarray, np.ndarray], max_children: int, depth: int
@@ -606,18 +602,14 @@ class _ContextWalk:
     def _reach(self, ctx: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Reach these rows (each followed by its parents), within the budget: the pairs reached."""
         ctx, rows = self._within_budget(*self._with_parents(ctx, rows))
-        # New pairs are distinct and not reached before: a merge of two sorted runs (the stable
-        # sort finds the runs) keeps `reached` sorted.
-        new = np.sort(ctx * self.index.size + rows)
-        self.reached = np.sort(np.concatenate([self.reached, new]), kind="stable")
+        # New pairs are distinct, not reached before, and context by context (as every level is).
+        nodes = self.node_count[ctx] + _position_within(ctx) + 1
+        self.node_count += np.bincount(ctx, minlength=len(self.node_count))
+        self.reached.insert(ctx * self.index.size + rows, nodes)
         return ctx, rows
 
     def _unreached(self, ctx: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        keys = ctx * self.index.size + rows
-        found = np.searchsorted(self.reached, keys)
-        hit = found < len(self.reached)
-        hit[hit] = self.reached[found[hit]] == keys[hit]
-        return ~hit
+        return ~self.reached.contains(ctx * self.index.size + rows)
 
     def _with_parents(self, ctx: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The pairs, each followed depth first by its parents, keeping the first time a row comes
@@ -625,22 +617,32 @@ class _ContextWalk:
         parents, size = self.index.parents, self.index.size
         open_ = np.ones(len(rows), bool)  # rows whose parents are not listed yet
         while True:
-            candidate = open_
-            keep = ~candidate
-            keep[candidate] = self.index.visible(rows[candidate], self.seed_times[ctx[candidate]]) & (
-                self._unreached(ctx[candidate], rows[candidate])
-            )
-            keep &= _first_times(ctx * size + rows)
+            candidate = np.flatnonzero(open_)
+            candidate_ctx, candidate_rows = ctx[candidate], rows[candidate]
+            passed = self.index.visible(candidate_rows, self.seed_times[candidate_ctx])
+            passed[passed] = self._unreached(candidate_ctx[passed], candidate_rows[passed])
+            keep = ~open_
+            keep[candidate] = passed
+            if passed.any():  # (the rows kept before are distinct: only a new one can repeat a row)
+                keep &= _first_times(ctx * size + rows)
             ctx, rows, open_ = ctx[keep], rows[keep], open_[keep]
             if not open_.any():
                 return ctx, rows
-            links = np.where(open_[:, None], parents[rows], -1)
-            slots = np.concatenate([rows[:, None], links], axis=1)  # a row, then its parents
-            listed = slots >= 0
-            opened = np.zeros(slots.shape, bool)
-            opened[:, 1:] = True
-            ctx = np.broadcast_to(ctx[:, None], slots.shape)[listed]
-            rows, open_ = slots[listed], opened[listed]
+            # Each open row is followed by its parents (open in turn); the others stay alone.
+            opened = np.flatnonzero(open_)
+            links = parents[rows[opened]]
+            linked = links >= 0
+            span = np.ones(len(rows), np.int64)
+            span[opened] += linked.sum(axis=1)
+            at = np.cumsum(span) - span  # where each row goes
+            owner, slot = np.nonzero(linked)
+            parent_at = at[opened[owner]] + np.cumsum(linked, axis=1)[owner, slot]
+            listed = np.empty(int(at[-1] + span[-1]), rows.dtype)
+            listed[at] = rows
+            listed[parent_at] = links[owner, slot]
+            open_ = np.zeros(len(listed), bool)
+            open_[parent_at] = True
+            ctx, rows = np.repeat(ctx, span), listed
 
     def _within_budget(self, ctx: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The pairs up to and including the one whose cells reach its context's budget."""
@@ -664,13 +666,21 @@ class _ContextWalk:
         shift = np.repeat(low - (np.cumsum(counts) - counts), counts)
         children = index.children[np.arange(len(group)) + shift]
         child_ctx = ctx[group]
-        keep = index.visible(children, self.seed_times[child_ctx]) & self._unreached(child_ctx, children)
+        visible = np.flatnonzero(index.visible(children, self.seed_times[child_ctx]))
+        keep = visible[self._unreached(child_ctx[visible], children[visible])]
         group, children, child_ctx = group[keep], children[keep], child_ctx[keep]
-        random = _mix(self.keys[child_ctx] ^ _mix(index.draw_id[children] + np.uint64(depth << 56)))
-        by_key = np.lexsort((random, group))
-        rank = np.empty(len(group), np.int64)
-        rank[by_key] = _position_within(group[by_key])
-        picked = rank < max_children
+        # Only a row with more candidates than max_children draws: the others keep them all.
+        drawing = np.bincount(group, minlength=len(rows)) > max_children
+        sampled = np.flatnonzero(drawing[group])
+        if not len(sampled):
+            return child_ctx, children
+        group_s, children_s, ctx_s = group[sampled], children[sampled], child_ctx[sampled]
+        random = _mix(self.keys[ctx_s] ^ _mix(index.draw_id[children_s] + np.uint64(depth << 56)))
+        by_key = _order_within_groups(group_s, random)
+        rank = np.empty(len(sampled), np.int64)
+        rank[by_key] = _position_within(group_s[by_key])
+        picked = np.ones(len(group), bool)
+        picked[sampled] = rank < max_children
         return child_ctx[picked], children[picked]
 
 
@@ -713,6 +723,20 @@ def _exclusive_cumsum_within(values: np.ndarray, groups: np.ndarray) -> np.ndarr
     starts = np.flatnonzero(np.concatenate([[True], groups[1:] != groups[:-1]]))
     lengths = np.diff(np.concatenate([starts, [len(groups)]]))
     return total - np.repeat(total[starts], lengths)
+
+
+def _order_within_groups(groups: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The order of np.lexsort((keys, groups)) for sorted int `groups` and uint64 `keys`, faster:
+    one stable sort of the group's rank in the top bits and the key's top bits below it. Only keys
+    equal in those bits within a group (about never: 2^-44 a pair) need lexsort's full comparison."""
+    rank = np.cumsum(np.concatenate([[False], groups[1:] != groups[:-1]])).astype(np.uint64)
+    bits = np.uint64(int(rank[-1]).bit_length() if len(rank) else 0)
+    combined = (rank << (np.uint64(64) - bits)) | (keys >> bits) if bits else keys
+    order = np.argsort(combined, kind="stable")
+    ordered = combined[order]
+    if bool((ordered[1:] == ordered[:-1]).any()):
+        return np.lexsort((keys, groups))
+    return order
 
 
 def _first_times(keys: np.ndarray) -> np.ndarray:
