@@ -2,11 +2,12 @@
 
     frames/<key>/                    frame indexes of LeRobot datasets (datasets/frame_cache.py)
     rtj-contexts/<digest>/*.npy      an RT-J sampler's memory-mapped arrays (families/rtj/mapped.py)
+    rtj-tables/<digest>.arrow        a database table's memory-mapped Arrow copy (the same module)
     relbench/<name>/                 RelBench datasets converted to Relay's layout (relbench_source.py)
     databases/<key>/<stamp>-<id>/    snapshots of SQL databases (families/rtj/database.py)
 
-Frame indexes, context arrays and RelBench conversions are made again when missing, so they share
-one size limit and go least recently used first. A snapshot cannot be made again (the database has
+Frame indexes, context arrays, table copies and RelBench conversions are made again when missing, so
+they share one size limit and go least recently used first. A snapshot cannot be made again (the database has
 changed since), and a model trained on one serves from it (its config's `relay.dataset`), so
 snapshots go only when asked, by how long they have gone unused.
 """
@@ -30,6 +31,7 @@ from relay_engine.paths import LAST_USED_FILE
 
 FRAME_INDEX = "frame index"
 CONTEXTS = "rtj contexts"
+TABLE_COPY = "rtj table copy"
 RELBENCH = "relbench"
 SNAPSHOT = "database snapshot"
 SECONDS_PER_DAY = 86_400.0
@@ -74,6 +76,24 @@ def context_arrays(cache: Path) -> list[CacheEntry]:
     return found
 
 
+def table_copies(cache: Path) -> list[CacheEntry]:
+    """Arrow copies of database tables. One already mapped stays readable after its removal (the
+    map holds the file's pages), and the next open writes it again."""
+    folder = cache / "rtj-tables"
+    copies = sorted(folder.glob("[!.]*.arrow")) if folder.is_dir() else []
+    return [
+        CacheEntry(
+            TABLE_COPY,
+            path,
+            "a database table, decoded for memory-mapping",
+            path.stat().st_size,
+            path.stat().st_mtime,  # (its opener touches it: the last use)
+            partial(_remove_file, path),
+        )
+        for path in copies
+    ]
+
+
 def relbench_conversions(cache: Path) -> list[CacheEntry]:
     found = []
     for path in _children(cache / "relbench"):
@@ -115,8 +135,8 @@ def snapshots(cache: Path) -> list[CacheEntry]:
 
 
 def remade_when_missing(cache: Path) -> list[CacheEntry]:
-    """Frame indexes, context arrays and RelBench conversions, least recently used first."""
-    found = frame_indexes(cache) + context_arrays(cache) + relbench_conversions(cache)
+    """Frame indexes, context arrays, table copies and RelBench conversions, least recently used first."""
+    found = frame_indexes(cache) + context_arrays(cache) + table_copies(cache) + relbench_conversions(cache)
     return sorted(found, key=lambda entry: entry.last_used)
 
 
@@ -183,4 +203,12 @@ def _remove(path: Path) -> bool:
     except OSError:
         return False
     shutil.rmtree(doomed, ignore_errors=True)
+    return True
+
+
+def _remove_file(path: Path) -> bool:
+    try:
+        path.unlink()
+    except OSError:
+        return False
     return True

@@ -59,14 +59,16 @@ def show(ctx: typer.Context, cache_dir: CacheDirOption = None) -> None:
         )
     show_table(table, _out)
     indexes = [entry for entry in found if entry.kind == contents.FRAME_INDEX]
-    remade = [entry for entry in found if entry.kind in (contents.CONTEXTS, contents.RELBENCH)]
+    remade = [
+        entry for entry in found if entry.kind in (contents.CONTEXTS, contents.TABLE_COPY, contents.RELBENCH)
+    ]
     snapshots = [entry for entry in found if entry.kind == contents.SNAPSHOT]
     shown_limit = size_text(limit) if limit else "none"
     _out.print(
         f"{len(indexes)} indexes, {size_text(_total(indexes))} in {cache / 'frames'}; limit {shown_limit}"
     )
     _out.print(
-        f"{len(remade)} context arrays and RelBench conversions, {size_text(_total(remade))} "
+        f"{len(remade)} context arrays, table copies and RelBench conversions, {size_text(_total(remade))} "
         "(made again when missing; under the same limit)"
     )
     _out.print(

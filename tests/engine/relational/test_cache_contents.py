@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from relay.cli import app
-from relay_engine.cache_contents import CONTEXTS, RELBENCH, SNAPSHOT, everything, prune_to_size
+from relay_engine.cache_contents import CONTEXTS, RELBENCH, SNAPSHOT, TABLE_COPY, everything, prune_to_size
 from relay_engine.families.rtj.database import Database, open_database
 from relay_engine.families.rtj.mapped import COMPLETE_FILE, is_memory_mapped, memory_mapped
 from relay_engine.families.rtj.relbench_source import relbench_database
@@ -156,3 +156,20 @@ def test_a_prune_while_arrays_are_being_opened_leaves_them(
     mapped = memory_mapped(arrays(4), cache / "rtj-contexts")
     assert pruned_meanwhile == [[]]
     assert np.array_equal(mapped["rows"], np.arange(5_000))
+
+
+def test_table_copies_are_shown_pruned_and_written_again(tmp_path: Path, cache: Path) -> None:
+    """A database opened with a cache_dir maps Arrow copies of its tables; they are remade on demand,
+    so they go under the size limit, and a table already open stays readable after its removal."""
+    shop = write_fake_shop(tmp_path / "shop", customers=10, products=4, reviews=30)
+    opened = open_database(shop, cache_dir=cache)
+    copies = [entry for entry in everything(cache) if entry.kind == TABLE_COPY]
+    assert len(copies) == len(opened.tables) and all(entry.bytes > 0 for entry in copies)
+    assert f"{len(copies)} context arrays, table copies and RelBench conversions" in relay_cache()
+    removed = prune_to_size(cache, 0)
+    assert {entry.path for entry in removed} >= {entry.path for entry in copies}
+    assert not any((cache / "rtj-tables").glob("*.arrow"))
+    assert opened.tables["review"].data.num_rows == 30  # its pages are still mapped
+    again = open_database(shop, cache_dir=cache)
+    assert len(list((cache / "rtj-tables").glob("*.arrow"))) == len(again.tables)
+    assert again.tables["review"].data.equals(opened.tables["review"].data)

@@ -17,6 +17,7 @@ buffers lie in the mapped file.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -122,5 +123,8 @@ def memory_mapped_table(source: Path, read: Callable[[Path], pa.Table], root: Pa
             os.replace(aside, copy)
         finally:
             Path(aside).unlink(missing_ok=True)
+    else:
+        with contextlib.suppress(OSError):  # its last use, for `relay cache prune`
+            os.utime(copy)
     with pa.memory_map(str(copy), "r") as mapped:  # (the table's buffers keep the map open)
         return pa.ipc.open_file(mapped).read_all()
