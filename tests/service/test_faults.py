@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
 from relay.http_client import Client
 from relay.sft.config import SFTConfig
@@ -230,6 +230,34 @@ def signal_worker(worker: WorkerProcess, signum: signal.Signals) -> None:
     os.killpg(worker.process.pid, signum)
 
 
+def open_transactions(stack: Stack) -> int:
+    """Connections to the service's database holding a transaction open (besides this one's)."""
+    with stack.sessions() as session:
+        return int(
+            session.scalar(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'"
+                )
+            )
+            or 0
+        )
+
+
+def freeze_outside_a_transaction(stack: Stack, worker: WorkerProcess) -> None:
+    """SIGSTOP the worker at a moment it holds no transaction open: a worker frozen between an UPDATE
+    of the job's row and its COMMIT keeps the row locked, and every other writer of the row (the
+    successor's claim, the thawed worker's lease check) would wait on it for as long as it is frozen.
+    A statement under way when the signal lands runs to its end first, hence the pause."""
+    while True:
+        signal_worker(worker, signal.SIGSTOP)
+        time.sleep(0.2)
+        if not open_transactions(stack):
+            return
+        signal_worker(worker, signal.SIGCONT)
+        time.sleep(0.05)
+
+
 def temporaries(stack: Stack, job_id: str, since: float) -> list[Path]:
     """The job's temporary checkpoint directories made after `since` (a time.time())."""
     root = stack.settings.job_dir(job_id) / "checkpoints"
@@ -262,7 +290,7 @@ def test_a_worker_frozen_past_its_lease_leaves_its_successors_checkpoint_alone(
             owner = session.scalar(select(FineTune.lease_owner).where(FineTune.id == job.id))
         frozen = worker_owning(workers, owner or "")
         successor = next(w for w in workers if w is not frozen)
-        signal_worker(frozen, signal.SIGSTOP)
+        freeze_outside_a_transaction(stack, frozen)
         frozen_at = time.time()  # what the frozen worker had begun to write is older
         assert job.refresh().status == "running", "the job ended before the freeze; make it longer"
         wait_for(lambda: job.refresh().to_dict()["attempts"] == 2, 120, "the successor's claim", every=0.1)
@@ -271,10 +299,11 @@ def test_a_worker_frozen_past_its_lease_leaves_its_successors_checkpoint_alone(
             writing = lambda: temporaries(stack, job.id, frozen_at)  # noqa: E731
             wait_for(writing, 300, "the successor's next checkpoint write", every=0.002)
             signal_worker(successor, signal.SIGSTOP)
+            time.sleep(0.2)  # (a statement under way runs to its end)
             caught = writing()
-            if caught:
+            if caught and not open_transactions(stack):
                 break
-            signal_worker(successor, signal.SIGCONT)  # it finished meanwhile: the next one
+            signal_worker(successor, signal.SIGCONT)  # it finished meanwhile, or holds a lock: the next one
         signal_worker(frozen, signal.SIGCONT)
         stopped = f"{job.id}: attempt 1 no longer owns the job; stopping"
         wait_for(lambda: stopped in frozen.log_since_start(), 60, "the thawed worker to stop", every=0.05)
