@@ -11,6 +11,7 @@ The CLI creates, lists, shows and stops; bodies and websocket messages over the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Iterator
@@ -68,6 +69,18 @@ def owner(stack: Stack) -> Iterator[Client]:
     client.close()
 
 
+@pytest.fixture
+def stopped_after() -> Iterator[list[Deployment]]:
+    """Deployments a test starts, stopped after it even when it fails: one left running holds its
+    serving worker, and every later test's deployment would wait for a worker."""
+    started: list[Deployment] = []
+    yield started
+    for deployment in started:
+        with contextlib.suppress(Exception):
+            if deployment.refresh().status in ("starting", "ready"):
+                deployment.stop()
+
+
 @pytest.fixture(scope="module")
 def completed_job(stack: Stack, owner: Client) -> FineTuneJob:
     stack.worker()
@@ -119,8 +132,10 @@ def test_a_completed_job_is_served_over_http_and_to_openpi_client(
     owner: Client,
     completed_job: FineTuneJob,
     downloaded: Path,
+    stopped_after: list[Deployment],
 ) -> None:
     deployment = deploy(completed_job.id, max_batch=4, client=owner)
+    stopped_after.append(deployment)
     assert deployment.status == "starting" and deployment.id.startswith("dep-")
     assert deployment.websocket_url == stack.api_url.replace("http://", "ws://") + (
         f"/v1/deployments/{deployment.id}/ws"
