@@ -343,6 +343,9 @@ def test_a_disk_that_fills_during_the_first_checkpoint_ends_the_job_once_saying_
                 job.wait(poll=0.5, timeout=300)
             assert job.status == "error"
             assert "the disk filled up while writing a checkpoint" in (job.error or "")
+            assert (job.error or "").endswith(
+                "no checkpoint is complete yet (this was the first), so there is none to resume from"
+            )
             assert job.to_dict()["attempts"] == 1  # not retried: the same disk would fail the same way
             events = job.events()
             assert [e["event"] for e in events if e.get("event") in ("retry", "error")] == ["error"]
