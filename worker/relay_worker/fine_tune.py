@@ -248,9 +248,11 @@ def _join_gang(
     """Take a seat in the job's gang and wait for the rest of its hosts; None if it did not start.
 
     No seat when the gang cannot form (the live workers have too few slots; the job is parked until
-    they have), nor while this host backs off after its gang gave up: a seat would hold this worker
-    from jobs it can run."""
-    if gangs.backing_off(job_id):
+    they have), nor while this host backs off after its gang gave up, unless other hosts are seated
+    now (then the gang may form at once): a seat would hold this worker from jobs it can run."""
+    if gangs.backing_off(job_id) and not gangs.gathering_elsewhere(
+        db_sessions, settings, job_id, worker_name()
+    ):
         # This delivery is consumed: parked, the job is published again by the reconciler, so a
         # worker that can run it (one with the slots, or a gang of others) hears of it.
         gangs.park(db_sessions, job_id)
