@@ -240,6 +240,7 @@ def _start_gang(db: Session, settings: Settings, seat: Seat, hosts: list[str], n
             status=st.RUNNING,
             attempt=seat.round,
             lease_until=now + dt.timedelta(seconds=first_lease),
+            lease_lapsed_at=None,
             lease_owner=("gang: " + ", ".join(hosts))[:255],
             updated_at=now,
             last_failure=None,

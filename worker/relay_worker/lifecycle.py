@@ -109,6 +109,7 @@ def claim(db_sessions: sessionmaker[Session], settings: Settings, job_id: str, o
                     status=st.RUNNING,
                     attempt=fine_tunes.c.attempt + 1,
                     lease_until=_lease(settings, now),
+                    lease_lapsed_at=None,
                     lease_owner=owner,
                     updated_at=now,
                     last_failure=None,
@@ -473,7 +474,13 @@ def _retry(db_sessions: sessionmaker[Session], job_id: str, attempt: int, step: 
                     fine_tunes.c.status == st.RUNNING,
                     fine_tunes.c.lease_until < database_now(db_sessions),
                 )
-                .values(lease_until=None, enqueued_at=database_now(db_sessions), last_failure=reason)
+                # The lapsed lease's end stays readable (`lease_lapsed_seconds`) until a claim.
+                .values(
+                    lease_until=None,
+                    lease_lapsed_at=fine_tunes.c.lease_until,
+                    enqueued_at=database_now(db_sessions),
+                    last_failure=reason,
+                )
             )
         )
         if moved:
