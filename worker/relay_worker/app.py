@@ -18,7 +18,7 @@ from typing import Any
 import redis
 from celery import signals
 
-from relay_api.db import is_outage, session_factory, utcnow
+from relay_api.db import is_outage, utcnow, worker_session_factory
 from relay_api.queue import RUN_DEPLOYMENT, RUN_FINE_TUNE, make_celery
 from relay_api.settings import get_settings
 from relay_worker import deployment_lifecycle, heartbeat, session_lifecycle, shutdown
@@ -58,7 +58,7 @@ class Reconciler(threading.Thread):
         self.beats = beats
 
     def run(self) -> None:
-        db_sessions = session_factory(settings)
+        db_sessions = worker_session_factory(settings)
         name, started_at = worker_name(), utcnow()
         memory = self._gpu_memory()
         decoders = heartbeat.video_decoders()

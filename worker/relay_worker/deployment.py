@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from relay.errors import InputError
 from relay.serving import status as st
-from relay_api.db import session_factory
+from relay_api.db import worker_session_factory
 from relay_api.deployments import STOPPED_BY_USER
 from relay_api.settings import Settings, get_settings
 from relay_worker import deployment_lifecycle as lifecycle
@@ -42,7 +42,7 @@ class DeploymentKeeper(threading.Thread):
         super().__init__(name=f"lease-{claim.deployment_id}", daemon=True)
         self.settings = settings
         self.claim = claim
-        self.db_sessions = session_factory(settings)
+        self.db_sessions = worker_session_factory(settings)
         self.server: RunningPolicyServer | None = None  # set once it serves
         self.stop_requested = False
         self.lost = False
@@ -71,7 +71,7 @@ def run_deployment(deployment_id: str, settings: Settings | None = None, publish
     """Host the deployment if this delivery can claim it; returns what happened, for the task's log.
     `publish(deployment_id)` hands it to another worker when this one shuts down."""
     settings = settings or get_settings()
-    db_sessions = session_factory(settings)
+    db_sessions = worker_session_factory(settings)
     claim = lifecycle.claim(db_sessions, settings, deployment_id, worker_name())
     if claim is None:
         return "not claimed: the deployment is held by another worker, stopped or ended"

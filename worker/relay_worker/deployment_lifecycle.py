@@ -22,7 +22,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from relay.serving import status as st
-from relay_api.db import database_now, rows_changed, with_retries
+from relay_api.db import database_now, rows_changed, unlocked, with_retries
 from relay_api.deployments import STOPPED_BY_USER, record_event
 from relay_api.models import deployments as table
 from relay_api.settings import Settings
@@ -296,10 +296,13 @@ def _move_lapsed(
             db.execute(
                 update(table)
                 .where(
-                    table.c.id == deployment_id,
-                    table.c.attempt == attempt,
-                    table.c.status.in_(st.LIVE),
-                    table.c.lease_until < now,
+                    unlocked(
+                        table,
+                        table.c.id == deployment_id,
+                        table.c.attempt == attempt,
+                        table.c.status.in_(st.LIVE),
+                        table.c.lease_until < now,
+                    )
                 )
                 .values(values)
             )
@@ -319,10 +322,13 @@ def _touch_waiting(db_sessions: sessionmaker[Session], deployment_id: str, setti
             db.execute(
                 update(table)
                 .where(
-                    table.c.id == deployment_id,
-                    table.c.status == st.STARTING,
-                    table.c.lease_until.is_(None),
-                    table.c.updated_at < before,
+                    unlocked(
+                        table,
+                        table.c.id == deployment_id,
+                        table.c.status == st.STARTING,
+                        table.c.lease_until.is_(None),
+                        table.c.updated_at < before,
+                    )
                 )
                 .values(updated_at=now)
             )
