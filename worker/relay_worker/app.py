@@ -64,7 +64,8 @@ class Reconciler(threading.Thread):
         decoders = heartbeat.video_decoders()
         self._beat(db_sessions, name, started_at, memory, decoders)
         # Until then, leases that lapsed without a word are not judged: after a database outage, the
-        # workers it stopped need a lease's time to give their jobs back (which does not count).
+        # workers it stopped need a lease's time to give their jobs back (which does not count), and
+        # the workers that served deployments through it to renew their leases.
         judge_leases_at = 0.0
         while not self.stopping.wait(settings.reconcile_seconds):
             self._beat(db_sessions, name, started_at, memory, decoders)
@@ -86,7 +87,7 @@ class Reconciler(threading.Thread):
                 log.exception("reconciler pass over sessions failed")
             try:
                 for deployment_id in deployment_lifecycle.reconcile(
-                    db_sessions, settings, publish_deployment
+                    db_sessions, settings, publish_deployment, judge
                 ):
                     log.info("reconciler: restarted, ended or published deployment %s", deployment_id)
             except Exception:

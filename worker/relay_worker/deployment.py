@@ -49,15 +49,32 @@ class DeploymentKeeper(threading.Thread):
         self._stopping = threading.Event()
 
     def run(self) -> None:
+        away_since: float | None = None
         while not self._stopping.wait(self.settings.heartbeat_seconds):
             try:
                 state = lifecycle.renew(self.db_sessions, self.settings, self.claim, self.stats())
             except FencedOut:
                 self.lost = True
                 return
-            except Exception:  # the database is away: the lease may lapse, and fencing keeps us honest
-                log.warning("could not renew the lease of %s", self.claim.deployment_id, exc_info=True)
+            except Exception as error:
+                # The database is away: serve on. The lease may lapse meanwhile; the reconcilers
+                # judge no lapsed lease until a lease after the outage, and this keeper renews it
+                # as soon as the database answers (fencing refuses it if another attempt took over).
+                if away_since is None:
+                    away_since = time.monotonic()
+                    log.warning(
+                        "deployment %s: cannot renew its lease (%s); serving goes on",
+                        self.claim.deployment_id,
+                        str(error).splitlines()[0] if str(error) else type(error).__name__,
+                    )
                 continue
+            if away_since is not None:
+                log.warning(
+                    "deployment %s: the database is back after %.1f s; lease renewed",
+                    self.claim.deployment_id,
+                    time.monotonic() - away_since,
+                )
+                away_since = None
             self.stop_requested = state.stop_requested
 
     def stats(self) -> dict[str, Any] | None:
