@@ -46,6 +46,7 @@ from relay_api.guard import Guard
 from relay_api.inspectors import Inspectors
 from relay_api.keys import KeyCache
 from relay_api.metrics import Metrics, RequestMetrics
+from relay_api.outage_memory import OutageMemory
 from relay_api.queue import Publisher
 from relay_api.sessions import ReadyCache
 from relay_api.settings import Settings, get_settings
@@ -101,6 +102,8 @@ def _open_state(app: FastAPI, settings: Settings, publisher: Publisher | None) -
     app.state.publisher = publisher or Publisher(settings)
     app.state.enqueued = EnqueuedNotes(app.state.db_sessions)
     app.state.keys = KeyCache(settings.auth_cache_seconds)
+    # Keys' users and deployments' routes as last read, for robots while the database is away.
+    app.state.outage_memory = OutageMemory()
     app.state.checksums = ChecksumCache()
     app.state.channel = api_channel(settings)
     app.state.ready_sessions = ReadyCache()
@@ -218,11 +221,12 @@ def _allowed_methods(request: Request) -> list[str]:
     return sorted(methods)
 
 
-async def _database_answer(_request: Request, error: SQLAlchemyError) -> JSONResponse:
+async def _database_answer(request: Request, error: SQLAlchemyError) -> JSONResponse:
     """503 with Retry-After while the database is away (a restart, a network cut); other database
     errors are bugs, and stay 500s."""
     if is_outage(error):
-        return await _problem_answer(_request, database_unavailable(error))
+        request.app.state.outage_memory.note_outage()
+        return await _problem_answer(request, database_unavailable(error))
     raise error
 
 

@@ -4,13 +4,28 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, cast
 
 import orjson
-from sqlalchemy import Connection, CursorResult, DateTime, Engine, Result, create_engine, event, text
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    CursorResult,
+    DateTime,
+    Engine,
+    Result,
+    Table,
+    create_engine,
+    event,
+    make_url,
+    select,
+    text,
+)
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
@@ -58,7 +73,80 @@ class Base(DeclarativeBase):
     pass
 
 
-def make_engine(url: str, pool_size: int = 10, isolation_level: str | None = None) -> Engine:
+ConnectionRole = Literal["api", "worker"]
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """How a process's PostgreSQL connections notice that the other end is gone, so that nothing
+    waits on a dead or frozen peer for PostgreSQL's defaults (no bound on an idle transaction, TCP
+    keepalives after 7,200 s).
+
+    - `dead_peer_seconds`: TCP keepalives at both ends (the client's libpq and the server's
+      `tcp_keepalives_*`), and a TCP user timeout for data sent and never acknowledged, give up on
+      a peer that stopped answering (a lost host, a paused VM, a network cut) within about this long.
+    - `idle_transaction_seconds`: the server ends a session whose transaction sat idle this long
+      (`idle_in_transaction_session_timeout`), rolling it back and freeing its row locks. A worker
+      frozen between an UPDATE of a job's row and its COMMIT (SIGSTOP, a paused VM, a partition)
+      would otherwise hold that row locked for as long as it stays frozen; ended, it is fenced out
+      as well (its COMMIT fails, and the write is tried again as its attempt, which a newer claim
+      refuses). Set on the workers' connections, whose transactions are a few statements long.
+    - `application_name`: who holds the connection, in `pg_stat_activity` (`relay-worker HOST:PID`).
+
+    SQLite (the embedded server) has none of these: it is a file on this host."""
+
+    dead_peer_seconds: float = 20.0
+    idle_transaction_seconds: float | None = None
+    application_name: str | None = None
+
+    @classmethod
+    def of(cls, settings: Settings, role: ConnectionRole) -> Liveness:
+        """Paced by the lease, so that a worker notices a database gone, or frees a row it left
+        locked, well before its lease (and so its claim on the job) lapses: a dead peer within a
+        third of the lease, an idle transaction after half of it."""
+        name = f"relay-{role} {socket.gethostname()}:{os.getpid()}"[:63]
+        return cls(
+            dead_peer_seconds=max(1.0, settings.lease_seconds / 3),
+            idle_transaction_seconds=settings.lease_seconds / 2 if role == "worker" else None,
+            application_name=name,
+        )
+
+    def connect_args(self, url: str) -> dict[str, Any]:
+        """psycopg's connection arguments: the client's keepalives and user timeout, and the
+        server's settings for this session (added to any `options` the URL gives)."""
+        probes = 3
+        idle = max(1, round(self.dead_peer_seconds / 2))
+        interval = max(1, round(self.dead_peer_seconds / (2 * probes)))
+        user_timeout_ms = max(1000, round(self.dead_peer_seconds * 1000))
+        server = [
+            f"-c tcp_keepalives_idle={idle}",
+            f"-c tcp_keepalives_interval={interval}",
+            f"-c tcp_keepalives_count={probes}",
+            f"-c tcp_user_timeout={user_timeout_ms}",
+        ]
+        if self.idle_transaction_seconds is not None:
+            server.append(
+                f"-c idle_in_transaction_session_timeout={round(self.idle_transaction_seconds * 1000)}"
+            )
+        given = make_url(url).query.get("options")
+        options = " ".join([*([given] if isinstance(given, str) else list(given or ())), *server])
+        args: dict[str, Any] = {
+            "connect_timeout": CONNECT_TIMEOUT_SECONDS,
+            "keepalives": 1,
+            "keepalives_idle": idle,
+            "keepalives_interval": interval,
+            "keepalives_count": probes,
+            "tcp_user_timeout": user_timeout_ms,
+            "options": options,
+        }
+        if self.application_name:
+            args["application_name"] = self.application_name
+        return args
+
+
+def make_engine(
+    url: str, pool_size: int = 10, isolation_level: str | None = None, liveness: Liveness | None = None
+) -> Engine:
     # `isolation_level` is set once per connection, when it is made (per checkout would cost CPU on
     # every request).
     options: dict[str, Any] = {"isolation_level": isolation_level} if isolation_level else {}
@@ -74,14 +162,15 @@ def make_engine(url: str, pool_size: int = 10, isolation_level: str | None = Non
     # No overflow: a request waits for a pooled connection rather than open one (a new PostgreSQL
     # connection costs a server process), so a process holds at most `pool_size` connections.
     # A connect timeout, so that a database behind a dead network answers "unavailable" in seconds
-    # rather than hold a request (or a worker's write) for the kernel's minutes.
+    # rather than hold a request (or a worker's write) for the kernel's minutes; keepalives and the
+    # rest of Liveness for connections already made.
     engine = create_engine(
         url,
         pool_size=pool_size,
         max_overflow=0,
         pool_timeout=30,
         json_deserializer=orjson.loads,
-        connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS},
+        connect_args=(liveness or Liveness()).connect_args(url),
         **options,
     )
     _ping_when_idle(engine)
@@ -135,23 +224,43 @@ def _sqlite_pragmas(connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-_factories: dict[tuple[int, str, int], sessionmaker[Session]] = {}
+_factories: dict[tuple[int, str, int, ConnectionRole], sessionmaker[Session]] = {}
 _read_engines: dict[tuple[int, str, int], Engine] = {}
 _read_factories: dict[tuple[int, str, int], sessionmaker[Session]] = {}
 _factories_lock = threading.Lock()
 
 
-def session_factory(settings: Settings, pool_size: int | None = None) -> sessionmaker[Session]:
-    """One engine per process, URL and pool size (`db_pool_size` unless given); a forked worker
-    child builds its own, since pools do not survive fork."""
+def session_factory(
+    settings: Settings, pool_size: int | None = None, role: ConnectionRole = "api"
+) -> sessionmaker[Session]:
+    """One engine per process, URL, pool size (`db_pool_size` unless given) and role; a forked
+    worker child builds its own, since pools do not survive fork. A worker's connections end a
+    transaction left idle for half the lease (Liveness); see `worker_session_factory`."""
     size = pool_size or settings.db_pool_size
-    key = (os.getpid(), settings.database_url, size)
+    key = (os.getpid(), settings.database_url, size, role)
     with _factories_lock:
         factory = _factories.get(key)
         if factory is None:
-            engine = make_engine(settings.database_url, size)
+            engine = make_engine(settings.database_url, size, liveness=Liveness.of(settings, role))
             factory = _factories[key] = sessionmaker(engine, expire_on_commit=False)
         return factory
+
+
+def worker_session_factory(settings: Settings) -> sessionmaker[Session]:
+    """The sessions a worker process writes jobs, sessions and deployments with (and its
+    reconciler reads and moves them with): connections whose idle transactions the server ends."""
+    return session_factory(settings, role="worker")
+
+
+def unlocked(table: Table, *conditions: Any) -> ColumnElement[bool]:
+    """The rows of `table` matching `conditions` that no other transaction holds locked, locked now
+    by this one (PostgreSQL's FOR NO KEY UPDATE SKIP LOCKED, the lock an UPDATE takes): for the
+    reconcilers' updates, which must never wait on a row. A worker frozen inside a transaction holds
+    its job's row until the server ends that transaction; a reconciler waiting on it would hold up
+    every job after it in the pass. A row skipped is looked at again next pass. (SQLite locks the
+    whole database for a write, and waits its busy timeout.)"""
+    key = table.c.id
+    return key.in_(select(key).where(*conditions).with_for_update(skip_locked=True, key_share=True))
 
 
 def read_engine(settings: Settings, pool_size: int | None = None) -> Engine:
@@ -165,7 +274,10 @@ def read_engine(settings: Settings, pool_size: int | None = None) -> Engine:
         engine = _read_engines.get(key)
         if engine is None:
             engine = _read_engines[key] = make_engine(
-                settings.database_url, size, isolation_level="AUTOCOMMIT"
+                settings.database_url,
+                size,
+                isolation_level="AUTOCOMMIT",
+                liveness=Liveness.of(settings, "api"),
             )
         return engine
 

@@ -6,6 +6,8 @@ the caller's key, the deployment's owner and the size of what is sent, and relay
 server: ``POST .../actions`` as it is, and the websocket (openpi's protocol) both ways. While the
 deployment is not ready, or its worker cannot be reached, the answer is a 503 with Retry-After,
 at once: the connection to the worker has a short timeout, so a robot is never left hanging.
+While the database is away, the key and the deployment's route are taken as this process last
+read them (relay_api.outage_memory), so robots keep their answers.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Annotated, Any
 import httpx
 from fastapi import APIRouter, Body, Request, WebSocket
 from fastapi.responses import Response
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocketDisconnect
 from websockets.asyncio.client import ClientConnection, connect
@@ -28,10 +30,12 @@ from relay.errors import ConfigError
 from relay.serving import status as st
 from relay.serving.config import DeploymentConfig
 from relay_api import deployments, schemas
+from relay_api.db import is_outage
 from relay_api.deps import CurrentUser, DbDep, PublisherDep, SettingsDep, read_db
-from relay_api.errors import APIProblem, error_body
+from relay_api.errors import APIProblem, database_unavailable, error_body
 from relay_api.guard import api_key_header, authenticate
 from relay_api.openapi import inline_schema
+from relay_api.outage_memory import OutageMemory
 from relay_api.params import DeploymentId, EventAfter, IdempotencyKey, PageAfter, PageLimit
 from relay_api.responses import JSONResponse
 from relay_api.settings import Settings
@@ -198,7 +202,7 @@ async def predictions(deployment_id: DeploymentId, request: Request, user: Curre
 
 async def _relayed(deployment_id: str, request: Request, user: int, path: str) -> Response:
     """The body, relayed to the deployment's policy server at `path`; its answer, as it is."""
-    row = await run_in_threadpool(_row, request.app.state.db_sessions, user, deployment_id)
+    row = await run_in_threadpool(_row, request.app.state, user, deployment_id)
     url = _serving_url(row)
     body = await request.body()  # held to RELAY_SERVING_MAX_BODY_BYTES by relay_api.guard
     client: httpx.AsyncClient = request.app.state.serving_http
@@ -222,9 +226,26 @@ async def _relayed(deployment_id: str, request: Request, user: int, path: str) -
     )
 
 
-def _row(factory: sessionmaker[Session], user: int, deployment_id: str) -> dict[str, Any]:
-    with factory() as db:
-        return deployments.get(db, user, deployment_id)
+def _row(state: Any, user: int, deployment_id: str) -> dict[str, Any]:
+    """The caller's deployment, to relay to: read from the database, or, while it is away, as this
+    process last read it (a deployment's server needs no database: its robots keep their answers)."""
+    memory: OutageMemory = state.outage_memory
+    if memory.skip_database() and (remembered := memory.deployment(user, deployment_id)) is not None:
+        return remembered
+    try:
+        with state.db_sessions() as db:
+            row = deployments.get(db, user, deployment_id)
+    except SQLAlchemyError as error:
+        if not is_outage(error):
+            raise
+        memory.note_outage()
+        remembered = memory.deployment(user, deployment_id)
+        if remembered is None:
+            raise database_unavailable(error) from None
+        return remembered
+    memory.note_back()
+    memory.remember_deployment(row)
+    return row
 
 
 def _serving_url(row: dict[str, Any]) -> str:
@@ -269,7 +290,7 @@ async def deployment_websocket(websocket: WebSocket, deployment_id: str) -> None
     settings: Settings = state.settings
     try:
         user = await authenticate(state, api_key_header(websocket.headers.get("authorization")))
-        row = await run_in_threadpool(_row, state.db_sessions, user, deployment_id)
+        row = await run_in_threadpool(_row, state, user, deployment_id)
         url = _serving_url(row)
     except APIProblem as problem:
         await _deny(websocket, problem)

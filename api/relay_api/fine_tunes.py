@@ -69,13 +69,16 @@ def job_object(row: Mapping[str, Any], validation: Mapping[str, Any] | None = No
 
 
 def lease_lapsed_seconds(row: Mapping[str, Any]) -> float | None:
-    """For a running job whose worker stopped renewing its lease: how long ago the lease lapsed. A
-    worker resumes such a job within a reconciler pass, so a number that keeps growing means no
-    worker is alive to do it."""
-    lease_until = row.get("lease_until")
-    if row["status"] not in (st.RUNNING, st.CANCEL_REQUESTED) or lease_until is None:
+    """For a running job whose worker stopped renewing its lease: how long ago the lease lapsed,
+    whether or not a reconciler has handed the job on since (that clears `lease_until` and keeps
+    `lease_lapsed_at` until a worker claims the job). A worker resumes such a job within a
+    reconciler pass, so a number that keeps growing means no worker is alive to do it."""
+    if row["status"] not in (st.RUNNING, st.CANCEL_REQUESTED):
         return None
-    lapsed = (utcnow() - lease_until).total_seconds()
+    lapsed_at = row.get("lease_until") or row.get("lease_lapsed_at")
+    if lapsed_at is None:
+        return None
+    lapsed = (utcnow() - lapsed_at).total_seconds()
     return round(lapsed, 1) if lapsed > 0 else None
 
 
@@ -404,6 +407,7 @@ def create(
             "attempt": 0,
             "handovers": 0,
             "lease_until": None,
+            "lease_lapsed_at": None,
             "lease_owner": None,
             "last_failure": None,
             "enqueued_at": None,
@@ -455,6 +459,7 @@ SHOWN_COLUMNS = tuple(
         "finished_at",
         "attempt",
         "lease_until",
+        "lease_lapsed_at",
         "config",
         "dataset",
     )

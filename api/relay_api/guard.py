@@ -20,8 +20,10 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from relay_api.db import is_outage
 from relay_api.errors import APIProblem, database_unavailable, error_body
 from relay_api.keys import KeyCache
+from relay_api.outage_memory import OutageMemory
 from relay_api.settings import Settings
 
 # POST /v1/sessions/{id}/calls carries a session's call in binary frames; every other body is JSON.
@@ -63,23 +65,36 @@ def bearer_key(authorization: str | None) -> str:
 
 async def authenticate(state: Any, authorization: str | None) -> int:
     """The id of the user whose key `authorization` carries (app.state holds the key cache and the
-    database); 401 without a valid key, 503 when the database cannot be asked."""
+    database); 401 without a valid key, 503 when the database cannot be asked. While the database
+    is away, a key this process found active before is taken as it was (`OutageMemory`): a robot
+    keeps reaching its deployment, whose server needs no database."""
     key = bearer_key(authorization)
     cache: KeyCache = state.keys
     user_id = cache.known(key)
     if user_id is None:
-        try:
-            user_id = await run_in_threadpool(_look_up, state, cache, key)
-        except SQLAlchemyError as error:
-            raise database_unavailable(error) from None
+        user_id = await run_in_threadpool(_look_up, state, cache, key)
     if user_id is None:
         raise APIProblem(401, "invalid API key", code="invalid_api_key", headers=_UNAUTHORIZED)
     return user_id
 
 
 def _look_up(state: Any, cache: KeyCache, key: str) -> int | None:
-    with state.readers() as db:
-        return cache.look_up(db, key)
+    memory: OutageMemory = state.outage_memory
+    if memory.skip_database() and (remembered := memory.user_of(key)) is not None:
+        return remembered
+    try:
+        with state.readers() as db:
+            user_id = cache.look_up(db, key)
+    except SQLAlchemyError as error:
+        if is_outage(error):
+            memory.note_outage()
+            remembered = memory.user_of(key)
+            if remembered is not None:
+                return remembered
+        raise database_unavailable(error) from None
+    memory.note_back()
+    memory.remember_key(key, user_id)
+    return user_id
 
 
 def body_limit(settings: Settings, method: str, path: str) -> tuple[int, str, str]:

@@ -77,6 +77,9 @@ class FineTune(Base):
     # Claims given back on purpose (a worker shutting down), which do not count against max_attempts.
     handovers: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    # When the last lease lapsed, kept once the reconciler has handed the job on (which clears
+    # `lease_until`) until a worker claims it: how long a job no worker runs has waited.
+    lease_lapsed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     lease_owner: Mapped[str | None] = mapped_column(String(255))
     # Why the last attempt ended without finishing the job; the final error quotes it.
     last_failure: Mapped[str | None] = mapped_column(Text)

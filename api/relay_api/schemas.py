@@ -51,7 +51,8 @@ class FineTuneOut(BaseModel):
     attempts: int
     lease_lapsed_seconds: float | None = Field(
         description="For a running job whose worker stopped renewing its lease: seconds since the lease "
-        "lapsed (another worker resumes it within seconds; a growing number means no worker is alive)."
+        "lapsed, also once it has been handed on to a new attempt that no worker has taken yet "
+        "(another worker resumes it within seconds; a growing number means no worker is alive)."
     )
     dataset: DatasetReadOut | None = Field(
         None,

@@ -43,4 +43,4 @@ class DatasetError(EngineError):
 
 class DiskFullError(EngineError):
     """No room on the disk for a checkpoint or the output. Retrying on the same disk fails the same
-    way, so a job ends with this message at once; the last complete checkpoint is kept."""
+    way, so a job ends with this message at once; the last complete checkpoint, if any, is kept."""

@@ -177,3 +177,19 @@ def test_dataset_revision_is_none_by_default_and_takes_a_branch_tag_or_sha() -> 
     text = next(choice for choice in schema["anyOf"] if choice.get("type") == "string")
     assert (text["minLength"], text["maxLength"], schema["default"]) == (1, 256, None)
     assert "pattern" in text
+
+
+def test_the_revision_rule_means_the_same_to_the_json_schema_and_to_python() -> None:
+    """The schema's pattern is read by JSON Schema tools with ECMAScript's `\\s`, and by the validator
+    with Python's: they disagree on U+0085 (Python's whitespace, not ECMAScript's) and U+FEFF
+    (ECMAScript's, not Python's). Both are named in the pattern, so both readings refuse them (the
+    schema fuzz found a schema-valid revision with U+0085 that the API refused)."""
+    import re
+
+    from relay.sft.config import REVISION_PATTERN
+
+    without_whitespace_class = REVISION_PATTERN.replace("\\s", "")
+    for char in ("\x85", "\ufeff", "\x9f"):
+        assert re.fullmatch(without_whitespace_class, f"v{char}") is None, repr(char)
+        with pytest.raises(ValueError, match="bad dataset_revision"):
+            SFTConfig(**BASE, dataset_revision=f"v{char}")

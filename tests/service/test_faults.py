@@ -8,8 +8,12 @@ import datetime as dt
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import psutil
+import psycopg
 import pytest
 from sqlalchemy import select, text, update
 
@@ -230,6 +234,71 @@ def signal_worker(worker: WorkerProcess, signum: signal.Signals) -> None:
     os.killpg(worker.process.pid, signum)
 
 
+@dataclass(frozen=True)
+class Backend:
+    """One of a worker's connections, as pg_stat_activity shows it."""
+
+    pid: int
+    state: str
+    transaction_started: Any  # None outside a transaction
+    query: str  # the last statement it ran
+
+
+def backends_of(watch: psycopg.Connection[Any], worker: WorkerProcess) -> list[Backend]:
+    """The worker's connections to the service's database: those whose client port is a socket of
+    one of the worker's processes (its main process and its pool's)."""
+    assert worker.process is not None
+    main = psutil.Process(worker.process.pid)
+    ports = set()
+    for process in [main, *main.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            ports |= {c.laddr.port for c in process.net_connections(kind="tcp") if c.raddr}
+    rows = watch.execute(
+        "SELECT pid, client_port, state, xact_start, query FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    ).fetchall()
+    return [
+        Backend(pid, state or "", started, query or "")
+        for pid, port, state, started, query in rows
+        if port in ports
+    ]
+
+
+def row_locked(watch: psycopg.Connection[Any], job_id: str) -> bool:
+    """Whether another transaction holds the job's row (an UPDATE's lock) right now."""
+    try:
+        with watch.transaction():
+            watch.execute("SELECT id FROM fine_tunes WHERE id = %s FOR NO KEY UPDATE NOWAIT", (job_id,))
+    except psycopg.errors.LockNotAvailable:
+        return True
+    return False
+
+
+def freeze_inside_a_transaction(stack: Stack, worker: WorkerProcess, job_id: str) -> float:
+    """SIGSTOP the worker between an UPDATE of the job's row and its COMMIT: wait until one of its
+    connections shows `idle in transaction` after an UPDATE of fine_tunes, stop it, and keep it
+    stopped if that transaction is still open and the job's row is locked (else let it go and try
+    again). Returns the moment of the freeze (time.monotonic())."""
+    with psycopg.connect(stack.database_url, autocommit=True) as watch:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            caught = {
+                (b.pid, b.transaction_started)
+                for b in backends_of(watch, worker)
+                if b.state == "idle in transaction" and b.query.startswith("UPDATE fine_tunes")
+            }
+            if not caught:
+                continue
+            signal_worker(worker, signal.SIGSTOP)
+            frozen_at = time.monotonic()
+            time.sleep(0.2)  # (a statement under way runs to its end)
+            still = {(b.pid, b.transaction_started) for b in backends_of(watch, worker)}
+            if caught & still and row_locked(watch, job_id):
+                return frozen_at
+            signal_worker(worker, signal.SIGCONT)
+    raise AssertionError("the worker was never caught inside a transaction on the job's row")
+
+
 def open_transactions(stack: Stack) -> int:
     """Connections to the service's database holding a transaction open (besides this one's)."""
     with stack.sessions() as session:
@@ -244,18 +313,95 @@ def open_transactions(stack: Stack) -> int:
         )
 
 
-def freeze_outside_a_transaction(stack: Stack, worker: WorkerProcess) -> None:
-    """SIGSTOP the worker at a moment it holds no transaction open: a worker frozen between an UPDATE
-    of the job's row and its COMMIT keeps the row locked, and every other writer of the row (the
-    successor's claim, the thawed worker's lease check) would wait on it for as long as it is frozen.
-    A statement under way when the signal lands runs to its end first, hence the pause."""
-    while True:
-        signal_worker(worker, signal.SIGSTOP)
-        time.sleep(0.2)
-        if not open_transactions(stack):
-            return
-        signal_worker(worker, signal.SIGCONT)
-        time.sleep(0.05)
+def attempt_of(stack: Stack, job_id: str) -> int:
+    with stack.sessions() as session:
+        return int(session.scalar(select(FineTune.attempt).where(FineTune.id == job_id)) or 0)
+
+
+def lease_lapsed(stack: Stack, job_id: str) -> bool:
+    """Whether the job's committed lease has lapsed (a read: it never waits on a row lock)."""
+    with stack.sessions() as session:
+        lease = session.scalar(select(FineTune.lease_until).where(FineTune.id == job_id))
+    return lease is not None and lease < utcnow()
+
+
+def test_a_worker_frozen_inside_a_transaction_holds_up_no_other_jobs_failover(
+    stack: Stack, dataset: Path
+) -> None:
+    """A worker frozen between an UPDATE of its job's row and the COMMIT (SIGSTOP; a paused VM, a
+    partition) holds that row locked. The reconcilers must not wait on it: another job, whose worker
+    is killed once the frozen job's lease has lapsed, fails over within its lease and a reconciler
+    pass while the first worker stays frozen (the reconcilers used to wait on the lock for as long
+    as the freeze lasted, and handed on nothing after it). The server ends the frozen transaction
+    after half the lease, which frees the row and fences the frozen attempt."""
+    lease = 10.0
+    stack.stop_worker()  # the workers below must be the only ones
+    # The frozen worker renews its lease 20 times a second: more moments inside a transaction to catch.
+    frozen = stack.start_standby_worker(RELAY_LEASE_SECONDS=str(lease), RELAY_HEARTBEAT_SECONDS="0.05")
+    killed = stack.start_standby_worker(RELAY_LEASE_SECONDS=str(lease))
+    for started in (frozen, killed):
+        started.wait_ready()
+    client = Client(stack.api_url, stack.new_user()[1], max_retries=0)
+    standbys: list[WorkerProcess] = []
+    jobs: list[FineTuneJob] = []
+    try:
+        # One job each (long: both are cancelled at the end).
+        jobs += [train(tiny(dataset, steps=5000), client=client) for _ in range(2)]
+        wait_for(lambda: all(job.refresh().status == "running" for job in jobs), 300, "both jobs to run")
+        with stack.sessions() as session:
+            owners = dict(
+                session.execute(
+                    select(FineTune.id, FineTune.lease_owner).where(FineTune.id.in_([j.id for j in jobs]))
+                ).all()
+            )
+        held, other = (
+            next(j for j in jobs if worker_owning([frozen, killed], owners[j.id] or "") is w)
+            for w in (frozen, killed)
+        )
+        # Two idle workers to take both jobs over: each takes one (the frozen job is handed on first).
+        standbys += [stack.start_standby_worker(RELAY_LEASE_SECONDS=str(lease)) for _ in range(2)]
+        for standby in standbys:
+            standby.wait_ready()
+
+        frozen_at = freeze_inside_a_transaction(stack, frozen, held.id)
+        wait_for(
+            lambda: lease_lapsed(stack, held.id), 3 * lease, "the frozen job's lease to lapse", every=0.1
+        )
+        killed.kill()  # the other job's worker and its training process
+        killed_at = time.monotonic()
+        with stack.sessions() as session:
+            other_lease_until = session.scalar(select(FineTune.lease_until).where(FineTune.id == other.id))
+        wait_for(
+            lambda: attempt_of(stack, other.id) == 2,
+            6 * lease,
+            "the killed worker's job to be claimed again while the other worker is frozen",
+            every=0.05,
+        )
+        reclaimed_at, reclaimed_on = time.monotonic(), utcnow()
+        with psycopg.connect(stack.database_url, autocommit=True) as watch:
+            # The server ended the frozen worker's transaction: its row is free, its attempt fenced.
+            assert not row_locked(watch, held.id)
+        lapsed_for = (reclaimed_on - (other_lease_until or reclaimed_on)).total_seconds()
+        print(
+            "\nfrozen inside a transaction, then another job's worker killed: that job was claimed "
+            f"again {reclaimed_at - frozen_at:.1f} s after the freeze, {reclaimed_at - killed_at:.1f} s "
+            f"after the kill, {lapsed_for:.1f} s after its lease lapsed (lease {lease:.0f} s, "
+            f"reconciler every {stack.settings.reconcile_seconds:.0f} s), the other worker still frozen"
+        )
+    finally:
+        signal_worker(frozen, signal.SIGCONT)
+        for job in jobs:
+            with contextlib.suppress(Exception):
+                job.cancel()
+        with contextlib.suppress(AssertionError):
+            wait_for(
+                lambda: all(job.refresh().status in ("cancelled", "completed", "error") for job in jobs),
+                120,
+                "the jobs to end",
+            )
+        client.close()
+        for started in (frozen, killed, *standbys):
+            started.stop()
 
 
 def temporaries(stack: Stack, job_id: str, since: float) -> list[Path]:
@@ -276,8 +422,10 @@ def test_a_worker_frozen_past_its_lease_leaves_its_successors_checkpoint_alone(
     up as it stops: the successor's temporary directory must survive, and its save with it."""
     steps = 240
     stack.stop_worker()  # the two workers below must be the only ones to read the jobs' queue
-    lease = {"RELAY_LEASE_SECONDS": "10"}  # (the successor is held still for a few seconds below)
-    workers = [stack.start_standby_worker(**lease) for _ in range(2)]
+    # (The successor is held still for a few seconds below.) Leases renewed 20 times a second: more
+    # moments inside a transaction, for the freeze to catch.
+    settings = {"RELAY_LEASE_SECONDS": "10", "RELAY_HEARTBEAT_SECONDS": "0.05"}
+    workers = [stack.start_standby_worker(**settings) for _ in range(2)]
     for started in workers:
         started.wait_ready()
     client = Client(stack.api_url, stack.new_user()[1], max_retries=0)
@@ -290,7 +438,9 @@ def test_a_worker_frozen_past_its_lease_leaves_its_successors_checkpoint_alone(
             owner = session.scalar(select(FineTune.lease_owner).where(FineTune.id == job.id))
         frozen = worker_owning(workers, owner or "")
         successor = next(w for w in workers if w is not frozen)
-        freeze_outside_a_transaction(stack, frozen)
+        # Between an UPDATE of the job's row and its COMMIT: the row stays locked until the server
+        # ends that transaction, and the successor's claim must not wait for the thaw.
+        freeze_inside_a_transaction(stack, frozen, job.id)
         frozen_at = time.time()  # what the frozen worker had begun to write is older
         assert job.refresh().status == "running", "the job ended before the freeze; make it longer"
         wait_for(lambda: job.refresh().to_dict()["attempts"] == 2, 120, "the successor's claim", every=0.1)
@@ -343,6 +493,9 @@ def test_a_disk_that_fills_during_the_first_checkpoint_ends_the_job_once_saying_
                 job.wait(poll=0.5, timeout=300)
             assert job.status == "error"
             assert "the disk filled up while writing a checkpoint" in (job.error or "")
+            assert (job.error or "").endswith(
+                "no checkpoint is complete yet (this was the first), so there is none to resume from"
+            )
             assert job.to_dict()["attempts"] == 1  # not retried: the same disk would fail the same way
             events = job.events()
             assert [e["event"] for e in events if e.get("event") in ("retry", "error")] == ["error"]

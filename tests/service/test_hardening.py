@@ -278,6 +278,48 @@ def test_a_running_job_without_a_live_worker_shows_how_long_ago_its_lease_lapsed
     assert fine_tunes.job_object(row)["lease_lapsed_seconds"] is None  # a live lease
 
 
+@pytest.mark.slow
+def test_a_job_handed_on_that_no_worker_takes_still_shows_how_long_ago_its_lease_lapsed(
+    stack: Stack, parked: TestClient, alice: dict[str, str]
+) -> None:
+    """A reconciler hands a lapsed job on (clearing its lease) and publishes it. A worker that serves
+    deployments only runs that reconciler too, but takes no job: the job then shows `running` with
+    nobody to run it, and `lease_lapsed_seconds` must say so (it was null)."""
+    import datetime as dt
+
+    from sqlalchemy import update
+
+    from relay_api.db import utcnow
+
+    stack.stop_worker()  # the only worker below reads no jobs' queue
+    serving = stack.start_standby_worker(queues=(stack.settings.serving_queue,))
+    job = parked.post("/v1/fine-tunes", json=GOOD, headers=alice).json()
+    try:
+        serving.wait_ready()
+        with stack.sessions() as db:  # its worker died 90 s ago
+            db.execute(
+                update(FineTune)
+                .where(FineTune.id == job["id"])
+                .values(status="running", attempt=1, lease_until=utcnow() - dt.timedelta(seconds=90))
+            )
+            db.commit()
+
+        def handed_on() -> dict[str, Any] | None:
+            with stack.sessions() as db:
+                lease = db.scalar(select(FineTune.lease_until).where(FineTune.id == job["id"]))
+            return parked.get(f"/v1/fine-tunes/{job['id']}", headers=alice).json() if lease is None else None
+
+        shown = wait_for(handed_on, 60, "the serving worker's reconciler to hand the job on", every=0.2)
+        assert shown["status"] == "running" and shown["attempts"] == 1
+        assert shown["lease_lapsed_seconds"] is not None, "a job no worker runs shows no lapsed lease"
+        assert 89 <= shown["lease_lapsed_seconds"] < 600
+    finally:
+        with stack.sessions() as db:  # its message waits on the jobs' queue: no later worker may run it
+            db.execute(update(FineTune).where(FineTune.id == job["id"]).values(status="cancelled"))
+            db.commit()
+        serving.stop()
+
+
 def test_a_405_lists_every_method_the_path_takes(parked: TestClient, alice: dict[str, str]) -> None:
     for method, path, allowed in [
         ("DELETE", "/v1/fine-tunes", "GET, POST"),

@@ -18,7 +18,7 @@ from typing import Any
 import redis
 from celery import signals
 
-from relay_api.db import is_outage, session_factory, utcnow
+from relay_api.db import is_outage, utcnow, worker_session_factory
 from relay_api.queue import RUN_DEPLOYMENT, RUN_FINE_TUNE, make_celery
 from relay_api.settings import get_settings
 from relay_worker import deployment_lifecycle, heartbeat, session_lifecycle, shutdown
@@ -58,13 +58,14 @@ class Reconciler(threading.Thread):
         self.beats = beats
 
     def run(self) -> None:
-        db_sessions = session_factory(settings)
+        db_sessions = worker_session_factory(settings)
         name, started_at = worker_name(), utcnow()
         memory = self._gpu_memory()
         decoders = heartbeat.video_decoders()
         self._beat(db_sessions, name, started_at, memory, decoders)
         # Until then, leases that lapsed without a word are not judged: after a database outage, the
-        # workers it stopped need a lease's time to give their jobs back (which does not count).
+        # workers it stopped need a lease's time to give their jobs back (which does not count), and
+        # the workers that served deployments through it to renew their leases.
         judge_leases_at = 0.0
         while not self.stopping.wait(settings.reconcile_seconds):
             self._beat(db_sessions, name, started_at, memory, decoders)
@@ -86,7 +87,7 @@ class Reconciler(threading.Thread):
                 log.exception("reconciler pass over sessions failed")
             try:
                 for deployment_id in deployment_lifecycle.reconcile(
-                    db_sessions, settings, publish_deployment
+                    db_sessions, settings, publish_deployment, judge
                 ):
                     log.info("reconciler: restarted, ended or published deployment %s", deployment_id)
             except Exception:

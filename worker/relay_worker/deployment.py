@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from relay.errors import InputError
 from relay.serving import status as st
-from relay_api.db import session_factory
+from relay_api.db import worker_session_factory
 from relay_api.deployments import STOPPED_BY_USER
 from relay_api.settings import Settings, get_settings
 from relay_worker import deployment_lifecycle as lifecycle
@@ -42,22 +42,39 @@ class DeploymentKeeper(threading.Thread):
         super().__init__(name=f"lease-{claim.deployment_id}", daemon=True)
         self.settings = settings
         self.claim = claim
-        self.db_sessions = session_factory(settings)
+        self.db_sessions = worker_session_factory(settings)
         self.server: RunningPolicyServer | None = None  # set once it serves
         self.stop_requested = False
         self.lost = False
         self._stopping = threading.Event()
 
     def run(self) -> None:
+        away_since: float | None = None
         while not self._stopping.wait(self.settings.heartbeat_seconds):
             try:
                 state = lifecycle.renew(self.db_sessions, self.settings, self.claim, self.stats())
             except FencedOut:
                 self.lost = True
                 return
-            except Exception:  # the database is away: the lease may lapse, and fencing keeps us honest
-                log.warning("could not renew the lease of %s", self.claim.deployment_id, exc_info=True)
+            except Exception as error:
+                # The database is away: serve on. The lease may lapse meanwhile; the reconcilers
+                # judge no lapsed lease until a lease after the outage, and this keeper renews it
+                # as soon as the database answers (fencing refuses it if another attempt took over).
+                if away_since is None:
+                    away_since = time.monotonic()
+                    log.warning(
+                        "deployment %s: cannot renew its lease (%s); serving goes on",
+                        self.claim.deployment_id,
+                        str(error).splitlines()[0] if str(error) else type(error).__name__,
+                    )
                 continue
+            if away_since is not None:
+                log.warning(
+                    "deployment %s: the database is back after %.1f s; lease renewed",
+                    self.claim.deployment_id,
+                    time.monotonic() - away_since,
+                )
+                away_since = None
             self.stop_requested = state.stop_requested
 
     def stats(self) -> dict[str, Any] | None:
@@ -71,7 +88,7 @@ def run_deployment(deployment_id: str, settings: Settings | None = None, publish
     """Host the deployment if this delivery can claim it; returns what happened, for the task's log.
     `publish(deployment_id)` hands it to another worker when this one shuts down."""
     settings = settings or get_settings()
-    db_sessions = session_factory(settings)
+    db_sessions = worker_session_factory(settings)
     claim = lifecycle.claim(db_sessions, settings, deployment_id, worker_name())
     if claim is None:
         return "not claimed: the deployment is held by another worker, stopped or ended"

@@ -22,7 +22,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from relay.serving import status as st
-from relay_api.db import database_now, rows_changed, with_retries
+from relay_api.db import database_now, rows_changed, unlocked, with_retries
 from relay_api.deployments import STOPPED_BY_USER, record_event
 from relay_api.models import deployments as table
 from relay_api.settings import Settings
@@ -220,11 +220,18 @@ def hand_back(db_sessions: sessionmaker[Session], claim: DeploymentClaim, reason
 
 
 def reconcile(
-    db_sessions: sessionmaker[Session], settings: Settings, publish: Callable[[str], None]
+    db_sessions: sessionmaker[Session],
+    settings: Settings,
+    publish: Callable[[str], None],
+    judge_silent_leases: bool = True,
 ) -> list[str]:
     """Restart deployments whose worker is gone (or end them: stopped if a stop was asked for,
     error after `max_attempts` lost loads in a row), and publish again those waiting longer than
-    `republish_seconds` (the message may have been lost); returns the ids it moved or published."""
+    `republish_seconds` (the message may have been lost); returns the ids it moved or published.
+
+    `judge_silent_leases`: False just after a database outage (relay_worker.app.Reconciler). A
+    deployment's worker serves on while the database is away, and renews its lease once it is
+    back; a lease that lapsed during the outage is no sign of a lost worker until then."""
     now = database_now(db_sessions)
     with db_sessions() as db:
         lapsed = db.execute(
@@ -250,6 +257,8 @@ def reconcile(
             .all()
         )
     moved: list[str] = []
+    if not judge_silent_leases:
+        lapsed = []
     for deployment_id, attempt, status, failed_starts, worker, stop_requested_at in lapsed:
         lost = f"its worker {worker} stopped responding (killed or lost)"
         failed = failed_starts + (1 if status == st.STARTING else 0)
@@ -296,10 +305,13 @@ def _move_lapsed(
             db.execute(
                 update(table)
                 .where(
-                    table.c.id == deployment_id,
-                    table.c.attempt == attempt,
-                    table.c.status.in_(st.LIVE),
-                    table.c.lease_until < now,
+                    unlocked(
+                        table,
+                        table.c.id == deployment_id,
+                        table.c.attempt == attempt,
+                        table.c.status.in_(st.LIVE),
+                        table.c.lease_until < now,
+                    )
                 )
                 .values(values)
             )
@@ -319,10 +331,13 @@ def _touch_waiting(db_sessions: sessionmaker[Session], deployment_id: str, setti
             db.execute(
                 update(table)
                 .where(
-                    table.c.id == deployment_id,
-                    table.c.status == st.STARTING,
-                    table.c.lease_until.is_(None),
-                    table.c.updated_at < before,
+                    unlocked(
+                        table,
+                        table.c.id == deployment_id,
+                        table.c.status == st.STARTING,
+                        table.c.lease_until.is_(None),
+                        table.c.updated_at < before,
+                    )
                 )
                 .values(updated_at=now)
             )

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from sqlalchemy.exc import SQLAlchemyError
 
 from relay.events import Event, MetricsEvent, RecipeResult
-from relay_api.db import is_outage, session_factory
+from relay_api.db import is_outage, worker_session_factory
 from relay_api.files import output_manifest
 from relay_api.settings import Settings, get_settings
 from relay_engine.core.checkpoint import CheckpointStore
@@ -66,7 +66,7 @@ class LeaseKeeper(threading.Thread):
         super().__init__(name=f"lease-{claim.job_id}", daemon=True)
         self.settings = settings
         self.claim = claim
-        self.db_sessions = session_factory(settings)
+        self.db_sessions = worker_session_factory(settings)
         self.cancel_requested = False
         self.lost = False
         # Set when the database was away for as long as the lease: the message for the job.
@@ -215,7 +215,7 @@ def run_fine_tune(
             time.sleep(1.0)
             publish(job_id)
         return "not claimed: this worker is shutting down"
-    db_sessions = session_factory(settings)
+    db_sessions = worker_session_factory(settings)
     gpus = lifecycle.requested_gpus(db_sessions, job_id)
     gang: Gang | None = None
     claim: Claim | None
@@ -248,9 +248,11 @@ def _join_gang(
     """Take a seat in the job's gang and wait for the rest of its hosts; None if it did not start.
 
     No seat when the gang cannot form (the live workers have too few slots; the job is parked until
-    they have), nor while this host backs off after its gang gave up: a seat would hold this worker
-    from jobs it can run."""
-    if gangs.backing_off(job_id):
+    they have), nor while this host backs off after its gang gave up, unless other hosts are seated
+    now (then the gang may form at once): a seat would hold this worker from jobs it can run."""
+    if gangs.backing_off(job_id) and not gangs.gathering_elsewhere(
+        db_sessions, settings, job_id, worker_name()
+    ):
         # This delivery is consumed: parked, the job is published again by the reconciler, so a
         # worker that can run it (one with the slots, or a gang of others) hears of it.
         gangs.park(db_sessions, job_id)

@@ -8,9 +8,10 @@ Seat 0 serves the launcher's c10d rendezvous; its endpoint is written in every s
 
 If the seats do not add up within `gang_wait_seconds` of the first, the first host to notice
 deletes them all: the hosts go back to other work, and the job stays queued (the give-back is not
-a failed attempt). Such a host then leaves the job alone for `gang_wait_seconds` (the wake-ups it
-sent would seat it again at once, holding it from every other job); the reconciler publishes the
-job again later.
+a failed attempt). Such a host then starts no new gathering for the job for `gang_wait_seconds`
+(the wake-ups it sent would seat it again at once, alone, holding it from every other job); the
+reconciler publishes the job again later. It still takes a seat when other hosts are seated: that
+gathering may form now, and must not wait for this host's window.
 
 No host takes a seat while the live workers (their heartbeats) have fewer slots than the job needs:
 the gang could not form, and a seat would only hold a worker from jobs it can run. The job is
@@ -78,12 +79,52 @@ def park(db_sessions: sessionmaker[Session], job_id: str) -> None:
 
 
 def backing_off(job_id: str) -> bool:
-    """Whether this host's gang for the job gave up a moment ago, so it should not sit again yet."""
+    """Whether this host's gang for the job gave up a moment ago, so it should not start a new
+    gathering yet (it still joins one that other hosts have started: `gathering_elsewhere`)."""
     until = _backing_off.get(job_id)
     if until is not None and time.monotonic() >= until:
         del _backing_off[job_id]
         return False
     return until is not None
+
+
+def leave_alone(job_id: str, seconds: float) -> None:
+    """Start a new gathering for the job from this host only after `seconds` (its gang gave up)."""
+    _backing_off[job_id] = time.monotonic() + seconds
+
+
+def gathering_elsewhere(
+    db_sessions: sessionmaker[Session], settings: Settings, job_id: str, worker: str
+) -> bool:
+    """Whether other hosts hold seats in the job's next gang now: a gathering is under way, and
+    this host's seat brings the gang closer to forming (or forms it), so it must not wait out its
+    leave-alone window. The window is there only to stop a host from seating again, alone, from the
+    wake-ups it sent itself."""
+
+    def run() -> bool:
+        now = database_now(db_sessions)
+        with db_sessions() as db:
+            attempt = db.execute(
+                select(fine_tunes.c.attempt).where(fine_tunes.c.id == job_id, claimable(settings, now))
+            ).scalar()
+            seated = 0
+            if attempt is not None:
+                seated = (
+                    db.scalar(
+                        select(func.count())
+                        .select_from(fine_tune_hosts)
+                        .where(
+                            fine_tune_hosts.c.job_id == job_id,
+                            fine_tune_hosts.c.round == attempt + 1,
+                            fine_tune_hosts.c.worker != worker,
+                        )
+                    )
+                    or 0
+                )
+            db.rollback()
+        return seated > 0
+
+    return with_retries(run)
 
 
 @dataclass(frozen=True)
@@ -199,6 +240,7 @@ def _start_gang(db: Session, settings: Settings, seat: Seat, hosts: list[str], n
             status=st.RUNNING,
             attempt=seat.round,
             lease_until=now + dt.timedelta(seconds=first_lease),
+            lease_lapsed_at=None,
             lease_owner=("gang: " + ", ".join(hosts))[:255],
             updated_at=now,
             last_failure=None,
@@ -224,7 +266,7 @@ def wait_for_gang(
             time.sleep(POLL_SECONDS)
             continue
         if look != "forming":  # the gang is not coming (or the job moved on): not again soon
-            _backing_off[seat.job_id] = time.monotonic() + settings.gang_wait_seconds
+            leave_alone(seat.job_id, settings.gang_wait_seconds)
         if look != "gone":
             reason = "this worker shuts down" if look == "forming" else look
             if with_retries(lambda: give_back(db_sessions, seat)):

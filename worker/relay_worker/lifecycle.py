@@ -5,7 +5,10 @@ later write of that worker names the attempt and is refused (``FencedOut``) once
 owns the job. A reconciler, run by every worker, hands jobs whose lease lapsed to a new attempt
 (which resumes from the last checkpoint), publishes jobs that never reached the broker, and fails
 a job after `max_attempts` failed claims (a claim given back by a worker that shuts down does not
-count). Writes are short transactions, retried when the database blips.
+count). Writes are short transactions, retried when the database blips. The reconciler's updates
+skip a row another transaction holds locked (`relay_api.db.unlocked`), so a worker frozen inside
+a transaction never holds up the jobs after its own; the server ends that transaction after half
+the lease (`relay_api.db.Liveness`), and the row is handed on at a later pass.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from relay.events import CancelledEvent, DatasetEvent, ErrorEvent, MetricsEvent, RetryEvent, parse_event
 from relay.sft import status as st
 from relay_api import dataset_credentials
-from relay_api.db import database_now, rows_changed, with_retries
+from relay_api.db import database_now, rows_changed, unlocked, with_retries
 from relay_api.event_rows import ROW_KEYS, insert_event
 from relay_api.models import fine_tunes
 from relay_api.settings import Settings
@@ -109,6 +112,7 @@ def claim(db_sessions: sessionmaker[Session], settings: Settings, job_id: str, o
                     status=st.RUNNING,
                     attempt=fine_tunes.c.attempt + 1,
                     lease_until=_lease(settings, now),
+                    lease_lapsed_at=None,
                     lease_owner=owner,
                     updated_at=now,
                     last_failure=None,
@@ -427,8 +431,11 @@ def _publish_waiting(
                 db.execute(
                     update(fine_tunes)
                     .where(
-                        fine_tunes.c.id == job_id,
-                        or_(fine_tunes.c.enqueued_at.is_(None), fine_tunes.c.enqueued_at < stale),
+                        unlocked(
+                            fine_tunes,
+                            fine_tunes.c.id == job_id,
+                            or_(fine_tunes.c.enqueued_at.is_(None), fine_tunes.c.enqueued_at < stale),
+                        )
                     )
                     .values(enqueued_at=database_now(db_sessions))
                 )
@@ -468,12 +475,21 @@ def _retry(db_sessions: sessionmaker[Session], job_id: str, attempt: int, step: 
             db.execute(
                 update(fine_tunes)
                 .where(
-                    fine_tunes.c.id == job_id,
-                    fine_tunes.c.attempt == attempt,
-                    fine_tunes.c.status == st.RUNNING,
-                    fine_tunes.c.lease_until < database_now(db_sessions),
+                    unlocked(
+                        fine_tunes,
+                        fine_tunes.c.id == job_id,
+                        fine_tunes.c.attempt == attempt,
+                        fine_tunes.c.status == st.RUNNING,
+                        fine_tunes.c.lease_until < database_now(db_sessions),
+                    )
                 )
-                .values(lease_until=None, enqueued_at=database_now(db_sessions), last_failure=reason)
+                # The lapsed lease's end stays readable (`lease_lapsed_seconds`) until a claim.
+                .values(
+                    lease_until=None,
+                    lease_lapsed_at=fine_tunes.c.lease_until,
+                    enqueued_at=database_now(db_sessions),
+                    last_failure=reason,
+                )
             )
         )
         if moved:
@@ -492,10 +508,13 @@ def _end_orphaned_cancels(db_sessions: sessionmaker[Session], orphaned: Sequence
             final_step = db.execute(
                 update(fine_tunes)
                 .where(
-                    fine_tunes.c.id == job_id,
-                    fine_tunes.c.attempt == attempt,
-                    fine_tunes.c.status == st.CANCEL_REQUESTED,
-                    or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < when),
+                    unlocked(
+                        fine_tunes,
+                        fine_tunes.c.id == job_id,
+                        fine_tunes.c.attempt == attempt,
+                        fine_tunes.c.status == st.CANCEL_REQUESTED,
+                        or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < when),
+                    )
                 )
                 .values(status=st.CANCELLED, finished_at=when, updated_at=when, lease_until=None)
                 .returning(fine_tunes.c.step)
@@ -529,10 +548,13 @@ def _end_exhausted(
             db.execute(
                 update(fine_tunes)
                 .where(
-                    fine_tunes.c.id == job_id,
-                    fine_tunes.c.attempt == attempt,
-                    fine_tunes.c.status == st.RUNNING,
-                    or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now),
+                    unlocked(
+                        fine_tunes,
+                        fine_tunes.c.id == job_id,
+                        fine_tunes.c.attempt == attempt,
+                        fine_tunes.c.status == st.RUNNING,
+                        or_(fine_tunes.c.lease_until.is_(None), fine_tunes.c.lease_until < now),
+                    )
                 )
                 .values(status=st.ERROR, error=message, finished_at=now, updated_at=now, lease_until=None)
             )

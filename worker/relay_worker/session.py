@@ -32,7 +32,7 @@ from relay.training import status as st
 from relay.training import types, wire
 from relay.training.config import check_name, state_address, with_current_names
 from relay_api.channel import ChannelUnavailable, QueuedCall, WorkerChannel, worker_channel
-from relay_api.db import session_factory, utcnow
+from relay_api.db import utcnow, worker_session_factory
 from relay_api.settings import Settings, get_settings
 from relay_engine.core.session import Session
 from relay_engine.errors import EngineError
@@ -63,7 +63,7 @@ class SessionKeeper(threading.Thread):
         super().__init__(name=f"lease-{claim.session_id}", daemon=True)
         self.settings = settings
         self.claim = claim
-        self.db_sessions = session_factory(settings)
+        self.db_sessions = worker_session_factory(settings)
         self.close_requested = False
         self.lost = False
         self.last_contact: dt.datetime = utcnow()
@@ -93,7 +93,7 @@ class SessionKeeper(threading.Thread):
 def run_session(session_id: str, settings: Settings | None = None) -> str:
     """Host the session if this delivery can claim it; returns what happened, for the task's log."""
     settings = settings or get_settings()
-    db_sessions = session_factory(settings)
+    db_sessions = worker_session_factory(settings)
     claim = lifecycle.claim(db_sessions, settings, session_id, worker_name())
     if claim is None:
         return "not claimed: the session is taken or ended"

@@ -17,7 +17,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from relay.training import status as st
-from relay_api.db import database_now, rows_changed, with_retries
+from relay_api.db import database_now, rows_changed, unlocked, with_retries
 from relay_api.models import training_sessions as table
 from relay_api.sessions import WORKER_LOST
 from relay_api.settings import Settings
@@ -214,7 +214,7 @@ def _end_unless_moved(
         moved = rows_changed(
             db.execute(
                 update(table)
-                .where(table.c.id == session_id, table.c.status.in_(st.LIVE), condition)
+                .where(unlocked(table, table.c.id == session_id, table.c.status.in_(st.LIVE), condition))
                 .values(status=st.ERROR, error=message, ended_at=now, updated_at=now, lease_until=None)
             )
         )

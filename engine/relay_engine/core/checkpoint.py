@@ -77,12 +77,19 @@ class CheckpointWriteError(RuntimeError):
     so that every caller sees the failure as an ordinary error with the writer's own reason."""
 
 
-def _disk_full_message(root: Path, needed: int, free: int, before: bool) -> str:
+def _disk_full_message(root: Path, needed: int, free: int, before: bool, kept: bool) -> str:
+    """What a full disk cost, in words: `kept` says whether a complete checkpoint remains (there is
+    none while the first one is written, and then nothing is kept to resume from)."""
     gib = 1 << 30
     when = "cannot write a checkpoint" if before else "the disk filled up while writing a checkpoint"
+    what_remains = (
+        "the last complete checkpoint is kept"
+        if kept
+        else "no checkpoint is complete yet (this was the first), so there is none to resume from"
+    )
     return (
         f"no space left on device at {root}: {when} (a checkpoint needs about {needed / gib:.2f} GB, "
-        f"{free / gib:.2f} GB free); the last complete checkpoint is kept"
+        f"{free / gib:.2f} GB free); {what_remains}"
     )
 
 
@@ -145,7 +152,7 @@ class CheckpointStore:
         needed = self._expected_bytes()
         free = shutil.disk_usage(self.root).free
         if needed is not None and free < needed * FREE_SPACE_MARGIN:
-            raise DiskFullError(_disk_full_message(self.root, needed, free, before=True))
+            raise DiskFullError(_disk_full_message(self.root, needed, free, before=True, kept=True))
         tmp = self.root / f".tmp-a{self.attempt}-{self.name_of(step)}-{uuid.uuid4().hex}"
         tmp.mkdir()
         return tmp
@@ -166,7 +173,9 @@ class CheckpointStore:
             shutil.rmtree(tmp, ignore_errors=True)
         if _is_disk_full(error, free):
             needed = max(self._expected_bytes() or 0, written)
-            raise DiskFullError(_disk_full_message(self.root, needed, free, before=False)) from error
+            kept = bool(self.complete())  # none while the first checkpoint is written
+            message = _disk_full_message(self.root, needed, free, before=False, kept=kept)
+            raise DiskFullError(message) from error
         if not isinstance(error, Exception):
             cause = _root_cause(error)
             raise CheckpointWriteError(

@@ -46,8 +46,10 @@ DATASET_NAME_MAX = 1024
 # A Hub branch or tag name is far shorter; a commit sha is 40 characters.
 DATASET_REVISION_MAX = 256
 TASK_MAX = 128
-# A revision: no spaces or control characters (Git refuses both in a ref name).
-REVISION_PATTERN = r"^[^\s\x00-\x1f\x7f]+$"
+# A revision: no spaces or control characters (Git refuses both in a ref name). U+0085 (a C1
+# control) and U+FEFF are named as well as `\s`: JSON Schema tools read `\s` as ECMAScript does,
+# which leaves out U+0085, and Python's `\s` leaves out U+FEFF; named, both readings refuse both.
+REVISION_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f\ufeff]+$"
 # An absolute path (or ~/...) with no control characters.
 ABSOLUTE_PATH_PATTERN = r"^[/~][^\x00-\x1f\x7f]*$"
 RECIPE_MODEL_RULE = "must be one of " + ", ".join(catalog.RECIPE_MODELS)

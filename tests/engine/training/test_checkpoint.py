@@ -93,6 +93,7 @@ def test_a_full_disk_says_so_and_keeps_the_last_checkpoint(six_mb_disk: Path) ->
     with pytest.raises(DiskFullError, match=r"no space left on device at .*checkpoints.*GB free") as caught:
         store.save(20, torch_saves(5), {})  # torch's own error would be "unexpected pos ..."
     assert "the disk filled up while writing" in str(caught.value)
+    assert str(caught.value).endswith("; the last complete checkpoint is kept")
     del caught  # its traceback holds torch's writer, and the writer the space of the partial file
     gc.collect()
     latest = store.latest()
@@ -103,6 +104,22 @@ def test_a_full_disk_says_so_and_keeps_the_last_checkpoint(six_mb_disk: Path) ->
     with pytest.raises(DiskFullError, match=r"cannot write a checkpoint \(a checkpoint needs about 0.00 GB"):
         store.save(30, torch_saves(2), {})
     assert store.latest() == latest
+
+
+def test_a_full_disk_at_the_first_checkpoint_says_that_none_is_kept(six_mb_disk: Path) -> None:
+    """No earlier checkpoint: the message must not promise one ("the last complete checkpoint is
+    kept" said so, and there was nothing to resume from)."""
+    store = CheckpointStore(six_mb_disk / "checkpoints")
+    with pytest.raises(DiskFullError, match="the disk filled up while writing a checkpoint") as caught:
+        store.save(10, torch_saves(8), {})
+    message = str(caught.value)
+    assert "the last complete checkpoint is kept" not in message
+    assert message.endswith(
+        "no checkpoint is complete yet (this was the first), so there is none to resume from"
+    )
+    del caught
+    gc.collect()
+    assert store.latest() is None and not list(store.root.iterdir())
 
 
 def test_leftovers_of_interrupted_writes_are_removed_when_asked(tmp_path: Path) -> None:
