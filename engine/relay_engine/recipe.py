@@ -107,9 +107,26 @@ class Recipe:
 
 
 def pick_device(name: str) -> torch.device:
+    """`auto` (a GPU where PyTorch sees one, else the CPU), `cpu` or `cuda` (`cuda:N`). Asking for
+    a GPU PyTorch cannot use is one sentence, not a traceback from deep inside the first copy."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"bad device: {name!r} (must be auto, cpu or cuda)", param="device") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise ConfigError(
+            f"bad device: {name} (no CUDA GPU is available to PyTorch here: torch {torch.__version__} is "
+            f"{build}{'' if torch.version.cuda is None else ' and finds no GPU or driver'}; use auto or cpu)",
+            param="device",
+        )
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"bad device: {name} (this machine has {torch.cuda.device_count()} CUDA GPUs)", param="device"
+        )
+    return device
 
 
 def run_recipe(

@@ -166,6 +166,10 @@ def test_fine_tunes_commands(
     assert [json.loads(line)["id"] for line in run("fine-tunes", "list", "--json").splitlines()] == [job_id]
     shown = run("fine-tunes", "retrieve", job_id)
     assert "completed" in shown
+    # The loss to 4 significant digits (it was printed to 17), and a full fine-tune (pi05-tiny's
+    # default) shows no LoRA settings.
+    assert re.findall(r"loss \(10-step mean\)\s+(\S+)", shown) == [number_text(created["loss"])]
+    assert created["finetune"] == "full" and "lora_rank" not in shown and "lora_alpha" not in shown
     retrieved = json.loads(run("fine-tunes", "retrieve", job_id, "--json"))
     card = retrieved.pop("summary")
     assert retrieved == created

@@ -314,6 +314,8 @@ def _show_job(job: FineTuneJob, as_json: bool, card_follows: bool = False) -> No
     record = job.to_dict()
     if not as_json:  # say which loss this is (JSON keeps the API's field names)
         record = {LOSS_LABEL if key == "loss" else key: value for key, value in record.items()}
+        if record.get("finetune") != "lora":  # a full (or RT-J) job trains no adapters
+            record = {key: value for key, value in record.items() if key not in LORA_FIELDS}
         if record.get("dataset"):  # what the engine read, in one line
             record["dataset"] = dataset_line(record["dataset"])
         if card_follows:  # the held-out scores are the card's (the same block): not twice
@@ -446,6 +448,8 @@ def _print_event(event: Event, as_json: bool, steps: int) -> None:
 
 # The job's loss is a mean over the latest metrics window, like the events' loss: say so wherever it shows.
 LOSS_LABEL = "loss (10-step mean)"
+# The adapters' settings, shown only for a LoRA job.
+LORA_FIELDS = ("lora_rank", "lora_alpha")
 
 
 def _pace(event: Event, steps: int) -> str:
