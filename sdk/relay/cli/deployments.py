@@ -94,7 +94,7 @@ def show(
 def stop(
     deployment_id: str,
     wait: bool = typer.Option(
-        True, "--wait/--no-wait", help="Wait until its worker has let go (a few seconds) and it reads stopped."
+        True, "--wait/--no-wait", help="Wait until its worker lets go (a few seconds): it reads stopped."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the deployment as JSON."),
 ) -> None:
@@ -106,4 +106,4 @@ def stop(
         deployment.stop(wait=wait)
     show_record(deployment.to_dict(), as_json)
     if not as_json and deployment.status not in st.ENDED:
-        err.print("stopping: its worker lets go within a few seconds (relay deployments show)", highlight=False)
+        err.print("stopping: its worker lets go within seconds (relay deployments show)", highlight=False)
