@@ -193,7 +193,7 @@ def test_fine_tunes_commands(
     text = run("fine-tunes", "events", job_id)
     assert "step     10  loss" in text and "finished" in text
     events = [json.loads(line) for line in run("fine-tunes", "events", job_id, "--json").splitlines()]
-    assert events[-1]["event"] == "finished" and all("id" in e for e in events)
+    assert [e["event"] for e in events[-2:]] == ["finished", "stage"] and all("id" in e for e in events)
     # The plain lines show the ids that --after takes.
     assert [line.split()[:2] for line in text.splitlines()] == [["id", str(e["id"])] for e in events]
     assert "loss (10-step mean)" in run("fine-tunes", "retrieve", job_id)

@@ -77,7 +77,10 @@ def test_a_job_runs_to_completion_with_its_events_and_files(
     speed = {"steps_per_second", "samples_per_second", "data_wait"}
     assert all(set(e) == {"step", "loss", "grad_norm", "lr", "skipped", *speed} for e in metrics)
     assert [e["step"] for e in events if e.get("event") == "checkpoint"] == [10, 20]
-    assert events[-1] == {"step": 20, "event": "finished"}
+    assert events[-2:] == [
+        {"step": 20, "event": "finished"},
+        {"step": 20, "event": "stage", "stage": "writing"},
+    ]
     assert job.events(after=events[1].id) == events[2:]
     assert job.events(after=events[-1].id) == []
     assert_events_unique(job)
