@@ -230,8 +230,24 @@ async def _database_answer(request: Request, error: SQLAlchemyError) -> JSONResp
     raise error
 
 
-async def _validation_answer(_request: Request, error: RequestValidationError) -> JSONResponse:
-    """400 with the first broken rule, in the words SFTConfig uses for it."""
+async def _validation_answer(request: Request, error: RequestValidationError) -> JSONResponse:
+    """400 with the first broken rule, in the words SFTConfig uses for it; 415 for a body that was
+    not sent as JSON (`curl -d` without a Content-Type sends a form, which FastAPI does not read)."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    about_the_body = any((item.get("loc") or ("",))[0] == "body" for item in error.errors())
+    if (
+        about_the_body
+        and media_type
+        and media_type != "application/json"
+        and not media_type.endswith("+json")
+    ):
+        return _answer(
+            415,
+            f"the request body must be JSON, sent as Content-Type: application/json (it came as "
+            f"{media_type[:80]}; with curl: -H 'Content-Type: application/json', or --json)",
+            None,
+            "unsupported_media_type",
+        )
     body_errors, other_errors = [], []
     for item in error.errors():
         loc = tuple(item.get("loc") or ())

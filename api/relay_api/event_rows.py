@@ -24,12 +24,19 @@ from relay_api.models import fine_tune_events
 # its next checkpoint). Events are unique per (job, step, kind), so these are stored with their
 # attempt in the kind ("retry:3"), and shown without it.
 PER_ATTEMPT_EVENTS = ("retry", "resumed")
+# A stage event happens once per stage at a step (validating, then evaluating, at one checkpoint):
+# stored with its stage in the kind ("stage:validating").
+PER_STAGE_EVENTS = ("stage",)
 # The keys an event row keeps in columns of its own, not in `data`.
 ROW_KEYS = frozenset({"step", "event", "kind"})
 
 
-def stored_kind(kind: str, attempt: int) -> str:
-    return f"{kind}:{attempt}" if kind in PER_ATTEMPT_EVENTS else kind
+def stored_kind(kind: str, attempt: int, stage: str | None = None) -> str:
+    if kind in PER_ATTEMPT_EVENTS:
+        return f"{kind}:{attempt}"
+    if kind in PER_STAGE_EVENTS:
+        return f"{kind}:{stage}"
+    return kind
 
 
 def shown_kind(stored: str) -> str:
@@ -52,7 +59,7 @@ def insert_event_row(
     values = {
         "job_id": job_id,
         "step": step,
-        "kind": stored_kind(kind, int(data.get("attempt", attempt))),
+        "kind": stored_kind(kind, int(data.get("attempt", attempt)), data.get("stage")),
         "attempt": attempt,
         "data": data,
         "created_at": now,

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import bindparam, select
 
 from relay.events import METRICS, METRICS_EVERY, checkpoint_dir
+from relay.progress import recent_rate
 from relay.sft import status as st
 from relay.sft.summary import (
     CheckpointSummary,
@@ -68,6 +69,7 @@ def summarize(
     metrics: list[tuple[int, Mapping[str, Any]]] = []
     losses = _Losses()
     checkpoints: dict[int, Mapping[str, Any]] = {}
+    reported: list[tuple[int, float]] = []  # (step, when its metrics event was written)
     validations: list[dict[str, Any]] = []
     evaluations: list[dict[str, Any]] = []
     for event in events:
@@ -76,8 +78,10 @@ def summarize(
             metrics.append((step, data))
             losses.add(step, data.get("loss"))
             pace.add_window(step, data)
+            reported.append((step, event["created_at"].timestamp()))
         elif kind == "resumed":
             pace.restart_at(step)
+            reported.clear()  # the ETA's pace is this attempt's
         elif kind == "checkpoint":
             checkpoints[step] = event
         elif kind == VALIDATION:
@@ -91,6 +95,7 @@ def summarize(
     running = status == st.RUNNING
     step = int(job["step"])
     windows = _Windows(metrics)
+    recent = recent_rate(reported)
     return FineTuneSummary(
         id=job["id"],
         status=status,
@@ -100,12 +105,10 @@ def summarize(
         queued_seconds=_seconds(created, started or end),
         elapsed_seconds=_seconds(started, end) if started is not None else None,
         duration_seconds=_seconds(started, finished) if ended and started and finished else None,
-        eta_seconds=(
-            round(max(0, steps - step) / pace.latest, 1) if running and pace.latest is not None else None
-        ),
+        eta_seconds=round(max(0, steps - step) / recent, 1) if running and recent else None,
         steps_per_second=pace.steps_per_second(),
         samples_per_second=pace.samples_per_second(),
-        latest_steps_per_second=pace.latest,
+        latest_steps_per_second=recent,
         loss=losses.summary(),
         metrics_note=None if metrics else _no_metrics_note(job, steps),
         checkpoints=[
@@ -129,7 +132,6 @@ class _Pace:
         self.steps = 0
         self.samples = 0.0
         self.seconds = 0.0
-        self.latest: float | None = None
 
     def restart_at(self, step: int) -> None:
         self.window_start = step
@@ -140,7 +142,6 @@ class _Pace:
         rate = data.get("steps_per_second")
         if not isinstance(rate, int | float) or rate <= 0:
             return
-        self.latest = float(rate)
         if length <= 0:
             return
         seconds = length / rate

@@ -126,7 +126,7 @@ else:  # the union of the kinds' models, told apart by `kind`
 class EventOut(RootModel[EventOutChoice]):
     """The engine's report: every 10 steps a metrics event (``step`` and ``loss``, ``grad_norm``,
     ``lr``, ``skipped``, the speed), or an event named by ``event`` ("checkpoint", "resumed",
-    "retry", "cancelled", "finished", "error", "dataset", "snapshot", "validation", "eval") with its
+    "retry", "cancelled", "finished", "error", "dataset", "snapshot", "validation", "eval", "stage") with its
     details; ``kind`` names either."""
 
     @property

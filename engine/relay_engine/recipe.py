@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from relay.catalog import ACTION_HORIZON
-from relay.events import METRICS_EVERY, CheckpointEvent, Event, RecipeResult, ResumedEvent
+from relay.events import METRICS_EVERY, CheckpointEvent, Event, RecipeResult, ResumedEvent, StageEvent
 from relay.sft.config import SFTConfig
 from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.core.data import BatchOrder, DataPosition
@@ -107,9 +107,26 @@ class Recipe:
 
 
 def pick_device(name: str) -> torch.device:
+    """`auto` (a GPU where PyTorch sees one, else the CPU), `cpu` or `cuda` (`cuda:N`). Asking for
+    a GPU PyTorch cannot use is one sentence, not a traceback from deep inside the first copy."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"bad device: {name!r} (must be auto, cpu or cuda)", param="device") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise ConfigError(
+            f"bad device: {name} (no CUDA GPU is available to PyTorch here: torch {torch.__version__} is "
+            f"{build}{'' if torch.version.cuda is None else ' and finds no GPU or driver'}; use auto or cpu)",
+            param="device",
+        )
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"bad device: {name} (this machine has {torch.cuda.device_count()} CUDA GPUs)", param="device"
+        )
+    return device
 
 
 def run_recipe(
@@ -169,6 +186,7 @@ def _run(family: Family, run: RecipeRun, output_dir: Path, callbacks: _Callbacks
         if result.status != "completed":
             training.checkpoint_the_stop(state)
             return RecipeResult(result.status, result.step, result.loss, None, resumed_from)
+        training.report(StageEvent(step=result.step, stage="writing"))
         prepared.write_output(output_dir)
         training.evaluate_the_end(result.step)
         if prepared.parallel is not None:
@@ -259,6 +277,7 @@ class _Training:
         """The validation split's scores at the checkpoint just written (every process scores), then
         the closed-loop evaluation if the recipe asks for one at each checkpoint."""
         if self.prepared.validate is not None:
+            self.report(StageEvent(step=loop_state.step, stage="validating", detail="the held-out episodes"))
             self.report(self.prepared.validate(loop_state.step))
         if self.prepared.evaluate_at_checkpoints:
             self.evaluate(loop_state.step)
@@ -278,6 +297,9 @@ class _Training:
         if self.run.rank == 0 and (
             self.prepared.parallel is None or self.prepared.parallel.strategy == "ddp"
         ):
+            self.report(
+                StageEvent(step=step, stage="evaluating", detail=_eval_detail(self.run.recipe.config))
+            )
             self.report(evaluate(step))
 
     def checkpoint_the_stop(self, state: LoopState) -> None:
@@ -285,6 +307,11 @@ class _Training:
         if self.callbacks.checkpoint_on_stop and state.step > 0 and _latest_step(self.store) != state.step:
             self.save_checkpoint(state)
             self.report(CheckpointEvent(step=state.step))
+
+
+def _eval_detail(config: SFTConfig) -> str | None:
+    block = config.eval
+    return None if block is None else f"in {block.env} ({block.episodes} episodes)"
 
 
 def _latest_step(store: CheckpointStore) -> int | None:

@@ -258,6 +258,27 @@ def eval_line(report: Mapping[str, Any]) -> str:
     )
 
 
+class StageEvent(EventBase):
+    """What a run is doing between its steps, at `step`, where that takes more than a moment:
+    ``validating`` the held-out episodes, ``evaluating`` the policy in a simulator, ``writing``
+    the merged output. The report the stage ends with (a validation or eval event, the finished
+    event) follows it; until then, progress lines say the stage (``detail`` adds what it covers)."""
+
+    kind: ClassVar[str] = "stage"
+    stage: Literal["validating", "evaluating", "writing"]
+    detail: str | None
+
+    def describe(self) -> str:
+        return stage_text(self)
+
+
+def stage_text(event: Mapping[str, Any]) -> str:
+    """`validating`, `evaluating in relay/Dot-v0 (10 episodes)`, `writing the output`."""
+    words = {"writing": "writing the output"}.get(str(event.get("stage")), str(event.get("stage")))
+    detail = event.get("detail")
+    return f"{words} {detail}" if detail else words
+
+
 # A job's closed-loop evaluations among its files: eval/step-00001000.json, and the videos of its
 # first episodes in eval/step-00001000/.
 EVAL_FILES = "eval"
@@ -285,6 +306,7 @@ Event = Union[  # noqa: UP007 (a runtime value too: typed readers match on its m
     SnapshotEvent,
     ValidationEvent,
     EvalEvent,
+    StageEvent,
 ]
 EVENT_KINDS: dict[str, type[EventBase]] = {
     kind.kind: kind for kind in typing.get_args(Event) if issubclass(kind, EventBase)

@@ -6,7 +6,7 @@ On a terminal: a rich progress bar. Anywhere else (output piped to a file, CI, `
 lines, one when something changed (the step, the status, the loss) but at most one every
 `RELAY_PROGRESS_SECONDS` (default 5), and while nothing changes one every 10 s, so a long run
 never looks hung and a slow one does not repeat itself. Every line and the bar show the rate
-(steps/s) and the time left.
+(steps/s) and the time left, at the recent pace (`recent_rate`: the one ETA of every view).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from relay.formatting import duration_text
@@ -31,27 +31,51 @@ def line_interval() -> float:
         return DEFAULT_EVERY
 
 
+# The pace an ETA divides by, one definition for the results card (the API and the console), the
+# CLI and the local trainer: steps over wall-clock time across the latest RATE_WINDOW_SECONDS of
+# reported steps (checkpoints, validation and slow steps included, as they will be again), and
+# across at least the two latest reports, so that a job reporting less often still has a pace.
+RATE_WINDOW_SECONDS = 60.0
+
+
+def recent_rate(points: Sequence[tuple[int, float]], window: float = RATE_WINDOW_SECONDS) -> float | None:
+    """Steps per second over `points` (step, seconds on any one clock; oldest first) within
+    `window` seconds of the latest, or over the latest two when only one is that recent."""
+    if len(points) < 2:
+        return None
+    latest_step, latest_at = points[-1]
+    first = len(points) - 2
+    while first > 0 and latest_at - points[first - 1][1] <= window:
+        first -= 1
+    step, at = points[first]
+    if latest_at <= at or latest_step <= step:
+        return None
+    return (latest_step - step) / (latest_at - at)
+
+
 class Rate:
-    """Steps per second since the step first moved (a queue or a warm-up before it does not count),
-    and the time left at that rate."""
+    """The pace of a run watched as it goes (`recent_rate` over the steps seen, each at the time it
+    was first seen), and the time left at it. It starts when the step first moves: the step found
+    at the start may have waited in a queue or behind a warm-up. A step going back (a resumed
+    run) starts it anew."""
 
     def __init__(self) -> None:
+        self._points: list[tuple[int, float]] = []
         self._last_step: int | None = None
-        self._origin: tuple[int, float] | None = None
-        self._latest: tuple[int, float] | None = None
 
     def add(self, step: int, now: float) -> None:
-        if self._last_step is not None and step != self._last_step:
-            if self._origin is None:
-                self._origin = (step, now)
-            else:
-                self._latest = (step, now)
+        moved = self._last_step is not None and step != self._last_step
+        if self._points and step < self._points[-1][0]:
+            self._points.clear()
         self._last_step = step
+        if moved:
+            self._points.append((step, now))
+            # Only what the window can use: the points within it and one before.
+            while len(self._points) > 2 and now - self._points[1][1] > RATE_WINDOW_SECONDS:
+                self._points.pop(0)
 
     def per_second(self) -> float | None:
-        if self._origin is None or self._latest is None or self._latest[1] <= self._origin[1]:
-            return None
-        return (self._latest[0] - self._origin[0]) / (self._latest[1] - self._origin[1])
+        return recent_rate(self._points)
 
     def text(self, step: int, total: int, unit: str = "step") -> str:
         rate = self.per_second()

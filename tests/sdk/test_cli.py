@@ -166,6 +166,10 @@ def test_fine_tunes_commands(
     assert [json.loads(line)["id"] for line in run("fine-tunes", "list", "--json").splitlines()] == [job_id]
     shown = run("fine-tunes", "retrieve", job_id)
     assert "completed" in shown
+    # The loss to 4 significant digits (it was printed to 17), and a full fine-tune (pi05-tiny's
+    # default) shows no LoRA settings.
+    assert re.findall(r"loss \(10-step mean\)\s+(\S+)", shown) == [number_text(created["loss"])]
+    assert created["finetune"] == "full" and "lora_rank" not in shown and "lora_alpha" not in shown
     retrieved = json.loads(run("fine-tunes", "retrieve", job_id, "--json"))
     card = retrieved.pop("summary")
     assert retrieved == created
@@ -189,7 +193,7 @@ def test_fine_tunes_commands(
     text = run("fine-tunes", "events", job_id)
     assert "step     10  loss" in text and "finished" in text
     events = [json.loads(line) for line in run("fine-tunes", "events", job_id, "--json").splitlines()]
-    assert events[-1]["event"] == "finished" and all("id" in e for e in events)
+    assert [e["event"] for e in events[-2:]] == ["finished", "stage"] and all("id" in e for e in events)
     # The plain lines show the ids that --after takes.
     assert [line.split()[:2] for line in text.splitlines()] == [["id", str(e["id"])] for e in events]
     assert "loss (10-step mean)" in run("fine-tunes", "retrieve", job_id)

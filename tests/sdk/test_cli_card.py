@@ -79,7 +79,7 @@ def test_a_running_jobs_card_has_its_eta_validation_and_success_rate(
             key, rows[key] = re.split(r"\s{2,}", line.strip(), maxsplit=1)
     assert rows["progress"] == "2000/6000 steps (33%)"
     assert rows["elapsed"] == "1h02m (queued 4s before)"
-    assert rows["ETA"] == "2h13m left at 0.5 steps/s (the latest 10 steps)"
+    assert rows["ETA"] == "2h13m left at 0.5 steps/s (the last minute)"
     assert rows["pace"] == "0.52 steps/s, 66.5 samples/s (the whole run)"
     assert rows["training loss"] == "first 0.91 (step 10), last 0.12 (step 2000), best 0.11 (step 1990)"
     assert rows["validation"] == (

@@ -114,7 +114,18 @@ def test_a_model_with_defaults_of_its_own_gets_them_for_the_fields_left_out() ->
     assert SFTConfig.parse(chosen.model_dump()) == chosen and SFTConfig.parse(config.model_dump()) == config
     # The JSON schema (the API's, the console's form) carries them beside the spec's default.
     schema = SFTConfig.model_json_schema()["properties"]["learning_rate"]
-    assert (schema["default"], schema["x-model-defaults"]) == (2.5e-5, {"pi05-tiny": 2e-3})
+    assert (schema["default"], schema["x-model-defaults"]) == (
+        2.5e-5,
+        {"pi05-tiny": 2e-3, "rt-j": 1e-4, "rt-j-tiny": 1e-3},
+    )
+
+
+def test_rt_j_models_train_at_their_own_rate_and_batch_not_pi05s() -> None:
+    """At pi05's 2.5e-5 and 128 contexts an RT-J's loss sat at ln 2 (0.6931) at every event."""
+    for model, rate, batch in (("rt-j-tiny", 1e-3, 16), ("rt-j", 1e-4, 32)):
+        config = SFTConfig(model=model, dataset_name="/data/shop", task="user-churn")
+        assert (config.finetune, config.learning_rate, config.batch_size) == ("full", rate, batch)
+        assert SFTConfig.default("learning_rate", model) == rate
 
 
 def test_limits_are_inclusive() -> None:

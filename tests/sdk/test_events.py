@@ -73,6 +73,7 @@ def test_every_kind_is_in_the_union() -> None:
         "snapshot",
         "validation",
         "eval",
+        "stage",
     }
 
 

@@ -107,7 +107,10 @@ def test_the_job_its_methods_and_finding_it_again(sdk_env: str, worker: WorkerPr
         "skipped",
     }
     assert events[0]["step"] == 10
-    assert events[-1] == {"step": 10, "event": "finished"}
+    assert events[-2:] == [
+        {"step": 10, "event": "finished"},
+        {"step": 10, "event": "stage", "stage": "writing"},
+    ]
 
     assert retrieve(job.id).to_dict() == job.to_dict()
     newest_first = list_jobs()

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.console import Console
 
 from relay.cli.watch import LossPanel, sparkline
-from relay.formatting import number_text, size_text
+from relay.formatting import duration_text, number_text, size_text
 from relay.http_client import Client
-from relay.progress import ProgressReport
+from relay.progress import ProgressReport, Rate
 from relay.sft.job import Event, FineTuneJob
 
 
@@ -109,3 +110,22 @@ def test_the_live_panel_takes_the_status_the_api_reports_and_keeps_an_end_it_saw
     panel.add(Event.from_api({"id": 9, "step": 100, "event": "finished"}))
     panel.update_from(job_record("running", 100))  # a refresh that left before the end arrived
     assert panel.status == "completed"
+
+
+def test_the_time_left_follows_the_recent_pace_not_the_whole_runs() -> None:
+    """A run that trained at 5 steps/s for 100 s and now does 0.2 (a machine that got busy): the
+    time left is at 0.2 steps/s, the last minute's pace (once said 38 s left at a whole-run 4.34
+    steps/s while doing 0.22)."""
+    rate = Rate()
+    step, now = 0, 0.0
+    rate.add(step, now)
+    while now < 100:
+        now += 1
+        step += 5
+        rate.add(step, now)
+    while now < 200:
+        now += 5
+        step += 1
+        rate.add(step, now)
+    assert rate.per_second() == pytest.approx(0.2)
+    assert rate.text(step, 1000) == f"0.2 steps/s, {duration_text((1000 - step) / 0.2)} left"

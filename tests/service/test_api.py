@@ -111,6 +111,20 @@ def test_a_body_that_is_not_a_config_is_400(
     assert count_jobs(stack) == before
 
 
+def test_a_body_sent_as_a_form_is_told_to_be_json(
+    stack: Stack, parked: TestClient, alice: dict[str, str]
+) -> None:
+    """`curl -d '{...}'` without a Content-Type sends the JSON as a form: the answer says how to send
+    it (it once said the config was not an object with the recipe's fields)."""
+    before = count_jobs(stack)
+    form = {**alice, "content-type": "application/x-www-form-urlencoded"}
+    answer = parked.post("/v1/fine-tunes", content=json.dumps(GOOD).encode(), headers=form)
+    assert answer.status_code == 415
+    assert answer.json()["error"]["code"] == "unsupported_media_type"
+    assert "Content-Type: application/json" in answer.json()["error"]["message"]
+    assert count_jobs(stack) == before
+
+
 def test_keys_are_required_and_checked(parked: TestClient, alice: dict[str, str]) -> None:
     job = create(parked, alice)
     for path in (

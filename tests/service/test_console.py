@@ -89,6 +89,8 @@ def test_sign_in_start_a_job_watch_its_loss_and_download_the_model(
 
     model = page.locator("tr[data-file='output/model.safetensors']")
     expect(model).to_be_visible()
+    # The files table (64-digit sha256s, long checkpoint paths) fits a 1,280 px window.
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     shown_sha = model.locator("td").nth(2).inner_text().strip()
     with page.expect_download() as started:
         model.locator("button:has-text('Download')").click()
@@ -465,3 +467,40 @@ def test_the_form_offers_the_datasets_cameras_and_sends_the_chosen_mapping(
         assert crashes == [] and fence.refused == []
     finally:
         api.stop()
+
+
+def test_a_job_page_shows_no_stray_text_code_as_code_and_one_point_over_the_jobs_steps(
+    browser: Browser, stack: Stack, user: tuple[str, str]
+) -> None:
+    """A job without an eval block leaves no trace of the section it lacks (the page once said
+    "nullnull" under its charts); the Deploy paragraph shows its commands as code, not between
+    backticks; a chart of one point (an evaluation at the last step only) spans the job's steps."""
+    origin = stack.parked_api_url
+    plain = api_create(origin, user[1], steps=60)
+    evaluated = api_create(
+        origin, user[1], steps=60, eval={"env": "relay/Dot-v0", "episodes": 2, "max_steps": 10}
+    )
+    written = utcnow()
+    with stack.sessions() as session:
+        for job in (plain, evaluated):
+            for step in range(10, 61, 10):
+                window = {"loss": 1 / step, "grad_norm": 1.0, "lr": 1e-3, "steps_per_second": 2.0}
+                insert_event_row(session, job["id"], step, "metrics", 0, window, written)
+        insert_event_row(session, evaluated["id"], 60, "eval", 0, {"success_rate": 0.5}, written)
+        session.commit()
+    page, fence = fenced_page(browser, origin)
+    sign_in(page, origin, user[1])
+
+    page.goto(f"{origin}/#/jobs/{plain['id']}")
+    wait_for(lambda: points(page, "loss") == 6, 30, "every loss point")
+    expect(page.locator("[data-testid=evaluations]")).to_have_count(0)
+    assert "null" not in page.locator("#view").inner_text()
+    deploy = page.locator("[data-use=deploy]")
+    expect(deploy.locator("code").first).to_have_text(f"relay deployments create {plain['id']}")
+    assert "`" not in deploy.inner_text()
+
+    page.goto(f"{origin}/#/jobs/{evaluated['id']}")
+    wait_for(lambda: points(page, "success_rate") == 1, 30, "the one success-rate point")
+    x_range = "[relayConsole.plots.success_rate.scales.x.min, relayConsole.plots.success_rate.scales.x.max]"
+    assert page.evaluate(x_range) == [0, 60]
+    assert fence.refused == []

@@ -18,6 +18,21 @@ from tests.service.stack import Stack, WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
+# A decoded frame is on hand (HAVE_CURRENT_DATA) and it is not black: drawn into a canvas, over
+# a tenth of its pixels are lit.
+SHOWS_A_FRAME = """v => {
+  if (v.readyState < 2) return false;
+  const canvas = document.createElement("canvas");
+  canvas.width = v.videoWidth;
+  canvas.height = v.videoHeight;
+  const context = canvas.getContext("2d");
+  context.drawImage(v, 0, 0);
+  const pixels = context.getImageData(0, 0, canvas.width, canvas.height).data;
+  let lit = 0;
+  for (let i = 0; i < pixels.length; i += 4) if (pixels[i] + pixels[i + 1] + pixels[i + 2] > 60) lit++;
+  return lit > pixels.length / 40;
+}"""
+
 EVAL = {"env": "relay/Dot-v0", "episodes": 2, "max_steps": 10, "at_checkpoints": True, "videos": 1}
 
 
@@ -46,5 +61,8 @@ def test_a_job_with_an_eval_block_charts_its_success_rate_and_plays_its_videos(
     expect(video).to_have_attribute("src", re.compile(r"^blob:"))
     wait_for(lambda: video.evaluate("v => v.readyState") >= 1, 20, "the video's metadata")
     assert video.evaluate("v => v.error === null && v.duration > 0 && v.videoWidth > 0")
+    # Its first frame shows before anyone presses play (it was a black box until played).
+    wait_for(lambda: video.evaluate(SHOWS_A_FRAME), 20, "the video's first frame, unplayed")
+    assert video.evaluate("v => v.paused")
     expect(page.locator("[data-result=eval]")).to_contain_text("at step 20")
     assert fence.refused == []

@@ -109,7 +109,10 @@ def test_a_job_whose_worker_is_killed_resumes_from_its_last_checkpoint(
         f"{resumed_after.total_seconds():.1f} s later (lease {stack.settings.lease_seconds:.0f} s, "
         f"reconciler every {stack.settings.reconcile_seconds:.0f} s)"
     )
-    assert events[-1] == {"step": 40, "event": "finished"}
+    assert events[-2:] == [
+        {"step": 40, "event": "finished"},
+        {"step": 40, "event": "stage", "stage": "writing"},
+    ]
 
 
 def test_a_worker_that_shuts_down_hands_its_job_to_another(

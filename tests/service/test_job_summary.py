@@ -43,11 +43,12 @@ class Events:
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
 
-    def add(self, step: int, kind: str, **data: Any) -> Events:
+    def add(self, step: int, kind: str, written: float | None = None, **data: Any) -> Events:
+        """An event row, written `written` seconds after the start (default: its index)."""
         self.rows.append(
             {
                 "id": len(self.rows) + 1,
-                "created_at": at(len(self.rows)),
+                "created_at": at(len(self.rows) if written is None else written),
                 "step": step,
                 "kind": kind,
                 "data": data,
@@ -55,8 +56,11 @@ class Events:
         )
         return self
 
-    def metrics(self, step: int, loss: float, rate: float, **data: Any) -> Events:
-        return self.add(step, "metrics", loss=loss, grad_norm=1.0, lr=1e-3, steps_per_second=rate, **data)
+    def metrics(
+        self, step: int, loss: float, rate: float, written: float | None = None, **data: Any
+    ) -> Events:
+        window = {"loss": loss, "grad_norm": 1.0, "lr": 1e-3, "steps_per_second": rate}
+        return self.add(step, "metrics", written, **window, **data)
 
 
 def card(row: dict[str, Any], events: Events, work_dir: Path, now: float = 60) -> FineTuneSummary:
@@ -66,11 +70,11 @@ def card(row: dict[str, Any], events: Events, work_dir: Path, now: float = 60) -
 def test_a_running_job_has_its_pace_eta_losses_and_checkpoints(tmp_path: Path) -> None:
     events = (
         Events()
-        .add(0, "dataset", path="/data/dots", frames=100, episodes=4)
-        .metrics(10, 0.9, rate=2.0, samples_per_second=8.0)
-        .metrics(20, 0.5, rate=4.0, samples_per_second=16.0)
-        .add(20, "checkpoint", seconds=0.25)
-        .metrics(30, 0.7, rate=5.0, samples_per_second=20.0)
+        .add(0, "dataset", 1, path="/data/dots", frames=100, episodes=4)
+        .metrics(10, 0.9, rate=2.0, written=10, samples_per_second=8.0)
+        .metrics(20, 0.5, rate=4.0, written=20, samples_per_second=16.0)
+        .add(20, "checkpoint", 25, seconds=0.25)
+        .metrics(30, 0.7, rate=5.0, written=40, samples_per_second=20.0)
     )
     kept = tmp_path / "checkpoints" / checkpoint_dir(20)
     kept.mkdir(parents=True)
@@ -79,11 +83,13 @@ def test_a_running_job_has_its_pace_eta_losses_and_checkpoints(tmp_path: Path) -
 
     assert (shown.step, shown.steps, shown.progress) == (30, 100, 0.3)
     assert (shown.queued_seconds, shown.elapsed_seconds, shown.duration_seconds) == (5.0, 60.0, None)
-    # 30 steps in 5 + 2.5 + 2 seconds; the ETA at the latest window's pace.
+    # 30 steps in 5 + 2.5 + 2 seconds of compute (the engine's windows).
     assert shown.steps_per_second == pytest.approx(30 / 9.5)
     assert shown.samples_per_second == pytest.approx(4 * 30 / 9.5)
-    assert shown.latest_steps_per_second == 5.0
-    assert shown.eta_seconds == 14.0
+    # The ETA at the recent pace: the wall clock between the reports of the last minute, the
+    # checkpoint's write included (steps 10 to 30 in 30 s), not the last window's compute (5/s).
+    assert shown.latest_steps_per_second == pytest.approx(20 / 30)
+    assert shown.eta_seconds == 105.0
     assert shown.loss.first is not None and (shown.loss.first.step, shown.loss.first.loss) == (10, 0.9)
     assert shown.loss.best is not None and (shown.loss.best.step, shown.loss.best.loss) == (20, 0.5)
     assert shown.loss.last is not None and (shown.loss.last.step, shown.loss.last.loss) == (30, 0.7)
@@ -93,6 +99,18 @@ def test_a_running_job_has_its_pace_eta_losses_and_checkpoints(tmp_path: Path) -
     assert (checkpoint.metrics_step, checkpoint.loss, checkpoint.seconds) == (20, 0.5, 0.25)
     assert shown.validation is None and shown.eval is None
     assert not shown.use.ready and shown.use.note == "the output is written when the job completes"
+
+
+def test_the_eta_pace_is_the_last_minutes(tmp_path: Path) -> None:
+    """Reports older than a minute before the latest are out of the pace (a slow start, a long
+    validation long ago); with only the latest within the minute, the latest two make it."""
+    events = Events().metrics(10, 0.9, 1.0, written=0).metrics(20, 0.8, 1.0, written=100)
+    events.metrics(30, 0.7, 1.0, written=130).metrics(40, 0.6, 1.0, written=150)
+    shown = card(job(step=40), events, tmp_path, now=150)
+    assert shown.latest_steps_per_second == pytest.approx(20 / 50)
+    assert shown.eta_seconds == pytest.approx(60 / 0.4)
+    sparse = Events().metrics(10, 0.9, 1.0, written=0).metrics(20, 0.8, 1.0, written=200)
+    assert card(job(step=20), sparse, tmp_path, now=200).latest_steps_per_second == pytest.approx(0.05)
 
 
 def test_an_ended_job_has_a_duration_and_no_eta(tmp_path: Path) -> None:

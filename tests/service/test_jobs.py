@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from relay.http_client import Client
+from relay.progress import recent_rate
 from relay.sft.config import SFTConfig
 from relay.sft.job import FineTuneJob
 from relay.sft.train import train
@@ -76,7 +77,10 @@ def test_a_job_runs_to_completion_with_its_events_and_files(
     speed = {"steps_per_second", "samples_per_second", "data_wait"}
     assert all(set(e) == {"step", "loss", "grad_norm", "lr", "skipped", *speed} for e in metrics)
     assert [e["step"] for e in events if e.get("event") == "checkpoint"] == [10, 20]
-    assert events[-1] == {"step": 20, "event": "finished"}
+    assert events[-2:] == [
+        {"step": 20, "event": "finished"},
+        {"step": 20, "event": "stage", "stage": "writing"},
+    ]
     assert job.events(after=events[1].id) == events[2:]
     assert job.events(after=events[-1].id) == []
     assert_events_unique(job)
@@ -166,7 +170,9 @@ def assert_the_card_agrees_with_the_events(
     rates = [e["steps_per_second"] for e in metrics]
     assert card.steps_per_second is not None and min(rates) <= card.steps_per_second <= max(rates)
     assert card.samples_per_second == pytest.approx(2 * card.steps_per_second)
-    assert card.latest_steps_per_second == rates[-1]
+    # The recent pace: wall-clock time between the events of the last minute (relay.progress).
+    reported = [(e["step"], dt.datetime.fromisoformat(e.created_at).timestamp()) for e in metrics]
+    assert card.latest_steps_per_second == pytest.approx(recent_rate(reported))
     started = dt.datetime.fromisoformat(job.to_dict()["started_at"])
     finished = dt.datetime.fromisoformat(job.to_dict()["finished_at"])
     assert card.duration_seconds == card.elapsed_seconds == round((finished - started).total_seconds(), 1)

@@ -51,7 +51,10 @@ def test_an_rt_j_job_runs_to_completion_with_its_events_and_files(
     events = job.events()
     assert [e["step"] for e in events if "loss" in e] == [10]
     assert [e["step"] for e in events if e.get("event") == "checkpoint"] == [10]
-    assert events[-1] == {"step": 10, "event": "finished"}
+    assert events[-2:] == [
+        {"step": 10, "event": "finished"},
+        {"step": 10, "event": "stage", "stage": "writing"},
+    ]
 
     files = {f["path"] for f in job.files(checkpoints=True)}
     assert {"output/model.safetensors", "output/config.json"} <= files

@@ -111,7 +111,10 @@ def test_an_sdk_recipe_job_trains_on_it_and_its_weights_load(
     assert job.loss == pytest.approx([e.loss for e in here if e.kind == "metrics"][-1], rel=1e-5)
     assert job.dataset == what_was_read(video_dataset)
     assert job.refresh().to_dict()["dataset"] == what_was_read(video_dataset)
-    assert job.events()[-1] == {"step": STEPS, "event": "finished"}
+    assert job.events()[-2:] == [
+        {"step": STEPS, "event": "finished"},
+        {"step": STEPS, "event": "stage", "stage": "writing"},
+    ]
 
     target = job.download(tmp_path / "weights")
     tuned = load_policy(str(target))

@@ -4,6 +4,7 @@ openpi-client talking to the served process."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from typer.testing import CliRunner
 
@@ -27,6 +29,28 @@ def test_it_refuses_an_open_address_without_a_key(host: str) -> None:
     result = runner.invoke(app, ["serve", "pi05-tiny", "--host", host], env={"RELAY_SERVE_API_KEY": ""})
     assert result.exit_code == 2
     assert f"--host {host} is reachable from other machines: give --api-key KEY" in result.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for a GPU where there is none")
+def test_a_gpu_that_is_not_there_is_one_sentence() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "relay.cli", "serve", "pi05-tiny", "--device", "cuda", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "bad device: cuda (no CUDA GPU is available to PyTorch here" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_relay_serve_and_relay_server_listen_on_different_ports_by_default() -> None:
+    """Both on one machine (a robot's policy and the service the SDK reaches) without --port."""
+    defaults = {}
+    for command in ("serve", "server"):
+        shown = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output
+        defaults[command] = re.findall(r"--port\s.*?\[default: (\d+)\]", shown)
+    assert defaults == {"serve": ["8001"], "server": ["8000"]}
 
 
 @pytest.mark.slow
@@ -53,12 +77,17 @@ def test_relay_serve_answers_openpi_client_like_the_server(
     try:
         assert process.stdout is not None
         lines: list[str] = []
-        while not lines or "WebsocketClientPolicy(host=" not in lines[-1]:
+        while not lines or "policy.infer(" not in lines[-1]:
             lines.append(process.stdout.readline())
             assert lines[-1], f"relay serve ended before it served: {lines}"
         websocket = next(line.split()[1] for line in lines if line.strip().startswith("websocket:"))
         client = WebsocketClientPolicy(host=websocket.rstrip("/"), api_key=KEY)
-        assert client.get_server_metadata()["model"] == "ft-0123456789ab"
+        metadata = client.get_server_metadata()
+        assert metadata["model"] == "ft-0123456789ab"
+        # The printed snippet sends every camera the tuned model needs (it once sent only the first).
+        infer = next(line for line in lines if "policy.infer(" in line)
+        assert metadata["cameras_required"] and len(metadata["cameras"]) == 2
+        assert all(f'"{camera}": ' in infer for camera in metadata["cameras"]), infer
         obs = {**observation(6), "seed": 99}
         served = client.infer(obs)["actions"]
         client._ws.close()

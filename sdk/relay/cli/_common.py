@@ -16,6 +16,7 @@ from rich.table import Table
 
 from relay.dataset_names import is_database_url
 from relay.errors import APIError, ConfigError
+from relay.formatting import number_text
 
 # Off a terminal (piped, redirected) rich would squeeze everything into 80 columns and cut values
 # short; there output is as wide as its content instead (COLUMNS, when set, still rules).
@@ -128,6 +129,16 @@ def status_text(status: str) -> str:
     return f"[{style}]{status}[/{style}]" if style else status
 
 
+def _field_text(key: str, value: Any) -> str:
+    if key == "status":
+        return status_text(value)
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    if isinstance(value, float):  # a loss or a rate: 4 significant digits, as everywhere (JSON keeps all)
+        return number_text(value)
+    return escape(str(value))
+
+
 def show_record(record: dict[str, Any], as_json: bool) -> None:
     """One job or session: a JSON line, or a two-column table of its set fields."""
     if as_json:
@@ -137,10 +148,5 @@ def show_record(record: dict[str, Any], as_json: bool) -> None:
     for key, value in record.items():
         if key == "object" or value is None:
             continue
-        shown = (
-            status_text(value)
-            if key == "status"
-            else (json.dumps(value) if isinstance(value, list | dict) else escape(str(value)))
-        )
-        table.add_row(f"[bold]{key}[/bold]", shown)
+        table.add_row(f"[bold]{key}[/bold]", _field_text(key, value))
     show_table(table, json_hint=True)

@@ -8,8 +8,9 @@ import typer
 from rich.table import Table
 
 from relay import http_client
-from relay.cli._common import clear_errors, console, show_record, show_table, status_text
+from relay.cli._common import clear_errors, console, err, show_record, show_table, status_text
 from relay.serving import deployment as deployments
+from relay.serving import status as st
 from relay.serving.config import DeploymentConfig
 
 app = typer.Typer(
@@ -91,9 +92,18 @@ def show(
 
 @app.command()
 def stop(
-    deployment_id: str, as_json: bool = typer.Option(False, "--json", help="Print the deployment as JSON.")
+    deployment_id: str,
+    wait: bool = typer.Option(
+        True, "--wait/--no-wait", help="Wait until its worker lets go (a few seconds): it reads stopped."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the deployment as JSON."),
 ) -> None:
     """Stop serving: robots connected are disconnected, and its worker is freed."""
     with clear_errors():
-        deployment = deployments.Deployment({"id": deployment_id}, http_client.default_client()).stop()
+        deployment = deployments.Deployment({"id": deployment_id}, http_client.default_client())
+        if wait and not as_json:
+            err.print(f"stopping {deployment_id}: waiting for its worker to let go", highlight=False)
+        deployment.stop(wait=wait)
     show_record(deployment.to_dict(), as_json)
+    if not as_json and deployment.status not in st.ENDED:
+        err.print("stopping: its worker lets go within seconds (relay deployments show)", highlight=False)

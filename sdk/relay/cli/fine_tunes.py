@@ -30,7 +30,6 @@ from relay.cli.watch import watch_events
 from relay.errors import ConfigError
 from relay.events import (
     METRICS,
-    METRICS_EVERY,
     ValidationEvent,
     dataset_line,
     eval_report_path,
@@ -314,6 +313,8 @@ def _show_job(job: FineTuneJob, as_json: bool, card_follows: bool = False) -> No
     record = job.to_dict()
     if not as_json:  # say which loss this is (JSON keeps the API's field names)
         record = {LOSS_LABEL if key == "loss" else key: value for key, value in record.items()}
+        if record.get("finetune") != "lora":  # a full (or RT-J) job trains no adapters
+            record = {key: value for key, value in record.items() if key not in LORA_FIELDS}
         if record.get("dataset"):  # what the engine read, in one line
             record["dataset"] = dataset_line(record["dataset"])
         if card_follows:  # the held-out scores are the card's (the same block): not twice
@@ -347,7 +348,7 @@ def _results_rows(card: FineTuneSummary) -> list[tuple[str, str]]:
     elif card.queued_seconds is not None:
         rows.append(("queued", duration_text(card.queued_seconds)))
     if card.eta_seconds is not None:
-        pace = f"{number_text(card.latest_steps_per_second, 3)} steps/s (the latest {METRICS_EVERY} steps)"
+        pace = f"{number_text(card.latest_steps_per_second, 3)} steps/s (the last minute)"
         rows.append(("ETA", f"{duration_text(card.eta_seconds)} left at {pace}"))
     if card.steps_per_second is not None:
         pace = f"{number_text(card.steps_per_second, 3)} steps/s"
@@ -428,7 +429,7 @@ def _print_event(event: Event, as_json: bool, steps: int) -> None:
         line = (
             f"id {event.id:>6}  step {event['step']:>6}  loss {number_text(event.get('loss'))}"
             f"  grad_norm {number_text(event.get('grad_norm'))}  lr {number_text(event.get('lr'))}"
-            f"  skipped {_share(event.get('skipped'))}  {_pace(event, steps)}"
+            f"  skipped {_share(event.get('skipped'))}  {_pace(event)}"
         )
     elif event.kind == ValidationEvent.kind:
         line = (
@@ -446,15 +447,17 @@ def _print_event(event: Event, as_json: bool, steps: int) -> None:
 
 # The job's loss is a mean over the latest metrics window, like the events' loss: say so wherever it shows.
 LOSS_LABEL = "loss (10-step mean)"
+# The adapters' settings, shown only for a LoRA job.
+LORA_FIELDS = ("lora_rank", "lora_alpha")
 
 
-def _pace(event: Event, steps: int) -> str:
-    """A metrics event's rate (the engine's, over its 10 steps) and the time left at it."""
+def _pace(event: Event) -> str:
+    """A metrics event's rate: the engine's, over its 10 steps' compute. (The time left is the
+    progress bar's and the results card's, at the recent pace: relay.progress.recent_rate.)"""
     rate = event.get("steps_per_second")
     if not isinstance(rate, int | float) or rate <= 0:
         return "- steps/s"
-    left = max(0, steps - int(event["step"])) / rate
-    return f"{number_text(rate, 3)} steps/s, {duration_text(left)} left"
+    return f"{number_text(rate, 3)} steps/s"
 
 
 def _share(value: float | None) -> str:

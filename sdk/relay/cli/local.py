@@ -22,10 +22,12 @@ from relay.events import (
     METRICS,
     EvalEvent,
     SnapshotEvent,
+    StageEvent,
     ValidationEvent,
     dataset_line,
     eval_line,
     kind_of,
+    stage_text,
     validation_line,
 )
 from relay.formatting import number_text
@@ -242,11 +244,13 @@ class _TrainingProgress:
                 f"loss {number_text(event['loss'])} (10-step mean)  "
                 f"grad_norm {number_text(event['grad_norm'])}  lr {number_text(event['lr'])}"
             )
-            self.report.update(event["step"], detail)
+            self.report.update(event["step"], detail, description="training")
             if event["skipped"]:
                 self.report.note(
                     f"step {event['step']}: {event['skipped']:.0%} of steps skipped (non-finite gradient)"
                 )
+        elif kind == StageEvent.kind:  # a wait between steps: say what it is
+            self.report.update(event["step"], "", description=stage_text(event))
         elif kind == "dataset":
             self.report.note(f"reading {dataset_line(event)}")
         elif kind == SnapshotEvent.kind:

@@ -191,7 +191,7 @@ def _print_description(name: str, json_output: bool) -> None:
     """A model whose every weight trains (RT-J): its family's report of its sizes and parts."""
     description = require("relay_engine.families").family_for(name).describe(name)
     if json_output:
-        _out.print_json(json.dumps(description.report))
+        _out.print_json(json.dumps({**description.report, "recipe_defaults": recipe_defaults(name)}))
         return
     _out.print(description.headline)
     table = Table("part", "params", box=None)
@@ -200,6 +200,11 @@ def _print_description(name: str, json_output: bool) -> None:
     _out.print(table)
     for note in description.notes:
         _out.print(note)
+    defaults = recipe_defaults(name)
+    _out.print(
+        f"a recipe's defaults on {name}: "
+        + ", ".join(f"{field} {value}" for field, value in defaults.items())
+    )
 
 
 def _memory_flag_problem(batch_size: int, gpus: int, strategy: str) -> str | None:

@@ -33,7 +33,8 @@ def serve(
         "(its output is downloaded into ./JOB_ID unless it is there) or a base model (pi05-tiny).",
     ),
     host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback unless an API key is set)."),
-    port: int = typer.Option(8000, help="Port to listen on (0: any free port)."),
+    # Not `relay server`'s 8000, so that both run on one machine (that port is the SDK's default).
+    port: int = typer.Option(8001, help="Port to listen on (0: any free port)."),
     api_key: str | None = typer.Option(
         None,
         "--api-key",
@@ -119,8 +120,13 @@ def _instructions(url: str, metadata: dict[str, Any], api_key: str | None) -> st
     state_dim = metadata["state_dim"]
     state_text = f"{state_dim} numbers" if state_dim is not None else "up to 32 normalized numbers"
     key = "KEY" if api_key else "None"
-    images = ", ".join(f'"{camera}": image' for camera in cameras[:1])
+    # A tuned model needs every camera it was trained with; a base model takes any of its slots.
+    required = metadata.get("cameras_required", True)
+    shown = cameras if required else cameras[:1]
+    images = ", ".join(f'"{camera}": {_image_name(camera)}' for camera in shown)
+    image_note = ", ".join(_image_name(camera) for camera in shown)
     auth = ' -H "Authorization: Bearer KEY"' if api_key else ""
+    png = ", ".join(f'"{camera}": "<base64 PNG>"' for camera in shown)
     return "\n".join(
         [
             f"serving {metadata['model']} ({metadata['device']}); Ctrl-C stops",
@@ -133,15 +139,22 @@ def _instructions(url: str, metadata: dict[str, Any], api_key: str | None) -> st
             "# pip install openpi-client typing_extensions",
             "from openpi_client.websocket_client_policy import WebsocketClientPolicy",
             f'policy = WebsocketClientPolicy(host="{host}", port={port}, api_key={key})',
-            f"# image: a uint8 (height, width, 3) array; state: {state_text}",
+            f"# {image_note}: a uint8 (height, width, 3) array each"
+            + ("" if required else f" (any of {', '.join(cameras)})")
+            + f"; state: {state_text}",
             f'result = policy.infer({{"images": {{{images}}}, "state": state, "prompt": "...", "seed": 7}})',
             'chunk = result["actions"]',
             "",
             f"curl {url}/actions{auth} -H 'Content-Type: application/json' \\",
-            f'  -d \'{{"observation": {{"images": {{"{cameras[0]}": "<base64 PNG>"}}, '
+            f'  -d \'{{"observation": {{"images": {{{png}}}, '
             f'"state": [...], "prompt": "..."}}, "seed": 7}}\'',
         ]
     )
+
+
+def _image_name(camera: str) -> str:
+    """A Python name for a camera's image in the snippet: base_0_rgb -> base_0_rgb_image."""
+    return "".join(c if c.isalnum() else "_" for c in camera.rsplit(".", 1)[-1]) + "_image"
 
 
 def _rtj_instructions(url: str, metadata: dict[str, Any], api_key: str | None) -> str:

@@ -79,9 +79,16 @@ class Deployment:
                 raise TimeoutError(f"deployment {self.id} is still {self.status} after {timeout:g} s")
             time.sleep(poll)
 
-    def stop(self) -> Deployment:
-        """Stop serving; `status` reads `stopped` once its worker has let go (a few seconds)."""
+    def stop(self, wait: bool = False, timeout: float = 120.0, poll: float = 0.5) -> Deployment:
+        """Stop serving; `status` reads `stopped` once its worker has let go (within its heartbeat,
+        a few seconds). With `wait`, return only then (TimeoutError after `timeout` seconds)."""
         self._update(self._client.request("DELETE", self.path, retry=True))
+        deadline = time.monotonic() + timeout
+        while wait and self.status not in st.ENDED:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"deployment {self.id} is still {self.status} after {timeout:g} s")
+            time.sleep(poll)
+            self.refresh()
         return self
 
     def events(self) -> list[dict[str, Any]]:

@@ -164,12 +164,15 @@ class FineTuneJob:
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         report = ProgressReport(self.id, self.steps) if progress is not False else None
+        stage = _StageWatch(self)
         try:
             while True:
                 self.refresh()
                 if report is not None:
                     loss = "" if self.loss is None else f"loss {number_text(self.loss)} (10-step mean)"
-                    report.update(self.step or 0, loss, description=f"{self.id} {self.status}")
+                    doing = stage.now() if self.status == job_status.RUNNING else None
+                    shown = f"{self.id} {self.status}" + (f": {doing}" if doing else "")
+                    report.update(self.step or 0, loss, description=shown)
                 if self.done:
                     break
                 if deadline is not None and time.monotonic() >= deadline:
@@ -263,3 +266,19 @@ class _DownloadBar:
 
     def close(self) -> None:
         self._progress.stop()
+
+
+class _StageWatch:
+    """What a running job is doing between steps (validating, evaluating, writing its output), from
+    its latest events: the newest stage event, until an event after it ends the stage."""
+
+    def __init__(self, job: FineTuneJob) -> None:
+        self.job = job
+        self.after: int | None = None
+        self.stage: str | None = None
+
+    def now(self) -> str | None:
+        for event in self.job.events(self.after):
+            self.after = event.id
+            self.stage = events.stage_text(event) if event.kind == events.StageEvent.kind else None
+        return self.stage

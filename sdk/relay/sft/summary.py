@@ -178,8 +178,8 @@ class FineTuneSummary(BaseModel):
     )
     eta_seconds: float | None = Field(
         None,
-        description="While running: the steps left at the latest metrics window's pace (checkpoint "
-        "writes and the final export not counted).",
+        description="While running: the steps left at the recent pace (`latest_steps_per_second`); "
+        "the final export is not counted.",
     )
     steps_per_second: float | None = Field(
         None,
@@ -188,7 +188,10 @@ class FineTuneSummary(BaseModel):
     )
     samples_per_second: float | None = Field(None, description="The same in samples (steps x batch size).")
     latest_steps_per_second: float | None = Field(
-        None, description="The latest metrics window's pace: what the ETA divides by."
+        None,
+        description="The recent pace, what the ETA divides by: steps over wall-clock time across the "
+        "metrics events of the last minute (at least the latest two), checkpoints and validation "
+        "included. The CLI's and the local trainer's progress use the same rule.",
     )
     loss: TrainingLoss
     metrics_note: str | None = Field(

@@ -227,6 +227,13 @@ def test_loads_from_the_hub(policy: Pi05Policy, tmp_path: Path, monkeypatch: pyt
         torch.equal(a, b)
         for a, b in zip(policy.state_dict().values(), loaded.state_dict().values(), strict=True)
     )
+    # The Hub gone (its port closed): the cache is read at once, without huggingface_hub's minute
+    # of retries, and what is not cached is one sentence saying the Hub cannot be reached.
+    assert load_policy("someone/tiny-pick").config.model == "pi05-tiny"
+    with pytest.raises(
+        ConfigError, match=r"someone/missing from http://127\.0\.0\.1:\d+ \(ConnectionError: cannot reach "
+    ):
+        load_policy("someone/missing")
     # Cached: no Hub needed the second time.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert load_policy("someone/tiny-pick").config.model == "pi05-tiny"

@@ -89,6 +89,25 @@ def test_local_train_prints_events_resumes_and_the_output_evaluates(
     assert re.match(r"evaluating  frame (\d+)/\1  ", last) and "frames/s" in last, shown.stderr
 
 
+def test_local_train_says_what_it_does_after_the_last_step(
+    synthetic_dataset_path: Path, tmp_path: Path
+) -> None:
+    """Piped, the lines after the last step say the validation and the output's writing, not the
+    step again and again (a 29 s validation once showed only repeated `step 60/60` lines)."""
+    args = [*local_train(synthetic_dataset_path, tmp_path), "--steps", "10", "--batch-size", "4"]
+    shown = subprocess.run(
+        [sys.executable, "-m", "relay.cli", *args, "--validation-episodes", "0-1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "RELAY_PROGRESS_SECONDS": "0"},
+    )
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stderr.splitlines()
+    said = [line.split("  step ")[0] for line in lines if "  step 10/10" in line]
+    assert said.index("validating the held-out episodes") < said.index("writing the output"), lines
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

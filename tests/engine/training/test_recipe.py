@@ -106,7 +106,10 @@ def test_events_and_output_of_a_completed_run(
     assert all(set(e) == {"step", "event", "seconds"} and e["seconds"] > 0 for e in checkpoints)
     assert metrics[0]["skipped"] == 0.0 and metrics[0]["lr"] > 0
     assert [e["step"] for e in events if e.get("event") == "checkpoint"] == [10, 20, 25]
-    assert events[-1] == {"step": 25, "event": "finished"}
+    assert events[-2:] == [
+        {"step": 25, "event": "finished"},
+        {"step": 25, "event": "stage", "stage": "writing"},
+    ]
     # First, once the dataset is open: what was read (a local directory: no revision or commit).
     assert events[0] == {
         "step": 0,

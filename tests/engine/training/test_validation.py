@@ -136,6 +136,9 @@ def test_each_checkpoint_is_followed_by_scores_that_local_eval_gives_again(
         (runs.steps, "checkpoint"),
         (runs.steps, "validation"),
     ]
+    # Each wait between steps is announced first (progress lines say it while it lasts).
+    stages = [(e.step, e.stage) for e in runs.scored if e.kind == "stage"]
+    assert stages == [(half, "validating"), (runs.steps, "validating"), (runs.steps, "writing")]
     scores = [e for e in runs.scored if isinstance(e, ValidationEvent)]
     frames = len(held_out_frames(runs.dataset, HELD_OUT))
     for event in scores:

@@ -70,8 +70,9 @@ export class LiveChart {
         height: 190,
         legend: { show: false },
         cursor: { drag: { x: false, y: false } },
-        // 0 to the job's last step, whatever has arrived so far.
-        scales: { x: { time: false, range: (_plot, min, max) => [0, Math.max(lastStep || 0, max)] } },
+        // 0 to the job's last step, whatever has arrived so far. Not max(lastStep, max): uPlot pads
+        // the range of a single point (60 becomes 0..120) before it asks.
+        scales: { x: { time: false, range: (_plot, _min, max) => [0, lastStep || max] } },
         // Learning rates are tiny: label the axis in exponent form when the values call for it.
         axes: [{ label: "step", size: 36 }, { size: 64, values: (_plot, ticks) => ticks.map((tick) => number(tick, 3)) }],
         series,

@@ -85,39 +85,42 @@ export async function jobView(ctx, id) {
   let logExpanded = false;
   const cancel = h("button.danger", { type: "button", onclick: cancelJob }, "Cancel");
 
+  // Node.append writes a null as the text "null": the sections a job does not have are left out.
   ctx.root.append(
-    title,
-    messages,
-    h("div.card", {}, facts, h("h2", {}, "Status"), timeline),
-    h("h2", {}, "Results"),
-    results,
-    checkpoints,
-    h("h2", {}, "Training"),
-    h("div.grid", {}, ...Object.values(charts).map((chart) => chart.node)),
-    evaluated ? h("h2", {}, "Closed-loop evaluation") : null,
-    evaluated ? evaluations : null,
-    h("h2", {}, "Events ", logCount, " ", showAll),
-    h(
-      "div.log",
-      {},
+    ...[
+      title,
+      messages,
+      h("div.card", {}, facts, h("h2", {}, "Status"), timeline),
+      h("h2", {}, "Results"),
+      results,
+      checkpoints,
+      h("h2", {}, "Training"),
+      h("div.grid", {}, ...Object.values(charts).map((chart) => chart.node)),
+      evaluated ? h("h2", {}, "Closed-loop evaluation") : null,
+      evaluated ? evaluations : null,
+      h("h2", {}, "Events ", logCount, " ", showAll),
+      h(
+        "div.log",
+        {},
+        h(
+          "table",
+          { "data-testid": "events" },
+          h("thead", {}, h("tr", {}, h("th.num", {}, "#"), h("th", {}, "Time"), h("th.num", {}, "Step"), h("th", {}, "Event"), h("th", {}, "Details"))),
+          log,
+        ),
+      ),
+      h("h2", {}, "Config"),
+      h("div.card", {}, configList(job, fields)),
+      h("h2", {}, "Files"),
       h(
         "table",
-        { "data-testid": "events" },
-        h("thead", {}, h("tr", {}, h("th.num", {}, "#"), h("th", {}, "Time"), h("th.num", {}, "Step"), h("th", {}, "Event"), h("th", {}, "Details"))),
-        log,
+        { "data-testid": "files" },
+        h("thead", {}, h("tr", {}, h("th", {}, "Path"), h("th.num", {}, "Size"), h("th", {}, "sha256"), h("th", {}, ""))),
+        files,
       ),
-    ),
-    h("h2", {}, "Config"),
-    h("div.card", {}, configList(job, fields)),
-    h("h2", {}, "Files"),
-    h(
-      "table",
-      { "data-testid": "files" },
-      h("thead", {}, h("tr", {}, h("th", {}, "Path"), h("th.num", {}, "Size"), h("th", {}, "sha256"), h("th", {}, ""))),
-      files,
-    ),
-    h("h2", {}, "Use this model"),
-    use,
+      h("h2", {}, "Use this model"),
+      use,
+    ].filter((section) => section !== null),
   );
 
   function render() {
@@ -320,7 +323,12 @@ export async function jobView(ctx, id) {
     const rate = event.success_rate === null ? "—" : `${Math.round(event.success_rate * 100)}%`;
     const line = `step ${event.step}: ${event.env}: success ${rate} of ${event.episodes} episodes, mean reward ${number(event.mean_reward)}, mean length ${number(event.mean_length)} steps (${number(event.seconds)} s)`;
     const videos = (event.videos || []).map((path) => {
-      const video = h("video", { controls: true, muted: true, loop: true, preload: "metadata", width: 192, "data-video": path, title: path });
+      // preload "auto" and a seek to the first frame: with metadata alone Chromium paints nothing
+      // (a black box) until the video is played.
+      const video = h("video", { controls: true, muted: true, loop: true, preload: "auto", width: 192, "data-video": path, title: path });
+      video.addEventListener("loadedmetadata", () => {
+        if (video.paused && video.currentTime === 0) video.currentTime = 0.001;
+      }, { once: true });
       fileURL(`/v1/fine-tunes/${encodeURIComponent(job.id)}/files/${path}`)
         .then((url) => {
           video.src = url;

@@ -78,8 +78,13 @@ export function useThisModel(use) {
     ...block("python", "Python: download, and load with Relay's engine", use.python),
     ...(use.lerobot ? block("lerobot", "lerobot: PI05Policy", use.lerobot) : [h("h3", {}, "lerobot"), h("p.muted", { "data-use": "lerobot" }, `${use.lerobot_note}.`)]),
     h("h3", {}, "Deploy"),
-    h("p", { "data-use": "deploy" }, use.deploy),
+    h("p", { "data-use": "deploy" }, ...withCode(use.deploy)),
   ].filter((node) => node !== null);
+}
+
+// The API writes commands in prose between backticks (Markdown's code spans): shown as code.
+export function withCode(text) {
+  return text.split("`").map((part, index) => (index % 2 ? h("code", {}, part) : part)).filter((part) => part !== "");
 }
 
 function capitalized(text) {
