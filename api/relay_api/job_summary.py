@@ -95,7 +95,8 @@ def summarize(
     running = status == st.RUNNING
     step = int(job["step"])
     windows = _Windows(metrics)
-    recent = recent_rate(reported)
+    # Until a second report, the first window's own pace (its compute alone) stands in.
+    recent = recent_rate(reported) or (_window_rate(metrics[-1][1]) if len(reported) == 1 else None)
     return FineTuneSummary(
         id=job["id"],
         status=status,
@@ -119,6 +120,11 @@ def summarize(
         eval=eval_summary(evaluations),
         use=model_use(job["id"], config["model"], config["dataset_name"], status, config.get("task")),
     )
+
+
+def _window_rate(window: Mapping[str, Any]) -> float | None:
+    rate = window.get("steps_per_second")
+    return float(rate) if isinstance(rate, int | float) and rate > 0 else None
 
 
 class _Pace:

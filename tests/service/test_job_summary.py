@@ -109,6 +109,8 @@ def test_the_eta_pace_is_the_last_minutes(tmp_path: Path) -> None:
     shown = card(job(step=40), events, tmp_path, now=150)
     assert shown.latest_steps_per_second == pytest.approx(20 / 50)
     assert shown.eta_seconds == pytest.approx(60 / 0.4)
+    first = Events().metrics(10, 0.9, 2.5, written=30)  # one report: its window's own pace
+    assert card(job(step=10), first, tmp_path, now=30).latest_steps_per_second == 2.5
     sparse = Events().metrics(10, 0.9, 1.0, written=0).metrics(20, 0.8, 1.0, written=200)
     assert card(job(step=20), sparse, tmp_path, now=200).latest_steps_per_second == pytest.approx(0.05)
 

@@ -191,7 +191,8 @@ class FineTuneSummary(BaseModel):
         None,
         description="The recent pace, what the ETA divides by: steps over wall-clock time across the "
         "metrics events of the last minute (at least the latest two), checkpoints and validation "
-        "included. The CLI's and the local trainer's progress use the same rule.",
+        "included; with one report so far, that window's own pace. The CLI's and the local "
+        "trainer's progress use the same rule.",
     )
     loss: TrainingLoss
     metrics_note: str | None = Field(
