@@ -69,6 +69,9 @@ JOB_ENVS = ("relay/Dot-v0", "gym_pusht/PushT-v0")
 JOB_EVAL_EPISODES_MAX = 1000
 JOB_EVAL_MAX_STEPS_MAX = 100_000
 JOB_EVAL_VIDEOS_MAX = 10
+# Episode k is reset with seed + k, which environments (NumPy's legacy seeding among them) and
+# torch's generators take as a 32- or 64-bit number: the seed is a 31-bit one, so seed + k always fits.
+JOB_EVAL_SEED_MAX = 2**31 - 1
 
 
 class JobEval(CheckedConfig):
@@ -78,7 +81,7 @@ class JobEval(CheckedConfig):
     RULES: ClassVar[dict[str, str]] = {
         "env": f"must be one of the environments a worker runs: {', '.join(JOB_ENVS)}",
         "episodes": f"must be an integer from 1 to {JOB_EVAL_EPISODES_MAX}",
-        "seed": "must be an integer from 0; episode k is reset with seed + k",
+        "seed": f"must be an integer from 0 to {JOB_EVAL_SEED_MAX:,}; episode k is reset with seed + k",
         "max_steps": (
             f"must be an integer from 1 to {JOB_EVAL_MAX_STEPS_MAX}, or null for the environment's limit"
         ),
@@ -91,7 +94,7 @@ class JobEval(CheckedConfig):
 
     env: str = Field(description="The Gymnasium environment's id.")
     episodes: WholeNumber = Field(10, strict=True, ge=1, le=JOB_EVAL_EPISODES_MAX)
-    seed: WholeNumber = Field(0, strict=True, ge=0)
+    seed: WholeNumber = Field(0, strict=True, ge=0, le=JOB_EVAL_SEED_MAX)
     # The bounds inside the Annotated, so that they stay in the JSON Schema of the optional field.
     max_steps: (
         Annotated[
