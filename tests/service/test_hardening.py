@@ -693,3 +693,21 @@ def test_the_document_lists_the_410s_of_ended_sessions_and_deployments(
             )
             seen.add(response.status_code)
         assert 410 in seen
+
+
+@pytest.mark.parametrize("local_datasets", [False, True])
+def test_names_that_are_neither_a_hub_repo_nor_a_local_directory_are_refused(
+    stack: Stack, alice: dict[str, str], local_datasets: bool
+) -> None:
+    """Not taken for Hub names (nor read from a worker's disk): one rule, relay.dataset_names'."""
+    from relay.sft.config import RULES
+
+    settings = stack.settings.model_copy(
+        update={"local_datasets": local_datasets, "fine_tune_queue": PARKED_QUEUE}
+    )
+    with TestClient(create_app(settings)) as api:
+        for name in ("lerobot/../../etc", "lerobot/..", "a/./b", "..\\..\\etc", ".\\", " /etc"):
+            response = api.post("/v1/fine-tunes", json={**GOOD, "dataset_name": name}, headers=alice)
+            error = error_of(response, 400)
+            assert error["param"] == "dataset_name" and RULES["dataset_name"] in error["message"], error
+        assert api.get("/v1/fine-tunes", headers=alice).json()["data"] == []
