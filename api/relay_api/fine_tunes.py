@@ -23,6 +23,8 @@ from sqlalchemy.orm import Session
 
 from relay import families
 from relay.dataset_names import is_database_url, local_dataset_path, names_local_directory
+from relay.env_evaluation import check_job_eval_budget
+from relay.errors import ConfigError
 from relay.events import CancelledEvent, ValidationEvent
 from relay.memory_plan import GB, MemoryPlan, gpu_shortfall, plan_named, weight_count
 from relay.sft import status as st
@@ -132,6 +134,15 @@ def check_dataset(name: str, settings: Settings) -> None:
         raise _bad_dataset(
             name, f"it names a local directory, and {path} does not exist on the workers' disk"
         )
+
+
+def check_eval_budget(config: SFTConfig, settings: Settings) -> None:
+    """The eval block's budget at the cadence this service checkpoints at (RELAY_CHECKPOINT_EVERY;
+    SFTConfig checked it at the default): relay.env_evaluation's one rule."""
+    try:
+        check_job_eval_budget(config.eval, config.steps, settings.checkpoint_every)
+    except ConfigError as error:
+        raise APIProblem(400, error.message, param=error.param, code=error.code) from None
 
 
 def check_tasks_dir(tasks_dir: str | None, settings: Settings) -> None:

@@ -24,7 +24,7 @@ from relay.dataset_names import (
     is_relational_source,
     names_local_directory,
 )
-from relay.env_evaluation import JobEval, job_eval_value
+from relay.env_evaluation import JobEval, check_job_eval_budget, job_eval_value
 from relay.episodes import VALIDATION_EPISODES_RULE, VALIDATION_EPISODES_SCHEMA, validation_episodes_value
 from relay.errors import ConfigError
 from relay.rules import (
@@ -46,6 +46,9 @@ from relay.rules import (
 )
 
 BATCH_SIZE_MAX = 512
+# Steps between a job's checkpoints, unless the service (RELAY_CHECKPOINT_EVERY) or `relay local
+# train --checkpoint-every` says otherwise: what an eval block's at_checkpoints is budgeted with here.
+CHECKPOINT_EVERY_DEFAULT = 1000
 GPUS_MAX = 64
 STEPS_MAX = 100_000
 NAME_MAX = 128
@@ -309,6 +312,8 @@ class SFTConfig(CheckedConfig):
         self._revision_of_a_hub_dataset()
         self._fit_finetune(spec)
         self._fit_gpus(spec)
+        # At the default cadence; the API and the engine ask again at the one they checkpoint at.
+        check_job_eval_budget(self.eval, self.steps, CHECKPOINT_EVERY_DEFAULT)
         return self
 
     def _refuse_fields(self, spec: families.FamilySpec) -> None:
