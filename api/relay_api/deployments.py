@@ -63,7 +63,8 @@ def deployment_object(row: Mapping[str, Any], api_base_url: str) -> dict[str, An
         "idle_timeout_seconds": config["idle_timeout_seconds"],
         "websocket_url": websocket_url(api_base_url, row["id"]),
         "actions_url": f"{api_base_url.rstrip('/')}/v1/deployments/{row['id']}/actions",
-        "info": row["info"],
+        # Named as the deployment names its model (a worker's metadata once named the path it loaded).
+        "info": {**row["info"], "model": config["model"]} if row["info"] else row["info"],
         "stats": row["stats"],
         "error": row["error"],
         "attempt": row["attempt"],
