@@ -30,7 +30,7 @@ from relay_api.models import deployments as table
 from relay_api.pagination import newest_first
 from relay_api.schemas import DeploymentOut
 from relay_api.settings import Settings
-from relay_api.workers import live_workers
+from relay_api.workers import serving_workers
 
 DEPLOYMENT_ID_PREFIX = "dep-"
 STOPPED_BY_USER = "stopped by its owner"
@@ -123,9 +123,11 @@ def _no_model(what: str) -> APIProblem:
 
 
 def _check_served(db: Db, base_model: str, settings: Settings, *, tuned: bool = False) -> None:
-    """A model of a family deployments serve, and one some live worker can hold: a model sized for
-    GPUs is refused while every live worker runs on its CPU (the rule of sessions and jobs). An
-    RT-J is served from a tuned job only: its output names the task and database it predicts."""
+    """A model of a family deployments serve, and one some live serving worker can hold: a model
+    sized for GPUs is refused while every live worker that takes deployments runs on its CPU (the
+    rule of sessions and jobs, asked of the workers that would hold it; with none alive nothing is
+    known, and it waits). An RT-J is served from a tuned job only: its output names the task and
+    database it predicts."""
     family = families.family_of(base_model)
     tuned_relational = tuned and family is not None and family.name == families.RTJ
     if base_model not in SERVED_BASE_MODELS and not tuned_relational:
@@ -139,7 +141,7 @@ def _check_served(db: Db, base_model: str, settings: Settings, *, tuned: bool = 
         )
     if settings.allow_cpu_full_size or not families.is_gpu_sized(base_model):
         return
-    workers = live_workers(db, settings.reconcile_seconds)
+    workers = serving_workers(db, settings.reconcile_seconds)
     if workers and all(w.gpu_memory is None for w in workers):
         raise fine_tunes.too_big_for_cpus(base_model, "model")
 

@@ -24,6 +24,8 @@ import psutil
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
+from starlette.testclient import WebSocketDenialResponse
+from starlette.websockets import WebSocketDisconnect
 
 from relay_api.app import create_app
 from relay_api.keys import AmbiguousKey, KeyCache, revoke_keys
@@ -678,6 +680,7 @@ def test_the_document_lists_the_410s_of_ended_sessions_and_deployments(
             ("get", "/v1/deployments/{deployment_id}"): {},
             ("delete", "/v1/deployments/{deployment_id}"): {},
             ("get", "/v1/deployments/{deployment_id}/events"): {},
+            ("get", "/v1/deployments/{deployment_id}/ws"): {},  # its websocket's address, over HTTP
         }
         seen = set()
         for (method, template), options in calls.items():
@@ -693,6 +696,28 @@ def test_the_document_lists_the_410s_of_ended_sessions_and_deployments(
             )
             seen.add(response.status_code)
         assert 410 in seen
+        # The websocket's handshake answers as its document entry says: 410, naming why.
+        handshake = api.websocket_connect(f"/v1/deployments/{deployment['id']}/ws", headers=alice)
+        with pytest.raises(WebSocketDenialResponse) as denied, handshake:
+            pass
+        assert denied.value.status_code == 410
+        assert denied.value.json()["error"]["code"] == "deployment_stopped"
+        assert "410" in document["paths"]["/v1/deployments/{deployment_id}/ws"]["get"]["responses"]
+
+
+def test_an_odd_deployment_id_at_the_websocket_handshake_is_a_404_never_a_500(
+    parked: TestClient, alice: dict[str, str]
+) -> None:
+    for odd in ODD_IDS:
+        handshake = parked.websocket_connect(f"/v1/deployments/{quote(odd, safe='')}/ws", headers=alice)
+        if "/" in odd:  # no route's path: the handshake is closed, as for any unknown path
+            with pytest.raises(WebSocketDisconnect), handshake:
+                pass
+            continue
+        with pytest.raises(WebSocketDenialResponse) as denied, handshake:
+            pass
+        assert denied.value.status_code == 404, (odd, denied.value.text)
+        assert denied.value.json()["error"]["code"] == "not_found"
 
 
 @pytest.mark.parametrize("local_datasets", [False, True])
