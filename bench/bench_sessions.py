@@ -220,7 +220,7 @@ def ready_session_without_worker(database_url: str, home: Path, key_user: str) -
     factory = session_factory(settings)
     with factory() as session:
         user_id = session.execute(select(User.id).where(User.name == key_user)).scalar_one()
-        row, _ = sessions.create(session, user_id, SessionConfig(base_model="pi05-tiny"), None)
+        row, _ = sessions.create(session, user_id, SessionConfig(base_model="pi05-tiny"), None, settings)
     claim = session_lifecycle.claim(factory, settings, row["id"], "bench:uploads-only")
     assert claim is not None
     session_lifecycle.mark_ready(factory, settings, claim, {"model": "pi05-tiny"})

@@ -21,7 +21,9 @@ from starlette.concurrency import run_in_threadpool
 from relay.dataset_description import DatasetDescription
 from relay.dataset_names import (
     LEROBOT_DATASET_NAME_PATTERN,
+    MALFORMED_URL_RULE,
     is_database_url,
+    is_malformed_url,
     is_relational_source,
     names_local_directory,
     redacted_url,
@@ -132,6 +134,8 @@ async def describe_dataset(
 
 def check_name(name: str, revision: str | None, settings: Settings) -> None:
     """Refuse a malformed name (400), and a local directory the API may not read (403)."""
+    if is_malformed_url(name):  # never shown back: it may hold a password
+        raise APIProblem(400, f"bad name: {MALFORMED_URL_RULE}", param="name", code="invalid_value")
     if is_relational_source(name):
         shown = redacted_url(name) if is_database_url(name) else name
         raise APIProblem(

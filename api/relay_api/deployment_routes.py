@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from typing import Annotated, Any
 
 import httpx
@@ -36,7 +37,7 @@ from relay_api.errors import APIProblem, database_unavailable, error_body
 from relay_api.guard import api_key_header, authenticate
 from relay_api.openapi import inline_schema
 from relay_api.outage_memory import OutageMemory
-from relay_api.params import DeploymentId, EventAfter, IdempotencyKey, PageAfter, PageLimit
+from relay_api.params import ID_PATTERN, DeploymentId, EventAfter, IdempotencyKey, PageAfter, PageLimit
 from relay_api.responses import JSONResponse
 from relay_api.settings import Settings
 
@@ -172,7 +173,7 @@ def deployment_events(
     responses={
         200: {"description": '`{"actions": [[...], ...], "timing": {...}}`: the action chunk, raw units.'},
         **schemas.NOT_FOUND,
-        410: {"model": schemas.ErrorOut, "description": "The deployment has stopped, or ended in error."},
+        **schemas.DEPLOYMENT_ENDED,
         **schemas.DEPLOYMENT_UNAVAILABLE,
     },
 )
@@ -189,7 +190,7 @@ async def actions(deployment_id: DeploymentId, request: Request, user: CurrentUs
     responses={
         200: {"description": '`{"predictions": [{"primary_key", "time", "prediction", "score"}], "timing"}`'},
         **schemas.NOT_FOUND,
-        410: {"model": schemas.ErrorOut, "description": "The deployment has stopped, or ended in error."},
+        **schemas.DEPLOYMENT_ENDED,
         **schemas.DEPLOYMENT_UNAVAILABLE,
     },
 )
@@ -223,6 +224,35 @@ async def _relayed(deployment_id: str, request: Request, user: int, path: str) -
         answer.content,
         status_code=answer.status_code,
         media_type=answer.headers.get("content-type", "application/json"),
+    )
+
+
+@router.get(
+    "/{deployment_id}/ws",
+    summary="openpi's websocket (connect with a websocket client)",
+    responses={
+        101: {"description": "Switching Protocols: a websocket handshake to a ready deployment."},
+        426: {
+            "model": schemas.ErrorOut,
+            "description": "A plain GET of a ready deployment's websocket (`upgrade_required`): connect "
+            "with a websocket client, such as openpi-client's WebsocketClientPolicy.",
+        },
+        **schemas.NOT_FOUND,
+        **schemas.DEPLOYMENT_ENDED,
+        **schemas.DEPLOYMENT_UNAVAILABLE,
+    },
+)
+def websocket_handshake(deployment_id: DeploymentId, user: CurrentUser, request: Request) -> Response:
+    """The websocket's address (`websocket_url`), answered over plain HTTP as its handshake is: 404
+    for none of yours, 410 once it has ended, 503 with Retry-After while it starts; a ready one
+    needs a websocket client (426). Messages: openpi's protocol, relayed to the deployment's server."""
+    _serving_url(_row(request.app.state, user, deployment_id))
+    raise APIProblem(
+        426,
+        f"deployment {deployment_id} is ready: connect to this address with a websocket client "
+        "(openpi-client's WebsocketClientPolicy), not plain HTTP",
+        code="upgrade_required",
+        headers={"upgrade": "websocket"},
     )
 
 
@@ -290,6 +320,8 @@ async def deployment_websocket(websocket: WebSocket, deployment_id: str) -> None
     settings: Settings = state.settings
     try:
         user = await authenticate(state, api_key_header(websocket.headers.get("authorization")))
+        if not re.fullmatch(ID_PATTERN, deployment_id):  # (a NUL byte would reach the database)
+            raise APIProblem(404, "no deployment has this id", param="id", code="not_found")
         row = await run_in_threadpool(_row, state, user, deployment_id)
         url = _serving_url(row)
     except APIProblem as problem:

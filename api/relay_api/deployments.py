@@ -30,7 +30,7 @@ from relay_api.models import deployments as table
 from relay_api.pagination import newest_first
 from relay_api.schemas import DeploymentOut
 from relay_api.settings import Settings
-from relay_api.workers import live_workers
+from relay_api.workers import serving_workers
 
 DEPLOYMENT_ID_PREFIX = "dep-"
 STOPPED_BY_USER = "stopped by its owner"
@@ -63,7 +63,8 @@ def deployment_object(row: Mapping[str, Any], api_base_url: str) -> dict[str, An
         "idle_timeout_seconds": config["idle_timeout_seconds"],
         "websocket_url": websocket_url(api_base_url, row["id"]),
         "actions_url": f"{api_base_url.rstrip('/')}/v1/deployments/{row['id']}/actions",
-        "info": row["info"],
+        # Named as the deployment names its model (a worker's metadata once named the path it loaded).
+        "info": {**row["info"], "model": config["model"]} if row["info"] else row["info"],
         "stats": row["stats"],
         "error": row["error"],
         "attempt": row["attempt"],
@@ -122,9 +123,11 @@ def _no_model(what: str) -> APIProblem:
 
 
 def _check_served(db: Db, base_model: str, settings: Settings, *, tuned: bool = False) -> None:
-    """A model of a family deployments serve, and one some live worker can hold: a model sized for
-    GPUs is refused while every live worker runs on its CPU (the rule of sessions and jobs). An
-    RT-J is served from a tuned job only: its output names the task and database it predicts."""
+    """A model of a family deployments serve, and one some live serving worker can hold: a model
+    sized for GPUs is refused while every live worker that takes deployments runs on its CPU (the
+    rule of sessions and jobs, asked of the workers that would hold it; with none alive nothing is
+    known, and it waits). An RT-J is served from a tuned job only: its output names the task and
+    database it predicts."""
     family = families.family_of(base_model)
     tuned_relational = tuned and family is not None and family.name == families.RTJ
     if base_model not in SERVED_BASE_MODELS and not tuned_relational:
@@ -138,7 +141,7 @@ def _check_served(db: Db, base_model: str, settings: Settings, *, tuned: bool = 
         )
     if settings.allow_cpu_full_size or not families.is_gpu_sized(base_model):
         return
-    workers = live_workers(db, settings.reconcile_seconds)
+    workers = serving_workers(db, settings.reconcile_seconds)
     if workers and all(w.gpu_memory is None for w in workers):
         raise fine_tunes.too_big_for_cpus(base_model, "model")
 
@@ -176,7 +179,10 @@ def create(
             "ended_at": None,
         }
 
-    row, replayed = insert_once(db, table, user_id, idempotency_key, digest, new_row, "deployment")
+    def shown(row: dict[str, Any]) -> dict[str, Any]:
+        return deployment_object(row, "http://relay.invalid")  # the address does not change the rendering
+
+    row, replayed = insert_once(db, table, user_id, idempotency_key, digest, new_row, "deployment", shown)
     if not replayed:
         record_event(
             db, row["id"], st.STARTING, 0, "created; waiting for a serving worker", row["created_at"]

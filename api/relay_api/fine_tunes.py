@@ -7,19 +7,24 @@ workers cannot undo each other.
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from relay import families
 from relay.dataset_names import is_database_url, local_dataset_path, names_local_directory
+from relay.env_evaluation import check_job_eval_budget
+from relay.errors import ConfigError
 from relay.events import CancelledEvent, ValidationEvent
 from relay.memory_plan import GB, MemoryPlan, gpu_shortfall, plan_named, weight_count
 from relay.sft import status as st
@@ -36,6 +41,8 @@ from relay_api.schemas import FineTuneOut
 from relay_api.settings import Settings
 from relay_api.workers import LiveWorker, live_workers
 
+log = logging.getLogger(__name__)
+
 CONFIG_FIELDS: tuple[str, ...] = tuple(SFTConfig.model_fields)
 JOB_ID_PREFIX = "ft-"
 
@@ -44,9 +51,13 @@ def new_job_id() -> str:
     return JOB_ID_PREFIX + secrets.token_hex(6)
 
 
-def job_object(row: Mapping[str, Any], validation: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def job_object(
+    row: Mapping[str, Any], validation: Mapping[str, Any] | None = None, *, stored: bool = True
+) -> dict[str, Any]:
     """A job as the API shows it (schemas.FineTuneOut, the one definition of its shape): its own
-    attributes, then the config's fields. `validation`: its block (validation_blocks), if any."""
+    attributes, then the config's fields. `validation`: its block (validation_blocks), if any.
+    `stored`: a row read back, which may predate today's rules (_shown_despite them); False for a
+    row about to be written, which must pass them."""
     config = row["config"]
     job = {
         "id": row["id"],
@@ -65,7 +76,28 @@ def job_object(row: Mapping[str, Any], validation: Mapping[str, Any] | None = No
         "validation": validation,
         **{name: config.get(name) for name in CONFIG_FIELDS},
     }
-    return FineTuneOut.model_validate(job).model_dump(mode="json")
+    try:
+        return FineTuneOut.model_validate(job).model_dump(mode="json")
+    except ValidationError as error:
+        if not stored:
+            raise
+        return _shown_despite(job, error)
+
+
+def _shown_despite(job: dict[str, Any], error: ValidationError) -> dict[str, Any]:
+    """A stored job whose config today's rules refuse (a rule tightened after it was created: an
+    eval.seed of 2**64 once passed): shown with each refused optional field as null, so that what a
+    user created never makes their own list or job answer 500. The row itself is left as it is."""
+    refused = {str(item["loc"][0]) for item in error.errors() if item.get("loc")}
+    nullable = {
+        name for name in refused if name in CONFIG_FIELDS and not FineTuneOut.model_fields[name].is_required()
+    }
+    if nullable != refused:
+        raise error
+    log.warning(
+        "job %s: shown with %s as null (today's rules refuse them)", job["id"], ", ".join(sorted(refused))
+    )
+    return FineTuneOut.model_validate({**job, **dict.fromkeys(refused)}).model_dump(mode="json")
 
 
 def lease_lapsed_seconds(row: Mapping[str, Any]) -> float | None:
@@ -102,6 +134,15 @@ def check_dataset(name: str, settings: Settings) -> None:
         raise _bad_dataset(
             name, f"it names a local directory, and {path} does not exist on the workers' disk"
         )
+
+
+def check_eval_budget(config: SFTConfig, settings: Settings) -> None:
+    """The eval block's budget at the cadence this service checkpoints at (RELAY_CHECKPOINT_EVERY;
+    SFTConfig checked it at the default): relay.env_evaluation's one rule."""
+    try:
+        check_job_eval_budget(config.eval, config.steps, settings.checkpoint_every)
+    except ConfigError as error:
+        raise APIProblem(400, error.message, param=error.param, code=error.code) from None
 
 
 def check_tasks_dir(tasks_dir: str | None, settings: Settings) -> None:
@@ -420,7 +461,17 @@ def create(
             "cancel_requested_at": None,
         }
 
-    return insert_once(db, fine_tunes, user_id, idempotency_key, digest, new_row, "fine-tune", keep_secret)
+    return insert_once(
+        db,
+        fine_tunes,
+        user_id,
+        idempotency_key,
+        digest,
+        new_row,
+        "fine-tune",
+        functools.partial(job_object, stored=False),
+        keep_secret,
+    )
 
 
 def mark_enqueued(db: Session, job_ids: str | list[str]) -> None:

@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError
 
 from relay_api.db import Db
 from relay_api.errors import APIProblem
+from relay_api.responses import rendered
 
 
 def request_hash(config: BaseModel) -> str:
@@ -34,17 +35,21 @@ def insert_once(
     digest: str,
     new_row: Callable[[], dict[str, Any]],
     noun: str,
+    shown: Callable[[dict[str, Any]], Any],
     along: Callable[[Db, dict[str, Any]], None] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Insert `new_row()` and commit; returns (row, replayed). `new_row` draws a fresh id each
-    call, so a clash of random ids is tried again. `along(db, row)` writes what belongs with a new
-    row, in its transaction (nothing of a replay)."""
+    call, so a clash of random ids is tried again. `shown(row)` is the answer the route will give,
+    rendered before anything is written: an answer that cannot be rendered (TypeError) must not
+    leave a row behind that every later list would fail on. `along(db, row)` writes what belongs
+    with a new row, in its transaction (nothing of a replay)."""
     if idempotency_key is not None:
         existing = _by_key(db, table, user_id, idempotency_key, digest, noun)
         if existing is not None:
             return existing, True
     for _ in range(3):
         row = new_row()
+        rendered(shown(row))
         try:
             # The row as parameters of a statement built once per table: building an INSERT with
             # the values inside costs more CPU than sending it.

@@ -8,6 +8,7 @@ from typing import Any, cast
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     ForeignKey,
     Index,
     Integer,
@@ -17,6 +18,8 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
+    true,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -183,6 +186,10 @@ class WorkerHeartbeat(Base):
     # The video codecs its decoder library reads, a JSON list of names (h264, hevc, av1...); None
     # from a worker that does not say.
     video_decoders: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # What it consumes: the recipe jobs' queue (and sessions'), the serving queue, or both. Jobs are
+    # placed on the first kind (relay_api.workers.live_workers), deployments on the second.
+    takes_jobs: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    serves_deployments: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class FineTuneHost(Base):

@@ -55,6 +55,7 @@ def create_fine_tune(
     """Accept a recipe and answer at once with the job (`queued`); a worker picks it up."""
     fine_tunes.check_dataset(config.dataset_name, settings)
     fine_tunes.check_tasks_dir(config.tasks_dir, settings)
+    fine_tunes.check_eval_budget(config, settings)
     with read_db(request) as db:  # the INSERT is one statement, atomic by itself
         config = fine_tunes.place_on_workers(db, config, settings, cpu_full_size=settings.allow_cpu_full_size)
         row, replayed = fine_tunes.create(db, user, config, idempotency_key)

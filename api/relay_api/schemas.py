@@ -325,6 +325,13 @@ class DeploymentEventList(BaseModel):
     has_more: bool
 
 
+DEPLOYMENT_ENDED: Responses = {
+    410: {
+        "model": ErrorOut,
+        "description": "The deployment has ended: stopped (`deployment_stopped`) or in error "
+        "(`deployment_error`); the message says why.",
+    }
+}
 DEPLOYMENT_UNAVAILABLE: Responses = {
     503: {
         "model": ErrorOut,

@@ -65,7 +65,11 @@ def not_found(session_id: str) -> APIProblem:
 
 
 def create(
-    db: Session, user_id: int, config: SessionConfig, idempotency_key: str | None
+    db: Session,
+    user_id: int,
+    config: SessionConfig,
+    idempotency_key: str | None,
+    settings: Settings,
 ) -> tuple[dict[str, Any], bool]:
     """Insert a starting session and commit; returns (row, replayed). The same Idempotency-Key
     with the same config returns the session it created before; with a different one, 409."""
@@ -96,7 +100,10 @@ def create(
             "saved_states": 0,
         }
 
-    return insert_once(db, table, user_id, idempotency_key, digest, new_row, "session")
+    def shown(row: dict[str, Any]) -> dict[str, Any]:
+        return session_object(row, settings)
+
+    return insert_once(db, table, user_id, idempotency_key, digest, new_row, "session", shown)
 
 
 def get(db: Db, user_id: int, session_id: str) -> dict[str, Any]:

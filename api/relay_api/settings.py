@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from relay import client_config
+from relay.sft.config import CHECKPOINT_EVERY_DEFAULT
 
 
 class Settings(BaseSettings):
@@ -42,7 +43,7 @@ class Settings(BaseSettings):
 
     fine_tune_queue: str = "relay.fine-tunes"
     # Steps between a job's checkpoints: what a lost worker can cost at most.
-    checkpoint_every: int = Field(1000, ge=1)
+    checkpoint_every: int = Field(CHECKPOINT_EVERY_DEFAULT, ge=1)
     # A claimed job's lease; its worker renews it every `heartbeat_seconds`. A job whose lease
     # lapses is resumed by another attempt.
     lease_seconds: float = Field(60.0, gt=0)

@@ -98,7 +98,10 @@ def read_norm_stats(path: Path) -> NormStats:
 
 
 def observation_sample(
-    images: Mapping[str, np.ndarray], state: np.ndarray | None, prompt: str, stats: NormStats | None
+    images: Mapping[str, np.ndarray | torch.Tensor],
+    state: np.ndarray | None,
+    prompt: str,
+    stats: NormStats | None,
 ) -> Sample:
     """One observation as the model's input (no actions). `images`: model camera -> uint8
     (H, W, 3); `state`: raw, in the dataset's units, normalized with `stats` (None: already
@@ -110,7 +113,11 @@ def observation_sample(
         width = raw.shape[0]
         padded[:width] = stats.normalize_state(raw) if stats is not None else raw
     sample: dict[str, Any] = {
-        "image": {camera: np.asarray(image, dtype=np.uint8) for camera, image in images.items()},
+        # A tensor is an image made the model's input already (the policy server's, model_image).
+        "image": {
+            camera: image if isinstance(image, torch.Tensor) else np.asarray(image, dtype=np.uint8)
+            for camera, image in images.items()
+        },
         "state": padded,
         "state_dim": width,
         "prompt": prompt,

@@ -33,8 +33,9 @@ from typing import Any
 import torch
 
 from relay.catalog import ACTION_HORIZON
+from relay.env_evaluation import check_job_eval_budget
 from relay.events import METRICS_EVERY, CheckpointEvent, Event, RecipeResult, ResumedEvent, StageEvent
-from relay.sft.config import SFTConfig
+from relay.sft.config import CHECKPOINT_EVERY_DEFAULT, SFTConfig
 from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.core.data import BatchOrder, DataPosition
 from relay_engine.core.loop import LoopResult, LoopState, MetricsWindow, run_loop
@@ -57,7 +58,7 @@ class Recipe:
 
     config: SFTConfig
     action_horizon: int = ACTION_HORIZON
-    checkpoint_every: int = 1000
+    checkpoint_every: int = CHECKPOINT_EVERY_DEFAULT
     log_every: int = LOG_EVERY
     seed: int = 0
     # Which episodes to train on (None: all); `relay local train --episodes` keeps some back.
@@ -69,6 +70,10 @@ class Recipe:
     # The service job's attempt (its fencing token; 0 for a local run). It names this run's temporary
     # checkpoint directories, so that an older attempt's tidying never removes this one's writes.
     attempt: int = 0
+
+    def __post_init__(self) -> None:
+        # The eval block's budget at the cadence this run checkpoints at (SFTConfig checked the default).
+        check_job_eval_budget(self.config.eval, self.config.steps, self.checkpoint_every)
 
     @classmethod
     def from_config(cls, config: SFTConfig | Mapping[str, Any], **engine_settings: Any) -> Recipe:
@@ -188,9 +193,11 @@ def _run(family: Family, run: RecipeRun, output_dir: Path, callbacks: _Callbacks
             return RecipeResult(result.status, result.step, result.loss, None, resumed_from)
         training.report(StageEvent(step=result.step, stage="writing"))
         prepared.write_output(output_dir)
-        training.evaluate_the_end(result.step)
+        evaluated = training.evaluate_the_end(result.step)
         if prepared.parallel is not None:
             prepared.parallel.barrier()  # the output is whole before any process reports completion
+        if not evaluated:  # stopped (a cancel) while it evaluated the trained policy
+            return RecipeResult("stopped", result.step, result.loss, None, resumed_from)
         return RecipeResult(
             "completed", result.step, result.loss, output_dir, resumed_from, extra=prepared.extra
         )
@@ -282,16 +289,20 @@ class _Training:
         if self.prepared.evaluate_at_checkpoints:
             self.evaluate(loop_state.step)
 
-    def evaluate_the_end(self, step: int) -> None:
+    def evaluate_the_end(self, step: int) -> bool:
         """The recipe's closed-loop evaluation of the trained policy, unless its last checkpoint's
-        evaluation was at the same step."""
+        evaluation was at the same step; False when a stop cut it short."""
         if step not in self.evaluated:
-            self.evaluate(step)
+            return self.evaluate(step)
+        return True
 
-    def evaluate(self, step: int) -> None:
+    def evaluate(self, step: int) -> bool:
+        """The eval block's evaluation at `step` (on rank 0), reported; False when the run's
+        should_stop (a cancel, a shutdown) cut it short between two environment steps: the loop
+        then stops at its next step, as it does for a stop between steps."""
         evaluate = self.prepared.evaluate_in_env
         if evaluate is None:
-            return
+            return True
         self.evaluated.add(step)
         # One simulator run, on rank 0: in a group it scores rank 0's model (whole under DDP).
         if self.run.rank == 0 and (
@@ -300,7 +311,12 @@ class _Training:
             self.report(
                 StageEvent(step=step, stage="evaluating", detail=_eval_detail(self.run.recipe.config))
             )
-            self.report(evaluate(step))
+            event = evaluate(step, self.callbacks.should_stop)
+            if event is None:
+                self.evaluated.discard(step)
+                return False
+            self.report(event)
+        return True
 
     def checkpoint_the_stop(self, state: LoopState) -> None:
         """With checkpoint_on_stop, a stopped run's step is kept in a checkpoint, unless one holds it."""

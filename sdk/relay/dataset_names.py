@@ -38,9 +38,36 @@ RELBENCH_NAME_PATTERN = rf"{RELBENCH_PREFIX}[^\x00-\x1f\x7f]+"
 # The names of LeRobot datasets: a Hub repo id or a local directory.
 LEROBOT_DATASET_NAME_PATTERN = rf"^(?:{HUB_REPO_ID_PATTERN}|{LOCAL_NAME_PATTERN})$"
 # Every name a dataset may have: a Hub repo id, a local directory, a database URL or a RelBench name.
+# Nothing else is read as one (`lerobot/../../etc`, `a/./b`, `..\\etc` and ` /etc` are none of
+# them): SFTConfig refuses a name that does not match, whatever the server's settings.
 DATASET_NAME_PATTERN = (
     rf"^(?:{HUB_REPO_ID_PATTERN}|{LOCAL_NAME_PATTERN}|{DATABASE_URL_PATTERN}|{RELBENCH_NAME_PATTERN})$"
 )
+# A name that starts with a URL's scheme (`postgresql:`, `https:`): a Hub repo id has no `:`, and a
+# local name starts with `/`, `~` or `.` (or is a file: URL).
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+MALFORMED_URL_RULE = (
+    "a name with a URL's scheme must be a database URL that parses, such as "
+    "postgresql://user:password@host:5432/db (brackets around an IPv6 host closed, the port a "
+    "number from 1 to 65535, no spaces in the host, a password's special characters percent-encoded), "
+    "mysql+pymysql://... or sqlite:////absolute/path/shop.db, or a file:// URL; this one does not "
+    "parse, and is not shown back, since it may hold a password"
+)
+
+
+def is_dataset_name(name: str) -> bool:
+    """Whether `name` has the form of some dataset name (DATASET_NAME_PATTERN)."""
+    return re.fullmatch(DATASET_NAME_PATTERN, name) is not None
+
+
+def is_malformed_url(name: str) -> bool:
+    """Whether `name` starts with a URL's scheme but is no URL a dataset may be: not a database URL
+    that parses (`postgresql://ana:pw@[::1/shop`, `postgres://...`, a port that is no number), not
+    a file: URL, not a RelBench name. Such a name may hold a password where no parser can find it,
+    so it is refused without being shown (MALFORMED_URL_RULE), and never stored."""
+    if _URL_SCHEME.match(name) is None or name.startswith("file:") or is_relbench_name(name):
+        return False
+    return not is_database_url(name)
 
 
 def is_relbench_name(name: str) -> bool:
@@ -144,6 +171,12 @@ def _parsed(url: str) -> URL | None:
     from sqlalchemy.exc import ArgumentError
 
     try:
-        return make_url(url)
+        parsed = make_url(url)
     except (ArgumentError, ValueError):
         return None
+    # What SQLAlchemy parses but no server has: a port out of range, a host with spaces or brackets.
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        return None
+    if parsed.host is not None and any(ch.isspace() or ch in "[]" for ch in parsed.host):
+        return None
+    return parsed

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from relay.errors import ConfigError
 from relay.rules import CheckedConfig, WholeNumber, whole_float_to_int
@@ -66,9 +66,20 @@ class EnvEvalReport(BaseModel):
 # (relay/Dot-v0 with the engine; gym-pusht's PushT with the `pusht` extra, in `dev`). gym-aloha's
 # need MuJoCo with EGL, which workers do not have; `relay eval` runs them on a machine that does.
 JOB_ENVS = ("relay/Dot-v0", "gym_pusht/PushT-v0")
+# Each one's registered episode limit (`max_episode_steps`), the steps an episode takes at most when
+# the block names no max_steps (tests/engine/envs check them against the registrations).
+JOB_ENV_STEP_LIMITS: dict[str, int] = {"relay/Dot-v0": 50, "gym_pusht/PushT-v0": 300}
 JOB_EVAL_EPISODES_MAX = 1000
 JOB_EVAL_MAX_STEPS_MAX = 100_000
 JOB_EVAL_VIDEOS_MAX = 10
+# Episode k is reset with seed + k, which environments (NumPy's legacy seeding among them) and
+# torch's generators take as a 32- or 64-bit number: the seed is a 31-bit one, so seed + k always fits.
+JOB_EVAL_SEED_MAX = 2**31 - 1
+# What a job's evaluations may cost, in episode-steps (episodes x the steps each may take): one
+# evaluation, and all of a job's together (with at_checkpoints, one after each checkpoint). An
+# evaluation stops on a cancel between two steps, but runs to its end otherwise, and the job waits.
+EVAL_EPISODE_STEPS_MAX = 100_000
+JOB_EVAL_EPISODE_STEPS_MAX = 1_000_000
 
 
 class JobEval(CheckedConfig):
@@ -78,20 +89,24 @@ class JobEval(CheckedConfig):
     RULES: ClassVar[dict[str, str]] = {
         "env": f"must be one of the environments a worker runs: {', '.join(JOB_ENVS)}",
         "episodes": f"must be an integer from 1 to {JOB_EVAL_EPISODES_MAX}",
-        "seed": "must be an integer from 0; episode k is reset with seed + k",
+        "seed": f"must be an integer from 0 to {JOB_EVAL_SEED_MAX:,}; episode k is reset with seed + k",
         "max_steps": (
             f"must be an integer from 1 to {JOB_EVAL_MAX_STEPS_MAX}, or null for the environment's limit"
         ),
         "at_checkpoints": "must be true or false",
         "videos": f"must be an integer from 0 to {JOB_EVAL_VIDEOS_MAX}: the first episodes recorded as mp4",
     }
+    BUDGET_RULE: ClassVar[str] = (
+        f"an evaluation may take at most {EVAL_EPISODE_STEPS_MAX:,} episode-steps (episodes x max_steps, "
+        "the environment's limit where max_steps is null): fewer episodes, or a lower max_steps"
+    )
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"env": JOB_ENVS}
     WHAT: ClassVar[str] = "eval"
     BODY_MESSAGE: ClassVar[str] = "bad eval: must be an object of {fields} (env required), or null"
 
     env: str = Field(description="The Gymnasium environment's id.")
     episodes: WholeNumber = Field(10, strict=True, ge=1, le=JOB_EVAL_EPISODES_MAX)
-    seed: WholeNumber = Field(0, strict=True, ge=0)
+    seed: WholeNumber = Field(0, strict=True, ge=0, le=JOB_EVAL_SEED_MAX)
     # The bounds inside the Annotated, so that they stay in the JSON Schema of the optional field.
     max_steps: (
         Annotated[
@@ -108,6 +123,47 @@ class JobEval(CheckedConfig):
         if value not in JOB_ENVS:
             raise ValueError(cls.RULES["env"])
         return value
+
+    @property
+    def episode_steps(self) -> int:
+        """What one evaluation costs at most: episodes x the steps each may take."""
+        return self.episodes * (self.max_steps or JOB_ENV_STEP_LIMITS[self.env])
+
+    def evaluations(self, steps: int, checkpoint_every: int) -> int:
+        """How many evaluations a job of `steps` runs, checkpointing every `checkpoint_every` steps:
+        one after each checkpoint with at_checkpoints (the last is at the end), else one at the end."""
+        return -(-steps // checkpoint_every) if self.at_checkpoints else 1
+
+    @model_validator(mode="after")
+    def _within_the_budget(self) -> JobEval:
+        if self.episode_steps > EVAL_EPISODE_STEPS_MAX:
+            raise ConfigError(
+                f"bad episodes: {self.episodes} episodes of up to {self.episode_steps // self.episodes:,} "
+                f"steps are {self.episode_steps:,} episode-steps ({self.BUDGET_RULE})",
+                "episodes",
+                "over_budget",
+            )
+        return self
+
+
+def check_job_eval_budget(spec: JobEval | None, steps: int, checkpoint_every: int) -> None:
+    """Refuse a job whose evaluations add up to more than JOB_EVAL_EPISODE_STEPS_MAX episode-steps:
+    the one rule, asked by SFTConfig (at the default checkpoint cadence), by the API (at its own) and
+    by the engine's Recipe (at the run's). A ConfigError naming eval.at_checkpoints."""
+    if spec is None:
+        return
+    evaluations = spec.evaluations(steps, checkpoint_every)
+    total = evaluations * spec.episode_steps
+    if total > JOB_EVAL_EPISODE_STEPS_MAX:
+        raise ConfigError(
+            f"bad eval.at_checkpoints: true (a job of {steps:,} steps checkpointing every "
+            f"{checkpoint_every:,} evaluates {evaluations:,} times, up to {spec.episode_steps:,} "
+            f"episode-steps each: {total:,} in all; a job's evaluations may take at most "
+            f"{JOB_EVAL_EPISODE_STEPS_MAX:,} episode-steps together: fewer episodes, a lower "
+            "max_steps, or at_checkpoints false)",
+            "eval.at_checkpoints",
+            "over_budget",
+        )
 
 
 def job_eval_value(value: Any) -> JobEval | None:

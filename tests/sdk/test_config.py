@@ -19,6 +19,14 @@ BAD_CONFIGS: list[tuple[dict[str, object], str, str]] = [
     ({"dataset_name": ""}, "dataset_name", 'bad dataset_name: ""'),
     ({"dataset_name": "a\nb"}, "dataset_name", "bad dataset_name:"),
     ({"dataset_name": "x" * 1025}, "dataset_name", "bad dataset_name:"),
+    # Neither a Hub repo id nor a local directory (relay.dataset_names' one rule): refused whatever
+    # the server reads, never taken for a Hub name or a path.
+    ({"dataset_name": "lerobot/../../etc"}, "dataset_name", 'bad dataset_name: "lerobot/../../etc" (must be'),
+    ({"dataset_name": "lerobot/.."}, "dataset_name", 'bad dataset_name: "lerobot/.." (must be'),
+    ({"dataset_name": "a/./b"}, "dataset_name", 'bad dataset_name: "a/./b" (must be'),
+    ({"dataset_name": "..\\..\\etc"}, "dataset_name", "bad dataset_name:"),
+    ({"dataset_name": ".\\"}, "dataset_name", "bad dataset_name:"),
+    ({"dataset_name": " /etc"}, "dataset_name", 'bad dataset_name: " /etc" (must be'),
     ({"batch_size": 0}, "batch_size", "bad batch_size: 0 (must be an integer from 1 to 512)"),
     ({"batch_size": 513}, "batch_size", "bad batch_size: 513 (must be an integer from 1 to 512)"),
     ({"batch_size": 32.5}, "batch_size", "bad batch_size: 32.5 (must be an integer from 1 to 512)"),

@@ -10,6 +10,7 @@ import pytest
 from relay import families
 from relay.dataset_names import (
     DATASET_NAME_PATTERN,
+    MALFORMED_URL_RULE,
     is_database_url,
     is_hub_repo_id,
     local_dataset_path,
@@ -127,4 +128,25 @@ def test_a_refused_dataset_name_never_shows_its_password(name: str) -> None:
     with pytest.raises(ConfigError) as raised:
         SFTConfig(model="rt-j", dataset_name=name, task="t")
     assert raised.value.param == "dataset_name" and "Hunter2pw" not in str(raised.value)
-    assert "***" in str(raised.value)
+    # Shown masked, or (a URL that does not parse) not shown at all.
+    assert "***" in str(raised.value) or MALFORMED_URL_RULE in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "postgresql://ana:Hunter2pw@[::1/shop",  # an IPv6 host's bracket left open
+        "postgresql://ana:Hunter2pw@db:port/shop",  # a port that is no number
+        "postgresql://ana:Hunter2pw@db:0/shop",  # a port out of range
+        "postgresql://ana:Hunter2pw@d b/shop",  # a space in the host
+        "postgres://ana:Hunter2pw@db/shop",  # a backend SQLAlchemy does not know
+        "https://ana:Hunter2pw@huggingface.co/datasets/x",
+        "ana:Hunter2pw@db/shop",
+    ],
+)
+def test_a_url_that_does_not_parse_is_refused_without_being_shown(name: str) -> None:
+    for fields in ({"model": "rt-j", "task": "t"}, {"model": "pi05"}):
+        with pytest.raises(ConfigError) as raised:
+            SFTConfig(dataset_name=name, **fields)  # type: ignore[arg-type]
+        assert raised.value.param == "dataset_name" and MALFORMED_URL_RULE in str(raised.value)
+        assert "Hunter2pw" not in str(raised.value) and "ana" not in str(raised.value)

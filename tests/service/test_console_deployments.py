@@ -5,6 +5,7 @@ form shows the API's refusal of a bad model; another user's deployment is a 404 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,11 +14,13 @@ import httpx
 import numpy as np
 import pytest
 from playwright.sync_api import Browser, expect
+from websockets.sync.client import connect
 
 from relay.http_client import Client
 from relay.serving.images import observation_json
 from relay.sft.config import SFTConfig
 from relay.sft.train import train
+from relay_engine.serving import unpack
 from tests.service.browser import fenced_page, sign_in
 from tests.service.stack import Stack, WorkerProcess
 
@@ -65,6 +68,22 @@ def test_a_completed_job_is_deployed_watched_and_stopped_from_the_console(
     )
     expect(page.locator("pre[data-testid=connect]")).to_contain_text(f"/v1/deployments/{deployment_id}/ws")
     expect(page.locator("h1 .status")).to_have_text("ready", timeout=120_000)
+
+    # What it loaded, as fields named as the deployment names its model: no JSON, no server path.
+    page.reload()
+    loaded = page.locator("dl[data-testid=deployment-model]")
+    expect(loaded.locator("dd[data-field=model]")).to_have_text(job.id)
+    expect(loaded.locator("dd[data-field=kind]")).to_have_text("pi05")
+    expect(loaded.locator("dd[data-field=cameras]")).to_contain_text("observation.images.")
+    expect(loaded.locator("dd[data-field=raw_units]")).to_have_text("yes")
+    assert "{" not in loaded.inner_text() and str(stack.root) not in page.locator("main").inner_text()
+    headers = {"authorization": f"Bearer {user[1]}"}
+    shown = httpx.get(f"{origin}/v1/deployments/{deployment_id}", headers=headers).text
+    assert json.loads(shown)["info"]["model"] == job.id and str(stack.root) not in shown
+    ws_url = json.loads(shown)["websocket_url"]
+    with connect(ws_url, additional_headers=headers) as websocket:  # openpi's metadata frame
+        frame = unpack(websocket.recv())
+    assert frame["model"] == job.id and str(stack.root) not in json.dumps(frame)
 
     # A robot's request, then its count on the page once the worker has reported it.
     info = httpx.get(

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from sqlalchemy import select, text
 
+from relay.errors import ConfigError
 from relay.http_client import Client
 from relay.sft import list_jobs, retrieve
 from relay.sft.config import SFTConfig
@@ -187,3 +188,66 @@ def test_the_datasets_endpoint_says_a_database_url_is_not_a_lerobot_dataset(
     )
     assert answer.status_code == 400, answer.text
     assert "relay datasets check" in answer.json()["error"]["message"] and PASSWORD not in answer.text
+
+
+# URLs that no parser reads as a database URL, each holding the password where no mask could find
+# it: refused at create, naming dataset_name, and the password in no answer, row or log line.
+MALFORMED_URLS = [
+    f"postgresql://ana:{PASSWORD}@[::1/shop",  # an IPv6 host's bracket left open
+    f"postgresql://ana:{PASSWORD}@[::1]:port/shop",  # a port that is no number
+    f"postgresql://ana:{PASSWORD}@db.example:70000/shop",  # a port out of range
+    f"postgresql://ana:{PASSWORD}@db example/shop",  # a space in the host
+    f"postgres://ana:{PASSWORD}@db/shop",  # a backend SQLAlchemy does not know
+    f"postgresql+://ana:{PASSWORD}@db/shop",  # an empty driver
+    f"mysql+pymysql://ana:{PASSWORD}@[db/shop",
+    f"https://ana:{PASSWORD}@huggingface.co/datasets/x",  # a URL of no database
+    f"ana:{PASSWORD}@db/shop",  # no // at all
+    f"postgresql://ana:{PASSWORD}@db/shop\n",  # a control character
+]
+
+
+CLI_MALFORMED = ["--model", "rt-j-tiny", "--task", "user-churn", "--dataset", MALFORMED_URLS[0]]
+
+
+def test_a_malformed_database_url_is_refused_and_its_password_is_nowhere(
+    stack: Stack, worker: WorkerProcess, client: Client, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    headers = {"authorization": f"Bearer {client.api_key}"}
+    env = {"RELAY_BASE_URL": stack.api_url, "RELAY_API_KEY": client.api_key, "RELAY_HOME": str(tmp_path)}
+    worker_log_before = worker.log_since_start()
+    seen: list[str] = []
+    with caplog.at_level("DEBUG"):
+        for name in MALFORMED_URLS:
+            for model in ({"model": "rt-j-tiny", "task": "user-churn"}, {"model": "pi05-tiny"}):
+                answer = httpx.post(
+                    f"{stack.api_url}/v1/fine-tunes", json={"dataset_name": name, **model}, headers=headers
+                )
+                assert answer.status_code == 400, (name, answer.text)
+                assert answer.json()["error"]["param"] == "dataset_name", answer.text
+                assert "does not parse" in answer.json()["error"]["message"], answer.text
+                seen.append(answer.text)
+            described = httpx.get(f"{stack.api_url}/v1/datasets/{quote(name, safe='')}", headers=headers)
+            assert described.status_code == 400, described.text
+            seen.append(described.text)
+            with pytest.raises(ConfigError) as raised:
+                SFTConfig(model="rt-j-tiny", task="user-churn", dataset_name=name)
+            seen.append(str(raised.value))
+        created = subprocess.run(
+            [sys.executable, "-m", "relay.cli", "fine-tunes", "create", *CLI_MALFORMED],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert created.returncode != 0 and "dataset_name" in created.stdout + created.stderr
+        seen.append(created.stdout + created.stderr)
+    # The API's own log lines (it runs in this process); not this test's client's.
+    seen.extend(f"{r.getMessage()} {r.exc_text}" for r in caplog.records if not r.name.startswith("http"))
+    seen.append(worker.log_since_start().removeprefix(worker_log_before))
+    with stack.sessions() as session:
+        for table in ("fine_tunes", "fine_tune_events", "dataset_credentials", "deployments"):
+            rows = session.execute(text(f"SELECT * FROM {table}")).all()
+            seen.extend(repr(tuple(row)) for row in rows)
+    assert list_jobs(client=client) == [], "a refused job was created"
+    leaks = [text_ for text_ in seen if PASSWORD in text_]
+    assert not leaks, leaks[:3]

@@ -403,3 +403,29 @@ def test_behind_a_proxy_the_urls_are_the_public_ones_and_a_waiting_deployment_st
         )
         events = api.get(f"/v1/deployments/{created['id']}/events", headers=headers).json()["data"]
         assert [e["event"] for e in events] == ["starting", "stopped"]
+
+
+def test_a_model_that_cannot_be_loaded_says_so_without_a_server_path(
+    stack: Stack, serving_workers: list[WorkerProcess], owner: Client, stopped_after: list[Deployment]
+) -> None:
+    """A completed job whose weights are gone from the service's disk: the deployment ends in
+    error saying why, the service's directories named in words (the worker's log keeps the path)."""
+    stack.worker()  # the job's
+    config = SFTConfig(model="pi05-tiny", dataset_name=str(stack.dataset()), batch_size=2, steps=2)
+    job = train(config, client=owner).wait(poll=0.5)
+    assert job.status == "completed", job.error
+    assert job.output_dir is not None
+    (Path(job.output_dir) / "model.safetensors").unlink()
+    deployment = deploy(job.id, client=owner)
+    stopped_after.append(deployment)
+    wait_for(lambda: deployment.refresh().status == "error", READY_SECONDS, "the load to fail", every=0.5)
+    assert deployment.error is not None and deployment.error.startswith("could not load the model: ")
+    assert "the service's jobs directory" in deployment.error, deployment.error
+    headers = {"authorization": f"Bearer {owner.api_key}"}
+    answers = [
+        httpx.get(f"{stack.api_url}/v1/deployments/{deployment.id}", headers=headers).text,
+        httpx.get(f"{stack.api_url}/v1/deployments/{deployment.id}/events", headers=headers).text,
+        httpx.post(f"{stack.api_url}/v1/deployments/{deployment.id}/actions", headers=headers, json={}).text,
+    ]
+    for answer in answers:
+        assert str(stack.settings.jobs_dir) not in answer and str(stack.root) not in answer, answer

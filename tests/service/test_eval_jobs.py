@@ -114,3 +114,60 @@ def test_a_bad_eval_block_is_refused_at_create_naming_its_field(
         assert answer.status_code == 400, answer.text
         error = answer.json()["error"]
         assert error["param"] == param and why in error["message"], error
+
+
+def test_an_eval_block_over_its_budget_is_refused_alike_by_the_sdk_the_cli_and_the_api(
+    stack: Stack, user: tuple[str, str], dataset: Path, tmp_path: Path
+) -> None:
+    from relay.errors import ConfigError
+
+    headers = {"authorization": f"Bearer {user[1]}"}
+    probe = {"env": "relay/Dot-v0", "episodes": 1000, "max_steps": 100_000}
+    body = {"model": "pi05-tiny", "dataset_name": str(dataset), "steps": 2, "eval": probe}
+    answer = httpx.post(f"{stack.api_url}/v1/fine-tunes", json=body, headers=headers)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "eval.episodes" and "at most 100,000 episode-steps" in error["message"]
+    with pytest.raises(ConfigError) as raised:
+        SFTConfig(**body)
+    assert raised.value.message == error["message"]
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps(body))
+    env = {"RELAY_BASE_URL": stack.api_url, "RELAY_API_KEY": user[1], "RELAY_HOME": str(tmp_path)}
+    created = CliRunner().invoke(app, ["fine-tunes", "create", "--config", str(recipe)], env=env)
+    assert created.exit_code != 0 and "at most 100,000 episode-steps" in created.output, created.output
+
+    # Summed over the evaluations at each checkpoint, at the cadence this service checkpoints at
+    # (every 10 steps here): 21 evaluations of 50,000, where the default cadence would make 1.
+    block = {"env": "relay/Dot-v0", "episodes": 1000, "at_checkpoints": True}
+    body = {"model": "pi05-tiny", "dataset_name": str(dataset), "steps": 201, "eval": block}
+    assert SFTConfig(**body).eval is not None
+    assert stack.settings.checkpoint_every == 10
+    answer = httpx.post(f"{stack.api_url}/v1/fine-tunes", json=body, headers=headers)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "eval.at_checkpoints" and "evaluates 21 times" in error["message"], error
+    assert httpx.get(f"{stack.api_url}/v1/fine-tunes", headers=headers).json()["data"] == []
+
+
+def test_a_cancel_stops_the_jobs_evaluation_within_seconds(
+    stack: Stack, worker: WorkerProcess, client: Client, dataset: Path
+) -> None:
+    """1,000 episodes of up to 100 steps, within the budget, take hours on a CPU: a cancel during
+    the evaluation of the end ends the job cancelled, at its step, with no eval event."""
+    from tests.service.stack import wait_for
+
+    block = {"env": "relay/Dot-v0", "episodes": 1000, "max_steps": 100, "videos": 0}
+    config = SFTConfig(model="pi05-tiny", dataset_name=str(dataset), batch_size=2, steps=2, eval=block)
+    job = train(config, client=client)
+    # The last checkpoint's event comes before the evaluation of the end: it is running now.
+    wait_for(
+        lambda: any(e.kind == "checkpoint" and e["step"] == 2 for e in job.events()),
+        300,
+        "the job's last checkpoint",
+        every=0.5,
+    )
+    assert job.refresh().status == "running"
+    job.cancel()
+    wait_for(lambda: job.refresh().status == "cancelled", 120, "the cancel to stop the evaluation", every=0.5)
+    assert job.step == 2 and not [e for e in job.events() if e.kind == "eval"]

@@ -24,6 +24,8 @@ import psutil
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
+from starlette.testclient import WebSocketDenialResponse
+from starlette.websockets import WebSocketDisconnect
 
 from relay_api.app import create_app
 from relay_api.keys import AmbiguousKey, KeyCache, revoke_keys
@@ -555,3 +557,182 @@ def test_the_document_has_a_bearer_scheme_on_every_v1_operation_and_no_422(
     for other in (f"Token {key}", key, f"Basic {key}"):
         assert error_of(parked.get("/v1/fine-tunes", headers={"authorization": other}), 401)
     assert error_of(parked.get("/v1/fine-tunes", headers={"x-api-key": key}), 401)
+
+
+def _integer_schemas(
+    node: Any, document: dict[str, Any], where: str, seen: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every integer schema under `node`, its $refs followed: (where it is, the schema)."""
+    if isinstance(node, dict):
+        reference = node.get("$ref")
+        if isinstance(reference, str) and reference not in seen:
+            target: Any = document
+            for part in reference.removeprefix("#/").split("/"):
+                target = target[part]
+            yield from _integer_schemas(
+                target, document, f"{where}->{reference.rsplit('/', 1)[-1]}", seen | {reference}
+            )
+        if node.get("type") == "integer":
+            yield where, node
+        for key, value in node.items():
+            yield from _integer_schemas(value, document, f"{where}/{key}", seen)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _integer_schemas(value, document, f"{where}[{index}]", seen)
+
+
+def test_every_integer_a_request_carries_is_bounded_in_the_document(parked: TestClient) -> None:
+    """An unbounded integer reaches the database, orjson and torch with whatever size it has (an
+    eval.seed of 2**64 once made a user's own job list answer 500)."""
+    document = parked.get("/openapi.json").json()
+    found, unbounded = 0, []
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            for part in ("parameters", "requestBody"):
+                for where, schema in _integer_schemas(
+                    operation.get(part), document, f"{method} {path} {part}"
+                ):
+                    found += 1
+                    if "maximum" not in schema or "minimum" not in schema:
+                        unbounded.append(where)
+    assert found > 10 and not unbounded, unbounded
+
+
+def test_an_eval_seed_past_its_bound_is_refused_and_nothing_is_created(
+    parked: TestClient, alice: dict[str, str]
+) -> None:
+    for seed in (2**31, 2**63, 2**64, 10**30):
+        body = {**GOOD, "eval": {"env": "relay/Dot-v0", "seed": seed}}
+        error = error_of(parked.post("/v1/fine-tunes", json=body, headers=alice), 400)
+        assert error["param"] == "eval.seed" and "2,147,483,647" in error["message"], error
+    assert parked.get("/v1/fine-tunes", headers=alice).json()["data"] == []  # nothing half-created
+    body = {**GOOD, "eval": {"env": "relay/Dot-v0", "seed": 2**31 - 1}}
+    assert parked.post("/v1/fine-tunes", json=body, headers=alice).status_code == 200
+
+
+def test_a_stored_job_todays_rules_refuse_never_breaks_its_owners_list(
+    stack: Stack, parked: TestClient, alice: dict[str, str]
+) -> None:
+    """A job an older server accepted (an eval.seed of 2**64) is listed and shown, its refused
+    field as null, rather than making the list answer 500 for good."""
+    job = parked.post("/v1/fine-tunes", json={**GOOD, "eval": {"env": "relay/Dot-v0"}}, headers=alice).json()
+    with stack.sessions() as db:
+        row = db.get(FineTune, job["id"])
+        assert row is not None
+        row.config = {**row.config, "eval": {**row.config["eval"], "seed": 2**64}}
+        db.commit()
+    listed = parked.get("/v1/fine-tunes", headers=alice)
+    assert listed.status_code == 200, listed.text
+    assert [j["eval"] for j in listed.json()["data"]] == [None]
+    shown = parked.get(f"/v1/fine-tunes/{job['id']}", headers=alice)
+    assert shown.status_code == 200 and shown.json()["eval"] is None and shown.json()["model"] == "pi05-tiny"
+    assert parked.post(f"/v1/fine-tunes/{job['id']}/cancel", headers=alice).status_code == 200
+
+
+def test_an_answer_that_cannot_be_rendered_is_never_committed(stack: Stack, parked: TestClient) -> None:
+    """Defence behind the rules: a row whose answer cannot be written is not inserted at all."""
+    from relay.env_evaluation import JobEval
+    from relay.sft.config import SFTConfig
+    from relay_api import fine_tunes
+    from relay_api.keys import get_or_create_user
+
+    name, key = stack.new_user()
+    valid = SFTConfig(**GOOD)
+    unbounded = JobEval.model_construct(
+        env="relay/Dot-v0", episodes=1, seed=2**64, max_steps=None, at_checkpoints=False, videos=0
+    )
+    config = valid.model_copy(update={"eval": unbounded})
+    with stack.sessions() as db:
+        user_id = get_or_create_user(db, name).id
+        with pytest.raises((TypeError, ValueError)):  # orjson's, or the answer's own validation
+            fine_tunes.create(db, user_id, config, "render-first")
+    answer = parked.get("/v1/fine-tunes", headers={"authorization": f"Bearer {key}"})
+    assert answer.status_code == 200 and answer.json()["data"] == []
+
+
+def test_the_document_lists_the_410s_of_ended_sessions_and_deployments(
+    stack: Stack, alice: dict[str, str]
+) -> None:
+    """Every operation on a closed session and on a stopped deployment answers a status its entry in
+    /openapi.json lists."""
+    settings = stack.settings.model_copy(
+        update={
+            "fine_tune_queue": PARKED_QUEUE,
+            "session_queue": PARKED_QUEUE + "-sessions",
+            "serving_queue": PARKED_QUEUE + "-serving",
+        }
+    )
+    with TestClient(create_app(settings)) as api:
+        document = api.get("/openapi.json").json()
+        session = api.post("/v1/sessions", json={"base_model": "pi05-tiny"}, headers=alice).json()
+        api.post(f"/v1/sessions/{session['id']}/close", headers=alice).raise_for_status()
+        deployment = api.post("/v1/deployments", json={"model": "pi05-tiny"}, headers=alice).json()
+        api.delete(f"/v1/deployments/{deployment['id']}", headers=alice).raise_for_status()
+        frame = {**alice, "x-relay-seq": "1", "content-type": "application/x-relay-frames"}
+        calls = {
+            ("post", "/v1/sessions/{session_id}/calls"): dict(content=b"", headers=frame),
+            ("get", "/v1/sessions/{session_id}/calls/{seq}"): dict(params={"wait": 0}),
+            ("post", "/v1/sessions/{session_id}/heartbeat"): {},
+            ("post", "/v1/sessions/{session_id}/close"): {},
+            ("get", "/v1/sessions/{session_id}"): {},
+            ("post", "/v1/deployments/{deployment_id}/actions"): dict(json={"observation": {}}),
+            ("post", "/v1/deployments/{deployment_id}/predictions"): dict(json={"rows": []}),
+            ("get", "/v1/deployments/{deployment_id}"): {},
+            ("delete", "/v1/deployments/{deployment_id}"): {},
+            ("get", "/v1/deployments/{deployment_id}/events"): {},
+            ("get", "/v1/deployments/{deployment_id}/ws"): {},  # its websocket's address, over HTTP
+        }
+        seen = set()
+        for (method, template), options in calls.items():
+            path = template.format(session_id=session["id"], seq=1, deployment_id=deployment["id"])
+            headers = options.pop("headers", alice)
+            response = api.request(method.upper(), path, headers=headers, **options)
+            documented = document["paths"][template][method]["responses"]
+            assert str(response.status_code) in documented, (
+                method,
+                path,
+                response.status_code,
+                sorted(documented),
+            )
+            seen.add(response.status_code)
+        assert 410 in seen
+        # The websocket's handshake answers as its document entry says: 410, naming why.
+        handshake = api.websocket_connect(f"/v1/deployments/{deployment['id']}/ws", headers=alice)
+        with pytest.raises(WebSocketDenialResponse) as denied, handshake:
+            pass
+        assert denied.value.status_code == 410
+        assert denied.value.json()["error"]["code"] == "deployment_stopped"
+        assert "410" in document["paths"]["/v1/deployments/{deployment_id}/ws"]["get"]["responses"]
+
+
+def test_an_odd_deployment_id_at_the_websocket_handshake_is_a_404_never_a_500(
+    parked: TestClient, alice: dict[str, str]
+) -> None:
+    for odd in ODD_IDS:
+        handshake = parked.websocket_connect(f"/v1/deployments/{quote(odd, safe='')}/ws", headers=alice)
+        if "/" in odd:  # no route's path: the handshake is closed, as for any unknown path
+            with pytest.raises(WebSocketDisconnect), handshake:
+                pass
+            continue
+        with pytest.raises(WebSocketDenialResponse) as denied, handshake:
+            pass
+        assert denied.value.status_code == 404, (odd, denied.value.text)
+        assert denied.value.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize("local_datasets", [False, True])
+def test_names_that_are_neither_a_hub_repo_nor_a_local_directory_are_refused(
+    stack: Stack, alice: dict[str, str], local_datasets: bool
+) -> None:
+    """Not taken for Hub names (nor read from a worker's disk): one rule, relay.dataset_names'."""
+    from relay.sft.config import RULES
+
+    settings = stack.settings.model_copy(
+        update={"local_datasets": local_datasets, "fine_tune_queue": PARKED_QUEUE}
+    )
+    with TestClient(create_app(settings)) as api:
+        for name in ("lerobot/../../etc", "lerobot/..", "a/./b", "..\\..\\etc", ".\\", " /etc"):
+            response = api.post("/v1/fine-tunes", json={**GOOD, "dataset_name": name}, headers=alice)
+            error = error_of(response, 400)
+            assert error["param"] == "dataset_name" and RULES["dataset_name"] in error["message"], error
+        assert api.get("/v1/fine-tunes", headers=alice).json()["data"] == []

@@ -266,3 +266,57 @@ def test_a_gang_that_its_hosts_gpus_hold_is_accepted() -> None:
     # A gang of 16 from hosts of 8, 4 and 4 GPUs, one host too small to take part.
     hosts = [LiveWorker(gpus=8, gpu_memory=24 * GB), LiveWorker(gpus=4, gpu_memory=24 * GB)]
     check_memory(full_pi05(gpus=16), [*hosts, hosts[1], LiveWorker(gpus=8, gpu_memory=8 * GB)])
+
+
+def test_a_deployment_no_live_serving_worker_could_hold_is_refused(stack: Stack) -> None:
+    """The jobs' rule, asked of the workers that would hold a deployment: with only a CPU worker that
+    takes deployments alive (in a database of its own, so that no other worker of the stack is),
+    pi05 is refused naming `model`, pi05-tiny is taken; a job is not placed on that worker (none
+    that trains is alive, so the job waits)."""
+    from relay_api import keys, migrate
+    from relay_api.db import session_factory
+    from relay_api.workers import live_workers, serving_workers
+    from tests.isolation import run_database_name
+    from tests.service.stack import drop_database, recreate_database
+
+    name = run_database_name("serving-roles")
+    url = recreate_database(name)
+    migrate.upgrade(url)
+    queue = "relay.serving-roles"
+    worker = stack.start_standby_worker(queues=(queue,), RELAY_DATABASE_URL=url, RELAY_SERVING_QUEUE=queue)
+    try:
+        worker.wait_ready()
+        settings = stack.settings.model_copy(
+            update={
+                "database_url": url,
+                "allow_cpu_full_size": False,
+                "fine_tune_queue": PARKED_QUEUE,
+                "serving_queue": PARKED_QUEUE + "-serving",  # not that worker's: nothing is loaded
+            }
+        )
+        sessions = session_factory(settings)
+        with sessions() as session:
+            key = keys.create_key(session, "roles").key
+
+        def beating() -> bool:
+            with sessions() as session:
+                return bool(serving_workers(session, settings.reconcile_seconds))
+
+        wait_for(beating, 60, "the serving worker's heartbeat", every=0.2)
+        with sessions() as session:
+            assert live_workers(session, settings.reconcile_seconds) == []  # no place to train
+        headers = {"authorization": f"Bearer {key}"}
+        with TestClient(create_app(settings)) as api:
+            refused = api.post("/v1/deployments", json={"model": "pi05"}, headers=headers)
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert error["param"] == "model" and error["code"] == "no_worker_fits", error
+            assert "on its CPU" in error["message"]
+            taken = api.post("/v1/deployments", json={"model": "pi05-tiny"}, headers=headers)
+            assert taken.status_code == 200, taken.text
+            api.delete(f"/v1/deployments/{taken.json()['id']}", headers=headers)
+            job = api.post("/v1/fine-tunes", json=full_pi05().model_dump(mode="json"), headers=headers)
+            assert job.status_code == 200, job.text  # waits for a worker that trains
+    finally:
+        worker.stop()
+        drop_database(name)

@@ -5,6 +5,7 @@ schemathesis.toml: no 5xx, and every answer (status, headers, body) as the docum
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from schemathesis import GenerationMode
 from schemathesis import checks as st_checks
 from schemathesis.config import SchemathesisConfig
 
+from relay.dataset_names import DATABASE_URL_PATTERN
 from relay_api.app import create_app
 from tests.hub import FakeHub
 from tests.service.stack import PARKED_QUEUE, Stack
@@ -68,6 +70,18 @@ def adjust(case: schemathesis.Case) -> None:
         # twice ("0-9,5"), which no pattern states; tests/sdk/test_validation_episodes.py covers them.
         if isinstance(case.body.get("validation_episodes"), str):
             case.body.pop("validation_episodes")
+        # A database URL must also parse (brackets closed, a port from 1 to 65535: no pattern says
+        # it), and a SQLite one name an absolute path on the workers' disk; tests/sdk and
+        # tests/service/test_database_jobs.py cover those refusals.
+        if isinstance(case.body.get("dataset_name"), str) and re.fullmatch(
+            DATABASE_URL_PATTERN, case.body["dataset_name"]
+        ):
+            case.body["dataset_name"] = "postgresql://relay@db.invalid/shop"
+        # An eval block's budget is a product of its episodes, max_steps, at_checkpoints and the
+        # job's steps, which no schema states; tests/sdk/test_job_eval.py covers it.
+        if isinstance(case.body.get("eval"), dict):
+            for field in ("episodes", "max_steps", "at_checkpoints"):
+                case.body["eval"].pop(field, None)
 
 
 def fuzz(operation: Any, mode: GenerationMode, headers: dict[str, str]) -> int:

@@ -195,3 +195,39 @@ def test_one_requests_fault_does_not_fail_its_batch(served: ServedPolicy) -> Non
     finally:
         batcher.stop()
     np.testing.assert_allclose(chunk.actions, served.act([good], [3])[0].actions, rtol=0, atol=BATCH_ATOL)
+
+
+@pytest.mark.parametrize("size", [(32, 32), (480, 640), (224, 224), (61, 300)])
+def test_an_image_is_made_the_models_input_as_it_is_decoded_bit_for_bit_as_training_does(
+    served: ServedPolicy, size: tuple[int, int]
+) -> None:
+    """Decoding keeps the model's input (224x224), not the image as sent; what the model reads is
+    what the training collator makes of the same uint8 image, bit for bit."""
+    rng = np.random.default_rng(sum(size))
+    top, wrist = (rng.integers(0, 256, (*size, 3), dtype=np.uint8) for _ in range(2))
+    obs = {**observation(3), "images": {"top": png_base64(top), "wrist": wrist}}
+    decoded = served.decode(obs)
+    kept = decoded.sample["image"]
+    image_size = served.policy.config.vision.image_size
+    assert all(
+        isinstance(t, torch.Tensor) and tuple(t.shape) == (3, image_size, image_size) for t in kept.values()
+    )
+    raw = {**decoded.sample, "image": {"base_0_rgb": top, "left_wrist_0_rgb": wrist}}
+    assert torch.equal(served.policy.collate([decoded.sample]).images, served.policy.collate([raw]).images)
+
+
+def test_a_requests_images_share_one_budget_of_decoded_pixels(served: ServedPolicy) -> None:
+    """Counted from each image's header before it is decoded: the image past it is refused, naming
+    it and the limit, and nothing of it is decoded."""
+    from relay_engine.serving import MAX_REQUEST_PIXELS, PixelBudget
+
+    big = png_base64(np.zeros((4096, 4096, 3), np.uint8))  # one colour: a small PNG
+    obs = {**observation(4), "images": {"top": big, "wrist": big}}
+    budget = PixelBudget()
+    served.decode(obs, "observations[0]", budget)
+    served.decode({**obs, "images": {"top": big, "wrist": image(1)}}, "observations[1]", budget)
+    with pytest.raises(ConfigError) as caught:
+        served.decode(obs, "observations[2]", budget)
+    assert caught.value.param == "observations[2].images.top" and caught.value.code == "too_many_pixels"
+    assert f"more than {MAX_REQUEST_PIXELS:,} decoded pixels" in str(caught.value)
+    assert "MAX_REQUEST_PIXELS" in str(caught.value)

@@ -145,3 +145,53 @@ def test_other_endpoints_answer_json(server: RunningPolicyServer) -> None:
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
     wrong_method = httpx.get(f"{server.url}/actions", headers=AUTH)
     assert wrong_method.status_code == 405 and "error" in wrong_method.json()
+
+
+def test_hostile_input_is_a_clear_400_and_leaves_later_requests_alone(server: RunningPolicyServer) -> None:
+    """What a fault probe sent, each answered 500 before, after which 7-12% of that client's requests
+    failed (a failure closed the keep-alive connection under the API's next request): now each is a
+    400 naming what is wrong, and the same connection answers the next requests."""
+    good = {"observation": as_json(observation(1)), "seed": 3}
+    lone_surrogate = json.dumps({"observation": {**as_json(observation(1)), "prompt": "\ud800"}})
+    deep = b'{"observation": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    hostile: list[tuple[bytes, str, str | None]] = [
+        (lone_surrogate.encode(), "lone surrogate", "observation.prompt"),
+        (deep, "nested too deeply", None),
+        (msgpack_numpy.packb(5), "not JSON", None),  # a bare msgpack scalar, as HTTP's body
+        (b"5", "must be a JSON object", None),
+    ]
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as http:
+        for body, words, param in hostile:
+            answer = http.post("/actions", content=body, headers={"content-type": "application/json"})
+            assert answer.status_code == 400, (words, answer.status_code, answer.text)
+            error = answer.json()["error"]
+            assert words in error["message"] and error["param"] == param, error
+            assert answer.headers.get("connection") != "close"
+            for _ in range(5):
+                assert http.post("/actions", json=good).status_code == 200
+
+    # And on openpi's websocket, each a text frame naming the problem; the connection stays open.
+    with websockets.sync.client.connect(
+        server.url.replace("http", "ws") + "/", additional_headers=AUTH, max_size=None
+    ) as connection:
+        msgpack_numpy.unpackb(connection.recv())  # the metadata
+        scalar = {b"__npgeneric__": True, b"data": 300, b"dtype": "|u1"}
+        for message, words in [
+            (msgpack_numpy.packb(5), "must be an observation"),
+            (b"\x91" * 100_000 + b"\x01", "not a msgpack message"),
+            (msgpack_numpy.packb(scalar), "out of bounds"),
+            # A lone surrogate's UTF-8 bytes in the prompt (no encoder writes them).
+            (
+                msgpack_numpy.packb({**observation(1), "prompt": "@@@"}).replace(
+                    b"\xa3@@@", b"\xa3\xed\xa0\x80"
+                ),
+                "not a msgpack message",
+            ),
+        ]:
+            connection.send(message)
+            answer = connection.recv()
+            assert isinstance(answer, str), message[:20]
+            error = json.loads(answer)["error"]
+            assert error["type"] == "invalid_request_error" and words in error["message"], error
+        connection.send(msgpack_numpy.packb({**observation(1), "seed": 1}))
+        assert msgpack_numpy.unpackb(connection.recv())["actions"].shape == (10, 2)

@@ -49,13 +49,13 @@ class Reconciler(threading.Thread):
     fail jobs out of attempts, finish cancels whose worker is gone; end sessions whose worker is gone
     or that no worker started in time; restart deployments whose worker is gone."""
 
-    def __init__(self, beats: bool = True) -> None:
+    def __init__(self, takes_jobs: bool = True, serves_deployments: bool = False) -> None:
         super().__init__(name="relay-reconciler", daemon=True)
         self.stopping = threading.Event()
         self.broker = BrokerWatch(settings.broker_url)
-        # Heartbeats say what a worker offers jobs (its slots, its GPUs' memory): a worker that takes
-        # only deployments offers none, and is not counted as a place to train.
-        self.beats = beats
+        # Heartbeats say what a worker offers (its slots, its GPUs' memory) and to what: a worker that
+        # takes only deployments is no place to train, and one that takes no deployments none to serve.
+        self.takes_jobs, self.serves_deployments = takes_jobs, serves_deployments
 
     def run(self) -> None:
         db_sessions = worker_session_factory(settings)
@@ -102,10 +102,17 @@ class Reconciler(threading.Thread):
     def _beat(
         self, sessions: Any, name: str, started_at: Any, gpu_memory: int | None, decoders: list[str] | None
     ) -> None:
-        if not self.beats:
-            return
         try:
-            heartbeat.beat(sessions, name, started_at, settings.worker_slots, gpu_memory, decoders)
+            heartbeat.beat(
+                sessions,
+                name,
+                started_at,
+                settings.worker_slots,
+                gpu_memory,
+                decoders,
+                takes_jobs=self.takes_jobs,
+                serves_deployments=self.serves_deployments,
+            )
         except Exception:  # only /metrics' count of live workers depends on it
             log.warning("could not write this worker's heartbeat", exc_info=True)
 
@@ -151,14 +158,17 @@ _reconciler: Reconciler | None = None
 @signals.worker_ready.connect
 def _start_reconciler(**_: Any) -> None:
     global _reconciler
-    _reconciler = Reconciler(beats=_takes_jobs())
+    _reconciler = Reconciler(
+        takes_jobs=_consumes(settings.fine_tune_queue), serves_deployments=_consumes(settings.serving_queue)
+    )
     _reconciler.start()
 
 
-def _takes_jobs() -> bool:
-    """Whether this worker consumes the recipe jobs' queue (not one started for deployments only)."""
+def _consumes(queue: str) -> bool:
+    """Whether this worker consumes `queue` (the recipe jobs' unless started for deployments only;
+    the serving queue only when named)."""
     queues = app.amqp.queues
-    return settings.fine_tune_queue in set(queues.consume_from or queues)
+    return queue in set(queues.consume_from or queues)
 
 
 @signals.worker_shutting_down.connect

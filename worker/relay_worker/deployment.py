@@ -10,6 +10,7 @@ stop was asked for; the deployment ends on a stop, after `idle_timeout_seconds` 
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import threading
@@ -25,7 +26,7 @@ from relay_api.settings import Settings, get_settings
 from relay_worker import deployment_lifecycle as lifecycle
 from relay_worker import shutdown
 from relay_worker.deployment_lifecycle import DeploymentClaim
-from relay_worker.fine_tune import worker_name
+from relay_worker.fine_tune import public_message, worker_name
 from relay_worker.lifecycle import FencedOut
 from relay_worker.serving.server import RunningPolicyServer, ServingOptions, start_policy_server
 
@@ -107,8 +108,9 @@ def run_deployment(deployment_id: str, settings: Settings | None = None, publish
                 token=claim.token,
                 options=serving_options(claim.config, settings),
             )
-        except (InputError, OSError) as error:
-            status, reason = st.ERROR, f"could not load the model: {error}"
+        except (InputError, OSError) as error:  # the log keeps the paths; the owner reads them in words
+            log.warning("deployment %s: could not load %s: %s", deployment_id, claim.model_source, error)
+            status, reason = st.ERROR, f"could not load the model: {public_message(str(error), settings)}"
             return f"{status}: {reason}"
         url = advertised_url(server.url, settings)
         if not lifecycle.mark_ready(db_sessions, settings, claim, url, dict(server.metadata)):
@@ -126,7 +128,7 @@ def run_deployment(deployment_id: str, settings: Settings | None = None, publish
         return f"{status}: {reason}"
     except Exception as error:
         log.exception("deployment %s failed", deployment_id)
-        reason = f"the worker failed: {type(error).__name__}: {error}"
+        reason = f"the worker failed: {type(error).__name__}: {public_message(str(error), settings)}"
         raise
     finally:
         keeper.stop()
@@ -139,10 +141,15 @@ def run_deployment(deployment_id: str, settings: Settings | None = None, publish
 
 
 def serving_options(config: dict[str, Any], settings: Settings) -> ServingOptions:
+    """How the deployment's server runs; what its clients see names the model as the deployment
+    does (`ft-...`, a base model), and the service's directories in words (public_message), never
+    the paths this worker loads from."""
     return ServingOptions(
         max_batch=int(config["max_batch"]),
         max_wait_ms=float(config["max_wait_ms"]),
         max_body_bytes=settings.serving_max_body_bytes,
+        model_name=str(config["model"]),
+        shown=functools.partial(public_message, settings=settings),
     )
 
 

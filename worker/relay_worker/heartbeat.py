@@ -24,9 +24,13 @@ def beat(
     gpus: int = 1,
     gpu_memory: int | None = None,
     video_decoders: list[str] | None = None,
+    *,
+    takes_jobs: bool = True,
+    serves_deployments: bool = False,
 ) -> None:
     """Note that worker `name` is alive now, and gives a job `gpus` GPUs (processes) of
-    `gpu_memory` bytes each (None: CPU slots, no GPU), and decodes `video_decoders` (codec names)."""
+    `gpu_memory` bytes each (None: CPU slots, no GPU), and decodes `video_decoders` (codec names);
+    and which work it takes: recipe jobs (and sessions), deployments, or both."""
     now = utcnow()
     decoders = None if video_decoders is None else json.dumps(video_decoders)
     with sessions() as session:
@@ -40,6 +44,8 @@ def beat(
                     gpus=gpus,
                     gpu_memory=gpu_memory,
                     video_decoders=decoders,
+                    takes_jobs=takes_jobs,
+                    serves_deployments=serves_deployments,
                 )
             )
             session.execute(delete(WorkerHeartbeat).where(WorkerHeartbeat.seen_at < now - FORGET_AFTER))
@@ -48,6 +54,8 @@ def beat(
             row.gpus = gpus
             row.gpu_memory = gpu_memory
             row.video_decoders = decoders
+            row.takes_jobs = takes_jobs
+            row.serves_deployments = serves_deployments
         session.commit()
 
 

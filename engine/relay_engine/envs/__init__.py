@@ -15,9 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium
 
+from relay.env_evaluation import JOB_ENV_STEP_LIMITS
+
 DOT_ENV_ID = "relay/Dot-v0"
-# Long enough for the expert from any start (at most about 14 steps) and a slower policy.
-DOT_MAX_EPISODE_STEPS = 50
+# Long enough for the expert from any start (at most about 14 steps) and a slower policy; the SDK
+# budgets a job's evaluations with it.
+DOT_MAX_EPISODE_STEPS = JOB_ENV_STEP_LIMITS[DOT_ENV_ID]
 
 if DOT_ENV_ID not in gymnasium.registry:
     gymnasium.register(
@@ -27,15 +30,15 @@ if DOT_ENV_ID not in gymnasium.registry:
     )
 
 if TYPE_CHECKING:
-    from relay_engine.envs.evaluate import evaluate_in_env
+    from relay_engine.envs.evaluate import EvaluationStopped, evaluate_in_env
 
-__all__ = ["DOT_ENV_ID", "DOT_MAX_EPISODE_STEPS", "evaluate_in_env"]
+__all__ = ["DOT_ENV_ID", "DOT_MAX_EPISODE_STEPS", "EvaluationStopped", "evaluate_in_env"]
 
 
 def __getattr__(name: str) -> Any:
     # The harness needs torch and the model; registering the environment does not.
-    if name == "evaluate_in_env":
-        from relay_engine.envs.evaluate import evaluate_in_env
+    if name in ("evaluate_in_env", "EvaluationStopped"):
+        from relay_engine.envs import evaluate
 
-        return evaluate_in_env
+        return getattr(evaluate, name)
     raise AttributeError(f"module 'relay_engine.envs' has no attribute {name!r}")

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from relay.catalog import MODEL_CAMERAS
-from relay.env_evaluation import EnvEvalReport, EpisodeRecord
+from relay.env_evaluation import JOB_EVAL_SEED_MAX, EnvEvalReport, EpisodeRecord
 from relay_engine.acting import (
     ActingPolicy,
     load_acting_policy,
@@ -60,6 +60,11 @@ NUM_ENVS_MAX = 256
 VIDEO_FPS = 10  # when the environment's metadata has no render_fps
 
 
+class EvaluationStopped(Exception):
+    """`should_stop()` turned true between two environment steps: the evaluation ended early, with
+    no report (a job's cancel reaches an evaluation of thousands of episodes within a step)."""
+
+
 def evaluate_in_env(
     policy_or_model: ActingPolicy | str | os.PathLike[str],
     env_id: str,
@@ -79,6 +84,7 @@ def evaluate_in_env(
     num_steps: int = 10,
     device: str = "auto",
     on_episode: Callable[[EpisodeRecord], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> EnvEvalReport:
     """Run a policy in `env_id` for `episodes` episodes and report how it did.
 
@@ -107,13 +113,15 @@ def evaluate_in_env(
     - `num_steps`: the sampler's Euler steps; `device`: auto, cpu or cuda (a loaded policy stays
       where it is).
     - `on_episode(record)`: called as each episode ends, in the order they end.
+    - `should_stop()`: asked before each step of the environments; once true, the evaluation
+      ends at once with EvaluationStopped (its open videos closed, no report).
 
     Returns an `EnvEvalReport` (relay.env_evaluation): success_rate, mean_reward (of each
     episode's summed reward), mean_max_reward, mean_length, seconds, steps, forward_passes and
     one EpisodeRecord per episode, in episode order. Raises ConfigError for a bad option, an
     unknown environment or a mapping that does not fit the environment or the model.
     """
-    _check_counts(episodes, video_episodes, num_envs, num_steps, max_steps)
+    _check_counts(episodes, video_episodes, num_envs, num_steps, max_steps, seed)
     mapping = mapping if mapping is not None else mapping_for(env_id)
     maker = EnvMaker(env_id, mapping, max_steps, env_options or {})
     probe = maker.make()
@@ -144,6 +152,7 @@ def evaluate_in_env(
         num_steps=num_steps,
         videos=_Videos(Path(videos), video_episodes, fps) if videos is not None else None,
         on_episode=on_episode,
+        should_stop=should_stop or _never,
     )
     started = time.perf_counter()
     records = rollouts.run()
@@ -167,10 +176,15 @@ def evaluate_in_env(
     )
 
 
+def _never() -> bool:
+    return False
+
+
 def _check_counts(
-    episodes: int, video_episodes: int, num_envs: int | None, num_steps: int, max_steps: int | None
+    episodes: int, video_episodes: int, num_envs: int | None, num_steps: int, max_steps: int | None, seed: int
 ) -> None:
     rules: list[tuple[str, int | None, int, int]] = [
+        ("seed", seed, 0, JOB_EVAL_SEED_MAX),
         ("episodes", episodes, 1, EPISODES_MAX),
         ("video_episodes", video_episodes, 0, EPISODES_MAX),
         ("num_envs", num_envs, 1, NUM_ENVS_MAX),
@@ -411,8 +425,10 @@ class _Rollouts:
         num_steps: int,
         videos: _Videos | None,
         on_episode: Callable[[EpisodeRecord], None] | None,
+        should_stop: Callable[[], bool],
     ) -> None:
         self.maker, self.adapter, self.policy = maker, adapter, policy
+        self.should_stop = should_stop
         self.episodes, self.num_envs, self.seed = episodes, num_envs, seed
         self.asynchronous = asynchronous
         self.per_chunk, self.num_steps = per_chunk, num_steps
@@ -430,6 +446,8 @@ class _Rollouts:
             observations, infos = envs.reset(seed=[e.seed for e in running if e is not None])
             self._note_reset(running, observations, infos, np.ones(self.num_envs, dtype=bool))
             while any(e is not None for e in running):
+                if self.should_stop():
+                    raise EvaluationStopped(f"stopped after {self.steps} environment steps")
                 self._refill(running, observations)
                 actions = np.stack(
                     [e.queue.popleft() if e is not None else self.adapter.idle_action for e in running]

@@ -80,8 +80,10 @@ class PreparedRecipe:
     # checkpoint; every process calls it, rank 0 reports it.
     validate: Callable[[int], Event] | None = None
     # The recipe's `eval` block (pi05): the policy run in a simulator at a step (an EvalEvent), at
-    # the end and, with eval.at_checkpoints, after each checkpoint; rank 0 alone runs it.
-    evaluate_in_env: Callable[[int], Event] | None = None
+    # the end and, with eval.at_checkpoints, after each checkpoint; rank 0 alone runs it. Its
+    # second argument is the run's should_stop, asked between two environment steps: None when it
+    # stopped the evaluation (a cancel), which then reports nothing.
+    evaluate_in_env: Callable[[int, Callable[[], bool]], Event | None] | None = None
     evaluate_at_checkpoints: bool = False
 
     def save_checkpoint(self, store: CheckpointStore, step: int, meta: dict[str, object]) -> None:

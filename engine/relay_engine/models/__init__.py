@@ -15,7 +15,7 @@ from relay_engine.models.pi05 import (
     flow_matching_loss,
     sample_flow_time,
 )
-from relay_engine.models.processor import Pi05Batch, Pi05Collator, resize_with_pad
+from relay_engine.models.processor import Pi05Batch, Pi05Collator, model_image, resize_with_pad
 from relay_engine.models.tokenizer import ByteTokenizer, discretize_state, format_prompt
 from relay_engine.models.weights import (
     build_policy,
@@ -43,6 +43,7 @@ __all__ = [
     "format_prompt",
     "load_policy",
     "materialize_buffers",
+    "model_image",
     "named_config",
     "resize_with_pad",
     "sample_flow_time",

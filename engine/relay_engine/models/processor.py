@@ -3,7 +3,10 @@
 The collator runs in DataLoader worker processes, so it holds only the config and a tokenizer
 (no weights) and pickles cheaply. Images are resized with padding to the model's square size
 and scaled to [-1, 1] (openpi `resize_with_pad`); every model camera has a slot, and a camera a
-sample lacks is a -1 image with its mask False.
+sample lacks is a -1 image with its mask False. `model_image` is that step for one image, the one
+definition of what the model sees: the collator applies it to a sample's uint8 images, and the
+policy server applies it to each image as it decodes it (a sample then carries the (3, S, S)
+result, which the collator takes as it is), so served pixels are the trained ones.
 """
 
 from __future__ import annotations
@@ -86,6 +89,20 @@ def resize_with_pad(image: torch.Tensor, size: int) -> torch.Tensor:
     return F.pad(resized, (left, pad_w - left, top, pad_h - top), value=-1.0)
 
 
+def model_image(image: Any, size: int, label: str = "image") -> torch.Tensor:
+    """A uint8 (height, width, 3) image as the model reads it: (3, size, size) float32 in [-1, 1],
+    resized with padding. An EngineError naming `label` for anything else."""
+    array = np.asarray(image)
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[-1] != 3:
+        raise EngineError(
+            f"{label} must be a uint8 array of shape (height, width, 3), got {array.dtype} {array.shape}"
+        )
+    pixels = (
+        torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1).float().mul_(2.0 / 255.0).sub_(1.0)
+    )
+    return resize_with_pad(pixels, size)
+
+
 class Pi05Collator:
     """`collate(samples) -> Pi05Batch`; picklable, no weights."""
 
@@ -112,7 +129,7 @@ class Pi05Collator:
             label = f"{item} {row}"
             for camera, image in (sample.get("image") or {}).items():
                 slot = _camera_slot(label, camera)
-                images[row, slot] = resize_with_pad(_image_tensor(label, camera, image), size)
+                images[row, slot] = _sample_image(label, camera, image, size)
                 image_mask[row, slot] = True
             prompts.append(format_prompt(str(sample.get("prompt", "")), _state(label, sample)))
             if sample.get("actions") is not None:
@@ -141,14 +158,17 @@ def _camera_slot(label: str, camera: str) -> int:
         ) from None
 
 
-def _image_tensor(label: str, camera: str, image: Any) -> torch.Tensor:
-    array = np.asarray(image)
-    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[-1] != 3:
-        raise EngineError(
-            f"{label}: image {camera!r} must be a uint8 array of shape (height, width, 3), "
-            f"got {array.dtype} {array.shape}"
-        )
-    return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1).float().mul_(2.0 / 255.0).sub_(1.0)
+def _sample_image(label: str, camera: str, image: Any, size: int) -> torch.Tensor:
+    """A sample's image as the model reads it: a uint8 image through model_image, or one that went
+    through it already (a float32 (3, size, size) tensor: the policy server's)."""
+    if isinstance(image, torch.Tensor):
+        if image.dtype != torch.float32 or tuple(image.shape) != (3, size, size):
+            raise EngineError(
+                f"{label}: image {camera!r} given as a tensor must be model_image's float32 (3, {size}, "
+                f"{size}), got {image.dtype} {tuple(image.shape)}"
+            )
+        return image
+    return model_image(image, size, f"{label}: image {camera!r}")
 
 
 def _state(label: str, sample: Sample) -> np.ndarray:

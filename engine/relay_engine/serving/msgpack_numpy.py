@@ -37,8 +37,10 @@ def unpack(message: bytes) -> Any:
         return msgpack.unpackb(message, object_hook=_decode, strict_map_key=False)
     except WireError:
         raise
-    except (ValueError, TypeError, msgpack.UnpackException) as error:
-        raise WireError(f"not a msgpack message: {error}") from None
+    except (ValueError, TypeError, OverflowError, RecursionError, msgpack.UnpackException) as error:
+        # (OverflowError: a numpy scalar's value past its dtype; ValueError covers msgpack's
+        # StackError, a message nested too deeply.)
+        raise WireError(f"not a msgpack message: {error or type(error).__name__}") from None
 
 
 def _encode(value: Any) -> Any:

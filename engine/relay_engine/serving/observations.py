@@ -7,6 +7,12 @@ name without its `observation.images.` prefix (`top`), or the model slot it fill
 array (H, W, 3) (or (3, H, W), as openpi's ALOHA clients send), encoded PNG or JPEG bytes, or
 those bytes in base64 (JSON). Every problem is a ConfigError whose `param` names the field:
 `observation.images.top`, `observation.state`, `observations[2].prompt`.
+
+Each image becomes the model's input as soon as it is decoded (`relay_engine.models.model_image`,
+the collator's own resize with padding to the model's size), before the next is read: a request
+holds its images at 224x224, not at the size they were sent. A request's images may hold at most
+MAX_REQUEST_PIXELS decoded pixels together (`PixelBudget`), counted from each image's header
+before it is decoded.
 """
 
 from __future__ import annotations
@@ -20,11 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from relay.catalog import MODEL_CAMERAS, STATE_DIM
 from relay_engine.acting import observation_sample
 from relay_engine.datasets.norm_stats import NormStats
 from relay_engine.errors import ConfigError
+from relay_engine.models.processor import model_image
 from relay_engine.samples import Sample
 
 IMAGE_PREFIX = "observation.images."
@@ -32,10 +40,36 @@ OBSERVATION_FIELDS = ("images", "state", "prompt")
 # An encoded image larger than this many pixels is refused before it is decoded (a PNG of a
 # few kilobytes can claim gigapixels).
 MAX_IMAGE_PIXELS = 4096 * 4096
+# Decoded pixels one request (a POST /actions, a websocket message) may carry, all its images
+# together: 64 observations of three 640x480 cameras. Decoding costs time and, for the image being
+# decoded, memory (about 16 bytes a pixel at its peak): a request of 32 4096x4096 images, 2.4 MiB
+# as one-colour PNGs, once took a serving worker 51 s and 1.65 GB.
+MAX_REQUEST_PIXELS = 64 * 3 * 640 * 480
 _IMAGE_FORMATS = ("PNG", "JPEG")
 # The model reads a few hundred tokens of prompt (longer ones are cut, as in training); a longer
 # text would only cost every request of its batch the time to tokenize it.
 MAX_PROMPT_CHARACTERS = 4096
+
+
+class PixelBudget:
+    """The decoded pixels left to one request (MAX_REQUEST_PIXELS). Each image takes its share by
+    the size its header claims, before it is decoded, so an image past the budget costs nothing."""
+
+    def __init__(self, limit: int = MAX_REQUEST_PIXELS) -> None:
+        self.limit = limit
+        self.left = limit
+
+    def take(self, width: int, height: int, field: str) -> None:
+        pixels = width * height
+        if pixels > self.left:
+            raise _problem(
+                field,
+                f"is {width}x{height}; with it, the request's images would hold more than {self.limit:,} "
+                "decoded pixels, the most one request may carry (MAX_REQUEST_PIXELS): send fewer "
+                "observations a request, or smaller images",
+                code="too_many_pixels",
+            )
+        self.left -= pixels
 
 
 @dataclass(frozen=True)
@@ -55,11 +89,14 @@ class ObservationLayout:
       the slot names of a base model); `required`: whether every one must be given.
     - `stats`: the state is normalized and actions un-normalized with them; None (a base model
       with no norm_stats.json): the state is taken as already normalized, any width up to 32.
+    - `image_size`: the model's square image size; each image is made the model's input
+      (`model_image`) as it is decoded. None: images are kept as decoded (uint8 arrays).
     """
 
     cameras: tuple[str, ...]
     required: bool
     stats: NormStats | None
+    image_size: int | None = None
 
     @property
     def state_dim(self) -> int | None:
@@ -74,8 +111,12 @@ class ObservationLayout:
             names[slot] = slot
         return names
 
-    def decode(self, observation: Any, field: str = "observation") -> DecodedObservation:
-        """Check and decode one observation; a ConfigError naming the field when it is wrong."""
+    def decode(
+        self, observation: Any, field: str = "observation", budget: PixelBudget | None = None
+    ) -> DecodedObservation:
+        """Check and decode one observation; a ConfigError naming the field when it is wrong.
+        `budget`: the request's decoded pixels left (a request of several observations shares one;
+        None: a budget of this observation's own)."""
         started = time.perf_counter()
         if not isinstance(observation, Mapping):
             raise _problem(field, "must be an object with images, state and prompt")
@@ -86,23 +127,21 @@ class ObservationLayout:
                 "unknown field; an observation has " + ", ".join(OBSERVATION_FIELDS),
                 code="unknown_field",
             )
-        images, decode_s = self._images(observation.get("images"), f"{field}.images")
+        images, decode_s = self._images(
+            observation.get("images"), f"{field}.images", budget if budget is not None else PixelBudget()
+        )
         state = self._state(observation.get("state"), f"{field}.state")
-        prompt = observation.get("prompt", "")
-        if not isinstance(prompt, str):
-            raise _problem(f"{field}.prompt", f"must be a string, got {type(prompt).__name__}")
-        if len(prompt) > MAX_PROMPT_CHARACTERS:
-            raise _problem(
-                f"{field}.prompt", f"has {len(prompt):,} characters; at most {MAX_PROMPT_CHARACTERS:,}"
-            )
+        prompt = _prompt(observation.get("prompt", ""), f"{field}.prompt")
         sample = observation_sample(images, state, prompt, self.stats)
         return DecodedObservation(sample, decode_s, time.perf_counter() - started - decode_s)
 
-    def _images(self, given: Any, field: str) -> tuple[dict[str, np.ndarray], float]:
+    def _images(
+        self, given: Any, field: str, budget: PixelBudget
+    ) -> tuple[dict[str, np.ndarray | torch.Tensor], float]:
         if not isinstance(given, Mapping) or not given:
             raise _problem(field, "must be an object: camera name -> image", code="missing_field")
         aliases = self.aliases()
-        images: dict[str, np.ndarray] = {}
+        images: dict[str, np.ndarray | torch.Tensor] = {}
         given_as: dict[str, str] = {}
         decode_s = 0.0
         for name, value in given.items():
@@ -116,7 +155,10 @@ class ObservationLayout:
             if slot in images:
                 raise _problem(f"{field}.{name}", f"the same camera as {field}.{given_as[slot]}")
             started = time.perf_counter()
-            images[slot] = decode_image(value, f"{field}.{name}")
+            decoded = decode_image(value, f"{field}.{name}", budget)
+            # The model's input at once: the decoded image is let go before the next is read.
+            images[slot] = decoded if self.image_size is None else model_image(decoded, self.image_size)
+            del decoded
             decode_s += time.perf_counter() - started
             given_as[slot] = name
         if self.required:
@@ -152,22 +194,37 @@ class ObservationLayout:
         return state.astype(np.float32)
 
 
-def decode_image(value: Any, field: str) -> np.ndarray:
+def _prompt(prompt: Any, field: str) -> str:
+    if not isinstance(prompt, str):
+        raise _problem(field, f"must be a string, got {type(prompt).__name__}")
+    if len(prompt) > MAX_PROMPT_CHARACTERS:
+        raise _problem(field, f"has {len(prompt):,} characters; at most {MAX_PROMPT_CHARACTERS:,}")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as error:  # a lone surrogate ("\ud800" in JSON): no text the model reads
+        raise _problem(
+            field, f"must be text (valid Unicode): a lone surrogate at character {error.start}"
+        ) from None
+    return prompt
+
+
+def decode_image(value: Any, field: str, budget: PixelBudget | None = None) -> np.ndarray:
     """An image as a uint8 (H, W, 3) array: from such an array (or (3, H, W)), from PNG or JPEG
-    bytes, or from those bytes in base64."""
+    bytes, or from those bytes in base64. `budget` takes the image's pixels before it is decoded."""
     if isinstance(value, str):
         try:
             value = base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):
             raise _problem(field, "must be a base64 PNG or JPEG image (it is not base64)") from None
+    budget = budget if budget is not None else PixelBudget()
     if isinstance(value, bytes | bytearray | memoryview):
-        return _decode_encoded(bytes(value), field)
+        return _decode_encoded(bytes(value), field, budget)
     if isinstance(value, np.ndarray):
-        return _checked_array(value, field)
+        return _checked_array(value, field, budget)
     raise _problem(field, f"must be a base64 PNG or JPEG image or a uint8 array, got {type(value).__name__}")
 
 
-def _checked_array(array: np.ndarray, field: str) -> np.ndarray:
+def _checked_array(array: np.ndarray, field: str, budget: PixelBudget) -> np.ndarray:
     if array.dtype != np.uint8:
         raise _problem(field, f"must be a uint8 array of shape (height, width, 3), got dtype {array.dtype}")
     if array.ndim == 3 and array.shape[-1] != 3 and array.shape[0] == 3:
@@ -178,11 +235,12 @@ def _checked_array(array: np.ndarray, field: str) -> np.ndarray:
         raise _problem(
             field, f"is {array.shape[1]}x{array.shape[0]}; at most {MAX_IMAGE_PIXELS:,} pixels are read"
         )
+    budget.take(array.shape[1], array.shape[0], field)
     # A received message's arrays are read-only views of its bytes; the model's input is a copy.
     return np.array(array, order="C", copy=True)
 
 
-def _decode_encoded(data: bytes, field: str) -> np.ndarray:
+def _decode_encoded(data: bytes, field: str, budget: PixelBudget) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -191,6 +249,7 @@ def _decode_encoded(data: bytes, field: str) -> np.ndarray:
                 raise _problem(
                     field, f"is {image.width}x{image.height}; at most {MAX_IMAGE_PIXELS:,} pixels are read"
                 )
+            budget.take(image.width, image.height, field)
             return np.array(image.convert("RGB"), dtype=np.uint8)
     except ConfigError:
         raise

@@ -31,7 +31,7 @@ from relay_engine.acting import (
 from relay_engine.datasets.norm_stats import NormStats
 from relay_engine.errors import ConfigError
 from relay_engine.models import Pi05Policy
-from relay_engine.serving.observations import DecodedObservation, ObservationLayout
+from relay_engine.serving.observations import DecodedObservation, ObservationLayout, PixelBudget
 
 DEFAULT_NUM_STEPS = 10
 # Seeds as JSON and msgpack carry them: non-negative integers below 2**63.
@@ -108,7 +108,8 @@ class ServedPolicy:
         policy, name, directory = load_acting_policy(model, device)
         if not isinstance(policy, Pi05Policy):  # the blind baseline acts in evaluations, not here
             raise ConfigError(f"{name}: only a pi05 model is served")
-        return cls(policy, name, model_layout(directory, norm_stats), num_steps)
+        layout = model_layout(directory, norm_stats, image_size=policy.config.vision.image_size)
+        return cls(policy, name, layout, num_steps)
 
     @property
     def action_dim(self) -> int:
@@ -132,8 +133,10 @@ class ServedPolicy:
             "device": str(self.policy.device),
         }
 
-    def decode(self, observation: Any, field: str = "observation") -> DecodedObservation:
-        return self.layout.decode(observation, field)
+    def decode(
+        self, observation: Any, field: str = "observation", budget: PixelBudget | None = None
+    ) -> DecodedObservation:
+        return self.layout.decode(observation, field, budget)
 
     def act(
         self, observations: Sequence[DecodedObservation], seeds: Sequence[int | None]
@@ -167,7 +170,9 @@ class ServedPolicy:
         ]
 
 
-def model_layout(directory: Path | None, norm_stats: NormStats | None = None) -> ObservationLayout:
+def model_layout(
+    directory: Path | None, norm_stats: NormStats | None = None, *, image_size: int | None = None
+) -> ObservationLayout:
     """The cameras the model saved (every one required) and its norm_stats.json; a base model
     takes any of the slot names and, without stats, normalized numbers."""
     from relay_engine.models.lerobot_files import RobotFeatures
@@ -181,5 +186,7 @@ def model_layout(directory: Path | None, norm_stats: NormStats | None = None) ->
             raise ConfigError(
                 f"the model saved {len(features.cameras)} cameras; pi05 has {len(MODEL_CAMERAS)}"
             )
-        return ObservationLayout(cameras=tuple(features.cameras), required=True, stats=stats)
-    return ObservationLayout(cameras=MODEL_CAMERAS, required=False, stats=stats)
+        return ObservationLayout(
+            cameras=tuple(features.cameras), required=True, stats=stats, image_size=image_size
+        )
+    return ObservationLayout(cameras=MODEL_CAMERAS, required=False, stats=stats, image_size=image_size)

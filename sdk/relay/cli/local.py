@@ -32,7 +32,7 @@ from relay.events import (
 )
 from relay.formatting import number_text
 from relay.progress import ProgressReport
-from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
+from relay.sft.config import BATCH_SIZE_MAX, CHECKPOINT_EVERY_DEFAULT, STEPS_MAX, SFTConfig
 
 app = typer.Typer(
     help="Train and evaluate on this machine, with the same engine the service runs.", no_args_is_help=True
@@ -124,7 +124,7 @@ def train(
         "to OUTPUT_DIR/eval/.",
     ),
     seed: int = typer.Option(0, help="Seeds the data order, the initialisation and the noise."),
-    checkpoint_every: int = typer.Option(1000, help="Steps between checkpoints."),
+    checkpoint_every: int = typer.Option(CHECKPOINT_EVERY_DEFAULT, help="Steps between checkpoints."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     json_lines: bool = typer.Option(
         False, "--json", help="Print one JSON object per event instead of progress."

@@ -15,8 +15,16 @@ from pydantic import BeforeValidator, Field, PlainValidator, WithJsonSchema, fie
 
 from relay import catalog, families
 from relay.catalog import LORA_RANK_DEFAULT
-from relay.dataset_names import is_relational_source, names_local_directory
-from relay.env_evaluation import JobEval, job_eval_value
+from relay.dataset_names import (
+    DATASET_NAME_PATTERN,
+    LEROBOT_DATASET_NAME_PATTERN,
+    MALFORMED_URL_RULE,
+    is_dataset_name,
+    is_malformed_url,
+    is_relational_source,
+    names_local_directory,
+)
+from relay.env_evaluation import JobEval, check_job_eval_budget, job_eval_value
 from relay.episodes import VALIDATION_EPISODES_RULE, VALIDATION_EPISODES_SCHEMA, validation_episodes_value
 from relay.errors import ConfigError
 from relay.rules import (
@@ -24,7 +32,6 @@ from relay.rules import (
     FINETUNE_RULE,
     LORA_ALPHA_RULE,
     LORA_RANK_RULE,
-    NOT_BLANK_TEXT_PATTERN,
     PLAIN_TEXT_PATTERN,
     TARGETS_RULE,
     CheckedConfig,
@@ -39,6 +46,9 @@ from relay.rules import (
 )
 
 BATCH_SIZE_MAX = 512
+# Steps between a job's checkpoints, unless the service (RELAY_CHECKPOINT_EVERY) or `relay local
+# train --checkpoint-every` says otherwise: what an eval block's at_checkpoints is budgeted with here.
+CHECKPOINT_EVERY_DEFAULT = 1000
 GPUS_MAX = 64
 STEPS_MAX = 100_000
 NAME_MAX = 128
@@ -61,7 +71,8 @@ RULES: dict[str, str] = {
         "must be a LeRobot dataset on the Hugging Face Hub such as lerobot/pusht_image, or a local "
         "dataset directory (for rt-j models: a relational database directory), or a database URL such "
         "as sqlite:///shop.db or postgresql://host/db, or a RelBench dataset such as relbench:rel-f1 "
-        "(rt-j models): "
+        "(rt-j models); a Hub repo id is owner/name (each part letters, digits, _, - and ., no .. or "
+        "--), a local directory an absolute path, ~/..., ./... or ../...: "
         f"1 to {DATASET_NAME_MAX} characters, no control characters"
     ),
     "dataset_revision": (
@@ -111,7 +122,12 @@ def _schema_rules() -> tuple[dict[str, Any], ...]:
     rules = [
         for_models(
             families.models_where(lambda spec: spec.task == "refused"), {"properties": {"task": ABSENT}}
-        )
+        ),
+        # A family that reads no database (pi05) takes a LeRobot dataset's name only.
+        for_models(
+            families.models_where(lambda spec: spec.recognizes_data is None),
+            {"properties": {"dataset_name": {"pattern": LEROBOT_DATASET_NAME_PATTERN}}},
+        ),
     ]
     for spec in families.family_specs():
         if spec.task == "refused" and spec.refused_fields:
@@ -159,7 +175,10 @@ class SFTConfig(CheckedConfig):
     BODY_MESSAGE: ClassVar[str] = "the config must be an object with the recipe's fields"
 
     model: str
-    dataset_name: str = Field(min_length=1, max_length=DATASET_NAME_MAX, pattern=NOT_BLANK_TEXT_PATTERN)
+    # The pattern is checked by _known_dataset_name_form (a malformed URL first, never shown back).
+    dataset_name: str = Field(
+        min_length=1, max_length=DATASET_NAME_MAX, json_schema_extra={"pattern": DATASET_NAME_PATTERN}
+    )
     # Which revision of a Hub dataset to read; None: v2.1, else a v3.0 default branch (docs/datasets.md).
     dataset_revision: str | None = Field(
         None, min_length=1, max_length=DATASET_REVISION_MAX, pattern=REVISION_PATTERN
@@ -235,8 +254,12 @@ class SFTConfig(CheckedConfig):
 
     @field_validator("dataset_name")
     @classmethod
-    def _plain_dataset_name(cls, value: str) -> str:
-        if not value.strip() or len(value) > DATASET_NAME_MAX or has_control_characters(value):
+    def _known_dataset_name_form(cls, value: str) -> str:
+        # relay.dataset_names' one rule of what a dataset name may be; a URL that does not parse is
+        # refused without being shown (it may hold a password), before any other rule quotes it.
+        if is_malformed_url(value):
+            raise ConfigError(f"bad dataset_name: {MALFORMED_URL_RULE}", "dataset_name", "invalid_value")
+        if len(value) > DATASET_NAME_MAX or not is_dataset_name(value):
             raise ValueError(RULES["dataset_name"])
         return value
 
@@ -289,6 +312,8 @@ class SFTConfig(CheckedConfig):
         self._revision_of_a_hub_dataset()
         self._fit_finetune(spec)
         self._fit_gpus(spec)
+        # At the default cadence; the API and the engine ask again at the one they checkpoint at.
+        check_job_eval_budget(self.eval, self.steps, CHECKPOINT_EVERY_DEFAULT)
         return self
 
     def _refuse_fields(self, spec: families.FamilySpec) -> None:

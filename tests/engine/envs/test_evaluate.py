@@ -211,3 +211,48 @@ def test_the_blind_policy_acts_out_the_training_frames_mean_chunk(
             np.stack(executed[offset : offset + episode.length]), per_step[: episode.length], atol=1e-5
         )
         offset += episode.length
+
+
+def test_a_stop_ends_an_evaluation_between_two_steps(tiny: object, tmp_path: Path) -> None:
+    """A job's cancel reaches its evaluation within a step, however many episodes it has left."""
+    from relay_engine.envs import EvaluationStopped
+
+    asked = 0
+
+    def stop_on_the_fifth_question() -> bool:
+        nonlocal asked
+        asked += 1
+        return asked >= 5
+
+    videos = tmp_path / "videos"
+    # Four steps of the default 8 environments, then the fifth question stops it.
+    with pytest.raises(EvaluationStopped, match="stopped after 32 environment steps"):
+        evaluate_in_env(
+            tiny,  # type: ignore[arg-type]
+            DOT_ENV_ID,
+            episodes=1000,
+            max_steps=100,
+            videos=videos,
+            video_episodes=1,
+            should_stop=stop_on_the_fifth_question,
+        )
+    assert asked == 5
+    assert [p.name for p in videos.iterdir()] == ["episode_0000.mp4"]  # closed, readable
+    assert probe(videos / "episode_0000.mp4") is not None
+
+
+def test_the_job_envs_limits_are_their_registrations() -> None:
+    """The SDK budgets an eval block whose max_steps is null with these."""
+    import gymnasium
+
+    from relay.env_evaluation import JOB_ENV_STEP_LIMITS, JOB_ENVS
+
+    assert set(JOB_ENV_STEP_LIMITS) == set(JOB_ENVS)
+    pytest.importorskip("gym_pusht")  # registers gym_pusht/PushT-v0 (the dev extras install it)
+    for env_id, limit in JOB_ENV_STEP_LIMITS.items():
+        assert gymnasium.spec(env_id).max_episode_steps == limit, env_id
+
+
+def test_a_seed_past_its_bound_is_refused(tiny: object) -> None:
+    with pytest.raises(ConfigError, match=r"bad seed: 2147483648 \(must be an integer from 0 to 2147483647"):
+        evaluate_in_env(tiny, DOT_ENV_ID, episodes=1, seed=2**31)  # type: ignore[arg-type]

@@ -77,6 +77,21 @@ def test_the_peers_own_batch_gives_the_peers_outputs(
     assert_same_output(ours.forward(their_batch, output=output), theirs.forward(their_batch, output=output))
 
 
+@pytest.mark.parametrize("output", OUTPUT_VIEWS)
+def test_the_model_is_called_as_the_peers_module_is(tmp_path: Path, output: str) -> None:
+    """`model(batch)` as RelativeDB's RTJModel (an nn.Module) answers it: its ModelOutput, raw
+    scores (a check written that way once fell through to predict, which applies the sigmoid)."""
+    module = peer.RTJModel(**SIZES)
+    scramble(module, seed=13)
+    peer_save(module, tmp_path, SIZES)
+    ours = RelationalTransformer(tmp_path, device="cpu")
+    batch = peer.RelationalBatch(**mixed_batch(d_text=TINY.d_text, seed=14))
+    with torch.no_grad():
+        expected = module.eval()(batch) if output == "target_scores" else module.eval()(batch, output)
+    assert_same_output(ours(batch) if output == "target_scores" else ours(batch, output), expected)
+    assert_same_output(ours(batch, output=output), module(batch, output=output))
+
+
 def test_a_mapping_of_the_fields_short_names_included(
     pair: tuple[RelationalTransformer, peer.RelationalTransformer],
 ) -> None:

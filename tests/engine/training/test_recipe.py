@@ -201,3 +201,33 @@ def test_a_recipe_is_a_validated_sftconfig_whose_fingerprint_predates_that() -> 
     pinned = Recipe.from_config(recipe.config.model_copy(update={"dataset_revision": "v2.1"}), seed=3)
     assert pinned.fingerprint() != recipe.fingerprint()
     assert Recipe.from_dict(json.loads(json.dumps(recipe.to_dict()))) == recipe
+
+
+@pytest.mark.timeout(600)  # without the stop, 1,000 episodes of up to 100 steps take hours
+@pytest.mark.parametrize("at_checkpoints", [False, True])
+def test_a_stop_ends_the_eval_blocks_evaluation_and_the_run(
+    synthetic_dataset_path: Path, dataset_cache: Path, tmp_path: Path, at_checkpoints: bool
+) -> None:
+    """A cancel that arrives while the policy is evaluated stops the evaluation between two
+    environment steps; the run ends `stopped` (the worker then ends the job cancelled), with no
+    eval event."""
+    from relay.events import CheckpointEvent, EvalEvent, Event
+
+    block = {"env": "relay/Dot-v0", "episodes": 1000, "max_steps": 100, "videos": 0}
+    recipe = recipe_for(
+        synthetic_dataset_path,
+        steps=4,
+        checkpoint_every=2,
+        eval={**block, "at_checkpoints": at_checkpoints},
+    )
+    events: list[Event] = []
+    stop_at = 2 if at_checkpoints else 4  # the checkpoint whose evaluation the stop falls in
+    result = run_recipe(
+        recipe,
+        tmp_path / "run",
+        on_event=events.append,
+        should_stop=lambda: any(isinstance(e, CheckpointEvent) and e.step == stop_at for e in events),
+        dataset_cache_dir=dataset_cache,
+    )
+    assert result.status == "stopped" and result.step == stop_at, result
+    assert not [e for e in events if isinstance(e, EvalEvent)]

@@ -25,7 +25,12 @@ answers `/actions` with a 400 and refuses the websocket (HTTP 400, or close 1008
 server cannot answer a handshake with HTTP) saying to use `/predictions`.
 
 Bodies and websocket messages over `max_body_bytes` are refused before they are parsed (413;
-websocket close 1009), and no traceback ever goes on the wire.
+websocket close 1009), and a request's images past MAX_REQUEST_PIXELS decoded pixels before they
+are decoded (400 `too_many_pixels`). Hostile input (JSON nested past Python's recursion limit, a
+lone surrogate in a prompt, a msgpack message that is no observation) is a 400 naming what is
+wrong; no traceback ever goes on the wire, and no request's failure closes its connection or
+touches the next request (a failure used to escape to Starlette, which dropped the keep-alive
+connection after the 500: the API's next request on it then failed as unreachable, a 503).
 """
 
 from __future__ import annotations
@@ -55,9 +60,11 @@ from relay_engine.errors import ConfigError
 from relay_engine.serving import (
     ActionChunk,
     Batcher,
+    PixelBudget,
     RowNotFound,
     RowPrediction,
     ServedModel,
+    ServedPolicy,
     ServerStopped,
     WireError,
     check_seed,
@@ -96,6 +103,12 @@ class ServingOptions:
     # An RT-J's database and task; None: those its config.json records (refused for pi05).
     database: str | None = None
     task: str | None = None
+    # The model's name as clients see it (metadata, /healthz); None: as it was given. A deployment
+    # names it as its owner did (ft-..., pi05-tiny), not by the directory its worker loads.
+    model_name: str | None = None
+    # Every text a client sees (the metadata's values, error messages) passes through this; a
+    # deployment's worker names its own directories in words here. None: as it is.
+    shown: Callable[[str], str] | None = None
 
 
 class _Problem(Exception):
@@ -122,8 +135,9 @@ class _Problem(Exception):
     def wrong_endpoint(cls, kind: str) -> _Problem:
         return cls(400, USE_INSTEAD[kind], code="wrong_endpoint")
 
-    def body(self) -> dict[str, Any]:
-        return error_body(self.status, self.message, self.param, self.code)
+    def body(self, shown: Callable[[str], str] | None = None) -> dict[str, Any]:
+        message = shown(self.message) if shown is not None else self.message
+        return error_body(self.status, message, self.param, self.code)
 
 
 class _PolicyApp:
@@ -132,7 +146,7 @@ class _PolicyApp:
     def __init__(self, batcher: Batcher, token: str | None, options: ServingOptions) -> None:
         self.batcher = batcher
         self.policy: ServedModel = batcher.policy
-        self.metadata = self.policy.metadata()
+        self.metadata = _public_metadata(self.policy.metadata(), options)
         self.token = token
         self.options = options
         self.clients = 0
@@ -169,9 +183,15 @@ class _PolicyApp:
             try:
                 return await route(request)
             except _Problem as problem:
-                return JSONResponse(problem.body(), problem.status, headers=problem.headers)
+                return self._answer(problem)
+            except Exception:  # the model's or the machine's fault: logged, answered, not re-raised
+                log.exception("the policy server failed on %s %s", request.method, request.url.path)
+                return self._answer(_Problem(500, "the policy server failed on this request"))
 
         return guarded
+
+    def _answer(self, problem: _Problem) -> JSONResponse:
+        return JSONResponse(problem.body(self.options.shown), problem.status, headers=problem.headers)
 
     # -- HTTP
 
@@ -186,12 +206,14 @@ class _PolicyApp:
 
     async def actions(self, request: Request) -> Response:
         started = time.perf_counter()
-        if self.policy.kind != PI05:
+        policy = self.policy
+        if policy.kind != PI05 or not isinstance(policy, ServedPolicy):
             raise _Problem.wrong_endpoint(self.policy.kind)
         parsed = await self._json(request)
         observations, seeds, several = _request_parts(parsed)
+        budget = PixelBudget()  # the request's images together
         try:
-            decoded = await run_in_threadpool(lambda: [self.policy.decode(o, f) for f, o in observations])
+            decoded = await run_in_threadpool(lambda: [policy.decode(o, f, budget) for f, o in observations])
         except ConfigError as error:
             raise _Problem.of(error) from None
         chunks = await self._act(decoded, seeds)
@@ -240,6 +262,12 @@ class _PolicyApp:
             return json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             raise _Problem(400, f"the body is not JSON: {error}", code="invalid_body") from None
+        except RecursionError:
+            raise _Problem(
+                400,
+                "the body is JSON nested too deeply to read (an observation is a few levels deep)",
+                code="invalid_body",
+            ) from None
 
     async def _body(self, request: Request) -> bytes:
         """The body, refused with 413 as soon as it is known to be too large (before parsing)."""
@@ -278,7 +306,7 @@ class _PolicyApp:
         if self.policy.kind != PI05:  # openpi's protocol carries observations only
             problem = _Problem.wrong_endpoint(self.policy.kind)
             if "websocket.http.response" in websocket.scope.get("extensions", {}):
-                await websocket.send_denial_response(JSONResponse(problem.body(), problem.status))
+                await websocket.send_denial_response(self._answer(problem))
             else:
                 await websocket.close(code=1008, reason=problem.message)
             return
@@ -320,7 +348,7 @@ class _PolicyApp:
                 raise _Problem.of(error) from None
             (chunk,) = await self._act([decoded], [seed])
         except _Problem as problem:
-            return json.dumps(problem.body())
+            return json.dumps(problem.body(self.options.shown))
         except Exception:  # the model's or the machine's fault: logged here, never sent
             log.exception("the policy server failed on a websocket message")
             return json.dumps(error_body(500, "the policy server failed on this observation"))
@@ -328,6 +356,25 @@ class _PolicyApp:
         self.batcher.stats.record_request(total_ms)
         timing = {**chunk.timing.as_dict(), "infer_ms": total_ms, "total_ms": total_ms}
         return pack({"actions": chunk.actions, "seed": chunk.seed, "server_timing": timing})
+
+
+def _public_metadata(metadata: dict[str, Any], options: ServingOptions) -> dict[str, Any]:
+    """The model's metadata as clients see it: named as `options.model_name` says, and every text in
+    it through `options.shown` (an RT-J's database directory, a model's path)."""
+
+    def shown(value: Any) -> Any:
+        if isinstance(value, str):
+            return options.shown(value) if options.shown is not None else value
+        if isinstance(value, dict):
+            return {key: shown(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [shown(item) for item in value]
+        return value
+
+    public = shown(metadata)
+    if options.model_name is not None:
+        public["model"] = options.model_name
+    return dict(public)
 
 
 def _request_parts(parsed: Any) -> tuple[list[tuple[str, Any]], list[int | None], bool]:

@@ -21,7 +21,8 @@ from relay_engine.models import Pi05Policy
 
 
 class JobEvaluator:
-    """`evaluator(step)` -> an EvalEvent, its report and videos written under `work_dir`."""
+    """`evaluator(step, should_stop)` -> an EvalEvent, its report and videos written under
+    `work_dir`; None when `should_stop()` turned true between two environment steps."""
 
     def __init__(
         self,
@@ -37,23 +38,28 @@ class JobEvaluator:
         self.work_dir = work_dir
         self.context = context  # where the policy runs as it trains (the learner's autocast)
 
-    def __call__(self, step: int) -> EvalEvent:
-        from relay_engine.envs import evaluate_in_env
+    def __call__(self, step: int, should_stop: Callable[[], bool] = lambda: False) -> EvalEvent | None:
+        from relay_engine.envs import EvaluationStopped, evaluate_in_env
 
         report_file = self.work_dir / eval_report_path(step)
         videos = self.work_dir / eval_videos_dir(step)
         shutil.rmtree(videos, ignore_errors=True)  # a resumed attempt's half-written videos
-        with self.context():
-            report = evaluate_in_env(
-                self.policy,
-                self.spec.env,
-                episodes=self.spec.episodes,
-                max_steps=self.spec.max_steps,
-                seed=self.spec.seed,
-                videos=videos if self.spec.videos else None,
-                video_episodes=min(self.spec.videos, self.spec.episodes),
-                norm_stats=self.norm_stats,
-            )
+        try:
+            with self.context():
+                report = evaluate_in_env(
+                    self.policy,
+                    self.spec.env,
+                    episodes=self.spec.episodes,
+                    max_steps=self.spec.max_steps,
+                    seed=self.spec.seed,
+                    videos=videos if self.spec.videos else None,
+                    video_episodes=min(self.spec.videos, self.spec.episodes),
+                    norm_stats=self.norm_stats,
+                    should_stop=should_stop,
+                )
+        except EvaluationStopped:
+            shutil.rmtree(videos, ignore_errors=True)  # no report: its videos are no step's files
+            return None
         # Paths among the job's files, not this machine's.
         episodes = [
             record.model_copy(update={"video": f"{eval_videos_dir(step)}/{Path(record.video).name}"})

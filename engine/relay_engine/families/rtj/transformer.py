@@ -231,6 +231,13 @@ class RelationalTransformer:
                 raise ValueError(f"backend='triton' serves output='target_scores' only, not {output!r}")
             return ModelOutput(scores=self._compiled(batch))
 
+    def __call__(
+        self, inputs: ModelInputs, output: str = "target_scores", *, target: int | Sequence[int] | None = None
+    ) -> ModelOutput:
+        """`model(batch)`, as the peer's `RTJModel` (an nn.Module) is called: `forward`'s ModelOutput,
+        raw scores (no activation: that is `predict`'s)."""
+        return self.forward(inputs, output=output, target=target)
+
     def target_scores(self, inputs: ModelInputs, *, target: int | Sequence[int] | None = None) -> Tensor:
         """forward(...).scores: one raw score per context, [B]."""
         scores = self.forward(inputs, output="target_scores", target=target).scores

@@ -1,6 +1,7 @@
 // Deployments: a table (newest first, cursor paging, refreshing itself) with a form to deploy a
 // model, and a page per deployment: its status, where robots connect, what it serves (requests/s,
-// latency percentiles, robots connected, as its worker last reported), its events, and Stop.
+// latency percentiles, robots connected, as its worker last reported), the model it loaded (what
+// its worker's server reads and answers, as fields), its events, and Stop.
 
 import { APIError, get, post, request } from "./api.js";
 import { h, notFound, notice, number, statusBadge, when } from "./dom.js";
@@ -150,6 +151,7 @@ export async function deploymentView(ctx, id) {
   const messages = h("div", { "data-testid": "messages" });
   const details = h("dl.kv", { "data-testid": "deployment" });
   const figures = h("dl.kv", { "data-testid": "serving-stats" });
+  const model = h("dl.kv", { "data-testid": "deployment-model" });
   const connect = h("pre.code", { "data-testid": "connect" });
   const events = h("tbody");
   const stop = h("button.danger", { type: "button", onclick: stopDeployment }, "Stop");
@@ -160,6 +162,8 @@ export async function deploymentView(ctx, id) {
     h("h2", {}, "Serving"),
     h("p.muted", {}, "As the serving worker last reported (with each lease renewal)."),
     h("div.card", {}, figures),
+    h("h2", {}, "Model"),
+    h("div.card", {}, model),
     h("h2", {}, "Connect a robot"),
     connect,
     h("h2", {}, "Events"),
@@ -182,7 +186,6 @@ export async function deploymentView(ctx, id) {
       ["Ready", when(deployment.ready_at)],
       ["Ended", when(deployment.ended_at)],
     ];
-    if (deployment.info) rows.push(["Model info", h("span.mono", {}, JSON.stringify(deployment.info))]);
     if (deployment.error) rows.push([deployment.status === "error" ? "Error" : "Why it ended", deployment.error]);
     details.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
 
@@ -197,6 +200,7 @@ export async function deploymentView(ctx, id) {
         ]
       : [["Figures", deployment.status === "ready" ? "none reported yet" : `none while ${deployment.status}`]];
     figures.replaceChildren(...statRows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", { "data-stat": k }, v)]));
+    model.replaceChildren(...modelRows(deployment).flatMap(([key, label, v]) => [h("dt", {}, label), h("dd", { "data-field": key }, v)]));
 
     const host = deployment.websocket_url.replace(/^wss?:\/\//, "");
     connect.textContent = [
@@ -252,4 +256,46 @@ export async function deploymentView(ctx, id) {
   ctx.every(REFRESH_MS, () => {
     if (!ENDED.has(deployment.status)) refresh();
   });
+}
+
+// What the loaded model reads and answers (the worker's metadata), as labelled fields.
+const INFO_LABELS = {
+  model: "Model",
+  kind: "Kind",
+  cameras: "Cameras",
+  camera_slots: "Camera slots",
+  cameras_required: "Every camera required",
+  state_dim: "State width",
+  action_dim: "Action width",
+  action_horizon: "Actions a chunk",
+  num_steps: "Sampler steps",
+  raw_units: "Robot's own units",
+  device: "Device",
+  task: "Task",
+  problem_type: "Problem type",
+  prediction: "Prediction",
+  target: "Target",
+  entity: "Entity",
+  latest_time: "Latest time",
+  database: "Database",
+  tables: "Tables",
+  context_length: "Context length",
+};
+
+function modelRows(deployment) {
+  const info = deployment.info;
+  if (!info) return [["model", "Model", deployment.status === "ready" ? "not reported" : `not loaded (${deployment.status})`]];
+  const known = Object.keys(INFO_LABELS).filter((key) => key in info);
+  const others = Object.keys(info).filter((key) => !(key in INFO_LABELS));
+  return [...known, ...others].map((key) => [key, INFO_LABELS[key] || key.replaceAll("_", " "), infoText(key, info[key])]);
+}
+
+function infoText(key, value) {
+  if (value === null || value === undefined) return key === "state_dim" ? "any, up to 32 (normalized)" : "—";
+  if (typeof value === "boolean") return value ? "yes" : "no";
+  if (Array.isArray(value)) return value.map((item) => infoText("", item)).join(", ");
+  if (key === "camera_slots") return Object.entries(value).map(([camera, slot]) => `${camera} → ${slot}`).join(", ");
+  if (key === "tables") return Object.entries(value).map(([name, table]) => `${name} (${table && table.rows !== undefined ? `${table.rows} rows` : "—"})`).join(", ");
+  if (typeof value === "object") return Object.entries(value).map(([name, item]) => `${name} ${infoText(name, item)}`).join(", ");
+  return String(value);
 }
