@@ -261,8 +261,9 @@ def eval_line(report: Mapping[str, Any]) -> str:
 class StageEvent(EventBase):
     """What a run is doing between its steps, at `step`, where that takes more than a moment:
     ``validating`` the held-out episodes, ``evaluating`` the policy in a simulator, ``writing``
-    the merged output. The report the stage ends with (a validation or eval event, the finished
-    event) follows it; until then, progress lines say the stage (``detail`` adds what it covers)."""
+    the merged output. Validating and evaluating end with their report (a validation or eval
+    event); writing follows the finished event and ends with the job's completion. Until then,
+    progress lines say the stage (``detail`` adds what it covers)."""
 
     kind: ClassVar[str] = "stage"
     stage: Literal["validating", "evaluating", "writing"]

@@ -316,10 +316,15 @@ def test_the_docs_describe_the_api(stack: Stack) -> None:
 def test_a_shared_server_can_refuse_local_dataset_directories(stack: Stack, alice: dict[str, str]) -> None:
     settings = stack.settings.model_copy(update={"fine_tune_queue": PARKED_QUEUE, "local_datasets": False})
     with TestClient(create_app(settings)) as shared:
-        for local in ("/data/secret", "~/x", "./x", "../x", "file:///x", ".", "..", "file:x"):
+        for local in ("/data/secret", "~/x", "./x", "../x", "file:///x", ".", "..", "file:/x"):
             response = shared.post("/v1/fine-tunes", json={**GOOD, "dataset_name": local}, headers=alice)
             assert response.status_code == 400 and response.json()["error"]["param"] == "dataset_name"
             assert "does not read local directories" in response.json()["error"]["message"]
+        # `file:x` is no local directory (a file: URL names an absolute path) and no Hub name: it is
+        # refused by the dataset-name rule itself, on any server.
+        response = shared.post("/v1/fine-tunes", json={**GOOD, "dataset_name": "file:x"}, headers=alice)
+        assert response.status_code == 400 and response.json()["error"]["param"] == "dataset_name"
+        assert "must be a LeRobot dataset" in response.json()["error"]["message"]
         assert shared.post("/v1/fine-tunes", json=GOOD, headers=alice).status_code == 200
 
 

@@ -76,7 +76,10 @@ def test_sign_in_start_a_job_watch_its_loss_and_download_the_model(
     assert points(page, "loss") == points(page, "grad_norm") == points(page, "lr") == 2
 
     events = page.locator("table[data-testid=events] tbody tr")
-    expect(events.first).to_have_attribute("data-event", "finished")  # newest first
+    # Newest first: the output written after the loop's last step, in words.
+    expect(events.first).to_have_attribute("data-event", "stage")
+    expect(events.first.locator("td").last).to_have_text("writing the output")
+    expect(events.nth(1)).to_have_attribute("data-event", "finished")
     assert page.locator("table[data-testid=events] tr[data-event=checkpoint]").count() == 2
     assert_the_results_card(page, origin, user[1], job_id)
     expect(page.locator("[data-testid=timeline]")).to_contain_text("queued")

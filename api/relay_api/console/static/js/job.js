@@ -202,8 +202,15 @@ export async function jobView(ctx, id) {
       h("td", {}, when(created_at)),
       h("td.num", {}, step),
       h("td", {}, kind),
-      h("td.mono", {}, Object.entries(details).map(([k, v]) => `${k}=${typeof v === "number" ? number(v) : JSON.stringify(v)}`).join("  ")),
+      h("td.mono", {}, kind === "stage" ? stageText(details) : Object.entries(details).map(([k, v]) => `${k}=${typeof v === "number" ? number(v) : JSON.stringify(v)}`).join("  ")),
     );
+  }
+
+  // A stage event in words, as relay.events.stage_text writes it: "writing the output",
+  // "evaluating relay/Dot-v0 (10 episodes)".
+  function stageText({ stage, detail }) {
+    const words = stage === "writing" ? "writing the output" : stage;
+    return detail ? `${words} ${detail}` : words;
   }
 
   function renderLogCount() {
