@@ -141,6 +141,8 @@ def _check_served(db: Db, base_model: str, settings: Settings, *, tuned: bool = 
         )
     if settings.allow_cpu_full_size or not families.is_gpu_sized(base_model):
         return
+    if settings.cpu_workers_only:
+        raise fine_tunes.too_big_for_cpus(base_model, "model", known_before_beats=True)
     workers = serving_workers(db, settings.reconcile_seconds)
     if workers and all(w.gpu_memory is None for w in workers):
         raise fine_tunes.too_big_for_cpus(base_model, "model")

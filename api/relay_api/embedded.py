@@ -25,7 +25,7 @@ import uvicorn
 from sqlalchemy import select
 
 from relay import client_config
-from relay_api import keys, migrate
+from relay_api import host_gpus, keys, migrate
 from relay_api.app import create_app
 from relay_api.db import session_factory
 from relay_api.models import ApiKey
@@ -40,6 +40,9 @@ def serve(host: str, port: int, log: Callable[[str], None] = print) -> None:
     os.environ.setdefault("RELAY_METRICS", "true")  # a laptop's /metrics tells no one else anything
     # The API and its worker read one disk: a dataset directory that is not there is refused at once.
     os.environ.setdefault("RELAY_API_SHARES_WORKERS_DISK", "true")
+    # Its workers train on this machine: without a GPU here, a pi05 job is refused from the first
+    # second, not only once the worker's first heartbeat says it trains on the CPU.
+    os.environ.setdefault("RELAY_CPU_WORKERS_ONLY", "false" if host_gpus.gpu_memory(None) else "true")
     settings = Settings()
     home.mkdir(parents=True, exist_ok=True)
     _check_port_free(host, port)

@@ -26,7 +26,7 @@ from relay.dataset_names import is_database_url, local_dataset_path, names_local
 from relay.env_evaluation import check_job_eval_budget
 from relay.errors import ConfigError
 from relay.events import CancelledEvent, ValidationEvent
-from relay.memory_plan import GB, MemoryPlan, gpu_shortfall, plan_named, weight_count
+from relay.memory_plan import GB, MemoryPlan, cpu_refusal, gpu_shortfall, plan_named
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
 from relay.sft.summary import validation_summary
@@ -257,7 +257,7 @@ def place_on_workers(
         config = config.model_copy(update={"gpus": min(largest, config.batch_size)})
     else:
         check_gpus(config.gpus, workers)
-    check_memory(config, workers, cpu_full_size=cpu_full_size)
+    check_memory(config, workers, cpu_full_size=cpu_full_size, cpu_workers_only=settings.cpu_workers_only)
     return config
 
 
@@ -276,7 +276,13 @@ def check_gpus(gpus: int, workers: list[LiveWorker]) -> None:
         )
 
 
-def check_memory(config: SFTConfig, workers: list[LiveWorker], *, cpu_full_size: bool = False) -> None:
+def check_memory(
+    config: SFTConfig,
+    workers: list[LiveWorker],
+    *,
+    cpu_full_size: bool = False,
+    cpu_workers_only: bool = False,
+) -> None:
     """Refuse a job whose memory plan (relay.memory_plan) the live workers' GPUs cannot hold.
 
     Each of the job's `gpus` processes holds the plan's per-GPU bytes, whichever hosts run it: one
@@ -287,11 +293,15 @@ def check_memory(config: SFTConfig, workers: list[LiveWorker], *, cpu_full_size:
     of both kinds is a test's, and the other workers' beats then decide nothing here). The error
     names the field to change: `gpus` when more GPUs would share it (or fewer would fit on the
     GPUs large enough), else `batch_size` when a smaller batch would, else `finetune` when LoRA
-    would, else `model` (always `model` when only CPU workers are alive)."""
+    would, else `model` (always `model` when only CPU workers are alive). `cpu_workers_only`
+    (RELAY_CPU_WORKERS_ONLY, which `relay server` sets on a machine without a GPU) says so before
+    any worker has beaten: a job created in the server's first seconds is refused as well."""
     gpus = config.gpus or 1
     cpus_take_it = cpu_full_size or not families.is_gpu_sized(config.model)
     if cpus_take_it and sum(w.gpus for w in workers if w.gpu_memory is None) >= gpus:
         return
+    if cpu_workers_only and not cpus_take_it:
+        raise _too_big_for_cpus(config, known_before_beats=True)
     cpu_only = bool(workers) and all(w.gpu_memory is None for w in workers)
     if cpu_only and not cpus_take_it:
         raise _too_big_for_cpus(config)
@@ -375,9 +385,14 @@ def _setting_to_change(fit: _GpuFit, gpus: int) -> tuple[str, int | str, str]:
     return "model", config.model, "no setting of this model fits"
 
 
-def _too_big_for_cpus(config: SFTConfig) -> APIProblem:
+def _too_big_for_cpus(config: SFTConfig, *, known_before_beats: bool = False) -> APIProblem:
     """The refusal of a job of a model sized for GPUs when every live worker trains on its CPU."""
-    planned = plan_named(
+    return too_big_for_cpus(config.model, "model", cpu_plan(config), known_before_beats=known_before_beats)
+
+
+def cpu_plan(config: SFTConfig) -> MemoryPlan | None:
+    """The job's memory plan on a CPU (relay.memory_plan), for the words of a refusal."""
+    return plan_named(
         config.model,
         finetune=config.finetune,
         targets=config.targets,
@@ -386,21 +401,21 @@ def _too_big_for_cpus(config: SFTConfig) -> APIProblem:
         gpus=config.gpus or 1,
         device="cpu",
     )
-    return too_big_for_cpus(config.model, "model", planned)
 
 
-def too_big_for_cpus(model: str, param: str, planned: MemoryPlan | None = None) -> APIProblem:
-    """The refusal of `model` (the field `param`) when every live worker trains on its CPU: its size,
-    and the job's memory plan when there is one."""
-    weights = weight_count(model)
-    size = f"{model} is sized for GPUs" if weights is None else f"{model} has {weights / 1e9:.2f} B weights"
-    if planned is not None:
-        size += f"; this job's memory plan needs about {planned.total / GB:.0f} GB on a CPU"
+def too_big_for_cpus(
+    model: str, param: str, planned: MemoryPlan | None = None, *, known_before_beats: bool = False
+) -> APIProblem:
+    """The refusal of `model` (the field `param`) when every live worker trains on its CPU (or,
+    `known_before_beats`, the service says its workers do: RELAY_CPU_WORKERS_ONLY)."""
+    where = (
+        "this service's workers train on their CPUs"
+        if known_before_beats
+        else "every live worker trains on its CPU"
+    )
     return APIProblem(
         400,
-        f"bad {param}: {json.dumps(model)} ({size}, and every live worker trains on its CPU: "
-        "use pi05-tiny here, or start a GPU worker; RELAY_ALLOW_CPU_FULL_SIZE=true lets CPU "
-        "workers take it)",
+        f"bad {param}: {json.dumps(model)} ({cpu_refusal(model, planned, where)})",
         param=param,
         code="no_worker_fits",
     )
@@ -411,6 +426,8 @@ def check_session_model(db: Db, model: str, settings: Settings) -> None:
     rule of check_memory; a session has no batch to plan for)."""
     if settings.allow_cpu_full_size or not families.is_gpu_sized(model):
         return
+    if settings.cpu_workers_only:
+        raise too_big_for_cpus(model, "base_model", known_before_beats=True)
     workers = live_workers(db, settings.reconcile_seconds)
     if workers and all(w.gpu_memory is None for w in workers):
         raise too_big_for_cpus(model, "base_model")

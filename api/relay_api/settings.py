@@ -40,6 +40,10 @@ class Settings(BaseSettings):
     # Whether workers without GPUs may take a job of a model sized for GPUs (pi05, 3.35 B weights:
     # relay.families.is_gpu_sized). Off, the API refuses one while every live worker is such.
     allow_cpu_full_size: bool = False
+    # Whether every worker of this service trains on its CPU, known before any worker's heartbeat:
+    # `relay server` sets it on a machine without an NVIDIA GPU, so a pi05 job created in its first
+    # seconds is refused like one created later (not taken by its CPU worker and failed there).
+    cpu_workers_only: bool = False
 
     fine_tune_queue: str = "relay.fine-tunes"
     # Steps between a job's checkpoints: what a lost worker can cost at most.

@@ -370,3 +370,17 @@ def gpu_shortfall(plan: MemoryPlan, gpu_bytes: int) -> str | None:
     if plan.total <= gpu_bytes:
         return None
     return f"needs about {plan.total / GB:.0f} GB per GPU; the largest worker GPU has {gpu_bytes / GB:.0f} GB"
+
+
+def cpu_refusal(model: str, planned: MemoryPlan | None, where: str) -> str:
+    """Why a job of `model` is not trained on a CPU, as one clause: the model's size, the job's
+    plan on a CPU when there is one, `where` (whose CPU: "every live worker trains on its CPU",
+    "this worker trains on its CPU") and what to do. The API's refusal and a worker's say it alike."""
+    weights = weight_count(model)
+    size = f"{model} is sized for GPUs" if weights is None else f"{model} has {weights / 1e9:.2f} B weights"
+    if planned is not None:
+        size += f"; this job's memory plan needs about {planned.total / GB:.0f} GB on a CPU"
+    return (
+        f"{size}, and {where}: use pi05-tiny here, or start a GPU worker; "
+        "RELAY_ALLOW_CPU_FULL_SIZE=true lets CPU workers take it"
+    )

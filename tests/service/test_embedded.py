@@ -66,6 +66,16 @@ def test_relay_server_runs_a_job_end_to_end(
         # The key itself, the one the client file holds, so the console can be signed in to at once.
         key = json.loads((home / "client.json").read_text())["api_key"]
         assert f"API key for user 'local': {key}\n" in printed
+        # A pi05 job in the server's first moments, whether or not its worker has beaten yet: this
+        # machine has no GPU, and the server knows its worker trains on the CPU (it was accepted,
+        # and its CPU worker then tried the 3 B model).
+        early = httpx.post(
+            f"{url}/v1/fine-tunes",
+            json={"model": "pi05", "dataset_name": str(dataset), "batch_size": 2, "steps": 10},
+            headers={"authorization": f"Bearer {key}"},
+        )
+        assert early.status_code == 400 and early.json()["error"]["param"] == "model", early.text
+        assert "this service's workers train on their CPUs" in early.json()["error"]["message"]
 
         monkeypatch.delenv("RELAY_BASE_URL", raising=False)
         monkeypatch.delenv("RELAY_API_KEY", raising=False)

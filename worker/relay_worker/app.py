@@ -60,7 +60,7 @@ class Reconciler(threading.Thread):
     def run(self) -> None:
         db_sessions = worker_session_factory(settings)
         name, started_at = worker_name(), utcnow()
-        memory = self._gpu_memory()
+        memory = heartbeat.this_workers_gpu_memory(settings)
         decoders = heartbeat.video_decoders()
         self._beat(db_sessions, name, started_at, memory, decoders)
         # Until then, leases that lapsed without a word are not judged: after a database outage, the
@@ -92,12 +92,6 @@ class Reconciler(threading.Thread):
                     log.info("reconciler: restarted, ended or published deployment %s", deployment_id)
             except Exception:
                 log.exception("reconciler pass over deployments failed")
-
-    @staticmethod
-    def _gpu_memory() -> int | None:
-        if settings.worker_gpu_memory_gb:
-            return int(settings.worker_gpu_memory_gb * 10**9)
-        return heartbeat.gpu_memory(settings.worker_gpus or os.environ.get("CUDA_VISIBLE_DEVICES"))
 
     def _beat(
         self, sessions: Any, name: str, started_at: Any, gpu_memory: int | None, decoders: list[str] | None

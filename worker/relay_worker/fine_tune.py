@@ -32,12 +32,13 @@ from relay.events import Event, MetricsEvent, RecipeResult
 from relay_api.db import is_outage, worker_session_factory
 from relay_api.files import output_manifest
 from relay_api.settings import Settings, get_settings
+from relay_api.workers import live_workers
 from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.errors import EngineError
 from relay_engine.paths import cache_dir_or_default
 from relay_engine.recipe import Recipe, run_recipe
+from relay_worker import admission, heartbeat, lifecycle, shutdown
 from relay_worker import gang as gangs
-from relay_worker import lifecycle, shutdown
 from relay_worker.database_snapshot import with_snapshot
 from relay_worker.gang import Gang
 from relay_worker.journal import EventJournal
@@ -216,10 +217,16 @@ def run_fine_tune(
             publish(job_id)
         return "not claimed: this worker is shutting down"
     db_sessions = worker_session_factory(settings)
-    gpus = lifecycle.requested_gpus(db_sessions, job_id)
+    config = lifecycle.stored_config(db_sessions, job_id)
+    if config is None:
+        return "not claimed: no such job"
+    refused = admission.refusal(config, settings, heartbeat.this_workers_gpu_memory(settings))
+    if refused is not None:
+        return _refuse(settings, db_sessions, job_id, config, refused, publish)
+    gpus = int(config.get("gpus") or 1)
     gang: Gang | None = None
     claim: Claim | None
-    if gpus is not None and gpus > settings.worker_slots:
+    if gpus > settings.worker_slots:
         gang = _join_gang(settings, db_sessions, job_id, gpus, publish)
         if gang is None:
             return "no gang: the job is taken or ended, its gang cannot form now, or it gave up"
@@ -240,6 +247,31 @@ def run_fine_tune(
         return "fenced out"
     finally:
         keeper.stop()
+
+
+def _refuse(
+    settings: Settings,
+    db_sessions: Any,
+    job_id: str,
+    config: dict[str, Any],
+    reason: str,
+    publish: Callable[[str], None] | None,
+) -> str:
+    """A job this worker cannot hold: left to a live worker that can (published again for it),
+    else ended at once with `reason` (the attempt it takes is its last: nothing retries it)."""
+    with db_sessions() as db:
+        workers = live_workers(db, settings.reconcile_seconds)
+    if admission.another_can_hold(config, settings, workers):
+        if publish is not None:
+            time.sleep(1.0)  # so that the next delivery may reach the worker that can
+            publish(job_id)
+        return "not claimed: this worker cannot hold it; left to a live worker that can"
+    claim = lifecycle.claim(db_sessions, settings, job_id, worker_name())
+    if claim is None:
+        return "not claimed: the job is taken, ended, or out of attempts"
+    log.info("%s: refused: %s", job_id, reason)
+    lifecycle.fail(db_sessions, claim, reason)
+    return "refused: this worker cannot hold it, and no live worker can"
 
 
 def _join_gang(

@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
-import subprocess
+import os
 
 from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
 from relay_api.db import utcnow
+from relay_api.host_gpus import gpu_memory
 from relay_api.models import WorkerHeartbeat
+from relay_api.settings import Settings
 
 # Rows of workers gone this long are removed (each start of a worker process writes a new one).
 FORGET_AFTER = dt.timedelta(days=1)
@@ -69,26 +72,14 @@ def video_decoders() -> list[str] | None:
         return None
 
 
-def gpu_memory(visible: str | None) -> int | None:
-    """Bytes of the smallest GPU this host shows its jobs (CUDA_VISIBLE_DEVICES when set), from
-    nvidia-smi, which leaves CUDA uninitialised in this process (its pool processes fork from it
-    and must initialise CUDA themselves). None when the host has no NVIDIA GPU."""
-    try:
-        listed = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    sizes: dict[str, int] = {}
-    for line in listed.splitlines():
-        parts = [part.strip() for part in line.split(",")]
-        if len(parts) == 3 and parts[2].isdigit():
-            mebibytes = int(parts[2]) * 2**20
-            sizes[parts[0]] = sizes[parts[1]] = mebibytes
-    wanted = [d.strip() for d in visible.split(",") if d.strip()] if visible else list(sizes)
-    shown = [sizes[d] for d in wanted if d in sizes]
-    return min(shown) if shown else None
+def this_workers_gpu_memory(settings: Settings) -> int | None:
+    """Bytes of each GPU this worker gives a job (RELAY_WORKER_GPU_MEMORY_GB, else nvidia-smi for
+    RELAY_WORKER_GPUS or CUDA_VISIBLE_DEVICES); None for a worker that trains on its CPU. What it
+    reports in its heartbeats and holds a job it takes against (relay_worker.admission)."""
+    if settings.worker_gpu_memory_gb:
+        return int(settings.worker_gpu_memory_gb * 10**9)
+    return _listed_once(settings.worker_gpus or os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+# nvidia-smi takes a moment; a host's GPUs do not change while the worker runs.
+_listed_once = functools.cache(gpu_memory)

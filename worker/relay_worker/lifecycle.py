@@ -88,13 +88,13 @@ def claimable(settings: Settings, now: dt.datetime) -> Any:
     )
 
 
-def requested_gpus(db_sessions: sessionmaker[Session], job_id: str) -> int | None:
-    """The GPUs (processes) the job runs on; None when there is no such job."""
+def stored_config(db_sessions: sessionmaker[Session], job_id: str) -> dict[str, Any] | None:
+    """The job's recipe as the API stored it; None when there is no such job."""
 
-    def run() -> int | None:
+    def run() -> dict[str, Any] | None:
         with db_sessions() as db:
             config = db.execute(select(fine_tunes.c.config).where(fine_tunes.c.id == job_id)).scalar()
-        return None if config is None else int(config.get("gpus") or 1)
+        return None if config is None else dict(config)
 
     return with_retries(run)
 
