@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -32,9 +33,11 @@ from typing import Any
 
 import torch
 
+from relay import families
 from relay.catalog import ACTION_HORIZON
 from relay.env_evaluation import check_job_eval_budget
 from relay.events import METRICS_EVERY, CheckpointEvent, Event, RecipeResult, ResumedEvent, StageEvent
+from relay.memory_plan import cpu_refusal, plan_named
 from relay.sft.config import CHECKPOINT_EVERY_DEFAULT, SFTConfig
 from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.core.data import BatchOrder, DataPosition
@@ -134,6 +137,33 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
+# The permission the service's workers read (relay_api.settings: allow_cpu_full_size), asked by
+# every run, so that the local trainer and a worker agree on what a CPU may train.
+ALLOW_CPU_FULL_SIZE = "RELAY_ALLOW_CPU_FULL_SIZE"
+
+
+def check_cpu_full_size(config: SFTConfig, device: torch.device) -> None:
+    """Refuse a model sized for GPUs (pi05, 3.35 B weights) on the CPU unless
+    RELAY_ALLOW_CPU_FULL_SIZE=true: a step there takes about a minute and the run most of the
+    machine's memory, which should be chosen, not stumbled into (the message gives the plan)."""
+    allowed = os.environ.get(ALLOW_CPU_FULL_SIZE, "").strip().lower() in ("1", "true", "yes", "on")
+    if device.type != "cpu" or allowed or not families.is_gpu_sized(config.model):
+        return
+    planned = plan_named(
+        config.model,
+        finetune=config.finetune,
+        targets=config.targets,
+        lora_rank=config.lora_rank,
+        batch_size=config.batch_size,
+        gpus=config.gpus or 1,
+        device="cpu",
+    )
+    raise ConfigError(
+        f"bad model: {config.model!r} ({cpu_refusal(config.model, planned, 'this run is on the CPU')})",
+        param="model",
+    )
+
+
 def run_recipe(
     recipe: Recipe,
     work_dir: Path,
@@ -154,12 +184,15 @@ def run_recipe(
     output = Path(output_dir) if output_dir is not None else work_dir / "output"
     callbacks = _Callbacks(on_event, should_stop, checkpoint_on_stop)
     if family.spec.one_process or not launched():
-        run = RecipeRun(recipe, work_dir, pick_device(recipe.device), None, dataset_cache_dir)
+        device = pick_device(recipe.device)
+        check_cpu_full_size(recipe.config, device)
+        run = RecipeRun(recipe, work_dir, device, None, dataset_cache_dir)
         return _run(family, run, output, callbacks)
     # A caller that joined the group itself (to run several recipes in one launch) keeps it.
     joined_here = not torch.distributed.is_initialized()
     world = join(recipe.device)
     try:
+        check_cpu_full_size(recipe.config, world.device)
         run = RecipeRun(recipe, work_dir, world.device, world, dataset_cache_dir)
         return _run(family, run, output, callbacks)
     finally:

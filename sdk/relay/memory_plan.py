@@ -381,6 +381,6 @@ def cpu_refusal(model: str, planned: MemoryPlan | None, where: str) -> str:
     if planned is not None:
         size += f"; this job's memory plan needs about {planned.total / GB:.0f} GB on a CPU"
     return (
-        f"{size}, and {where}: use pi05-tiny here, or start a GPU worker; "
-        "RELAY_ALLOW_CPU_FULL_SIZE=true lets CPU workers take it"
+        f"{size}, and {where}: use pi05-tiny here, or a GPU; "
+        "RELAY_ALLOW_CPU_FULL_SIZE=true lets a CPU train it"
     )

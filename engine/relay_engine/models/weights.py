@@ -12,13 +12,14 @@ nothing computes with: zeros, in bfloat16 to halve their size.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from relay.catalog import ACTION_HORIZON, MODELS
@@ -27,6 +28,7 @@ from relay_engine.hub_files import download, hub_endpoint
 from relay_engine.models.config import Pi05Config, named_config
 from relay_engine.models.lerobot_files import RobotFeatures, write_lerobot_config
 from relay_engine.models.pi05 import Pi05Policy
+from relay_engine.models.streamed_safetensors import PendingTensor, write_streamed
 
 WEIGHTS_FILE = "model.safetensors"
 # Relay's description of the model. config.json beside it is lerobot's (models.lerobot_files); outputs
@@ -230,10 +232,16 @@ def exported_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
 
     Computed beside the live weights (base + delta), so the model being trained is untouched.
     """
+    return {name: pending.make() for name, pending in exported_tensors(module).items()}
+
+
+def exported_tensors(module: nn.Module) -> dict[str, PendingTensor]:
+    """exported_state_dict's tensors, each made only when asked for: a LoRA layer's merged weight
+    is computed when it is written, so a save holds one merged weight at a time (save_policy)."""
     from peft.tuners.lora import Linear as LoraLinear
     from peft.tuners.lora import LoraLayer
 
-    merged: dict[str, torch.Tensor] = {}
+    exported: dict[str, PendingTensor] = {}
     lora_prefixes = []
     for name, layer in module.named_modules():
         if isinstance(layer, LoraLayer):
@@ -242,29 +250,48 @@ def exported_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
             base = layer.get_base_layer()
             assert isinstance(base, nn.Linear)
             weight = base.weight.detach()
-            for adapter in layer.active_adapters:
-                if adapter in layer.lora_A and adapter not in layer.merged_adapters:
-                    weight = weight + layer.get_delta_weight(adapter).to(weight.dtype)
-            merged[f"{name}.weight"] = weight
+            exported[f"{name}.weight"] = PendingTensor(
+                tuple(weight.shape), weight.dtype, functools.partial(_merged_weight, layer, weight)
+            )
             if getattr(base, "bias", None) is not None:
-                merged[f"{name}.bias"] = base.bias.detach()
+                exported[f"{name}.bias"] = PendingTensor.of(base.bias.detach())
             lora_prefixes.append(name + ".")
     for name, tensor in module.state_dict().items():
         if any(name.startswith(prefix) for prefix in lora_prefixes):
             continue
-        merged[name] = tensor.detach()
-    return merged
+        exported[name] = PendingTensor.of(tensor.detach())
+    return exported
+
+
+def _merged_weight(layer: Any, weight: torch.Tensor) -> torch.Tensor:
+    """A LoRA layer's base weight plus its active adapters' deltas (a new tensor)."""
+    for adapter in layer.active_adapters:
+        if adapter in layer.lora_A and adapter not in layer.merged_adapters:
+            weight = weight + layer.get_delta_weight(adapter).to(weight.dtype)
+    return weight
+
+
+def lerobot_tensors(tensors: dict[str, PendingTensor]) -> dict[str, PendingTensor]:
+    """to_lerobot_state_dict on tensors not made yet (the expert's lm_head of zeros included)."""
+    out = {k: v for k, v in tensors.items() if k != _EMBED}
+    out[_LM_HEAD] = tensors[_EMBED]
+    vocab = tensors[_EMBED].shape[0]
+    expert_width = tensors[_ACTION_IN].shape[0]
+    out[_EXPERT_LM_HEAD] = PendingTensor(
+        (vocab, expert_width),
+        torch.bfloat16,
+        lambda: torch.zeros((vocab, expert_width), dtype=torch.bfloat16),
+    )
+    return out
 
 
 def save_policy(policy: Pi05Policy, directory: Path, features: RobotFeatures | None = None) -> None:
     """model.safetensors, Relay's relay_config.json and lerobot's config.json (with the robot's
     cameras, state and action as its features, when they are known)."""
     directory.mkdir(parents=True, exist_ok=True)
-    state = to_lerobot_state_dict(exported_state_dict(policy))
-    save_file(
-        {k: v.to("cpu").contiguous() for k, v in state.items()},
-        str(directory / WEIGHTS_FILE),
-        metadata={"format": "pt"},
+    # Streamed: one tensor made and written at a time, so saving costs no copy of the model.
+    write_streamed(
+        directory / WEIGHTS_FILE, lerobot_tensors(exported_tensors(policy)), metadata={"format": "pt"}
     )
     config = {"format": CONFIG_FORMAT, **policy.config.to_dict()}
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")

@@ -69,6 +69,10 @@ def info(
     batch_size: Annotated[int, typer.Option(help="The global batch, for --memory.")] = 32,
     gpus: Annotated[int, typer.Option(help="GPUs (one process each) sharing the batch, for --memory.")] = 1,
     strategy: Annotated[str, typer.Option(help="auto (fsdp for full, ddp for lora), ddp or fsdp.")] = "auto",
+    device: Annotated[
+        str,
+        typer.Option(help="cuda (bf16 compute, per GPU) or cpu (fp32, one process's memory), for --memory."),
+    ] = "cuda",
 ) -> None:
     """Parameter counts per module and what these settings train, without loading weights."""
     spec = families.family_of(name)
@@ -79,25 +83,28 @@ def info(
     if finetune not in FINETUNE_METHODS:
         _fail(f"--finetune must be one of {', '.join(FINETUNE_METHODS)}, got {finetune!r}")
     if memory:
-        problem = _memory_flag_problem(batch_size, gpus, strategy)
+        problem = _memory_flag_problem(batch_size, gpus, strategy, device)
         if problem:
             _fail(problem)
     chosen = [t.strip() for item in targets for t in item.split(",") if t.strip()] if targets else None
     tuning = Tuning(finetune, chosen, lora_rank, lora_alpha)
     if memory and name in NAMED_SIZES:
         # Pure arithmetic on the named model's sizes: no engine needed (the API plans the same way).
-        _print_plan(_named_plan(name, tuning, batch_size, gpus, strategy).to_dict(), json_output)
+        _print_plan(_named_plan(name, tuning, batch_size, gpus, strategy, device).to_dict(), json_output)
         return
     policy = _tuned_policy(name, tuning)
     if memory:
         plan = require("relay_engine.distributed.memory").plan_memory(
-            policy, batch_size=batch_size, gpus=gpus, strategy=strategy
+            policy, batch_size=batch_size, gpus=gpus, strategy=strategy, device=device
         )
         _print_plan(plan.to_dict(), json_output)
     elif keys:
         _print_keys(policy, json_output)
     else:
         _print_counts(policy, chosen is None, json_output)
+
+
+MEMORY_DEVICES = ("cuda", "cpu")
 
 
 @dataclass(frozen=True)
@@ -110,7 +117,7 @@ class Tuning:
     lora_alpha: float | None
 
 
-def _named_plan(name: str, tuning: Tuning, batch_size: int, gpus: int, strategy: str) -> Any:
+def _named_plan(name: str, tuning: Tuning, batch_size: int, gpus: int, strategy: str, device: str) -> Any:
     try:
         named = plan_named(
             name,
@@ -120,6 +127,7 @@ def _named_plan(name: str, tuning: Tuning, batch_size: int, gpus: int, strategy:
             batch_size=batch_size,
             gpus=gpus,
             strategy=strategy,
+            device=device,
         )
     except ValueError as error:
         _fail(str(error))
@@ -207,7 +215,9 @@ def _print_description(name: str, json_output: bool) -> None:
     )
 
 
-def _memory_flag_problem(batch_size: int, gpus: int, strategy: str) -> str | None:
+def _memory_flag_problem(batch_size: int, gpus: int, strategy: str, device: str) -> str | None:
+    if device not in MEMORY_DEVICES:
+        return f"bad --device: {device!r} (must be one of {', '.join(MEMORY_DEVICES)})"
     if not 1 <= batch_size <= BATCH_SIZE_MAX:
         return f"bad --batch-size: {batch_size} (must be an integer from 1 to {BATCH_SIZE_MAX})"
     if not 1 <= gpus <= GPUS_MAX:
@@ -223,15 +233,22 @@ def _print_plan(plan: dict[str, Any], json_output: bool) -> None:
     if json_output:
         _out.print_json(json.dumps(plan))
         return
+    on_cpu = plan["device"] == "cpu"
+    where = "process(es) on the CPU" if on_cpu else "GPU(s)"
     _out.print(
         f"[bold]{plan['model']}[/bold] {plan['finetune']}: batch {plan['batch_size']} "
-        f"on {plan['gpus']} GPU(s), {plan['per_gpu_batch']} samples each, "
-        f"{plan['strategy'].upper()}, bf16 compute"
+        f"on {plan['gpus']} {where}, {plan['per_gpu_batch']} samples each, "
+        f"{plan['strategy'].upper()}, {'fp32' if on_cpu else 'bf16'} compute"
     )
-    table = Table("per GPU", "bytes", "GiB", box=None)
+    table = Table("per process" if on_cpu else "per GPU", "bytes", "GiB", box=None)
     for part in ("weights", "gradients", "optimizer", "activations", "overhead", "total"):
         table.add_row(part, f"{plan[part]:,}", f"{plan[part] / 2**30:.2f}")
     _out.print(table)
+    # The output is written tensor by tensor (relay_engine.models.streamed_safetensors): saving
+    # adds one merged weight at a time, never a copy of the model.
+    if on_cpu:
+        _out.print("of this machine's memory; writing the output adds no copy of the model (it streams)")
+        return
     smallest = plan["smallest_gpu"]
     _out.print(
         f"fits: {smallest}"

@@ -164,3 +164,19 @@ def test_the_real_pi05_plan_in_numbers() -> None:
     assert one["optimizer"] == every * 8
     eight = plan("full", 8, batch_size=32, model="pi05")
     assert eight["total"] < one["total"] / 4  # sharded, and 4 samples a GPU instead of 32
+
+
+def test_the_plan_is_printed_for_the_cpu_too() -> None:
+    """`--device cpu`: fp32 weights and activations in one process's memory, no CUDA overhead."""
+    runner = CliRunner()
+    args = ["models", "info", "pi05", "--memory", "--batch-size", "1"]
+    on_gpu = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    done = runner.invoke(app, [*args, "--device", "cpu", "--json"])
+    assert done.exit_code == 0, done.output
+    on_cpu = json.loads(done.output)
+    assert on_cpu["device"] == "cpu" and on_cpu["overhead"] == 0
+    assert on_cpu["weights"] > on_gpu["weights"]  # the frozen weights in fp32, not bf16
+    shown = runner.invoke(app, [*args, "--device", "cpu"])
+    assert "on the CPU" in shown.output and "fp32 compute" in shown.output and "GPU" not in shown.output
+    bad = runner.invoke(app, [*args, "--device", "tpu"])
+    assert bad.exit_code == 1 and "bad --device: 'tpu' (must be one of cuda, cpu)" in bad.output

@@ -181,3 +181,20 @@ def test_ctrl_c_saves_a_checkpoint_and_the_same_command_resumes_from_it(
     assert code == 130 and f"resuming from step {step} (the last checkpoint in" in stderr, stderr
     again = re.search(r"stopped at step (\d+)", stderr)
     assert again is not None and int(again.group(1)) >= step
+
+
+def test_local_train_takes_the_services_permission_for_a_full_size_model_on_the_cpu(
+    synthetic_dataset_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pi05 (3.35 B weights) on the CPU is refused with its memory plan, as the service refuses it,
+    unless RELAY_ALLOW_CPU_FULL_SIZE=true (then the run goes on: here, offline, to the Hub fetch)."""
+    monkeypatch.delenv("RELAY_ALLOW_CPU_FULL_SIZE", raising=False)
+    args = ["local", "train", "--model", "pi05", "--dataset", str(synthetic_dataset_path), "--steps", "1"]
+    refused = relay(*args, "--output-dir", str(tmp_path / "refused"), "--batch-size", "1")
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "pi05 has 3.35 B weights" in refused.stderr and "this run is on the CPU" in refused.stderr
+    assert "RELAY_ALLOW_CPU_FULL_SIZE=true" in refused.stderr
+    monkeypatch.setenv("RELAY_ALLOW_CPU_FULL_SIZE", "true")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    allowed = relay(*args, "--output-dir", str(tmp_path / "allowed"), "--batch-size", "1")
+    assert "this run is on the CPU" not in allowed.stderr, allowed.stderr

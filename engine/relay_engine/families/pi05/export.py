@@ -10,7 +10,6 @@ from pathlib import Path
 
 from relay_engine.models import Pi05Policy
 from relay_engine.models.lerobot_files import DescribesRobot, RobotFeatures, write_processors
-from relay_engine.tuning import merged_policy
 
 
 def write_output(model: Pi05Policy, output_dir: Path, dataset: DescribesRobot | None) -> None:
@@ -25,11 +24,12 @@ def write_output(model: Pi05Policy, output_dir: Path, dataset: DescribesRobot | 
     tmp = output_dir.with_name(f".{output_dir.name}.{uuid.uuid4().hex}.tmp")
     features = RobotFeatures.of(dataset) if dataset is not None else None
     try:
-        merged = merged_policy(model)
-        merged.save_pretrained(tmp, features)
+        # Straight from the trained model, adapters merged tensor by tensor as they are written: no
+        # merged copy of the model (for pi05, 13 GB more than training needed).
+        model.save_pretrained(tmp, features)
         if dataset is not None and features is not None:
             (tmp / "norm_stats.json").write_text(dataset.norm_stats.to_json())
-            write_processors(tmp, merged.config, features, dataset.norm_stats)
+            write_processors(tmp, model.config, features, dataset.norm_stats)
         if output_dir.exists():
             for path in sorted(tmp.iterdir()):
                 os.replace(path, output_dir / path.name)
