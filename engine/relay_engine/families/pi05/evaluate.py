@@ -3,8 +3,9 @@ flow-matching loss on frames it never trained on, and the blind baseline to judg
 `relay local eval` and a recipe's validation split (families/pi05/validation.py) both score here.
 
 A sampled chunk is the policy's answer plus its sampling spread: where the data is noise (a column
-no observation predicts), one sample's error is the truth's spread plus the policy's, which no
-policy can bring below twice what the mean chunk scores. So each frame gets `CHUNKS_PER_FRAME`
+no observation predicts), one sample's error is the truth's spread plus the policy's, so a policy
+that samples as widely as the data (as one that learned it does) misses by about twice what the
+blind baseline's mean chunk misses by. So each frame gets `CHUNKS_PER_FRAME`
 chunks from independent noise, and the headline is the error of their mean (`mean_mse`): what
 the policy believes the action is. The chunks' spread about their mean is reported beside it, and
 so is one chunk's error, for continuity with the figure reported before; per element, one
