@@ -87,8 +87,9 @@ def main() -> None:
     print(f"run without a split: {without:.1f} s; with one: {with_split:.1f} s; ratio {ratio:.2f}")
     last = scores[-1]
     print(
-        f"last scores: action_mse {last.action_mse:.4f}, blind_mse {last.blind_mse:.4f}, "
-        f"validation_loss {last.validation_loss:.4f}"
+        f"last scores: mean_action_mse {last.mean_action_mse:.4f} (mean of {last.chunks} chunks), "
+        f"action_spread {last.action_spread:.4f}, action_mse {last.action_mse:.4f} (one chunk), "
+        f"blind_mse {last.blind_mse:.4f}, validation_loss {last.validation_loss:.4f}"
     )
     report = {
         "options": vars(options),

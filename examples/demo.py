@@ -186,7 +186,11 @@ def main() -> None:
             server.wait(timeout=30)
 
     # 4. Did fine-tuning work? Sampled chunks on the held-out episodes against the dataset's, beside
-    #    the blind baseline (always the training frames' mean chunk) and the base before tuning.
+    #    the blind baseline (always the training frames' mean chunk) and the base before tuning. The
+    #    headline is the error of the mean of CHUNKS_PER_FRAME chunks a frame (one chunk's error
+    #    carries the sampler's spread, which the mean cuts); the blind baseline samples nothing, so
+    #    its one chunk is its mean, and it has no spread.
+    from relay.events import CHUNKS_PER_FRAME
     from relay_engine.families.pi05.evaluate import (
         BlindPolicy,
         blind_baseline,
@@ -200,16 +204,23 @@ def main() -> None:
     held_out = with_norm_stats(open_dataset(str(held_out_dir)), output)
     frames = list(range(len(held_out)))
     blind = blind_baseline(train_set, range(len(train_set)), held_out, frames).mse
-    base = evaluate_actions(load_policy("pi05-tiny"), held_out, frames).mse
-    tuned = evaluate_actions(load_policy(str(output)), held_out, frames).mse
-    print(f"\nheld-out action error ({len(frames)} frames; mean squared error, normalized units):")
-    print(f"  {'policy':<44} {'error':>7}  {'vs blind':>8}")
-    for name, error in (
-        ("blind: the training frames' mean chunk", blind),
+    base = evaluate_actions(load_policy("pi05-tiny"), held_out, frames)
+    tuned = evaluate_actions(load_policy(str(output)), held_out, frames)
+    print(
+        f"\nheld-out action error ({len(frames)} frames; mean squared error, normalized units; the error "
+        f"of the mean of {CHUNKS_PER_FRAME} sampled chunks a frame, one chunk's and their spread beside):"
+    )
+    print(f"  {'policy':<44} {'error':>7}  {'vs blind':>8}  {'one chunk':>9}  {'spread':>7}")
+    blind_name = "blind: the training frames' mean chunk"
+    print(f"  {blind_name:<44} {blind:7.4f}  {1.0:7.2f}x  {blind:9.4f}  {0.0:7.4f}")
+    for name, scores in (
         ("pi05-tiny base, before fine-tuning", base),
         (f"fine-tuned ({STEPS} steps, {job.id})", tuned),
     ):
-        print(f"  {name:<44} {error:7.4f}  {blind / error:7.2f}x")
+        print(
+            f"  {name:<44} {scores.mean_mse:7.4f}  {blind / scores.mean_mse:7.2f}x  "
+            f"{scores.mse:9.4f}  {scores.spread:7.4f}"
+        )
 
     # 5. Does the tuned policy work in closed loop? It acts in relay/Dot-v0, the environment the
     #    dataset's demonstrations were recorded in, on episodes it never saw (their own seeds):

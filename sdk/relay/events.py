@@ -187,19 +187,36 @@ class SnapshotEvent(EventBase):
     row_counts: dict[str, int]
 
 
+# Action chunks sampled per held-out frame, each from its own noise, by validation and by default
+# `relay local eval` (relay_engine.families.pi05.evaluate): their mean is scored, their spread
+# reported beside it. Four cut the sampling spread's share of the mean's error to a quarter at
+# four times the denoising (the prefix pass, the costly part, runs once per frame).
+CHUNKS_PER_FRAME = 4
+
+
 class ValidationEvent(EventBase):
     """The held-out episodes (a recipe's ``validation_episodes``) scored at a checkpoint's `step`
     and at the end, on the same ``frames`` every time with the same seeded noise, so checkpoints
     compare: ``validation_loss``, the flow-matching loss (the training loss's definition) on those
-    frames; ``action_mse``, the mean squared error of sampled action chunks against the dataset's,
-    in normalized units; ``blind_mse``, the same error of the blind baseline (always the training
-    frames' mean chunk), which a policy that looks must beat. ``episodes``: how many are held out;
-    ``seconds``: how long the scoring took. (Not ``loss``: a metrics event is the one with a ``loss``.)"""
+    frames; ``mean_action_mse``, the headline: the mean squared error, in normalized units, of the
+    mean of ``chunks`` action chunks sampled per frame against the dataset's chunk;
+    ``action_spread``, those chunks' mean squared distance from their mean (the policy's sampling
+    spread, same units); ``action_mse``, one sampled chunk's error (averaged over the chunks: the
+    headline plus the spread); ``blind_mse``, the error of the blind baseline (always the training
+    frames' mean chunk), which a policy that looks must beat: it samples nothing, so its one chunk
+    is its mean chunk and it compares with the headline as it stands. ``episodes``: how many are
+    held out; ``seconds``: how long the scoring took. (Not ``loss``: a metrics event is the one
+    with a ``loss``.) Events from before the headline lack ``mean_action_mse``, ``action_spread``
+    and ``chunks``: their ``action_mse`` was one chunk's error, and stands as their headline
+    (`headline_action_error`)."""
 
     kind: ClassVar[str] = "validation"
     validation_loss: float | None
+    mean_action_mse: float | None
+    action_spread: float | None
     action_mse: float | None
     blind_mse: float | None
+    chunks: int | None
     frames: int
     episodes: int
     seconds: float | None
@@ -208,17 +225,36 @@ class ValidationEvent(EventBase):
         return validation_line(self)
 
 
+def headline_action_error(scored: Mapping[str, Any]) -> float | None:
+    """A validation scoring's headline action error, what "best" and "x better than blind" read:
+    the error of the mean of the sampled chunks; for a scoring from before it was reported, its one
+    chunk's error (``action_mse``), the only one it has."""
+    mean = scored.get("mean_action_mse")
+    return scored.get("action_mse") if mean is None else mean
+
+
 def validation_line(scored: Mapping[str, Any]) -> str:
     """A validation event's figures (or one of a job's ``validation`` block) as one line:
-    ``action error 0.0123 vs blind 0.0281 (2.28x better), validation loss 0.104, 48 frames of 4
-    episodes`` (the console's job page matches it)."""
-    action, blind = scored.get("action_mse"), scored.get("blind_mse")
-    parts = [f"action error {number_text(action)}"]
+    ``action error 0.01 (mean of 4 chunks) vs blind 0.0281 (2.81x better), one chunk 0.0123,
+    spread 0.0023, validation loss 0.104, 48 frames of 4 episodes``; a scoring from before the
+    mean was reported: ``action error 0.0123 (one chunk) vs blind ...`` (the console's job page
+    matches it)."""
+    action, blind = headline_action_error(scored), scored.get("blind_mse")
+    mean = scored.get("mean_action_mse")
+    if mean is None:
+        what = "one chunk"
+    else:
+        chunks = scored.get("chunks")
+        what = "mean of chunks" if chunks is None else f"mean of {chunks} chunk{'' if chunks == 1 else 's'}"
+    parts = [f"action error {number_text(action)} ({what})"]
     if blind is not None:
         parts[0] += f" vs blind {number_text(blind)}"
         if isinstance(action, int | float) and action > 0:
             ratio = blind / action
             parts[0] += f" ({ratio:.2f}x better)" if ratio >= 1 else f" ({1 / ratio:.2f}x worse)"
+    if mean is not None:
+        parts.append(f"one chunk {number_text(scored.get('action_mse'))}")
+        parts.append(f"spread {number_text(scored.get('action_spread'))}")
     parts.append(f"validation loss {number_text(scored.get('validation_loss'))}")
     episodes = int(scored.get("episodes") or 0)
     frames = int(scored.get("frames") or 0)

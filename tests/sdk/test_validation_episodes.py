@@ -15,7 +15,7 @@ from relay.episodes import (
     parse_episodes,
 )
 from relay.errors import ConfigError
-from relay.events import ValidationEvent, event_line, parse_event, validation_line
+from relay.events import ValidationEvent, event_line, headline_action_error, parse_event, validation_line
 from relay.sft.config import SFTConfig
 
 BASE = {"model": "pi05-tiny", "dataset_name": "./dots"}
@@ -141,20 +141,51 @@ def test_a_validation_event_is_typed_and_says_itself_in_one_line() -> None:
     event = ValidationEvent(
         step=40,
         validation_loss=0.104,
+        mean_action_mse=0.01,
+        action_spread=0.0023,
         action_mse=0.0123,
         blind_mse=0.0281,
+        chunks=4,
         frames=48,
         episodes=4,
         seconds=0.5,
     )
-    assert event["event"] == "validation" and event.action_mse == 0.0123
+    assert event["event"] == "validation" and event.mean_action_mse == 0.01
     assert "loss" not in event  # a metrics event is the one with a `loss`
     assert parse_event(json.loads(event_line(event))) == event
+    # The headline, and the ratio, are the mean of the chunks'; one chunk's and the spread beside.
     assert event.describe() == (
-        "action error 0.0123 vs blind 0.0281 (2.28x better), validation loss 0.104, 48 frames of 4 episodes"
+        "action error 0.01 (mean of 4 chunks) vs blind 0.0281 (2.81x better), one chunk 0.0123, "
+        "spread 0.0023, validation loss 0.104, 48 frames of 4 episodes"
     )
-    worse = {"action_mse": 0.04, "blind_mse": 0.02, "validation_loss": None, "frames": 1, "episodes": 1}
-    assert validation_line(worse).startswith("action error 0.04 vs blind 0.02 (2.00x worse)")
+    assert headline_action_error(event) == 0.01
+    worse = {"mean_action_mse": 0.04, "action_mse": 0.05, "blind_mse": 0.02, "chunks": 4, "frames": 1}
+    assert validation_line(worse).startswith(
+        "action error 0.04 (mean of 4 chunks) vs blind 0.02 (2.00x worse)"
+    )
+
+
+def test_a_validation_event_stored_before_the_mean_of_chunks_still_reads() -> None:
+    # A row written before mean_action_mse, action_spread and chunks: its one chunk's error is the
+    # only one it has, so it stands as the headline, and the line says it is one chunk's.
+    stored = {
+        "step": 40,
+        "event": "validation",
+        "validation_loss": 0.104,
+        "action_mse": 0.0123,
+        "blind_mse": 0.0281,
+        "frames": 48,
+        "episodes": 4,
+        "seconds": 0.5,
+    }
+    event = parse_event(stored)
+    assert isinstance(event, ValidationEvent)
+    assert event.mean_action_mse is None and event.action_spread is None and event.chunks is None
+    assert headline_action_error(event) == 0.0123
+    assert event.describe() == (
+        "action error 0.0123 (one chunk) vs blind 0.0281 (2.28x better), validation loss 0.104, "
+        "48 frames of 4 episodes"
+    )
 
 
 def test_relay_fine_tunes_create_checks_the_option_before_asking_the_server() -> None:

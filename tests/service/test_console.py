@@ -255,11 +255,17 @@ def test_a_long_log_newest_first_and_the_validation_and_closed_loop_figures(
                 "samples_per_second": 40.0,
             }
             insert_event_row(session, job["id"], 10 * n, "metrics", 0, window, written)
-        for step, action_mse, success_rate in ((200, 0.012, 0.6), (400, 0.015, 0.55)):
+        # Step 200's validation as stored before the mean of chunks (one chunk's error alone),
+        # step 400's as scored since: a job resumed across the change has both.
+        scorings = (
+            {"action_mse": 0.012},
+            {"mean_action_mse": 0.015, "action_spread": 0.002, "action_mse": 0.017, "chunks": 4},
+        )
+        for step, scores, success_rate in ((200, scorings[0], 0.6), (400, scorings[1], 0.55)):
             insert_event_row(session, job["id"], step, "checkpoint", 0, {"seconds": 1.5}, written)
             figures = {
                 "validation_loss": 0.1,
-                "action_mse": action_mse,
+                **scores,
                 "blind_mse": 0.028,
                 "frames": 48,
                 "episodes": 4,
@@ -275,12 +281,12 @@ def test_a_long_log_newest_first_and_the_validation_and_closed_loop_figures(
 
     results = page.locator("[data-testid=results]")
     expect(results.locator("[data-result=validation] [data-validation=best]")).to_have_text(
-        "best at step 200: action error 0.012 vs blind 0.028 (2.33x better), validation loss 0.1, "
-        "48 frames of 4 episodes"
+        "best at step 200: action error 0.012 (one chunk) vs blind 0.028 (2.33x better), validation "
+        "loss 0.1, 48 frames of 4 episodes"
     )
     expect(results.locator("[data-result=validation] [data-validation=last]")).to_have_text(
-        "last at step 400: action error 0.015 vs blind 0.028 (1.87x better), validation loss 0.1, "
-        "48 frames of 4 episodes"
+        "last at step 400: action error 0.015 (mean of 4 chunks) vs blind 0.028 (1.87x better), one "
+        "chunk 0.017, spread 0.002, validation loss 0.1, 48 frames of 4 episodes"
     )
     expect(results.locator("[data-result=eval]")).to_have_text(
         "success 55% at step 400 (best 60% at step 200)"
@@ -291,6 +297,7 @@ def test_a_long_log_newest_first_and_the_validation_and_closed_loop_figures(
     rows = page.locator("table[data-testid=checkpoint-figures] tbody tr")
     expect(rows).to_have_count(2)
     expect(rows.first.locator("[data-figure=validation]")).to_have_text("0.012")
+    expect(rows.nth(1).locator("[data-figure=validation]")).to_have_text("0.015")  # the headline
     expect(rows.first.locator("[data-figure=success]")).to_have_text("60%")
     expect(rows.first.locator("[data-figure=loss]")).to_have_text("0.05")
     expect(rows.first).to_contain_text("pruned")  # no files on this disk

@@ -33,25 +33,26 @@ def test_a_job_with_validation_episodes_draws_its_held_out_curves_beside_the_los
     expect(charts).to_have_count(5)
     assert [charts.nth(i).get_attribute("data-chart") for i in range(3)] == [
         "loss",
-        "action_mse",
+        "action_error",
         "validation_loss",
     ]
-    expect(page.locator("[data-chart=action_mse] h3")).to_have_text("held-out action error")
+    expect(page.locator("[data-chart=action_error] h3")).to_have_text("held-out action error")
 
     # A point per checkpoint (every 10 steps here), as the validation events arrive.
-    wait_for(lambda: points(page, "action_mse") >= 1, 120, "the first validation point")
+    wait_for(lambda: points(page, "action_error") >= 1, 120, "the first validation point")
     expect(page.locator("h1 .status")).to_have_text("completed", timeout=60_000)
-    wait_for(lambda: points(page, "action_mse") == 2, 10, "the second validation point")
+    wait_for(lambda: points(page, "action_error") == 2, 10, "the second validation point")
     assert points(page, "validation_loss") == 2 and points(page, "loss") == 2
-    expect(page.locator("[data-chart=action_mse] .legend")).to_contain_text("blind baseline")
+    expect(page.locator("[data-chart=action_error] .legend")).to_contain_text("blind baseline")
     assert page.locator("table[data-testid=events] tr[data-event=validation]").count() == 2
 
     # The results card: the best scores with their step (and the last, when another step's).
     best = page.locator("[data-testid=results] [data-result=validation] [data-validation=best]")
     expect(best).to_have_text(
         re.compile(
-            r"^best at step (10|20): action error [\d.e-]+ vs blind [\d.e-]+ \([\d.]+x (better|worse)\), "
-            r"validation loss [\d.e-]+, \d+ frames of 1 episode$"
+            r"^best at step (10|20): action error [\d.e-]+ \(mean of 4 chunks\) vs blind [\d.e-]+ "
+            r"\([\d.]+x (better|worse)\), one chunk [\d.e-]+, spread [\d.e-]+, validation loss [\d.e-]+, "
+            r"\d+ frames of 1 episode$"
         )
     )
     expect(page.locator("[data-config=validation_episodes]")).to_have_text("3")
@@ -65,6 +66,6 @@ def test_a_job_with_validation_episodes_draws_its_held_out_curves_beside_the_los
     assert answer.status_code == 200, answer.text
     page.goto(f"{origin}/#/jobs/{answer.json()['id']}")
     expect(page.locator(".grid [data-chart]")).to_have_count(3)
-    expect(page.locator("[data-chart=action_mse]")).to_have_count(0)
+    expect(page.locator("[data-chart=action_error]")).to_have_count(0)
     expect(page.locator("[data-result=validation]")).to_have_count(0)
     assert fence.refused == []

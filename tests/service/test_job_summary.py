@@ -169,27 +169,51 @@ def test_a_job_without_metrics_says_why(row: dict[str, Any], note: str, tmp_path
 
 
 def test_validation_and_evaluation_events_fill_their_slots(tmp_path: Path) -> None:
+    # Step 10's mean of chunks is nearer the data, step 20's single chunks are (they spread less):
+    # the best is the headline's, the mean of the chunks.
+    scores_10 = {"mean_action_mse": 0.02, "action_spread": 0.01, "action_mse": 0.03, "chunks": 4}
+    scores_20 = {"mean_action_mse": 0.025, "action_spread": 0.003, "action_mse": 0.028, "chunks": 4}
     events = (
         Events()
         .metrics(10, 0.9, rate=1.0)
         .add(10, "checkpoint")
-        .add(10, "validation", action_mse=0.02, blind_mse=0.03, loss=0.5)
+        .add(10, "validation", **scores_10, blind_mse=0.03, loss=0.5)
         .add(10, "eval", success_rate=0.4, episodes=20)
         .metrics(20, 0.8, rate=1.0)
         .add(20, "checkpoint")
-        .add(20, "validation", action_mse=0.025, blind_mse=0.03)
+        .add(20, "validation", **scores_20, blind_mse=0.03)
         .add(20, "eval", success_rate=0.55)
     )
     shown = card(job(step=20), events, tmp_path)
     assert shown.validation is not None and shown.eval is not None
     assert shown.validation.scored == 2 and shown.eval.evaluated == 2
-    assert (shown.validation.best.step, shown.validation.best.action_mse) == (10, 0.02)
-    assert shown.validation.best.model_dump()["loss"] == 0.5  # figures it does not name ride along
-    assert (shown.validation.last.step, shown.validation.last.action_mse) == (20, 0.025)
+    best, last = shown.validation.best, shown.validation.last
+    assert (best.step, best.mean_action_mse, best.action_spread, best.action_mse) == (10, 0.02, 0.01, 0.03)
+    assert best.model_dump()["loss"] == 0.5  # figures it does not name ride along
+    assert (last.step, last.mean_action_mse, last.chunks) == (20, 0.025, 4)
     assert shown.eval.best is not None and shown.eval.last is not None
     assert (shown.eval.best.step, shown.eval.best.success_rate) == (20, 0.55)
-    assert [c.validation.action_mse if c.validation else None for c in shown.checkpoints] == [0.02, 0.025]
+    assert [c.validation.mean_action_mse if c.validation else None for c in shown.checkpoints] == [
+        0.02,
+        0.025,
+    ]
     assert [c.eval.success_rate if c.eval else None for c in shown.checkpoints] == [0.4, 0.55]
+
+
+def test_validation_events_from_before_the_mean_of_chunks_are_ranked_by_their_one_chunk(
+    tmp_path: Path,
+) -> None:
+    events = (
+        Events()
+        .metrics(10, 0.9, rate=1.0)
+        .add(10, "validation", action_mse=0.02, blind_mse=0.03)
+        .metrics(20, 0.8, rate=1.0)
+        .add(20, "validation", action_mse=0.025, blind_mse=0.03)
+    )
+    shown = card(job(step=20), events, tmp_path)
+    assert shown.validation is not None
+    assert (shown.validation.best.step, shown.validation.best.action_mse) == (10, 0.02)
+    assert shown.validation.best.mean_action_mse is None and shown.validation.last.step == 20
 
 
 def test_use_this_model_names_the_job() -> None:

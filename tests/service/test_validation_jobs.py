@@ -13,7 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from relay.cli import app
-from relay.events import ValidationEvent
+from relay.events import CHUNKS_PER_FRAME, ValidationEvent
+from relay.formatting import number_text
 from relay.http_client import Client
 from relay.sft import list_jobs
 from relay.sft.config import SFTConfig
@@ -44,7 +45,9 @@ def test_a_job_with_a_validation_split_reports_its_scores_everywhere(
     scored = [e.typed for e in events if e.kind == "validation"]
     assert all(isinstance(e, ValidationEvent) for e in scored)
     assert all(e.episodes == 1 and 20 <= e.frames <= 30 for e in scored)  # episode 3: 20 to 30 frames
-    assert scored[0].blind_mse == scored[1].blind_mse and scored[0].action_mse != scored[1].action_mse
+    assert scored[0].blind_mse == scored[1].blind_mse
+    assert scored[0].mean_action_mse != scored[1].mean_action_mse
+    assert all(e.chunks == CHUNKS_PER_FRAME and e.action_spread > 0 for e in scored)
 
     # As /openapi.json documents it: the raw answer's events and the job.
     headers = {"authorization": f"Bearer {user[1]}"}
@@ -54,12 +57,13 @@ def test_a_job_with_a_validation_split_reports_its_scores_everywhere(
     answer = httpx.get(f"{stack.api_url}/v1/fine-tunes/{job.id}", headers=headers).json()
     FineTuneOut.model_validate(answer)
 
-    # The block: the best scores (the lowest action error, with its step), the last, how many.
-    best = min(scored, key=lambda e: e.action_mse)
+    # The block: the best scores (the lowest headline, the mean of the chunks' error, with its
+    # step), the last, how many.
+    best = min(scored, key=lambda e: e.mean_action_mse)
     block = answer["validation"]
     assert block["scored"] == 2
     assert block["last"] == {key: value for key, value in scored[-1].items() if key != "event"}
-    assert block["best"]["step"] == best.step and block["best"]["action_mse"] == best.action_mse
+    assert block["best"]["step"] == best.step and block["best"]["mean_action_mse"] == best.mean_action_mse
     assert job.refresh().validation == block
     # The results card's slot is the same block (one definition of best and last).
     assert job.summary().model_dump(mode="json")["validation"] == block
@@ -69,7 +73,8 @@ def test_a_job_with_a_validation_split_reports_its_scores_everywhere(
     env = {"RELAY_BASE_URL": stack.api_url, "RELAY_API_KEY": user[1]}
     shown = CliRunner().invoke(app, ["fine-tunes", "retrieve", job.id], env=env)
     assert shown.exit_code == 0, shown.output
-    assert f"best at step {best.step}: action error" in shown.output and " vs blind " in shown.output
+    headline = f"action error {number_text(best.mean_action_mse)} (mean of {CHUNKS_PER_FRAME} chunks)"
+    assert f"best at step {best.step}: {headline}" in shown.output and " vs blind " in shown.output
     as_json = CliRunner().invoke(app, ["fine-tunes", "retrieve", job.id, "--json"], env=env)
     assert json.loads(as_json.output)["validation"] == block
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from relay.events import Event
+from relay.events import CHUNKS_PER_FRAME, Event
 from relay.families import FamilySpec
 from relay.optimizer import AdamParams
 from relay_engine.core.checkpoint import CheckpointStore
@@ -171,6 +171,7 @@ class EvaluationRequest:
     blind_from_text: str | None = None  # as the user wrote the episodes, for the report
     batch_size: int = 32
     num_steps: int = 10
+    chunks: int = CHUNKS_PER_FRAME  # chunks sampled per frame: their mean is scored
     # RT-J's: the task (default: the model's) and its split.
     task: str | None = None
     split: str = "val"

@@ -138,6 +138,18 @@ class PrefixCache:
     mask: torch.Tensor  # (B, P) bool
     lengths: torch.Tensor  # (B,) valid prefix tokens: where the actions' positions start
 
+    def repeated(self, times: int) -> PrefixCache:
+        """Each frame's prefix `times` times over, in a row (frame 0 `times` times, then frame 1...):
+        several chunks of one frame share its prefix pass, the costly part of sampling."""
+        if times == 1:
+            return self
+        return PrefixCache(
+            keys=[k.repeat_interleave(times, dim=0) for k in self.keys],
+            values=[v.repeat_interleave(times, dim=0) for v in self.values],
+            mask=self.mask.repeat_interleave(times, dim=0),
+            lengths=self.lengths.repeat_interleave(times, dim=0),
+        )
+
 
 class Pi05Model(nn.Module):
     """The network: prefix keys/values, then the velocity of a noisy action chunk."""
@@ -388,18 +400,26 @@ class Pi05Policy(nn.Module):
         num_steps: int = 10,
         generator: torch.Generator | None = None,
         noise: torch.Tensor | None = None,
+        chunks: int = 1,
     ) -> torch.Tensor:
         """Action chunks (B, H, 32): plain Euler steps from noise at t = 1 to t = 0 over every
         column, one prefix pass. This is openpi's and lerobot's sampler, so weights trained here
         sample the same there. The columns beyond the robot's action width are trained towards
-        zero (see Pi05Batch.action_mask), so they end near zero and a robot reads only its own."""
+        zero (see Pi05Batch.action_mask), so they end near zero and a robot reads only its own.
+
+        With `chunks` > 1, that many chunks per frame from independent noise, (B * chunks, H, 32),
+        frame by frame (rows b * chunks to b * chunks + chunks - 1 are frame b's): the prefix pass
+        runs once per frame, only the denoising runs per chunk. The noise is drawn as one
+        (B * chunks, H, 32) tensor, so `chunks=1` draws exactly what it always has."""
         if num_steps < 1:
             raise ValueError(f"num_steps must be at least 1, got {num_steps}")
+        if chunks < 1:
+            raise ValueError(f"chunks must be at least 1, got {chunks}")
         device = self.device
         batch = batch.to(device)
-        shape = (batch.tokens.shape[0], self.config.action_horizon, self.config.action_dim)
+        shape = (batch.tokens.shape[0] * chunks, self.config.action_horizon, self.config.action_dim)
         x = (_randn(shape, generator) if noise is None else noise).to(device=device, dtype=torch.float32)
-        prefix = self.model.prefix_cache(batch)
+        prefix = self.model.prefix_cache(batch).repeated(chunks)
         dt = -1.0 / num_steps
         for step in range(num_steps):
             t = 1.0 + step * dt

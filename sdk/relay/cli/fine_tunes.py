@@ -33,6 +33,7 @@ from relay.events import (
     ValidationEvent,
     dataset_line,
     eval_report_path,
+    headline_action_error,
     validation_line,
 )
 from relay.formatting import duration_text, number_text, size_text
@@ -383,7 +384,7 @@ def _checkpoints_table(card: FineTuneSummary) -> Table:
     with_eval = any(c.eval for c in card.checkpoints)
     table = Table()
     columns = ["step", LOSS_LABEL, "grad_norm", "lr", "written in"]
-    columns += ["validation action_mse"] * with_validation + ["success rate"] * with_eval + ["files"]
+    columns += ["validation action error"] * with_validation + ["success rate"] * with_eval + ["files"]
     for column in columns:
         table.add_column(column)
     for checkpoint in card.checkpoints:
@@ -395,7 +396,8 @@ def _checkpoints_table(card: FineTuneSummary) -> Table:
             "-" if checkpoint.seconds is None else f"{number_text(checkpoint.seconds, 3)} s",
         ]
         if with_validation:
-            row.append(number_text(checkpoint.validation.action_mse if checkpoint.validation else None))
+            validation = checkpoint.validation
+            row.append(number_text(headline_action_error(validation.model_dump()) if validation else None))
         if with_eval:
             rate = checkpoint.eval.success_rate if checkpoint.eval else None
             row.append("-" if rate is None else f"{rate:.0%}")

@@ -19,6 +19,7 @@ from relay.cli._extras import require
 from relay.cli._launch import Launch, rank, run_launched
 from relay.episodes import parse_episodes as episodes_of_text
 from relay.events import (
+    CHUNKS_PER_FRAME,
     METRICS,
     EvalEvent,
     SnapshotEvent,
@@ -341,8 +342,16 @@ def evaluate(
         help="Also score the blind baseline: always the mean chunk of these (training) episodes, "
         "like 0-39. A policy that looks must beat it.",
     ),
-    batch_size: int = typer.Option(32, help="Frames per sampling batch."),
+    batch_size: int = typer.Option(
+        32, help="Chunks sampled per batch (frames x --chunks, at least one frame): what bounds memory."
+    ),
     num_steps: int = typer.Option(10, help="Euler steps of the sampler."),
+    chunks: int = typer.Option(
+        CHUNKS_PER_FRAME,
+        min=1,
+        help="pi05: chunks sampled per frame, each from its own noise; the error of their mean is the "
+        "headline, their spread is shown beside it (validation samples as many).",
+    ),
     seed: int = typer.Option(0, help="Seeds the sampler's noise."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
@@ -352,8 +361,9 @@ def evaluate(
         None, "--tasks-dir", help="rt-j: a directory holding the database's tasks, when apart from it."
     ),
 ) -> None:
-    """pi05: the mean squared error of sampled action chunks against the dataset's, in normalized
-    units. rt-j: AUROC (binary tasks) or MAE and nMAE (regression) on a task's split."""
+    """pi05: the mean squared error, in normalized units, of the mean of --chunks sampled action
+    chunks per frame against the dataset's, their spread, and one chunk's error. rt-j: AUROC
+    (binary tasks) or MAE and nMAE (regression) on a task's split."""
     registry = require("relay_engine.families")
     errors = require("relay_engine.errors")
     # The family of the model's name or directory; a task names a relational model's (rt-j).
@@ -368,6 +378,7 @@ def evaluate(
         blind_from_text=blind_from,
         batch_size=batch_size,
         num_steps=num_steps,
+        chunks=chunks,
         task=task,
         split=split,
         tasks_dir=_absolute(tasks_dir),

@@ -82,8 +82,9 @@ class FineTuneJob:
     # What the engine read once the dataset was open (repo or path, revision, sha, format, frames,
     # episodes); None until then.
     dataset: dict[str, Any] | None
-    # The validation split's scores so far: best (lowest action_mse, with its step), last, and how
-    # many times scored; None without validation_episodes, or before the first checkpoint.
+    # The validation split's scores so far: best (lowest headline action error, mean_action_mse,
+    # with its step), last, and how many times scored; None without validation_episodes, or before
+    # the first checkpoint.
     validation: dict[str, Any] | None
     gpus: int | None
     task: str | None

@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from relay import families
+from relay.events import headline_action_error
 
 JobStatus = Literal["queued", "running", "cancel_requested", "completed", "cancelled", "error"]
 
@@ -38,15 +39,21 @@ class TrainingLoss(BaseModel):
 
 class ValidationFigures(BaseModel):
     """One scoring of the held-out episodes at `step`: a ``validation`` event's figures
-    (relay.events.ValidationEvent): ``validation_loss``, the sampled-chunk action error
-    (``action_mse``) and the blind baseline's (``blind_mse``), on ``frames`` of ``episodes``."""
+    (relay.events.ValidationEvent): ``validation_loss``, the error of the mean of ``chunks``
+    sampled action chunks a frame (``mean_action_mse``, the headline), their spread
+    (``action_spread``), one chunk's error (``action_mse``) and the blind baseline's
+    (``blind_mse``), on ``frames`` of ``episodes``. A scoring from before the headline has
+    ``action_mse`` alone."""
 
     model_config = ConfigDict(extra="allow")
 
     step: int
     validation_loss: float | None = None
+    mean_action_mse: float | None = None
+    action_spread: float | None = None
     action_mse: float | None = None
     blind_mse: float | None = None
+    chunks: int | None = None
     frames: int | None = None
     episodes: int | None = None
     seconds: float | None = None
@@ -58,8 +65,9 @@ class ValidationSummary(BaseModel):
     `validation_summary`."""
 
     best: ValidationFigures = Field(
-        description="The scoring with the lowest `action_mse` so far (the earliest of equals), with "
-        "its step: the checkpoint to pick."
+        description="The scoring with the lowest headline action error so far (`mean_action_mse`; "
+        "a scoring from before it, its `action_mse`), the earliest of equals, with its step: the "
+        "checkpoint to pick."
     )
     last: ValidationFigures = Field(description="The latest scoring: the latest checkpoint's, or the end's.")
     scored: int = Field(description="How many times the split has been scored.")
@@ -86,11 +94,12 @@ class EvalSummary(BaseModel):
 
 def validation_summary(scorings: Sequence[Mapping[str, Any]]) -> ValidationSummary | None:
     """The validation block of a job's ``validation`` events' figures, each with its step, oldest
-    first; None before the first. The one definition of "best": the lowest action error."""
+    first; None before the first. The one definition of "best": the lowest headline action error
+    (relay.events.headline_action_error)."""
     figures = [ValidationFigures.model_validate(scoring) for scoring in scorings]
     if not figures:
         return None
-    best = _best(figures, lambda scoring: scoring.action_mse, lower=True)
+    best = _best(figures, lambda scoring: headline_action_error(scoring.model_dump()), lower=True)
     return ValidationSummary(best=best, last=figures[-1], scored=len(figures))
 
 

@@ -264,7 +264,8 @@ def test_two_processes_score_the_validation_split_as_one(runs: dict[str, Any]) -
     assert [e["step"] for e in alone] == [e["step"] for e in two] == [CHECKPOINT_EVERY, STEPS]
     for expected, got in zip(alone, two, strict=True):
         assert got["frames"] == expected["frames"] and got["blind_mse"] == expected["blind_mse"]
-        for figure in ("validation_loss", "action_mse"):
+        assert got["chunks"] == expected["chunks"]
+        for figure in ("validation_loss", "mean_action_mse", "action_mse"):
             assert got[figure] == pytest.approx(expected[figure], rel=1e-3), figure
     resumed = [e["step"] for e in runs["two"]["full-1to2"]["events"] if e.get("event") == "validation"]
     assert resumed == [STEPS]

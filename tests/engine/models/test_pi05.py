@@ -149,6 +149,32 @@ def test_sampling_reuses_the_prefix(policy: Pi05Policy) -> None:
     torch.testing.assert_close(actions, x, atol=1e-5, rtol=1e-5)
 
 
+def test_several_chunks_per_frame_share_one_prefix_pass_and_sample_as_one_chunk_each(
+    policy: Pi05Policy,
+) -> None:
+    # Validation samples several chunks per frame: the prefix runs once for them all, and each
+    # chunk is what sampling its frame alone from the same noise gives.
+    batch = policy.collate(make_samples(2))
+    noise = torch.randn(2 * 3, 10, 32, generator=torch.Generator().manual_seed(5))
+    prefix_calls = []
+    first_k = policy.model.language_model.layers[0].self_attn.k_proj
+    handle = first_k.register_forward_hook(lambda *_: prefix_calls.append(1))
+    try:
+        chunks = policy.sample_actions(batch, noise=noise, chunks=3)
+    finally:
+        handle.remove()
+    assert len(prefix_calls) == 1 and chunks.shape == (6, 10, 32)
+    for k in range(3):  # rows 3b + k are frame b's chunk k
+        alone = policy.sample_actions(batch, noise=noise[k::3])
+        torch.testing.assert_close(chunks[k::3], alone, atol=1e-5, rtol=1e-5)
+    # The noise it draws itself: chunks=1 draws what sampling always drew.
+    one = policy.sample_actions(batch, generator=torch.Generator().manual_seed(7), chunks=1)
+    plain = policy.sample_actions(batch, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(one, plain)
+    with pytest.raises(ValueError, match="chunks must be at least 1"):
+        policy.sample_actions(batch, chunks=0)
+
+
 def test_save_and_load_round_trip(policy: Pi05Policy, tmp_path: Path) -> None:
     policy.save_pretrained(tmp_path / "out")
     saved = load_file(str(tmp_path / "out" / "model.safetensors"))

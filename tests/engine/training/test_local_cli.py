@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from relay.events import CHUNKS_PER_FRAME
+
 
 def relay(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -66,25 +68,27 @@ def test_local_train_prints_events_resumes_and_the_output_evaluates(
     assert again.returncode == 0, again.stderr
     assert not [line for line in again.stdout.splitlines() if '"grad_norm"' in line]
 
-    evaluated = relay(
-        "local",
-        "eval",
-        "--model",
-        str(tmp_path),
-        "--dataset",
-        str(synthetic_dataset_path),
-        "--episodes",
-        "0-1",
-        "--blind-from",
-        "2-3",
-        "--json",
-    )
+    held_out = ["--dataset", str(synthetic_dataset_path), "--episodes", "0-1", "--blind-from", "2-3"]
+    evaluated = relay("local", "eval", "--model", str(tmp_path), *held_out, "--json")
     assert evaluated.returncode == 0, evaluated.stderr
     result = json.loads(evaluated.stdout)
     assert result["mse"] > 0 and result["frames"] > 0 and result["blind_mse"] > 0
+    # The headline: the mean of CHUNKS_PER_FRAME chunks a frame, nearer than one chunk by its spread.
+    assert result["chunks"] == CHUNKS_PER_FRAME and result["action_spread"] > 0
+    assert result["mean_action_mse"] == pytest.approx(result["mse"] - result["action_spread"], rel=1e-6)
+    # --chunks 1: one chunk a frame, so the mean is that chunk and nothing spreads.
+    single = relay("local", "eval", "--model", str(tmp_path), *held_out, "--chunks", "1", "--json")
+    assert single.returncode == 0, single.stderr
+    one = json.loads(single.stdout)
+    assert one["chunks"] == 1 and one["action_spread"] == 0 and one["mean_action_mse"] == one["mse"]
+    assert one["frames"] == result["frames"] and one["blind_mse"] == result["blind_mse"]
     # Without --json, piped: progress lines on stderr while it samples, in the piped-progress style.
     shown = relay("local", "eval", "--model", str(tmp_path), "--dataset", str(synthetic_dataset_path))
-    assert shown.returncode == 0 and shown.stdout.startswith("action MSE "), shown.stderr
+    assert shown.returncode == 0, shown.stderr
+    printed = shown.stdout.splitlines()
+    headline = rf"action MSE [\d.]+ \(the mean of {CHUNKS_PER_FRAME} sampled chunks per frame"
+    assert re.match(headline, printed[0]), printed
+    assert re.match(r"one chunk [\d.]+: the mean's error plus the chunks' spread [\d.]+$", printed[1])
     last = shown.stderr.splitlines()[-1]
     assert re.match(r"evaluating  frame (\d+)/\1  ", last) and "frames/s" in last, shown.stderr
 

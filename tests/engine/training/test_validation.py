@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from relay.events import CheckpointEvent, MetricsEvent, ValidationEvent
+from relay.events import CHUNKS_PER_FRAME, CheckpointEvent, MetricsEvent, ValidationEvent
 from relay.sft.config import SFTConfig
 from relay_engine import Trainer, TrainingArguments
 from relay_engine.datasets import LeRobotDataset, open_dataset, write_synthetic_dataset
@@ -143,11 +143,15 @@ def test_each_checkpoint_is_followed_by_scores_that_local_eval_gives_again(
     frames = len(held_out_frames(runs.dataset, HELD_OUT))
     for event in scores:
         assert event.frames == frames and event.episodes == 1 and event.seconds > 0
-        figures = (event.validation_loss, event.action_mse, event.blind_mse)
-        assert all(math.isfinite(v) and v > 0 for v in figures)
+        figures = (event.validation_loss, event.mean_action_mse, event.action_spread, event.action_mse)
+        assert all(math.isfinite(v) and v > 0 for v in (*figures, event.blind_mse))
+        # The headline is the mean of the chunks; one chunk's error is the mean's plus the spread.
+        assert event.chunks == CHUNKS_PER_FRAME
+        assert event.action_mse == pytest.approx(event.mean_action_mse + event.action_spread, rel=1e-6)
+        assert event.mean_action_mse < event.action_mse
     # The blind baseline does not train: one figure for the run. The policy does: its scores move.
     assert scores[0].blind_mse == scores[1].blind_mse
-    assert scores[0].action_mse != scores[1].action_mse
+    assert scores[0].mean_action_mse != scores[1].mean_action_mse
     assert scores[0].validation_loss != scores[1].validation_loss
 
     # The end's scores, again from the output with the same seed: `relay local eval` on the held-out
@@ -162,7 +166,9 @@ def test_each_checkpoint_is_followed_by_scores_that_local_eval_gives_again(
         device="cpu",
     )
     report = family_named("pi05").evaluate(request)
-    assert report["frames"] == frames
+    assert report["frames"] == frames and report["chunks"] == CHUNKS_PER_FRAME
+    assert report["mean_action_mse"] == pytest.approx(scores[-1].mean_action_mse, rel=1e-4)
+    assert report["action_spread"] == pytest.approx(scores[-1].action_spread, rel=1e-4)
     assert report["mse"] == pytest.approx(scores[-1].action_mse, rel=1e-4)
     assert report["blind_mse"] == pytest.approx(scores[-1].blind_mse, rel=1e-6)
     held = sorted(held_out_frames(runs.dataset, HELD_OUT))
@@ -245,6 +251,8 @@ def test_the_local_trainer_scores_after_each_epoch_and_returns_the_ends_scores(
     scores = [e for e in trainer.events if isinstance(e, ValidationEvent)]
     per_epoch = math.ceil(len(trainer.training_data) / BATCH_SIZE)
     assert [e.step for e in scores] == [per_epoch, 2 * per_epoch] == [per_epoch, result["steps"]]
+    assert result["validation_mean_action_mse"] == scores[-1].mean_action_mse
+    assert result["validation_action_spread"] == scores[-1].action_spread
     assert result["validation_action_mse"] == scores[-1].action_mse
     assert result["validation_blind_mse"] == scores[-1].blind_mse
     assert result["validation_loss"] == scores[-1].validation_loss

@@ -1,6 +1,15 @@
 """How well a policy's sampled action chunks match a dataset's, in normalized units, its
 flow-matching loss on frames it never trained on, and the blind baseline to judge them by.
-`relay local eval` and a recipe's validation split (families/pi05/validation.py) both score here."""
+`relay local eval` and a recipe's validation split (families/pi05/validation.py) both score here.
+
+A sampled chunk is the policy's answer plus its sampling spread: where the data is noise (a column
+no observation predicts), one sample's error is the truth's spread plus the policy's, so a policy
+that samples as widely as the data (as one that learned it does) misses by about twice what the
+blind baseline's mean chunk misses by. So each frame gets `CHUNKS_PER_FRAME`
+chunks from independent noise, and the headline is the error of their mean (`mean_mse`): what
+the policy believes the action is. The chunks' spread about their mean is reported beside it, and
+so is one chunk's error, for continuity with the figure reported before; per element, one
+chunk's error (averaged over the chunks) is exactly the mean's error plus the spread."""
 
 from __future__ import annotations
 
@@ -12,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from relay.events import CHUNKS_PER_FRAME
 from relay_engine.core.data import MapDataset
 from relay_engine.datasets import LeRobotDataset, NormStats
 from relay_engine.models import Pi05Policy, flow_matching_loss, sample_flow_time
@@ -23,6 +33,18 @@ EVAL_BATCH_SIZE = 32
 @dataclass(frozen=True)
 class EvalResult:
     mse: float  # mean squared error over real (step, dimension) elements, normalized units
+    samples: int
+
+
+@dataclass(frozen=True)
+class ActionScores:
+    """A policy's sampled chunks against a dataset's, over the real (step, column) elements of
+    `samples` frames, `chunks` chunks each, in normalized units (see the module's docstring)."""
+
+    mean_mse: float  # the headline: the error of each frame's mean chunk
+    mse: float  # one sampled chunk's error, averaged over the chunks: mean_mse + spread
+    spread: float  # the chunks' mean squared distance from their mean chunk
+    chunks: int
     samples: int
 
 
@@ -46,31 +68,50 @@ def evaluate_actions(
     batch_size: int = EVAL_BATCH_SIZE,
     num_steps: int = 10,
     seed: int = 0,
+    chunks: int = CHUNKS_PER_FRAME,
     on_batch: Callable[[int], None] | None = None,
-) -> EvalResult:
-    """Sample a chunk for each frame in `indices` and compare it with the dataset's chunk.
+) -> ActionScores:
+    """Sample `chunks` chunks for each frame in `indices` and compare them with the dataset's chunk:
+    the error of their mean, their spread, and one chunk's error.
 
     Padded steps past an episode's end and the padding columns are left out. The sampler's noise
-    comes from `seed`, so two evaluations of one policy agree exactly. `on_batch(frames_done)`
+    comes from `seed`, so two evaluations of one policy agree exactly. `batch_size` bounds the
+    chunks sampled in one pass (frames x chunks, at least one frame), so memory stays what one
+    chunk a frame took; the frames of a pass share their prefix pass. `on_batch(frames_done)`
     after each batch, for progress.
     """
+    if chunks < 1:
+        raise ValueError(f"chunks must be at least 1, got {chunks}")
     policy.eval()
     device = next(policy.parameters()).device
     generator = torch.Generator().manual_seed(seed)
-    squared_error, count = 0.0, 0
-    for start in range(0, len(indices), batch_size):
-        samples = [dataset[i] for i in indices[start : start + batch_size]]
+    frames_per_batch = max(1, batch_size // chunks)
+    mean_error, single_error, spread, count = 0.0, 0.0, 0.0, 0
+    for start in range(0, len(indices), frames_per_batch):
+        samples = [dataset[i] for i in indices[start : start + frames_per_batch]]
         batch = policy.collate(samples).to(device)
-        predicted = policy.sample_actions(batch, num_steps=num_steps, generator=generator).float().cpu()
+        predicted = policy.sample_actions(batch, num_steps=num_steps, generator=generator, chunks=chunks)
+        # (frames, chunks, H, 32), in float64 so that the three sums below add up exactly.
+        predicted_chunks = predicted.double().cpu().numpy()
+        predicted_chunks = predicted_chunks.reshape(len(samples), chunks, *predicted.shape[1:])
         for row, sample in enumerate(samples):
             actions, mask = _real_elements(sample)
-            width = actions.shape[1]
-            error = (predicted[row, :, :width].numpy() - actions) ** 2
-            squared_error += float(error[mask].sum())
+            sampled = predicted_chunks[row, :, :, : actions.shape[1]]
+            mean = sampled.mean(axis=0)
+            mean_error += float(((mean - actions) ** 2)[mask].sum())
+            single_error += float(((sampled - actions) ** 2).mean(axis=0)[mask].sum())
+            spread += float(((sampled - mean) ** 2).mean(axis=0)[mask].sum())
             count += int(mask.sum())
         if on_batch is not None:
             on_batch(start + len(samples))
-    return EvalResult(mse=squared_error / max(count, 1), samples=len(indices))
+    elements = max(count, 1)
+    return ActionScores(
+        mean_mse=mean_error / elements,
+        mse=single_error / elements,
+        spread=spread / elements,
+        chunks=chunks,
+        samples=len(indices),
+    )
 
 
 @torch.no_grad()
@@ -112,6 +153,9 @@ def blind_baseline(
 ) -> EvalResult:
     """The error of a policy that ignores its inputs: it always answers the training frames'
     mean chunk (per step and column). A policy that learned to look must beat it.
+
+    It samples nothing, so all its chunks are that one chunk: its error is at once its mean
+    chunk's (compared with a policy's `mean_mse`) and any one chunk's, and its spread is zero.
 
     `held_out` may be the training dataset itself (other episodes of it) or another dataset
     normalized with the training set's stats (see `with_norm_stats`).

@@ -139,8 +139,10 @@ class Pi05Family(Family):
     def evaluate(
         self, request: EvaluationRequest, on_progress: Callable[[int, int], None] | None = None
     ) -> dict[str, Any]:
-        """The mean squared error of sampled action chunks against the dataset's, in normalized
-        units, and (with `blind_from`) the blind baseline's."""
+        """The mean squared error, in normalized units, of the mean of `request.chunks` action
+        chunks sampled per frame against the dataset's chunk (the headline, `mean_action_mse`),
+        their spread (`action_spread`), one chunk's error (`mse`), and (with `blind_from`) the
+        blind baseline's (see evaluate.py)."""
         from relay_engine.datasets import open_dataset
         from relay_engine.families.pi05 import evaluate as evaluation
         from relay_engine.recipe import pick_device
@@ -160,6 +162,7 @@ class Pi05Family(Family):
             batch_size=request.batch_size,
             num_steps=request.num_steps,
             seed=request.seed,
+            chunks=request.chunks,
             on_batch=(lambda done: on_progress(done, len(indices))) if on_progress is not None else None,
         )
         blind = None
@@ -167,22 +170,37 @@ class Pi05Family(Family):
             training = data.indices_of_episodes(request.blind_from)
             chunks = evaluation.ActionChunks(data)  # the baseline reads no images
             blind = evaluation.blind_baseline(chunks, training, chunks, indices).mse
-        return {"mse": result.mse, "frames": result.samples, "blind_mse": blind}
+        return {
+            "mean_action_mse": result.mean_mse,
+            "action_spread": result.spread,
+            "mse": result.mse,
+            "chunks": result.chunks,
+            "frames": result.samples,
+            "blind_mse": blind,
+        }
 
     def evaluation_lines(self, report: dict[str, Any], request: EvaluationRequest) -> list[str]:
-        mse, blind = report["mse"], report["blind_mse"]
-        lines = [f"action MSE {mse:.4f} (normalized units) over {report['frames']} frames"]
+        headline, blind, chunks = report["mean_action_mse"], report["blind_mse"], report["chunks"]
+        lines = [
+            f"action MSE {headline:.4f} (the mean of {chunks} sampled chunk{'' if chunks == 1 else 's'} "
+            f"per frame, normalized units) over {report['frames']} frames",
+            f"one chunk {report['mse']:.4f}: the mean's error plus the chunks' spread "
+            f"{report['action_spread']:.4f}",
+        ]
         if blind is not None:
             better = ""
-            if mse > 0:
-                ratio = blind / mse
+            if headline > 0:
+                ratio = blind / headline
                 better = (
                     f": the model is {ratio:.2f}x better"
                     if ratio >= 1
                     else f": the model is {1 / ratio:.2f}x worse"
                 )
             episodes = request.blind_from_text
-            lines.append(f"blind baseline {blind:.4f} (always the mean chunk of episodes {episodes}){better}")
+            lines.append(
+                f"blind baseline {blind:.4f} (always the mean chunk of episodes {episodes}; it samples "
+                f"nothing, so its error is its mean chunk's){better}"
+            )
         return lines
 
     def load_model(self, name_or_dir: str, device: torch.device | str = "cpu") -> Any:

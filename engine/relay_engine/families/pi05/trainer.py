@@ -222,6 +222,8 @@ class Trainer:
             last = validations[-1]
             scores = {
                 "validation_loss": last.validation_loss,
+                "validation_mean_action_mse": last.mean_action_mse,
+                "validation_action_spread": last.action_spread,
                 "validation_action_mse": last.action_mse,
                 "validation_blind_mse": last.blind_mse,
             }

@@ -4,8 +4,9 @@ the scoring at each checkpoint (docs/evaluation.md, "Validation during training"
 `split_frames` resolves a `validation_episodes` (relay.episodes) against the opened dataset: the
 held-out episodes leave the frames the training sampler shuffles, so no step ever reads them.
 `Validator` scores the held-out frames with the evaluator `relay local eval` uses
-(families/pi05/evaluate.py): the flow-matching loss, the sampled-chunk action error and the blind
-baseline's, each with the same seeded noise on the same frames every time, so checkpoints compare.
+(families/pi05/evaluate.py): the flow-matching loss, the error of the mean of CHUNKS_PER_FRAME
+sampled chunks (the headline), their spread, one chunk's error, and the blind baseline's, each with
+the same seeded noise on the same frames every time, so checkpoints compare.
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from relay.episodes import held_out_episodes
-from relay.events import ValidationEvent
+from relay.events import CHUNKS_PER_FRAME, ValidationEvent
 from relay_engine.datasets import LeRobotDataset
 from relay_engine.errors import ConfigError
 from relay_engine.families.pi05.evaluate import ActionChunks, blind_baseline, evaluate_actions, flow_loss
 from relay_engine.models import Pi05Policy
 
 # Held-out frames scored at each checkpoint, at most, evenly spaced over the held-out episodes:
-# 256 frames keep a checkpoint's scoring to seconds (a sampled chunk is 10 forward passes).
+# 256 frames keep a checkpoint's scoring to seconds (each frame's prefix pass, then 10 denoising
+# passes for each of its CHUNKS_PER_FRAME chunks).
 VALIDATION_FRAMES_MAX = 256
 # The blind baseline's mean chunk is taken over at most this many training frames, evenly spaced
 # (read without images, once per run).
@@ -104,12 +106,17 @@ class Validator:
         started = time.perf_counter()
         with self.context():
             loss = flow_loss(self.policy, self.dataset, self.frames, seed=self.seed)
-            actions = evaluate_actions(self.policy, self.dataset, self.frames, seed=self.seed)
+            actions = evaluate_actions(
+                self.policy, self.dataset, self.frames, seed=self.seed, chunks=CHUNKS_PER_FRAME
+            )
         return ValidationEvent(
             step=step,
             validation_loss=loss,
+            mean_action_mse=actions.mean_mse,
+            action_spread=actions.spread,
             action_mse=actions.mse,
             blind_mse=self.blind_mse,
+            chunks=actions.chunks,
             frames=len(self.frames),
             episodes=self.episodes,
             seconds=time.perf_counter() - started,

@@ -8,7 +8,7 @@ import { APIError, download, fileURL, followEvents, get, post } from "./api.js";
 import { LiveChart } from "./charts.js";
 import { bytes, h, notFound, notice, number, statusBadge, when } from "./dom.js";
 import { recipeSchema } from "./schema.js";
-import { checkpointLine, checkpointsTable, resultsFigures, useThisModel } from "./results.js";
+import { checkpointLine, checkpointsTable, headlineActionError, resultsFigures, useThisModel } from "./results.js";
 import { deployButton } from "./deployments.js";
 
 const TERMINAL = new Set(["completed", "cancelled", "error"]);
@@ -66,7 +66,9 @@ export async function jobView(ctx, id) {
     loss: new LiveChart("loss", "loss", "#1f4e79", job.steps),
     ...(validated
       ? {
-          action_mse: new LiveChart("action_mse", "held-out action error", "#6941c6", job.steps, { title: "blind baseline", color: "#98a2b3" }),
+          // The headline: the error of the mean of the chunks sampled per frame (one chunk's, for
+          // scorings from before it), against the blind baseline's, which samples nothing.
+          action_error: new LiveChart("action_error", "held-out action error", "#6941c6", job.steps, { title: "blind baseline", color: "#98a2b3" }),
           validation_loss: new LiveChart("validation_loss", "validation loss", "#c11574", job.steps),
         }
       : {}),
@@ -165,7 +167,7 @@ export async function jobView(ctx, id) {
       charts.lr.add(event.step, event.lr, receivedAt);
     }
     if (kind === "validation" && validated) {
-      charts.action_mse.add(event.step, event.action_mse, receivedAt, event.blind_mse);
+      charts.action_error.add(event.step, headlineActionError(event), receivedAt, event.blind_mse);
       charts.validation_loss.add(event.step, event.validation_loss, receivedAt);
     }
     if (kind === "eval" && evaluated) {

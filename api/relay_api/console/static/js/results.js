@@ -29,20 +29,36 @@ export function resultsFigures(card) {
   return card.metrics_note ? h("div", {}, list, h("p.muted", { "data-result": "note" }, capitalized(card.metrics_note))) : list;
 }
 
+// A scoring's headline action error, as relay.events.headline_action_error reads it: the error of
+// the mean of the chunks sampled per frame; a scoring from before it was reported has one chunk's
+// error alone, which stands in.
+export function headlineActionError(scores) {
+  return scores.mean_action_mse ?? scores.action_mse ?? null;
+}
+
 // One scoring of the validation split, as relay.events.validation_line writes it: "action error
-// 0.0123 vs blind 0.0281 (2.28x better), validation loss 0.104, 48 frames of 4 episodes".
+// 0.01 (mean of 4 chunks) vs blind 0.0281 (2.81x better), one chunk 0.0123, spread 0.0023,
+// validation loss 0.104, 48 frames of 4 episodes"; one from before the mean of chunks: "action
+// error 0.0123 (one chunk) vs blind ...".
 function validationLine(scores) {
   const count = (n) => Number(n ?? 0).toLocaleString("en-US");
-  let action = `action error ${number(scores.action_mse)}`;
+  const headline = headlineActionError(scores);
+  const withMean = scores.mean_action_mse !== null && scores.mean_action_mse !== undefined;
+  const chunks = scores.chunks ?? null;
+  const what = !withMean ? "one chunk" : chunks === null ? "mean of chunks" : `mean of ${chunks} chunk${chunks === 1 ? "" : "s"}`;
+  let action = `action error ${number(headline)} (${what})`;
   if (scores.blind_mse !== null && scores.blind_mse !== undefined) {
     action += ` vs blind ${number(scores.blind_mse)}`;
-    if (scores.action_mse > 0) {
-      const ratio = scores.blind_mse / scores.action_mse;
+    if (headline > 0) {
+      const ratio = scores.blind_mse / headline;
       action += ratio >= 1 ? ` (${ratio.toFixed(2)}x better)` : ` (${(1 / ratio).toFixed(2)}x worse)`;
     }
   }
+  const parts = [action];
+  if (withMean) parts.push(`one chunk ${number(scores.action_mse)}`, `spread ${number(scores.action_spread)}`);
   const episodes = `${count(scores.episodes)} episode${scores.episodes === 1 ? "" : "s"}`;
-  return `${action}, validation loss ${number(scores.validation_loss)}, ${count(scores.frames)} frames of ${episodes}`;
+  parts.push(`validation loss ${number(scores.validation_loss)}`, `${count(scores.frames)} frames of ${episodes}`);
+  return parts.join(", ");
 }
 
 // The job's validation block (best and last), a line each, as `relay fine-tunes retrieve` prints it.
@@ -64,7 +80,7 @@ function evalText(evaluation) {
 export function checkpointLine(c) {
   const parts = [`step ${c.step}`, `loss ${number(c.loss)}`, `grad_norm ${number(c.grad_norm)}`, `lr ${number(c.lr)}`];
   if (c.seconds !== null && c.seconds !== undefined) parts.push(`written in ${number(c.seconds, 3)} s`);
-  if (c.validation) parts.push(`validation action_mse ${number(c.validation.action_mse)}`);
+  if (c.validation) parts.push(`validation action error ${number(headlineActionError(c.validation))}`);
   if (c.eval && c.eval.success_rate !== null) parts.push(`success ${percent(c.eval.success_rate)}`);
   return parts.join(" · ");
 }
@@ -101,7 +117,7 @@ export function checkpointsTable(card) {
   const withValidation = card.checkpoints.some((c) => c.validation);
   const withEval = card.checkpoints.some((c) => c.eval);
   const head = ["Step", "Loss", "grad_norm", "Learning rate", "Written in"];
-  if (withValidation) head.push("Validation action_mse");
+  if (withValidation) head.push("Validation action error");
   if (withEval) head.push("Success rate");
   head.push("Files");
   return [
@@ -122,7 +138,7 @@ export function checkpointsTable(card) {
             h("td.num", {}, number(c.grad_norm)),
             h("td.num", {}, number(c.lr)),
             h("td.num", {}, c.seconds === null || c.seconds === undefined ? "—" : `${number(c.seconds, 3)} s`),
-            withValidation ? h("td.num", { "data-figure": "validation" }, c.validation ? number(c.validation.action_mse) : "—") : null,
+            withValidation ? h("td.num", { "data-figure": "validation" }, c.validation ? number(headlineActionError(c.validation)) : "—") : null,
             withEval ? h("td.num", { "data-figure": "success" }, c.eval && c.eval.success_rate !== null ? percent(c.eval.success_rate) : "—") : null,
             h("td", {}, c.kept ? h("span.mono", {}, `${c.path}/`) : h("span.muted", {}, "pruned")),
           ),
