@@ -40,6 +40,9 @@ def create(
     gpus: int = typer.Option(DeploymentConfig.default("gpus"), help="GPUs to serve on."),
     wait: bool = typer.Option(False, "--wait", help="Wait until it is ready."),
     as_json: bool = typer.Option(False, "--json", help="Print the deployment as JSON."),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="Print only the deployment's id (for scripts: DEP=$(... -q))."
+    ),
 ) -> None:
     """Deploy a model; prints the deployment (its websocket_url is where openpi-client connects)."""
     with clear_errors():
@@ -48,7 +51,10 @@ def create(
         )
         if wait:
             deployment.wait_ready()
-    show_record(deployment.to_dict(), as_json)
+    if quiet:
+        print(deployment.id)
+    else:
+        show_record(deployment.to_dict(), as_json)
 
 
 @app.command("list")

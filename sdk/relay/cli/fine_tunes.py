@@ -132,6 +132,9 @@ def create(
         False, "--wait", help="Wait for the job, showing progress (a bar, or a line every few seconds)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="Print only the job's id (for scripts: JOB=$(... --quiet))."
+    ),
 ) -> None:
     """Start a fine-tune; prints the job at once (or, with --wait, when it ends)."""
     with clear_errors():
@@ -157,8 +160,11 @@ def create(
         job = train(SFTConfig.parse(fields), idempotency_key=idempotency_key)
         if wait:
             with _exit_on_interrupt(job.id, said=True):  # job.wait() says what Ctrl-C leaves
-                job.wait(poll=5, progress=not as_json)
-        _show_job(job, as_json)
+                job.wait(poll=5, progress=not (as_json or quiet))
+        if quiet:
+            print(job.id)
+        else:
+            _show_job(job, as_json)
 
 
 def _config_file_fields(config_file: Path | None) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from relay import http_client
+from relay.dataset_names import local_dataset_path
 from relay.sft.config import SFTConfig
 from relay.sft.job import FINE_TUNES, FineTuneJob
 
@@ -24,6 +25,10 @@ def train(
     """
     client = client or http_client.default_client()
     body = config.model_dump() if isinstance(config, SFTConfig) else dict(config)
+    name = body.get("dataset_name")
+    local = local_dataset_path(name) if isinstance(name, str) and not name.startswith("file:") else None
+    if local is not None:  # ./dots is the caller's, not relative to wherever the service runs
+        body["dataset_name"] = str(local)
     headers = {"idempotency-key": idempotency_key or uuid.uuid4().hex}
     created = client.request("POST", FINE_TUNES, json_body=body, headers=headers, retry=True)
     return FineTuneJob(created, client)
