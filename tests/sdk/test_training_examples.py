@@ -153,22 +153,4 @@ def test_saving_and_resuming(sdk_env: str) -> None:
     assert loaded.name == "step-5000"
 
 
-def readme_block(heading: str) -> str:
-    """The first Python block under a README heading, as written."""
-    section = (ROOT / "README.md").read_text().split(f"## {heading}\n", 1)[1]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
-
-
-def test_the_readmes_session_block_runs_as_written(
-    sdk_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # The dataset the README's block before makes (`relay datasets synth ./dots`, fewer episodes
-    # here), in the working directory the block reads it from; 3 steps instead of 1,000.
-    from relay_engine.datasets import write_synthetic_dataset
-
-    write_synthetic_dataset(tmp_path / "dots", episodes=4, episode_length=(12, 16))
-    monkeypatch.chdir(tmp_path)
-    code = readme_block("A training-loop session")
-    assert "for _ in range(1000))" in code
-    exec(compile(code.replace("for _ in range(1000))", "for _ in range(3))"), "README.md", "exec"), {})
-    assert re.fullmatch(r"0 \d+\.\d+(e-?\d+)?\n", capsys.readouterr().out)
+# The README's session block runs as written in tests/test_doc_blocks.py (with every other block).

@@ -95,8 +95,14 @@ def test_relay_server_runs_a_job_end_to_end(
         assert console.status_code == 200 and "/console/js/app.js" in console.text
         metrics = httpx.get(url + "/metrics").text
         assert 'relay_fine_tunes{status="completed"} 1.0' in metrics
-        # Both of its workers beat: the one for jobs and sessions, and the one for deployments.
-        assert "relay_workers_alive 2.0" in metrics
+        # Both of its workers beat: the one for jobs and sessions, and the one for deployments (on a
+        # loaded machine the second may start after the job is done).
+        wait_for(
+            lambda: "relay_workers_alive 2.0" in httpx.get(url + "/metrics").text,
+            90,
+            "both workers' heartbeats in /metrics",
+            every=1,
+        )
 
         refuses_what_its_worker_cannot_run(tmp_path, dataset)
         run_a_training_session(home)
