@@ -168,10 +168,23 @@ def fetch_from_hub(repo: str, revision: str | None = None, *, with_stats: bool =
     except Exception as error:  # offline, gated, missing: say which and how to fix it
         raise ConfigError(
             f"cannot get {WEIGHTS_FILE} of {repo}{at} from {hub_endpoint()} "
-            f"({type(error).__name__}: {error}); "
+            f"({_hub_problem(error, repo, revision)}); "
             "download it once, or pass the path of a local directory holding it"
         ) from None
     return weights.parent
+
+
+def _hub_problem(error: Exception, repo: str, revision: str | None) -> str:
+    """huggingface_hub's error in a few words (its own text runs over several lines of advice)."""
+    name = type(error).__name__
+    if name == "RevisionNotFoundError":
+        return f"{name}: {repo} has no branch, tag or commit {revision}"
+    if name == "GatedRepoError":
+        return f"{name}: {repo} is gated; accept its terms on the Hub and set HF_TOKEN"
+    if name == "RepositoryNotFoundError":
+        return f"{name}: no model repo {repo} there (a private one needs HF_TOKEN)"
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return f"{name}: {first}"
 
 
 def load_weights(config: Pi05Config, weights: Path, device: torch.device, source: str | None) -> Pi05Policy:

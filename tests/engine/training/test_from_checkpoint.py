@@ -154,7 +154,8 @@ def test_a_hub_repo_is_read_at_its_revision(
         with pytest.raises(
             ConfigError,
             match=r"^bad from_checkpoint: cannot get model\.safetensors of "
-            r"team/my-pi05 at revision v9 from http://127\.0\.0\.1:\d+ \(RevisionNotFound",
+            r"team/my-pi05 at revision v9 from http://127\.0\.0\.1:\d+ \(RevisionNotFoundError: "
+            r"team/my-pi05 has no branch, tag or commit v9\); download it once",
         ):
             resolve_checkpoint("team/my-pi05@v9")
         with pytest.raises(ConfigError, match=r"cannot get model\.safetensors of team/missing from"):
