@@ -5,6 +5,7 @@ there fails the job once, without retries."""
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -182,3 +183,39 @@ def test_a_missing_hub_revision_fails_the_job_once(stack: Stack, dataset: Path) 
         f"{endpoint} (RepositoryNotFoundError: no model repo team/missing there (a private one needs "
         "HF_TOKEN)); download it once, or pass the path of a local directory holding it"
     )
+
+
+def test_relay_fine_tunes_create_sends_from_checkpoint(
+    stack: Stack, dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from relay.cli import app
+
+    (tmp_path / "my-pi05").mkdir()
+    monkeypatch.chdir(tmp_path)
+    env = {"RELAY_BASE_URL": stack.api_url, "RELAY_API_KEY": stack.new_user()[1], "RELAY_HOME": str(tmp_path)}
+    common = [
+        "fine-tunes",
+        "create",
+        "--model",
+        "pi05-tiny",
+        "--dataset",
+        str(dataset),
+        "--steps",
+        "1",
+        "--json",
+    ]
+    runner = CliRunner()
+    # A directory given relative is sent as its absolute path; a Hub repo at a revision as it is.
+    for given, sent in (("my-pi05", str(tmp_path / "my-pi05")), ("team/my-pi05@v2", "team/my-pi05@v2")):
+        created = runner.invoke(
+            app, [*common, "--from-checkpoint", given, "--normalization", "checkpoint"], env=env
+        )
+        assert created.exit_code == 0, created.output
+        job = json.loads(created.output)
+        assert (job["from_checkpoint"], job["normalization"]) == (sent, "checkpoint")
+        runner.invoke(app, ["fine-tunes", "cancel", job["id"]], env=env)
+    refused = runner.invoke(app, [*common, "--from-checkpoint", "ft-000000000000"], env=env)
+    assert refused.exit_code != 0
+    assert 'bad from_checkpoint: "ft-000000000000" (no fine-tune of yours has this id)' in refused.output
