@@ -179,7 +179,8 @@ class WeightsEvent(EventBase):
     """Where a job's starting weights came from (a recipe with from_checkpoint), at the step the run
     starts from: the ``model`` (architecture) they are, and a Hub repo's ``repo``, the ``revision``
     asked for (null: the default branch) and the commit ``sha`` read; a local directory's ``path``;
-    or the fine-tune ``job`` whose output they are (``path`` then its output directory)."""
+    or the fine-tune ``job`` whose output they are (``path`` then null: that output lies on the
+    service, whose paths no answer shows)."""
 
     kind: ClassVar[str] = "weights"
     model: str

@@ -51,7 +51,9 @@ class Checkpoint:
             repo=self.repo,
             revision=self.revision,
             sha=self.sha,
-            path=None if self.repo is not None else str(self.directory),
+            # A local directory's own path; none for a repo, nor for a job (its output's path is the
+            # service's, which no answer shows).
+            path=str(self.directory) if self.repo is None and self.job is None else None,
             job=self.job,
         )
 
