@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from relay import families
+from relay.checkpoints import architecture_mismatch, checkpoint_model, parse_checkpoint
 from relay.dataset_names import is_database_url, local_dataset_path, names_local_directory
 from relay.env_evaluation import check_job_eval_budget
 from relay.errors import ConfigError
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 
 CONFIG_FIELDS: tuple[str, ...] = tuple(SFTConfig.model_fields)
 JOB_ID_PREFIX = "ft-"
+_OLD_JOBS_DEFAULTS: dict[str, Any] = {
+    name: field.get_default() for name, field in SFTConfig.model_fields.items() if not field.is_required()
+}
 
 
 def new_job_id() -> str:
@@ -73,8 +77,11 @@ def job_object(
         "attempts": row["attempt"],
         "lease_lapsed_seconds": lease_lapsed_seconds(row),
         "dataset": row.get("dataset"),
+        "weights": row.get("weights"),
         "validation": validation,
-        **{name: config.get(name) for name in CONFIG_FIELDS},
+        # A field the stored config lacks (created before the field existed) shows its default,
+        # which is what the job ran with.
+        **{name: config[name] if name in config else _OLD_JOBS_DEFAULTS.get(name) for name in CONFIG_FIELDS},
     }
     try:
         return FineTuneOut.model_validate(job).model_dump(mode="json")
@@ -134,6 +141,67 @@ def check_dataset(name: str, settings: Settings) -> None:
         raise _bad_dataset(
             name, f"it names a local directory, and {path} does not exist on the workers' disk"
         )
+
+
+def check_checkpoint(db: Db, user_id: int, config: SFTConfig, settings: Settings) -> None:
+    """Refuse a from_checkpoint no worker can start from, where the API can tell: a fine-tune that is
+    not a completed job of the caller's, a local directory where the service reads none or, where the
+    API shares the workers' disk, one that is not there; and a checkpoint of another architecture
+    than `model` (relay.checkpoints' sentence), read from the parent job or the directory. A Hub
+    repo is the worker's to fetch: a missing one (or revision) fails the job once, in one sentence."""
+    if config.from_checkpoint is None:
+        return
+    source = parse_checkpoint(config.from_checkpoint)
+    found: str | None = None
+    if source.kind == "job":
+        row = (
+            db.execute(
+                select(fine_tunes.c.status, fine_tunes.c.config).where(
+                    fine_tunes.c.id == source.job, fine_tunes.c.user_id == user_id
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if row is None:
+            raise _bad_checkpoint(config.from_checkpoint, "no fine-tune of yours has this id")
+        if row["status"] != st.COMPLETED:
+            raise _bad_checkpoint(
+                config.from_checkpoint,
+                f"that fine-tune is {row['status']}; a job starts from a completed job's weights",
+            )
+        found = str(row["config"].get("model"))
+    elif source.kind == "directory":
+        assert source.path is not None
+        if not settings.local_datasets:
+            raise _bad_checkpoint(
+                config.from_checkpoint,
+                "this server does not read local directories; name a Hub model repo or a completed "
+                "fine-tune's id",
+            )
+        if not settings.api_shares_workers_disk:
+            return
+        if not source.path.is_dir():
+            raise _bad_checkpoint(
+                config.from_checkpoint, f"{source.path} is not a directory on the workers' disk"
+            )
+        found = checkpoint_model(source.path)
+    if found is not None and found != config.model:
+        raise APIProblem(
+            400,
+            architecture_mismatch(config.model, found, config.from_checkpoint),
+            param="from_checkpoint",
+            code="invalid_value",
+        )
+
+
+def _bad_checkpoint(value: str, rule: str) -> APIProblem:
+    return APIProblem(
+        400,
+        f"bad from_checkpoint: {json.dumps(value)} ({rule})",
+        param="from_checkpoint",
+        code="invalid_value",
+    )
 
 
 def check_eval_budget(config: SFTConfig, settings: Settings) -> None:
@@ -530,6 +598,7 @@ SHOWN_COLUMNS = tuple(
         "lease_lapsed_at",
         "config",
         "dataset",
+        "weights",
     )
 )
 _CALLERS_JOB_SHOWN = _CALLERS_JOB.with_only_columns(*SHOWN_COLUMNS)

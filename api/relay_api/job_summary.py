@@ -118,6 +118,7 @@ def summarize(
         ],
         validation=validation_summary(validations),
         eval=eval_summary(evaluations),
+        weights=job.get("weights"),
         use=model_use(job["id"], config["model"], config["dataset_name"], status, config.get("task")),
     )
 

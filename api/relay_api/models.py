@@ -73,6 +73,9 @@ class FineTune(Base):
     files: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # What the engine read, from its dataset event: repo or path, revision, sha, format, frames, episodes.
     dataset: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Where its starting weights came from (from_checkpoint), from its weights event: the model and the
+    # repo, revision and sha, or the directory, or the fine-tune.
+    weights: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     # The claim: each claim increments `attempt`, the fencing token that every write of a worker
     # must match; the lease says until when the claiming worker is presumed alive.

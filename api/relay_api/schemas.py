@@ -14,7 +14,7 @@ from relay.events import EVENT_KINDS, METRICS, EventBase, admits_none, fields_of
 
 # A job's results card (GET /v1/fine-tunes/{id}/summary): its shape is the SDK's, which reads it back.
 from relay.sft.summary import FineTuneSummary as FineTuneSummary
-from relay.sft.summary import ValidationSummary
+from relay.sft.summary import ValidationSummary, WeightsRead
 
 
 class DatasetReadOut(BaseModel):
@@ -66,6 +66,12 @@ class FineTuneOut(BaseModel):
         "`validation` events, at each checkpoint and at the end). Null before the first, and for "
         "jobs without a validation split.",
     )
+    weights: WeightsRead | None = Field(
+        None,
+        description="Where the starting weights came from (the `weights` event of a job with "
+        "from_checkpoint): the model, and the Hub repo, revision and commit sha, or the local path, or "
+        "the fine-tune `job`. Null until the worker loaded them, and for a job from its model's base.",
+    )
     model: str
     dataset_name: str
     dataset_revision: str | None = None
@@ -83,6 +89,8 @@ class FineTuneOut(BaseModel):
     tasks_dir: str | None = None  # rt-j: where the database's tasks are kept, when apart from it
     validation_episodes: list[int] | float | str | None = None
     eval: JobEval | None = None
+    from_checkpoint: str | None = None
+    normalization: Literal["dataset", "checkpoint"] = "dataset"
 
 
 class FineTuneList(BaseModel):
@@ -126,8 +134,8 @@ else:  # the union of the kinds' models, told apart by `kind`
 class EventOut(RootModel[EventOutChoice]):
     """The engine's report: every 10 steps a metrics event (``step`` and ``loss``, ``grad_norm``,
     ``lr``, ``skipped``, the speed), or an event named by ``event`` ("checkpoint", "resumed",
-    "retry", "cancelled", "finished", "error", "dataset", "snapshot", "validation", "eval", "stage") with its
-    details; ``kind`` names either."""
+    "retry", "cancelled", "finished", "error", "dataset", "weights", "snapshot", "validation", "eval",
+    "stage") with its details; ``kind`` names either."""
 
     @property
     def id(self) -> int:

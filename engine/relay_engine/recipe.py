@@ -73,6 +73,9 @@ class Recipe:
     # The service job's attempt (its fencing token; 0 for a local run). It names this run's temporary
     # checkpoint directories, so that an older attempt's tidying never removes this one's writes.
     attempt: int = 0
+    # The output directory of the fine-tune a job id in from_checkpoint names: the service's to know
+    # (the worker resolves it); a local run has none, and refuses a job id.
+    checkpoint_output: str | None = None
 
     def __post_init__(self) -> None:
         # The eval block's budget at the cadence this run checkpoints at (SFTConfig checked the default).
@@ -218,6 +221,8 @@ def _run(family: Family, run: RecipeRun, output_dir: Path, callbacks: _Callbacks
         training = _Training(run, prepared, store, position or DataPosition(), callbacks)
         if prepared.data_read is not None:
             training.report(prepared.data_read(state.step))
+        if prepared.weights_read is not None:
+            training.report(prepared.weights_read(state.step))
         if resumed_from is not None:
             training.report(ResumedEvent.of_attempt(resumed_from, run.recipe.attempt))
         result = training.loop(state)

@@ -175,6 +175,38 @@ def dataset_line(read: Mapping[str, Any]) -> str:
     return f"{where}, {version}, {read.get('episodes', 0):,} episodes, {read.get('frames', 0):,} frames"
 
 
+class WeightsEvent(EventBase):
+    """Where a job's starting weights came from (a recipe with from_checkpoint), at the step the run
+    starts from: the ``model`` (architecture) they are, and a Hub repo's ``repo``, the ``revision``
+    asked for (null: the default branch) and the commit ``sha`` read; a local directory's ``path``;
+    or the fine-tune ``job`` whose output they are (``path`` then null: that output lies on the
+    service, whose paths no answer shows)."""
+
+    kind: ClassVar[str] = "weights"
+    model: str
+    repo: str | None
+    revision: str | None
+    sha: str | None
+    path: str | None
+    job: str | None
+
+    def describe(self) -> str:
+        return weights_line(self)
+
+
+def weights_line(read: Mapping[str, Any]) -> str:
+    """A weights event's fields (or a job's ``weights``) as one line: ``pi05-tiny weights of
+    team/my-pi05 at v2 (commit 1a2b3c4d)``, ``... of fine-tune ft-...``, ``... of /models/pick``."""
+    if read.get("job"):
+        where = f"fine-tune {read['job']}"
+    elif read.get("repo"):
+        revision = read.get("revision") or "the default branch"
+        where = f"{read['repo']} at {revision} (commit {str(read.get('sha') or '?')[:8]})"
+    else:
+        where = str(read.get("path"))
+    return f"{read.get('model')} weights of {where}"
+
+
 class SnapshotEvent(EventBase):
     """A database job's snapshot, taken at its start in one transaction: the ``source`` URL (its
     password masked), where the snapshot is (``path``), when it was taken (``taken_at``, ISO 8601)
@@ -340,6 +372,7 @@ Event = Union[  # noqa: UP007 (a runtime value too: typed readers match on its m
     FinishedEvent,
     ErrorEvent,
     DatasetEvent,
+    WeightsEvent,
     SnapshotEvent,
     ValidationEvent,
     EvalEvent,

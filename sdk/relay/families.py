@@ -185,6 +185,7 @@ def _builtins() -> None:
             "rows; episodes are a robot dataset's",
             "eval": "closed-loop evaluation runs a robot policy in a simulator; RT-J predicts a "
             "database's task",
+            "from_checkpoint": "RT-J starts from its own base; starting from other weights is pi05's",
         },
         # pi05's 2.5e-5 at 128 contexts leaves RT-J's loss at ln 2 (0.6931) for every step. rt-j:
         # the rate its authors fine-tune a task at (1e-4); rt-j-tiny: 1e-3 at 16 contexts, the best

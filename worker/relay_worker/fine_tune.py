@@ -26,11 +26,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
+from relay.checkpoints import is_fine_tune_id
 from relay.events import Event, MetricsEvent, RecipeResult
+from relay.sft.status import COMPLETED
 from relay_api.db import is_outage, worker_session_factory
 from relay_api.files import output_manifest
+from relay_api.models import fine_tunes
 from relay_api.settings import Settings, get_settings
 from relay_api.workers import live_workers
 from relay_engine.core.checkpoint import CheckpointStore
@@ -430,7 +434,12 @@ def _run_engine(
     them); None on a gang's host that does not hold rank 0 (rank 0's host has the result)."""
     # A database URL becomes the job's snapshot of it (taken by the first attempt, read by all).
     config = with_snapshot(claim.config, keeper.db_sessions, claim.job_id, work_dir, on_event)
-    recipe = Recipe.from_config(config, checkpoint_every=settings.checkpoint_every, attempt=claim.attempt)
+    recipe = Recipe.from_config(
+        config,
+        checkpoint_every=settings.checkpoint_every,
+        attempt=claim.attempt,
+        checkpoint_output=parent_output(keeper.db_sessions, claim.job_id, config.get("from_checkpoint")),
+    )
     processes = gang.seat.processes if gang is not None else int(claim.config.get("gpus") or 1)
     if gang is None and processes == 1:
         return run_recipe(
@@ -450,6 +459,27 @@ def _run_engine(
         rendezvous=_rendezvous(settings, gang) if gang is not None else None,
         role=role,
     )
+
+
+def parent_output(db_sessions: Any, job_id: str, from_checkpoint: Any) -> str | None:
+    """The output directory of the fine-tune a job's from_checkpoint names (None for a repo or a
+    directory, which the engine reads itself): a completed job of the same owner, as the API checked
+    at create. One that is no longer so (deleted since) fails the job once, in one sentence."""
+    if not isinstance(from_checkpoint, str) or not is_fine_tune_id(from_checkpoint):
+        return None
+    owner = select(fine_tunes.c.user_id).where(fine_tunes.c.id == job_id).scalar_subquery()
+    with db_sessions() as db:
+        row = db.execute(
+            select(fine_tunes.c.status, fine_tunes.c.output_dir).where(
+                fine_tunes.c.id == from_checkpoint, fine_tunes.c.user_id == owner
+            )
+        ).first()
+    if row is None or row.status != COMPLETED or not row.output_dir:
+        raise EngineError(
+            f"bad from_checkpoint: {from_checkpoint} is not a completed fine-tune of this job's owner "
+            "(a job starts from a completed job's weights)"
+        )
+    return str(row.output_dir)
 
 
 def _write_end(keeper: LeaseKeeper, operation: Callable[[], T]) -> T:

@@ -23,7 +23,15 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session, sessionmaker
 
-from relay.events import CancelledEvent, DatasetEvent, ErrorEvent, MetricsEvent, RetryEvent, parse_event
+from relay.events import (
+    CancelledEvent,
+    DatasetEvent,
+    ErrorEvent,
+    MetricsEvent,
+    RetryEvent,
+    WeightsEvent,
+    parse_event,
+)
 from relay.sft import status as st
 from relay_api import dataset_credentials
 from relay_api.db import database_now, rows_changed, unlocked, with_retries
@@ -180,6 +188,8 @@ def record_event(
             progress["loss"] = float(event.loss)
         if isinstance(event, DatasetEvent):  # the job's `dataset`: what this attempt read
             progress["dataset"] = {key: value for key, value in event.items() if key not in ROW_KEYS}
+        if isinstance(event, WeightsEvent):  # the job's `weights`: where its starting weights came from
+            progress["weights"] = {key: value for key, value in event.items() if key not in ROW_KEYS}
         with db_sessions() as db:
             status = db.execute(
                 update(fine_tunes).where(_owned(claim)).values(progress).returning(fine_tunes.c.status)
@@ -187,9 +197,9 @@ def record_event(
             if status is None:
                 db.rollback()
                 raise FencedOut(claim.job_id)
-            if not isinstance(event, DatasetEvent):
-                # What was read is the job's `dataset`, not one of its events: a job's events are
-                # its training's (metrics first, as the API has always listed them).
+            if not isinstance(event, (DatasetEvent, WeightsEvent)):
+                # What was read is the job's `dataset` and `weights`, not its events: a job's events
+                # are its training's (metrics first, as the API has always listed them).
                 insert_event(db, claim.job_id, event, claim.attempt, now)
             db.commit()
         return JobState(status)

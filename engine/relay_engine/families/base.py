@@ -76,6 +76,9 @@ class PreparedRecipe:
     extra: dict[str, Any] = field(default_factory=dict)
     # What the run read (pi05: a DatasetEvent), reported once at the step it starts from.
     data_read: Callable[[int], Event] | None = None
+    # Where the starting weights came from (pi05 with from_checkpoint: a WeightsEvent), reported once
+    # at the step it starts from, after data_read.
+    weights_read: Callable[[int], Event] | None = None
     # The held-out scores at a step (pi05 with validation_episodes: a ValidationEvent), after each
     # checkpoint; every process calls it, rank 0 reports it.
     validate: Callable[[int], Event] | None = None

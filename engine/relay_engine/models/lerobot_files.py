@@ -33,6 +33,8 @@ from relay_engine.models.tokenizer import PALIGEMMA_TOKENIZER_REPO
 
 LEROBOT_CONFIG_FILE = "config.json"
 PREPROCESSOR = "policy_preprocessor"
+# The preprocessor's normalizer step: its state holds the statistics the policy was trained with.
+NORMALIZER_FILE = f"{PREPROCESSOR}_step_3_normalizer_processor.safetensors"
 POSTPROCESSOR = "policy_postprocessor"
 STATE_KEY = "observation.state"
 ACTION_KEY = "action"
@@ -175,7 +177,7 @@ def write_processors(directory: Path, config: Pi05Config, features: RobotFeature
     """lerobot's pre- and postprocessor pipelines for pi05, with the dataset's statistics."""
     tensors = _stats_tensors(stats)
     every_feature = {**features.input_features(), **features.output_features()}
-    pre_state = f"{PREPROCESSOR}_step_3_normalizer_processor.safetensors"
+    pre_state = NORMALIZER_FILE
     post_state = f"{POSTPROCESSOR}_step_0_unnormalizer_processor.safetensors"
     tokenizer = PALIGEMMA_TOKENIZER_REPO if config.tokenizer == "paligemma" else None
     device = {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}

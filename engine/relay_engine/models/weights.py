@@ -26,7 +26,7 @@ from relay.catalog import ACTION_HORIZON, MODELS
 from relay_engine.errors import ConfigError
 from relay_engine.hub_files import download, hub_endpoint
 from relay_engine.models.config import Pi05Config, named_config
-from relay_engine.models.lerobot_files import RobotFeatures, write_lerobot_config
+from relay_engine.models.lerobot_files import NORMALIZER_FILE, RobotFeatures, write_lerobot_config
 from relay_engine.models.pi05 import Pi05Policy
 from relay_engine.models.streamed_safetensors import PendingTensor, write_streamed
 
@@ -35,6 +35,8 @@ WEIGHTS_FILE = "model.safetensors"
 # written before that split kept Relay's description in config.json, and are still read.
 CONFIG_FILE = "relay_config.json"
 OLD_CONFIG_FILE = "config.json"
+# The statistics a model was trained with, in openpi's layout (lerobot's are in NORMALIZER_FILE).
+NORM_STATS_FILE = "norm_stats.json"
 CONFIG_FORMAT = "relay-pi05"
 BASE_REPO = {"pi05": "lerobot/pi05_base"}
 # The pi05-tiny base ships inside the package: pretrained on synthetic tasks by
@@ -67,7 +69,7 @@ def build_policy(
     if isinstance(name, Pi05Config):
         config = name
     elif str(name) not in MODELS and Path(name).expanduser().is_dir():
-        config = _read_config(Path(name).expanduser(), seed)
+        config = read_config(Path(name).expanduser(), seed)
     else:
         config = named_config(str(name), action_horizon=action_horizon, seed=seed)
     device = torch.device(device)
@@ -109,7 +111,7 @@ def load_policy(
     elif name not in MODELS and local.is_dir():
         directory = local
     elif name in MODELS or re.fullmatch(r"[\w.-]+/[\w.-]+", name):
-        directory = _fetch_from_hub(BASE_REPO.get(name, name))
+        directory = fetch_from_hub(BASE_REPO.get(name, name))
     else:
         raise ConfigError(
             f"model {name!r} is neither a known model ({', '.join(MODELS)}) "
@@ -118,14 +120,14 @@ def load_policy(
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         raise ConfigError(f"{directory}: no {WEIGHTS_FILE} in this directory")
-    config = _read_config(directory, seed)
+    config = read_config(directory, seed)
     if action_horizon is not None or name in MODELS:
         # A base model's chunks are the recipe's (10 by default), not its training's.
         config = config.replace(action_horizon=action_horizon or 10)
-    return _load_weights(config, weights, torch.device(device), str(directory))
+    return load_weights(config, weights, torch.device(device), str(directory))
 
 
-def _read_config(directory: Path, seed: int) -> Pi05Config:
+def read_config(directory: Path, seed: int = 0) -> Pi05Config:
     path = directory / CONFIG_FILE
     if not path.is_file():
         path = directory / OLD_CONFIG_FILE
@@ -148,26 +150,46 @@ def _read_config(directory: Path, seed: int) -> Pi05Config:
     )
 
 
-def _fetch_from_hub(repo: str) -> Path:
-    """The directory in the Hub cache holding the repo's weights and config.json (relay_engine.hub_files:
-    HF_ENDPOINT, HF_TOKEN and HF_HUB_CACHE are read at each call)."""
+def fetch_from_hub(repo: str, revision: str | None = None, *, with_stats: bool = False) -> Path:
+    """The directory in the Hub cache holding the repo's weights and config.json at `revision` (a
+    branch, tag or commit; None: the default branch), named by its commit sha (the cache's
+    snapshots/<sha>/). relay_engine.hub_files reads HF_ENDPOINT, HF_TOKEN and HF_HUB_CACHE at each call."""
     from huggingface_hub.errors import EntryNotFoundError
 
+    at = f" at revision {revision}" if revision is not None else ""
     try:
-        weights = download(repo, WEIGHTS_FILE)
+        weights = download(repo, WEIGHTS_FILE, revision=revision)
         for config_file in (CONFIG_FILE, OLD_CONFIG_FILE):  # without either, the weights are pi05's
             with contextlib.suppress(EntryNotFoundError):
-                download(repo, config_file)
+                download(repo, config_file, revision=revision)
+        # The statistics a checkpoint was trained with (a recipe's from_checkpoint may normalize with
+        # them); a repo without them is still a checkpoint.
+        for stats_file in (NORM_STATS_FILE, NORMALIZER_FILE) if with_stats else ():
+            with contextlib.suppress(EntryNotFoundError):
+                download(repo, stats_file, revision=revision)
     except Exception as error:  # offline, gated, missing: say which and how to fix it
         raise ConfigError(
-            f"cannot get {WEIGHTS_FILE} of {repo} from {hub_endpoint()} "
-            f"({type(error).__name__}: {error}); "
+            f"cannot get {WEIGHTS_FILE} of {repo}{at} from {hub_endpoint()} "
+            f"({_hub_problem(error, repo, revision)}); "
             "download it once, or pass the path of a local directory holding it"
         ) from None
     return weights.parent
 
 
-def _load_weights(config: Pi05Config, weights: Path, device: torch.device, source: str | None) -> Pi05Policy:
+def _hub_problem(error: Exception, repo: str, revision: str | None) -> str:
+    """huggingface_hub's error in a few words (its own text runs over several lines of advice)."""
+    name = type(error).__name__
+    if name == "RevisionNotFoundError":
+        return f"{name}: {repo} has no branch, tag or commit {revision}"
+    if name == "GatedRepoError":
+        return f"{name}: {repo} is gated; accept its terms on the Hub and set HF_TOKEN"
+    if name == "RepositoryNotFoundError":
+        return f"{name}: no model repo {repo} there (a private one needs HF_TOKEN)"
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return f"{name}: {first}"
+
+
+def load_weights(config: Pi05Config, weights: Path, device: torch.device, source: str | None) -> Pi05Policy:
     # Structure on the meta device, then the file's tensors assigned in: no second copy, no init.
     with torch.device("meta"):
         policy = Pi05Policy(config, source=source)

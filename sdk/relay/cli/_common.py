@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from relay.checkpoints import is_fine_tune_id
 from relay.dataset_names import is_database_url
 from relay.errors import APIError, ConfigError
 from relay.formatting import number_text
@@ -91,6 +92,16 @@ def dataset_name(dataset: str) -> str:
     if not dataset.startswith("file://") and path.is_dir():
         return str(path.resolve())
     return dataset
+
+
+def checkpoint_name(value: str) -> str:
+    """A from_checkpoint value as the job will read it: a directory that exists here is meant as one,
+    named by its absolute path, even when given relative (`models/pick`); a fine-tune's id or a Hub
+    repo id is kept as it is."""
+    path = Path(value).expanduser()
+    if not is_fine_tune_id(value) and path.is_dir():
+        return str(path.resolve())
+    return value
 
 
 def _absolute_sqlite_url(url: str) -> str:

@@ -16,6 +16,7 @@ from rich.table import Table
 from relay import sft
 from relay.catalog import LORA_RANK_MAX
 from relay.cli._common import (
+    checkpoint_name,
     clear_errors,
     console,
     dataset_name,
@@ -35,6 +36,7 @@ from relay.events import (
     eval_report_path,
     headline_action_error,
     validation_line,
+    weights_line,
 )
 from relay.formatting import duration_text, number_text, size_text
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
@@ -118,6 +120,19 @@ def create(
         help="rt-j models: a directory on the workers' disk holding the database's tasks "
         "(a schema.json with their definitions, and <task>/train.parquet ...).",
     ),
+    from_checkpoint: str | None = typer.Option(
+        None,
+        "--from-checkpoint",
+        help="Start from these weights instead of the model's base: a Hub model repo with an optional "
+        "@revision (lerobot/pi05_libero, team/my-pi05@v2), a local directory (lerobot's PI05Policy "
+        "format or a Relay output), or a completed fine-tune's id (ft-...). --model names their "
+        "architecture.",
+    ),
+    normalization: str | None = typer.Option(
+        None,
+        help="Normalize with the new dataset's statistics (dataset, the default) or the ones the "
+        "--from-checkpoint weights were trained with (checkpoint).",
+    ),
     name: str | None = typer.Option(None, help="A name for the job."),
     validation_episodes: str | None = typer.Option(
         None,
@@ -155,6 +170,8 @@ def create(
             "tasks_dir": str(tasks_dir.expanduser().resolve()) if tasks_dir is not None else None,
             "name": name,
             "validation_episodes": validation_episodes,
+            "from_checkpoint": checkpoint_name(from_checkpoint) if from_checkpoint else None,
+            "normalization": normalization,
         }
         fields.update({k: v for k, v in given.items() if v is not None})  # the options override the file
         job = train(SFTConfig.parse(fields), idempotency_key=idempotency_key)
@@ -324,6 +341,8 @@ def _show_job(job: FineTuneJob, as_json: bool, card_follows: bool = False) -> No
             record = {key: value for key, value in record.items() if key not in LORA_FIELDS}
         if record.get("dataset"):  # what the engine read, in one line
             record["dataset"] = dataset_line(record["dataset"])
+        if record.get("weights"):  # where the starting weights came from, in one line
+            record["weights"] = weights_line(record["weights"])
         if card_follows:  # the held-out scores are the card's (the same block): not twice
             record.pop("validation", None)
         elif record.get("validation"):  # the best scores and the last, a line each
@@ -370,6 +389,8 @@ def _results_rows(card: FineTuneSummary) -> list[tuple[str, str]]:
         rows.append(("validation", validation_text(card.validation)))
     if card.eval is not None:
         rows.append(("closed loop", _eval_text(card.eval)))
+    if card.weights is not None:
+        rows.append(("started from", weights_line(card.weights.model_dump())))
     return rows
 
 

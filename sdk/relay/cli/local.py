@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -13,8 +14,9 @@ import typer
 
 from relay import families
 from relay.catalog import LORA_RANK_MAX, STRATEGIES
+from relay.checkpoints import is_fine_tune_id, job_id_needs_the_service
+from relay.cli._common import checkpoint_name, dataset_name, fail, parse_pairs, split_targets
 from relay.cli._common import console as make_console
-from relay.cli._common import dataset_name, fail, parse_pairs, split_targets
 from relay.cli._extras import require
 from relay.cli._launch import Launch, rank, run_launched
 from relay.episodes import parse_episodes as episodes_of_text
@@ -25,11 +27,13 @@ from relay.events import (
     SnapshotEvent,
     StageEvent,
     ValidationEvent,
+    WeightsEvent,
     dataset_line,
     eval_line,
     kind_of,
     stage_text,
     validation_line,
+    weights_line,
 )
 from relay.formatting import number_text
 from relay.progress import ProgressReport
@@ -83,6 +87,19 @@ def train(
     dataset_revision: str | None = typer.Option(
         None,
         help="A Hub dataset's branch, tag or commit to read (default: v2.1, else a v3.0 default branch).",
+    ),
+    from_checkpoint: str | None = typer.Option(
+        None,
+        "--from-checkpoint",
+        help="Start from these weights instead of the model's base: a Hub model repo with an optional "
+        "@revision (lerobot/pi05_libero, team/my-pi05@v2) or a local directory (lerobot's PI05Policy "
+        "format or a Relay output); a fine-tune's id needs the service: download its weights first "
+        "(relay fine-tunes download). --model names their architecture.",
+    ),
+    normalization: str | None = typer.Option(
+        None,
+        help="Normalize with the new dataset's statistics (dataset, the default) or the ones the "
+        "--from-checkpoint weights were trained with (checkpoint).",
     ),
     steps: int = typer.Option(SFTConfig.default("steps"), help=f"Optimizer steps, 1 to {STEPS_MAX:,}."),
     output_dir: Path = typer.Option(..., help="Where checkpoints and the merged model go."),
@@ -169,7 +186,11 @@ def train(
         "dataset_revision": dataset_revision,
         "validation_episodes": validation_episodes,
         "eval": _eval_json(eval_block),
+        "from_checkpoint": checkpoint_name(from_checkpoint) if from_checkpoint else None,
+        "normalization": normalization,
     }
+    if from_checkpoint is not None and is_fine_tune_id(from_checkpoint):
+        fail(job_id_needs_the_service(from_checkpoint))
     config = _recipe_config(model, dataset, steps, given)
     _check_processes(config, nproc_per_node * nnodes)
     if launch.needed:
@@ -222,6 +243,18 @@ def _check_processes(config: SFTConfig, processes: int) -> None:
         )
 
 
+def _snapshot_note(event: dict[str, Any]) -> str:
+    tables = ", ".join(f"{name} {count:,}" for name, count in event["row_counts"].items())
+    return f"reading a snapshot of {event['source']} ({tables} rows) at {event['path']}"
+
+
+_READ_NOTES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "dataset": lambda event: f"reading {dataset_line(event)}",
+    WeightsEvent.kind: lambda event: f"starting from {weights_line(event)}",
+    SnapshotEvent.kind: _snapshot_note,
+}
+
+
 class _TrainingProgress:
     """What the run shows: a progress report on a terminal (rank 0), or JSON lines with --json."""
 
@@ -252,11 +285,8 @@ class _TrainingProgress:
                 )
         elif kind == StageEvent.kind:  # a wait between steps: say what it is
             self.report.update(event["step"], "", description=stage_text(event))
-        elif kind == "dataset":
-            self.report.note(f"reading {dataset_line(event)}")
-        elif kind == SnapshotEvent.kind:
-            tables = ", ".join(f"{name} {count:,}" for name, count in event["row_counts"].items())
-            self.report.note(f"reading a snapshot of {event['source']} ({tables} rows) at {event['path']}")
+        elif kind in _READ_NOTES:  # what the run read before its first step
+            self.report.note(_READ_NOTES[kind](event))
         elif kind == ValidationEvent.kind:
             self.report.note(f"step {event['step']}: validation: {validation_line(event)}")
         elif kind == EvalEvent.kind:

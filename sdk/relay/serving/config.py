@@ -19,12 +19,13 @@ from typing import Annotated, ClassVar
 from pydantic import AfterValidator, Field, WithJsonSchema
 
 from relay import catalog
+from relay.checkpoints import FINE_TUNE_ID_PATTERN
 from relay.rules import CheckedConfig, WholeNumber
 from relay.training.config import SAVED_NAME_MAX, check_name
 
 JOB_PREFIX = "ft-"
 SESSION_PREFIX = "ses-"
-_JOB_ID = re.compile(r"^ft-[0-9a-f]{12}$")
+_JOB_ID = re.compile(rf"^{FINE_TUNE_ID_PATTERN}$")
 _SESSION_WEIGHTS = re.compile(r"^(ses-[0-9a-f]{12})/(.+)$")
 
 # Base models a deployment serves: the policy families. An RT-J is deployed from a completed

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, PlainValidator, WithJsonSchema, field_validator, model_validator
 
 from relay import catalog, families
 from relay.catalog import LORA_RANK_DEFAULT
+from relay.checkpoints import (
+    FROM_CHECKPOINT_MAX,
+    FROM_CHECKPOINT_PATTERN,
+    FROM_CHECKPOINT_RULE,
+    NORMALIZATION_RULE,
+    NORMALIZATIONS,
+    REVISION_CHARACTER,
+    parse_checkpoint,
+)
 from relay.dataset_names import (
     DATASET_NAME_PATTERN,
     LEROBOT_DATASET_NAME_PATTERN,
@@ -56,10 +65,8 @@ DATASET_NAME_MAX = 1024
 # A Hub branch or tag name is far shorter; a commit sha is 40 characters.
 DATASET_REVISION_MAX = 256
 TASK_MAX = 128
-# A revision: no spaces or control characters (Git refuses both in a ref name). U+0085 (a C1
-# control) and U+FEFF are named as well as `\s`: JSON Schema tools read `\s` as ECMAScript does,
-# which leaves out U+0085, and Python's `\s` leaves out U+FEFF; named, both readings refuse both.
-REVISION_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f\ufeff]+$"
+# A revision: no spaces or control characters (relay.checkpoints.REVISION_CHARACTER says why).
+REVISION_PATTERN = rf"^{REVISION_CHARACTER}+$"
 # An absolute path (or ~/...) with no control characters.
 ABSOLUTE_PATH_PATTERN = r"^[/~][^\x00-\x1f\x7f]*$"
 RECIPE_MODEL_RULE = "must be one of " + ", ".join(catalog.RECIPE_MODELS)
@@ -102,6 +109,8 @@ RULES: dict[str, str] = {
         "the GPUs of one worker host for full"
     ),
     "validation_episodes": VALIDATION_EPISODES_RULE,
+    "from_checkpoint": FROM_CHECKPOINT_RULE,
+    "normalization": NORMALIZATION_RULE,
     "eval": "must be null or an object: env (required), episodes, seed, max_steps, at_checkpoints, videos",
 }
 
@@ -129,6 +138,13 @@ def _schema_rules() -> tuple[dict[str, Any], ...]:
             {"properties": {"dataset_name": {"pattern": LEROBOT_DATASET_NAME_PATTERN}}},
         ),
     ]
+    # The checkpoint's statistics need a checkpoint (_normalization_of_a_checkpoint).
+    rules.append(
+        {
+            "if": {"properties": {"normalization": {"const": "checkpoint"}}, "required": ["normalization"]},
+            "then": {"required": ["from_checkpoint"], "properties": {"from_checkpoint": {"type": "string"}}},
+        }
+    )
     for spec in families.family_specs():
         if spec.task == "refused" and spec.refused_fields:
             absent = {field: ABSENT for field in spec.refused_fields}
@@ -164,6 +180,7 @@ class SFTConfig(CheckedConfig):
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "model": catalog.RECIPE_MODELS,
         "finetune": catalog.FINETUNE_METHODS,
+        "normalization": NORMALIZATIONS,
     }
     MODEL_DEFAULTS: ClassVar[dict[str, dict[str, Any]]] = {
         model: dict(defaults)
@@ -211,6 +228,17 @@ class SFTConfig(CheckedConfig):
     )
     validation_episodes: ValidationEpisodes = None
     eval: Annotated[JobEval | None, BeforeValidator(job_eval_value)] = None
+    # The weights to start from instead of the model's base (relay.checkpoints): a Hub repo[@revision],
+    # a local directory or a completed fine-tune's id. `model` stays the architecture. The pattern is
+    # checked by _known_checkpoint_form (pydantic's regex engine has no lookaheads).
+    from_checkpoint: str | None = Field(
+        None,
+        min_length=1,
+        max_length=FROM_CHECKPOINT_MAX,
+        json_schema_extra={"pattern": FROM_CHECKPOINT_PATTERN},
+    )
+    # Whose statistics normalize states and actions: the new dataset's, or from_checkpoint's own.
+    normalization: Literal["dataset", "checkpoint"] = "dataset"
 
     @classmethod
     def default(cls, field: str, model: str | None = None) -> Any:
@@ -263,6 +291,13 @@ class SFTConfig(CheckedConfig):
             raise ValueError(RULES["dataset_name"])
         return value
 
+    @field_validator("from_checkpoint")
+    @classmethod
+    def _known_checkpoint_form(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_checkpoint(value)  # ValueError: FROM_CHECKPOINT_RULE
+        return value
+
     @field_validator("dataset_revision")
     @classmethod
     def _plain_dataset_revision(cls, value: str | None) -> str | None:
@@ -310,6 +345,7 @@ class SFTConfig(CheckedConfig):
         self._refuse_fields(spec)
         self._database_url_of_a_relational_model(spec)
         self._revision_of_a_hub_dataset()
+        self._normalization_of_a_checkpoint()
         self._fit_finetune(spec)
         self._fit_gpus(spec)
         # At the default cadence; the API and the engine ask again at the one they checkpoint at.
@@ -341,6 +377,16 @@ class SFTConfig(CheckedConfig):
                 "directory, which has no revisions; a revision is a branch, tag or commit of a Hub "
                 "dataset repo)",
                 "dataset_revision",
+                "invalid_value",
+            )
+
+    def _normalization_of_a_checkpoint(self) -> None:
+        if self.normalization == "checkpoint" and self.from_checkpoint is None:
+            raise ConfigError(
+                'bad normalization: "checkpoint" uses the statistics of the from_checkpoint weights, '
+                'and no from_checkpoint is given (leave normalization out, or "dataset", for the '
+                "dataset's own)",
+                "normalization",
                 "invalid_value",
             )
 

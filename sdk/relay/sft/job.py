@@ -61,7 +61,8 @@ class FineTuneJob:
     """A recipe job. Attributes: ``id``, ``status``, ``step``, ``loss``, ``error``, ``output_dir``,
     ``created_at``, ``started_at``, ``finished_at``, ``attempts``, ``lease_lapsed_seconds`` (a running
     job whose worker stopped renewing its lease: how long ago it lapsed), ``dataset`` (what the engine
-    read: the Hub revision and commit, or the directory; the format, episodes and frames),
+    read: the Hub revision and commit, or the directory; the format, episodes and frames), ``weights``
+    (a job with ``from_checkpoint``: where its starting weights came from, relay.sft.summary.WeightsRead),
     ``validation`` (with ``validation_episodes``: the held-out scores, ``{"best": ..., "last": ...,
     "scored": n}``, each a validation event's fields) and the config's fields.
 
@@ -82,6 +83,9 @@ class FineTuneJob:
     # What the engine read once the dataset was open (repo or path, revision, sha, format, frames,
     # episodes); None until then.
     dataset: dict[str, Any] | None
+    # Where the starting weights came from (from_checkpoint): model, and repo, revision and sha, or
+    # path, or the fine-tune `job`; None until the worker loaded them, and for a job from its base.
+    weights: dict[str, Any] | None
     # The validation split's scores so far: best (lowest headline action error, mean_action_mse,
     # with its step), last, and how many times scored; None without validation_episodes, or before
     # the first checkpoint.
@@ -104,6 +108,8 @@ class FineTuneJob:
     validation_episodes: list[int] | float | str | None
     # The recipe's `eval` block (relay.env_evaluation.JobEval's fields), or None.
     eval: dict[str, Any] | None
+    from_checkpoint: str | None
+    normalization: str
 
     def __init__(self, data: dict[str, Any], client: http_client.Client | None = None) -> None:
         self._client = client or http_client.default_client()

@@ -166,6 +166,21 @@ class ModelUse(BaseModel):
     deploy: str = Field(description="How to serve it: a deployment on the service, or `relay serve` locally.")
 
 
+class WeightsRead(BaseModel):
+    """Where a job's starting weights came from (a recipe's from_checkpoint; its `weights` event): the
+    `model` they are, and a Hub repo's `repo`, the `revision` asked for (null: the default branch) and
+    the commit `sha` read; a local directory's `path`; or the fine-tune `job` whose output they are."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    repo: str | None = None
+    revision: str | None = None
+    sha: str | None = None
+    path: str | None = None
+    job: str | None = None
+
+
 class FineTuneSummary(BaseModel):
     """A fine-tune's results: its pace, its training loss, its checkpoints with their figures, the
     validation and closed-loop figures once reported, and how to use the model."""
@@ -213,6 +228,11 @@ class FineTuneSummary(BaseModel):
     )
     eval: EvalSummary | None = Field(
         None, description="Closed-loop evaluation: the best and latest success rates (null until one)."
+    )
+    weights: WeightsRead | None = Field(
+        None,
+        description="Where the starting weights came from, for a job with from_checkpoint (null until "
+        "the worker loaded them, and for a job from its model's base).",
     )
     use: ModelUse
 

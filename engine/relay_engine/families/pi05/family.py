@@ -68,6 +68,11 @@ class Pi05Family(Family):
         from relay_engine.families.pi05.learner import Pi05Learner
         from relay_engine.families.pi05.validation import Validator, split_frames
         from relay_engine.models import load_policy
+        from relay_engine.models.checkpoints import (
+            load_checkpoint,
+            resolve_checkpoint,
+            use_checkpoint_norm_stats,
+        )
         from relay_engine.tuning import apply_tuning
 
         recipe, config = run.recipe, run.recipe.config
@@ -77,6 +82,28 @@ class Pi05Family(Family):
                 f"{run.processes}: each process trains on its part of every batch)"
             )
         strategy = choose_strategy(recipe.strategy, config.finetune)
+        # The checkpoint first: a wrong architecture or a missing repo is said before any dataset is read.
+        checkpoint = (
+            resolve_checkpoint(
+                config.from_checkpoint,
+                Path(recipe.checkpoint_output) if recipe.checkpoint_output is not None else None,
+            )
+            if config.from_checkpoint is not None
+            else None
+        )
+        policy = (
+            load_policy(
+                config.model, device=run.device, action_horizon=recipe.action_horizon, seed=recipe.seed
+            )
+            if checkpoint is None
+            else load_checkpoint(
+                checkpoint,
+                model=config.model,
+                action_horizon=recipe.action_horizon,
+                device=run.device,
+                seed=recipe.seed,
+            )
+        )
         dataset = open_dataset(
             config.dataset_name,
             cameras=config.cameras,
@@ -84,10 +111,9 @@ class Pi05Family(Family):
             cache_dir=run.dataset_cache_dir,
             revision=config.dataset_revision,
         )
+        if checkpoint is not None and config.normalization == "checkpoint":
+            use_checkpoint_norm_stats(dataset, checkpoint)
         split = split_frames(dataset, recipe.episodes, config.validation_episodes, recipe.seed)
-        policy = load_policy(
-            config.model, device=run.device, action_horizon=recipe.action_horizon, seed=recipe.seed
-        )
         policy.config = policy.config.replace(robot_action_dim=dataset.summary.action_dim)
         model = apply_tuning(policy, config.finetune, config.targets, config.lora_rank, config.lora_alpha)
         parallel = Parallel(model, run.world, strategy) if run.world is not None else None
@@ -118,6 +144,9 @@ class Pi05Family(Family):
             parallel=parallel,
             extra={"processes": run.processes, "strategy": strategy if parallel is not None else None},
             data_read=_data_read(dataset),
+            weights_read=(
+                (lambda step: checkpoint.event(step, config.model)) if checkpoint is not None else None
+            ),
             validate=validator,
             evaluate_in_env=evaluator,
             evaluate_at_checkpoints=config.eval is not None and config.eval.at_checkpoints,

@@ -137,9 +137,18 @@ export async function jobView(ctx, id) {
       ["Attempts", String(job.attempts)],
     ];
     if (job.dataset) rows.splice(3, 0, ["Read", datasetLine(job.dataset)]);
+    if (job.weights) rows.splice(2, 0, ["Weights", weightsLine(job.weights)]);
     if (job.error) rows.push(["Error", job.error]);
     facts.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", { "data-field": k.toLowerCase() }, v)]));
     renderTimeline();
+  }
+
+  // Where the starting weights came from, as relay.events.weights_line says it.
+  function weightsLine(read) {
+    let where = read.path;
+    if (read.job) where = `fine-tune ${read.job}`;
+    else if (read.repo) where = `${read.repo} at ${read.revision ?? "the default branch"} (commit ${String(read.sha ?? "?").slice(0, 8)})`;
+    return `${read.model} weights of ${where}`;
   }
 
   // queued -> running (-> another attempt ...) (-> cancel_requested) -> how it ended, with times.
