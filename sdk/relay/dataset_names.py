@@ -31,6 +31,12 @@ LOCAL_NAME_PATTERN = r"(?:/|~|\./|\.\./|file:(?:///|//localhost/|/[^/\x00-\x1f\x
 # repo id has no `:` and a local name starts with `/`, `~`, `.` or `file:`, so none is taken for another.
 DATABASE_BACKENDS: tuple[str, ...] = ("sqlite", "postgresql", "mysql", "mariadb")
 DATABASE_URL_PATTERN = rf"(?:{'|'.join(DATABASE_BACKENDS)})(?:\+[A-Za-z0-9_]+)?://[^\x00-\x1f\x7f]*"
+# The names read from the disk of the machine that trains (names_local_directory), as a pattern:
+# a local directory, a file: URL, or a SQLite file's URL. They have no revisions, and the JSON
+# Schema says so (SFTConfig's rules).
+LOCAL_DISK_NAME_PATTERN = (
+    rf"^(?:{LOCAL_NAME_PATTERN}|file:[^\x00-\x1f\x7f]*|sqlite(?:\+[A-Za-z0-9_]+)?://[^\x00-\x1f\x7f]*)$"
+)
 # A RelBench dataset (and task) read through the relbench package: relbench:rel-f1,
 # relbench:rel-f1/driver-dnf, or relbench:<a local RelBench directory>[/<task>] (rt-j models).
 RELBENCH_PREFIX = "relbench:"

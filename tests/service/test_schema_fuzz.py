@@ -20,7 +20,8 @@ from schemathesis import GenerationMode
 from schemathesis import checks as st_checks
 from schemathesis.config import SchemathesisConfig
 
-from relay.dataset_names import DATABASE_URL_PATTERN
+from relay.checkpoints import is_fine_tune_id
+from relay.dataset_names import DATABASE_URL_PATTERN, names_local_directory
 from relay_api.app import create_app
 from tests.hub import FakeHub
 from tests.service.stack import PARKED_QUEUE, Stack
@@ -77,6 +78,14 @@ def adjust(case: schemathesis.Case) -> None:
             DATABASE_URL_PATTERN, case.body["dataset_name"]
         ):
             case.body["dataset_name"] = "postgresql://relay@db.invalid/shop"
+        # A checkpoint that is a fine-tune's id or a directory must exist (a completed job of the
+        # caller's; a directory on the workers' disk), which no schema states;
+        # tests/service/test_from_checkpoint.py covers those refusals. A Hub repo is left in.
+        checkpoint = case.body.get("from_checkpoint")
+        if isinstance(checkpoint, str) and (is_fine_tune_id(checkpoint) or names_local_directory(checkpoint)):
+            case.body.pop("from_checkpoint")
+            if case.body.get("normalization") == "checkpoint":
+                case.body.pop("normalization")
         # An eval block's budget is a product of its episodes, max_steps, at_checkpoints and the
         # job's steps, which no schema states; tests/sdk/test_job_eval.py covers it.
         if isinstance(case.body.get("eval"), dict):

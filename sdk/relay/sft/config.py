@@ -27,6 +27,7 @@ from relay.checkpoints import (
 from relay.dataset_names import (
     DATASET_NAME_PATTERN,
     LEROBOT_DATASET_NAME_PATTERN,
+    LOCAL_DISK_NAME_PATTERN,
     MALFORMED_URL_RULE,
     is_dataset_name,
     is_malformed_url,
@@ -138,6 +139,16 @@ def _schema_rules() -> tuple[dict[str, Any], ...]:
             {"properties": {"dataset_name": {"pattern": LEROBOT_DATASET_NAME_PATTERN}}},
         ),
     ]
+    # A dataset on the training machine's disk has no revisions (_revision_of_a_hub_dataset).
+    rules.append(
+        {
+            "if": {
+                "properties": {"dataset_name": {"pattern": LOCAL_DISK_NAME_PATTERN}},
+                "required": ["dataset_name"],
+            },
+            "then": {"properties": {"dataset_revision": ABSENT}},
+        }
+    )
     # The checkpoint's statistics need a checkpoint (_normalization_of_a_checkpoint).
     rules.append(
         {
