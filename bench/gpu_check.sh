@@ -89,7 +89,8 @@ DATASET=$WORK/dots
     || say "synth: the dataset could not be written; see synth.log"
 run train 120 "${RELAY[@]}" local train --model pi05-tiny --dataset "$DATASET" --steps "$TRAIN_STEPS" \
     --batch-size "$BATCH" --device "$DEVICE" --output-dir "$WORK/run"
-if "${RELAY[@]}" local train --help 2>/dev/null | grep -q -- "--from-checkpoint"; then
+# (The help is read whole first: `grep -q` closing the pipe early fails the pipeline under pipefail.)
+if [[ $("${RELAY[@]}" local train --help 2>/dev/null) == *--from-checkpoint* ]]; then
     run from_checkpoint 120 "${RELAY[@]}" local train --model pi05-tiny --from-checkpoint "$WORK/run" \
         --dataset "$DATASET" --steps "$TRAIN_STEPS" --batch-size "$BATCH" --device "$DEVICE" --output-dir "$WORK/again"
 else
