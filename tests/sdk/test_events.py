@@ -70,6 +70,7 @@ def test_every_kind_is_in_the_union() -> None:
         "finished",
         "error",
         "dataset",
+        "weights",
         "snapshot",
         "validation",
         "eval",
