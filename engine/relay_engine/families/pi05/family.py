@@ -104,6 +104,9 @@ class Pi05Family(Family):
                 seed=recipe.seed,
             )
         )
+        # The tokenizer before the dataset and the rest: its absence (the PaliGemma repo is gated)
+        # is said at once, not at the first batch after the setup.
+        policy.tokenizer.ensure_loaded()
         dataset = open_dataset(
             config.dataset_name,
             cameras=config.cameras,
