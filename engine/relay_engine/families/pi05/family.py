@@ -165,6 +165,8 @@ class Pi05Family(Family):
             lora_rank=config["lora_rank"],
             lora_alpha=config["lora_alpha"],
             action_horizon=config["action_horizon"],
+            from_checkpoint=config.get("from_checkpoint"),
+            checkpoint_output=config.get("checkpoint_output"),
         )
         return TrainingSession(spec, device=device)
 
