@@ -143,15 +143,17 @@ def check_dataset(name: str, settings: Settings) -> None:
         )
 
 
-def check_checkpoint(db: Db, user_id: int, config: SFTConfig, settings: Settings) -> None:
+def check_checkpoint(
+    db: Db, user_id: int, model: str, from_checkpoint: str | None, settings: Settings
+) -> None:
     """Refuse a from_checkpoint no worker can start from, where the API can tell: a fine-tune that is
     not a completed job of the caller's, a local directory where the service reads none or, where the
     API shares the workers' disk, one that is not there; and a checkpoint of another architecture
     than `model` (relay.checkpoints' sentence), read from the parent job or the directory. A Hub
     repo is the worker's to fetch: a missing one (or revision) fails the job once, in one sentence."""
-    if config.from_checkpoint is None:
+    if from_checkpoint is None:
         return
-    source = parse_checkpoint(config.from_checkpoint)
+    source = parse_checkpoint(from_checkpoint)
     found: str | None = None
     if source.kind == "job":
         row = (
@@ -164,32 +166,30 @@ def check_checkpoint(db: Db, user_id: int, config: SFTConfig, settings: Settings
             .first()
         )
         if row is None:
-            raise _bad_checkpoint(config.from_checkpoint, "no fine-tune of yours has this id")
+            raise _bad_checkpoint(from_checkpoint, "no fine-tune of yours has this id")
         if row["status"] != st.COMPLETED:
             raise _bad_checkpoint(
-                config.from_checkpoint,
-                f"that fine-tune is {row['status']}; a job starts from a completed job's weights",
+                from_checkpoint,
+                f"that fine-tune is {row['status']}; training starts from a completed job's weights",
             )
         found = str(row["config"].get("model"))
     elif source.kind == "directory":
         assert source.path is not None
         if not settings.local_datasets:
             raise _bad_checkpoint(
-                config.from_checkpoint,
+                from_checkpoint,
                 "this server does not read local directories; name a Hub model repo or a completed "
                 "fine-tune's id",
             )
         if not settings.api_shares_workers_disk:
             return
         if not source.path.is_dir():
-            raise _bad_checkpoint(
-                config.from_checkpoint, f"{source.path} is not a directory on the workers' disk"
-            )
+            raise _bad_checkpoint(from_checkpoint, f"{source.path} is not a directory on the workers' disk")
         found = checkpoint_model(source.path)
-    if found is not None and found != config.model:
+    if found is not None and found != model:
         raise APIProblem(
             400,
-            architecture_mismatch(config.model, found, config.from_checkpoint),
+            architecture_mismatch(model, found, from_checkpoint),
             param="from_checkpoint",
             code="invalid_value",
         )

@@ -57,7 +57,7 @@ def create_fine_tune(
     fine_tunes.check_tasks_dir(config.tasks_dir, settings)
     fine_tunes.check_eval_budget(config, settings)
     with read_db(request) as db:  # the INSERT is one statement, atomic by itself
-        fine_tunes.check_checkpoint(db, user, config, settings)
+        fine_tunes.check_checkpoint(db, user, config.model, config.from_checkpoint, settings)
         config = fine_tunes.place_on_workers(db, config, settings, cpu_full_size=settings.allow_cpu_full_size)
         row, replayed = fine_tunes.create(db, user, config, idempotency_key)
     if not replayed:

@@ -217,6 +217,8 @@ class SessionOut(BaseModel):
     action_horizon: int
     codec: str
     problem_type: str | None = None  # rt-j sessions: "binary" or "regression"
+    # pi05 sessions: the weights started from instead of the base's (a repo, directory or job id).
+    from_checkpoint: str | None = None
     info: dict[str, Any] | None
     error: str | None
     worker: str | None

@@ -62,6 +62,7 @@ def create_session(
     except ConfigError as error:
         raise APIProblem(400, error.message, param=error.param, code=error.code) from None
     fine_tunes.check_session_model(db, config.base_model, settings)
+    fine_tunes.check_checkpoint(db, user, config.base_model, config.from_checkpoint, settings)
     row, replayed = sessions.create(db, user, config, idempotency_key, settings)
     if not replayed:
         try:

@@ -107,8 +107,8 @@ def test_a_job_that_is_not_completed_is_refused(stack: Stack, dataset: Path) -> 
         )
     assert answer.status_code == 400
     assert answer.json()["error"]["message"] == (
-        f'bad from_checkpoint: "{queued["id"]}" (that fine-tune is queued; a job starts from a '
-        "completed job's weights)"
+        f'bad from_checkpoint: "{queued["id"]}" (that fine-tune is queued; training starts from '
+        "a completed job's weights)"
     )
 
 
@@ -219,3 +219,34 @@ def test_relay_fine_tunes_create_sends_from_checkpoint(
     refused = runner.invoke(app, [*common, "--from-checkpoint", "ft-000000000000"], env=env)
     assert refused.exit_code != 0
     assert 'bad from_checkpoint: "ft-000000000000" (no fine-tune of yours has this id)' in refused.output
+
+
+def test_a_training_session_starts_from_a_completed_jobs_weights(
+    stack: Stack, parent: tuple[FineTuneJob, Client]
+) -> None:
+    """A session's from_checkpoint, as a job's: a completed fine-tune of the caller's (its output, which
+    the worker finds), said in the session's info; another user's job is a 400 naming the field."""
+    from relay.training import ServiceClient
+
+    job, client = parent
+    service = ServiceClient(stack.api_url, client.api_key)
+    with service.create_lora_training_client("pi05-tiny", rank=4, from_checkpoint=job.id) as training:
+        listed = next(s for s in service.list_sessions() if s["id"] == training.id)
+        assert listed["from_checkpoint"] == job.id
+        assert listed["info"]["weights"] == f"pi05-tiny weights of fine-tune {job.id}", listed
+    stranger = stack.new_user()[1]
+    refused = httpx.post(
+        f"{stack.api_url}/v1/sessions",
+        json={"base_model": "pi05-tiny", "from_checkpoint": job.id},
+        headers={"authorization": f"Bearer {stranger}"},
+        timeout=30,
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "from_checkpoint"
+    assert "no fine-tune of yours has this id" in refused.json()["error"]["message"]
+    rtj = httpx.post(
+        f"{stack.api_url}/v1/sessions",
+        json={"base_model": "rt-j-tiny", "from_checkpoint": job.id},
+        headers={"authorization": f"Bearer {client.api_key}"},
+        timeout=30,
+    )
+    assert rtj.status_code == 400 and rtj.json()["error"]["param"] == "from_checkpoint"

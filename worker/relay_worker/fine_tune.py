@@ -465,9 +465,16 @@ def parent_output(db_sessions: Any, job_id: str, from_checkpoint: Any) -> str | 
     """The output directory of the fine-tune a job's from_checkpoint names (None for a repo or a
     directory, which the engine reads itself): a completed job of the same owner, as the API checked
     at create. One that is no longer so (deleted since) fails the job once, in one sentence."""
+    owner = select(fine_tunes.c.user_id).where(fine_tunes.c.id == job_id).scalar_subquery()
+    return completed_output(db_sessions, owner, from_checkpoint, "this job's owner")
+
+
+def completed_output(db_sessions: Any, owner: Any, from_checkpoint: Any, whose: str) -> str | None:
+    """The output directory of the completed fine-tune `from_checkpoint` names, of the user `owner`
+    (a value or a scalar subquery); None when it names no fine-tune; EngineError when it is none of
+    that user's completed ones (a job or a session then ends once, in this sentence)."""
     if not isinstance(from_checkpoint, str) or not is_fine_tune_id(from_checkpoint):
         return None
-    owner = select(fine_tunes.c.user_id).where(fine_tunes.c.id == job_id).scalar_subquery()
     with db_sessions() as db:
         row = db.execute(
             select(fine_tunes.c.status, fine_tunes.c.output_dir).where(
@@ -476,8 +483,8 @@ def parent_output(db_sessions: Any, job_id: str, from_checkpoint: Any) -> str | 
         ).first()
     if row is None or row.status != COMPLETED or not row.output_dir:
         raise EngineError(
-            f"bad from_checkpoint: {from_checkpoint} is not a completed fine-tune of this job's owner "
-            "(a job starts from a completed job's weights)"
+            f"bad from_checkpoint: {from_checkpoint} is not a completed fine-tune of {whose} "
+            "(training starts from a completed job's weights)"
         )
     return str(row.output_dir)
 

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from sqlalchemy import select
 
 from relay.errors import ConfigError
 from relay.training import status as st
@@ -33,13 +34,14 @@ from relay.training import types, wire
 from relay.training.config import check_name, state_address, with_current_names
 from relay_api.channel import ChannelUnavailable, QueuedCall, WorkerChannel, worker_channel
 from relay_api.db import utcnow, worker_session_factory
+from relay_api.models import training_sessions
 from relay_api.settings import Settings, get_settings
 from relay_engine.core.session import Session
 from relay_engine.errors import EngineError
 from relay_engine.families import family_for
 from relay_worker import session_lifecycle as lifecycle
 from relay_worker import shutdown
-from relay_worker.fine_tune import worker_name
+from relay_worker.fine_tune import completed_output, worker_name
 from relay_worker.lifecycle import FencedOut
 from relay_worker.session_lifecycle import SessionClaim
 
@@ -126,6 +128,11 @@ def _host(
     config = with_current_names(claim.config)
     log.info("session %s: loading %s (%s)", claim.session_id, config["base_model"], config["finetune"])
     try:
+        # A completed fine-tune's id: its output directory, for the engine to load.
+        owner = select(training_sessions.c.user_id).where(training_sessions.c.id == claim.session_id)
+        config["checkpoint_output"] = completed_output(
+            db_sessions, owner.scalar_subquery(), config.get("from_checkpoint"), "this session's owner"
+        )
         training = open_session(config, device="cuda" if torch.cuda.is_available() else "cpu")
     except EngineError as error:
         return st.ERROR, f"could not load the model: {error}"

@@ -66,10 +66,12 @@ class ServiceClient:
         action_horizon: int = ACTION_HORIZON,
         *,
         codec: Codec = Codec.LOSSLESS,
+        from_checkpoint: str | None = None,
     ) -> TrainingClient:
         """A session training LoRA adapters (by default on the action expert); returns once ready.
 
-        `rank` and `alpha` are the session's `lora_rank` and `lora_alpha`."""
+        `rank` and `alpha` are the session's `lora_rank` and `lora_alpha`; `from_checkpoint` (a Hub
+        repo[@revision], a directory or a completed fine-tune's id) starts from those weights."""
         config = SessionConfig(
             base_model=base_model,
             finetune="lora",
@@ -78,6 +80,7 @@ class ServiceClient:
             lora_alpha=alpha,
             action_horizon=action_horizon,
             codec=codec,
+            from_checkpoint=from_checkpoint,
         )
         return self._start(config)
 
@@ -89,6 +92,7 @@ class ServiceClient:
         *,
         codec: Codec = Codec.LOSSLESS,
         problem_type: RelationalSessionProblem | None = None,
+        from_checkpoint: str | None = None,
     ) -> TrainingClient:
         """A session training every weight of its targets (by default the whole model); returns once ready.
 
@@ -101,6 +105,7 @@ class ServiceClient:
             action_horizon=action_horizon,
             codec=codec,
             problem_type=problem_type,
+            from_checkpoint=from_checkpoint,
         )
         return self._start(config)
 

@@ -9,10 +9,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from relay import catalog, families
 from relay.catalog import LORA_RANK_DEFAULT
+from relay.checkpoints import (
+    FROM_CHECKPOINT_MAX,
+    FROM_CHECKPOINT_PATTERN,
+    FROM_CHECKPOINT_RULE,
+    parse_checkpoint,
+)
 from relay.codec import Codec
 from relay.errors import ConfigError
 from relay.rules import (
@@ -53,6 +59,7 @@ RULES: dict[str, str] = {
     + " or ".join(f'"{p}"' for p in catalog.RELATIONAL_SESSION_PROBLEMS)
     + f' (for {", ".join(catalog.RELATIONAL_MODELS)} sessions; default "binary")',
     "codec": "must be " + " or ".join(f'"{c.value}"' for c in Codec),
+    "from_checkpoint": FROM_CHECKPOINT_RULE,
 }
 
 
@@ -78,6 +85,7 @@ def _schema_rules() -> tuple[dict[str, Any], ...]:
         if spec.finetune is None:
             continue
         properties = {
+            "from_checkpoint": ABSENT,
             "finetune": {"const": spec.finetune},
             "lora_rank": {"const": LORA_RANK_DEFAULT},
             "lora_alpha": ABSENT,
@@ -105,6 +113,21 @@ class SessionConfig(CheckedConfig):
     codec: Codec = Codec.LOSSLESS
     # RT-J sessions only: which task loss forward_backward computes.
     problem_type: catalog.RelationalSessionProblem | None = None
+    # pi05 sessions: the weights to start from instead of the base's (a recipe's from_checkpoint: a
+    # Hub repo[@revision], a directory or a completed fine-tune's id); base_model is the architecture.
+    from_checkpoint: str | None = Field(
+        None,
+        min_length=1,
+        max_length=FROM_CHECKPOINT_MAX,
+        json_schema_extra={"pattern": FROM_CHECKPOINT_PATTERN},
+    )
+
+    @field_validator("from_checkpoint")
+    @classmethod
+    def _known_checkpoint_form(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_checkpoint(value)  # ValueError: FROM_CHECKPOINT_RULE
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -141,6 +164,7 @@ class SessionConfig(CheckedConfig):
     def _refuse_policy_settings(self) -> None:
         # A family tuned one way on its own loss (RT-J) takes none of pi05's LoRA and action settings.
         pi05_only = {
+            "from_checkpoint": self.from_checkpoint is not None,
             "lora_rank": self.lora_rank != LORA_RANK_DEFAULT,
             "lora_alpha": self.lora_alpha is not None,
             "targets": self.targets not in (None, list(catalog.DEFAULT_FULL_TARGETS)),

@@ -99,3 +99,38 @@ def test_train_shows_progress_on_stderr_unless_disabled(
     quiet = TrainingArguments(output_dir=str(tmp_path / "b"), max_steps=2, disable_tqdm=True)
     Trainer(model=load_policy("pi05-tiny"), args=quiet, train_dataset=synthetic_dataset).train()
     assert capsys.readouterr().err == ""
+
+
+def test_from_checkpoint_starts_from_those_weights_as_the_models_architecture(
+    synthetic_dataset: LeRobotDataset, tmp_path: Path
+) -> None:
+    """TrainingArguments.from_checkpoint: the weights of a directory (here an earlier run's output),
+    bit for bit before the first step, in the architecture of the model given (a meta model is
+    only an architecture); a job id or a malformed value is refused naming the field."""
+    from safetensors.torch import load_file
+
+    from relay_engine.models import build_policy, exported_state_dict, to_policy_state_dict
+
+    first = TrainingArguments(output_dir=str(tmp_path / "first"), max_steps=2, per_device_train_batch_size=4)
+    Trainer(model=load_policy("pi05-tiny"), args=first, train_dataset=synthetic_dataset).train()
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "second"),
+        max_steps=1,
+        per_device_train_batch_size=4,
+        from_checkpoint=str(tmp_path / "first"),
+    )
+    trainer = Trainer(
+        model=build_policy("pi05-tiny", device="meta"), args=args, train_dataset=synthetic_dataset
+    )
+    saved = to_policy_state_dict(load_file(str(tmp_path / "first" / "model.safetensors")))
+    loaded = exported_state_dict(trainer.model)
+    assert set(loaded) == set(saved)
+    assert all(torch.equal(loaded[name].float(), saved[name].float()) for name in saved)
+    for bad in ("ft-0123456789ab", "not a checkpoint!"):
+        with pytest.raises(ConfigError) as refused:
+            Trainer(
+                model=load_policy("pi05-tiny"),
+                args=TrainingArguments(output_dir=str(tmp_path / "third"), max_steps=1, from_checkpoint=bad),
+                train_dataset=synthetic_dataset,
+            )
+        assert refused.value.param == "from_checkpoint"

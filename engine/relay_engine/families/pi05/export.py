@@ -27,6 +27,9 @@ def write_output(model: Pi05Policy, output_dir: Path, dataset: DescribesRobot | 
         # Straight from the trained model, adapters merged tensor by tensor as they are written: no
         # merged copy of the model (for pi05, 13 GB more than training needed).
         model.save_pretrained(tmp, features)
+        # The tokenizer the model reads its prompts with, beside the weights (none for pi05-tiny's
+        # bytes): the output then samples wherever it is copied, the gated Hub repo not needed.
+        model.tokenizer.save_to(tmp)
         if dataset is not None and features is not None:
             (tmp / "norm_stats.json").write_text(dataset.norm_stats.to_json())
             write_processors(tmp, model.config, features, dataset.norm_stats)

@@ -104,6 +104,9 @@ class Pi05Family(Family):
                 seed=recipe.seed,
             )
         )
+        # The tokenizer before the dataset and the rest: its absence (the PaliGemma repo is gated)
+        # is said at once, not at the first batch after the setup.
+        policy.tokenizer.ensure_loaded()
         dataset = open_dataset(
             config.dataset_name,
             cameras=config.cameras,
@@ -162,6 +165,8 @@ class Pi05Family(Family):
             lora_rank=config["lora_rank"],
             lora_alpha=config["lora_alpha"],
             action_horizon=config["action_horizon"],
+            from_checkpoint=config.get("from_checkpoint"),
+            checkpoint_output=config.get("checkpoint_output"),
         )
         return TrainingSession(spec, device=device)
 

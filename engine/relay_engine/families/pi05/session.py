@@ -21,11 +21,13 @@ from relay.catalog import (
     STATE_DIM,
     default_targets,
 )
+from relay.events import weights_line
 from relay_engine.core.session import Session
 from relay_engine.errors import EngineError
 from relay_engine.families.pi05.export import write_output
 from relay_engine.families.pi05.learner import Pi05Learner
 from relay_engine.models import FlowOutputs, Pi05Batch, Pi05Policy, load_policy
+from relay_engine.models.checkpoints import Checkpoint, load_checkpoint, resolve_checkpoint
 from relay_engine.samples import Sample
 from relay_engine.tuning import apply_tuning
 
@@ -42,6 +44,10 @@ class SessionSpec:
     lora_rank: int = LORA_RANK_DEFAULT
     lora_alpha: float | None = None
     action_horizon: int = ACTION_HORIZON
+    # The weights to start from instead of the base's (a Hub repo[@revision], a directory or a
+    # fine-tune's id, whose output directory the worker found: checkpoint_output).
+    from_checkpoint: str | None = None
+    checkpoint_output: str | None = None
 
     def identity(self) -> dict[str, Any]:
         """What a saved state must share with the session that loads it."""
@@ -116,7 +122,21 @@ class TrainingSession(Session[Pi05Batch]):
 
     def __init__(self, spec: SessionSpec, *, device: torch.device | str = "cpu", seed: int = 0) -> None:
         self.spec = spec
-        policy = load_policy(spec.base_model, device=device, action_horizon=spec.action_horizon, seed=seed)
+        self.checkpoint: Checkpoint | None = None
+        if spec.from_checkpoint is None:
+            policy = load_policy(
+                spec.base_model, device=device, action_horizon=spec.action_horizon, seed=seed
+            )
+        else:
+            output = Path(spec.checkpoint_output) if spec.checkpoint_output is not None else None
+            self.checkpoint = resolve_checkpoint(spec.from_checkpoint, output)
+            policy = load_checkpoint(
+                self.checkpoint,
+                model=spec.base_model,
+                action_horizon=spec.action_horizon,
+                device=device,
+                seed=seed,
+            )
         self.model = apply_tuning(policy, spec.finetune, spec.targets, spec.lora_rank, spec.lora_alpha)
         self.learner: Pi05Learner = Pi05Learner(self.model, seed=seed, device=device)
         self._samplers: dict[str, Pi05Policy] = {}
@@ -128,6 +148,12 @@ class TrainingSession(Session[Pi05Batch]):
             "action_horizon": self.spec.action_horizon,
             "action_dim": ACTION_DIM,
             "trainable_params": sum(p.numel() for p in self.learner.params),
+            # Where the starting weights came from, when not the base's (relay.events.weights_line).
+            **(
+                {"weights": weights_line(self.checkpoint.event(0, self.spec.base_model))}
+                if self.checkpoint
+                else {}
+            ),
         }
 
     def identity(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Any, Literal, cast
 
 import torch
 
+from relay.checkpoints import parse_checkpoint
 from relay.episodes import validation_episodes_value
 from relay.events import Event, MetricsEvent, ValidationEvent
 from relay.formatting import number_text
@@ -43,6 +44,7 @@ from relay_engine.families.pi05.export import write_output
 from relay_engine.families.pi05.learner import Pi05Learner
 from relay_engine.families.pi05.validation import FrameSplit, Validator, split_frames
 from relay_engine.models import Pi05Batch, Pi05Policy
+from relay_engine.models.checkpoints import load_checkpoint, resolve_checkpoint
 from relay_engine.models.lerobot_files import DescribesRobot
 from relay_engine.tuning import apply_tuning
 
@@ -81,6 +83,11 @@ class TrainingArguments:
     # Episodes of train_dataset held out of training and scored after each epoch and at the end
     # (a recipe's validation_episodes: a list, a text such as "40-49", or a fraction such as 0.1).
     validation_episodes: list[int] | float | str | None = None
+    # The weights training starts from, in place of the model's own (a recipe's from_checkpoint):
+    # a Hub repo at an optional revision ("team/my-pi05@v2") or a directory, in lerobot's or Relay's
+    # format. The model passed gives the architecture, which the checkpoint must be (a job id needs
+    # the service: download its output and name the directory).
+    from_checkpoint: str | None = None
 
     def __post_init__(self) -> None:
         if (self.num_train_epochs is None) == (self.max_steps is None):
@@ -96,6 +103,13 @@ class TrainingArguments:
                 raise ConfigError(f"bad {name}: {value} (must be at least 1)")
         if self.learning_rate is not None and self.learning_rate <= 0:
             raise ConfigError(f"bad learning_rate: {self.learning_rate} (must be > 0)")
+        if self.from_checkpoint is not None:
+            try:
+                parse_checkpoint(self.from_checkpoint)
+            except ValueError as error:
+                raise ConfigError(
+                    f"bad from_checkpoint: {self.from_checkpoint!r} ({error})", "from_checkpoint"
+                ) from None
         if self.save_strategy not in ("no", "epoch"):
             raise ConfigError(f"bad save_strategy: {self.save_strategy!r} (must be 'no' or 'epoch')")
         if self.training_backend not in ("torch", "triton"):
@@ -115,6 +129,15 @@ class Trainer:
         if args.training_backend == "triton" and not torch.cuda.is_available():
             raise RuntimeError("training_backend='triton' compiles Triton CUDA kernels and needs a CUDA GPU")
         self.args = args
+        if args.from_checkpoint is not None:
+            # The checkpoint's weights, as the given model's architecture and chunk length.
+            model = load_checkpoint(
+                resolve_checkpoint(args.from_checkpoint),
+                model=model.config.model,
+                action_horizon=model.config.action_horizon,
+                device=next(model.parameters()).device if not _on_meta(model) else "cpu",
+                seed=args.seed,
+            )
         self.policy = model
         self.train_dataset = train_dataset
         # What the loop reads: train_dataset, less the episodes a validation split holds out.
@@ -290,3 +313,8 @@ def _held_out(dataset: MapDataset, args: TrainingArguments) -> tuple[MapDataset,
         )
     split = split_frames(dataset, None, args.validation_episodes, args.seed)
     return select(dataset, split.training.tolist()), _HeldOut(dataset, split)
+
+
+def _on_meta(model: torch.nn.Module) -> bool:
+    """Whether the model holds no values (build_policy(..., device="meta"): an architecture only)."""
+    return next(model.parameters()).is_meta
