@@ -14,10 +14,11 @@ The second test is the bar for pi05-tiny's own defaults (relay.families' model_d
 that names nothing but the model, the dataset and 1,000 steps, on `relay datasets synth --episodes
 200 --colour orange` at the natural seed, 0 (the last 20 episodes held out), must end at most
 0.7x the blind baseline's held-out error, scored as validation's headline (the error of each
-frame's mean of 4 sampled chunks). The bar is not set from seed 0 but from seeds nobody tuned to, `python bench/bench_tiny_defaults.py
---jobs 3` (its shape "one" is this dataset at seeds 101 to 105): 0.45x, 0.56x, 0.47x, 0.33x and
-0.37x tuned/blind; seed 0, this test, 0.49x (blind 0.0247, tuned 0.0121; the bench's `--shapes one
---seeds 0` prints the same). The bar, 0.7x, is above every seed measured. An earlier version ran at
+frame's mean of 4 sampled chunks). The bar is not set from seed 0 but from seeds nobody tuned to:
+`python bench/bench_tiny_defaults.py --jobs 3` (its shape "one" is this dataset at seeds 101 to
+105) measured 0.45x, 0.56x, 0.47x, 0.33x and 0.37x tuned/blind; seed 0, this test, 0.49x (blind
+0.0247, tuned 0.0121; the bench's `--shapes one --seeds 0` prints the same). The bar, 0.7x, is
+above every seed measured. An earlier version ran at
 `--seed 1` because its bar (0.6x, one chunk a frame, the red-dot dataset) failed at seed 0 (0.60x).
 
 Both run on one torch thread: seeded runs repeat only at a fixed thread count (matmuls split
