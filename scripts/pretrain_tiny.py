@@ -2,6 +2,12 @@
 
     python scripts/pretrain_tiny.py                 # about 3 minutes on 2 CPU cores
     python scripts/pretrain_tiny.py --steps 200 --out /tmp/tiny   # a quick look
+    python scripts/pretrain_tiny.py --prompted 0.5 --out /tmp/tiny # half the scenes name their target
+
+The shipped base was made with --prompted 0 (pretraining.json): every scene holds one target dot,
+so that base never needs its prompt, and a fine-tune of two tasks whose dots share a scene has to
+learn to read it. --prompted F makes a fraction F of the datasets scenes of 2 or 3 dots (and up to
+one distractor) whose prompt names the target; such a base has not been measured yet (issue 27).
 
 Users fine-tune pretrained bases, and so should the demo: a pi05-tiny with random weights has a
 random vision tower, and LoRA on the action expert (the default) cannot teach it to see. This
@@ -52,15 +58,28 @@ HELD_OUT_COLOUR = "orange"
 PRETRAIN_COLOURS = [colour for colour in COLOURS if colour != HELD_OUT_COLOUR]
 
 
-def variant(rng: np.random.Generator, index: int) -> dict[str, Any]:
+def variant(rng: np.random.Generator, index: int, prompted: float = 0.0) -> dict[str, Any]:
     """The settings of the family's `index`-th dataset: one target dot of one colour (never the
     held-out one), seen by a top camera placed a little differently in each dataset and, mostly,
-    a wrist camera; states and actions of several widths."""
+    a wrist camera; states and actions of several widths.
+
+    With `prompted` > 0, that fraction of the datasets (drawn apart from the rest, so that
+    `prompted` 0 gives the family it always gave) are scenes of 2 or 3 dots of different colours
+    where each episode's prompt names the target (2 or 3 tasks), some with a distractor: a base
+    that only looks for a dot cannot tell which to go to, so these teach it to read the prompt."""
     cameras = {"observation.images.top": (64, 64)}
     if rng.random() < 0.8:
         cameras["observation.images.wrist"] = (64, 64)
+    colours = [str(rng.choice(PRETRAIN_COLOURS))]
+    distractors = 0
+    scenes = np.random.default_rng((7, index))
+    if scenes.random() < prompted:
+        tasks = int(scenes.integers(2, 4))
+        colours = [str(c) for c in scenes.permutation(PRETRAIN_COLOURS)[:tasks]]
+        distractors = int(scenes.integers(0, 2))
     return {
-        "colours": [str(rng.choice(PRETRAIN_COLOURS))],
+        "colours": colours,
+        "distractors": distractors,
         "top_view": (
             float(rng.uniform(-0.1, 0.1)),
             float(rng.uniform(-0.1, 0.1)),
@@ -74,11 +93,11 @@ def variant(rng: np.random.Generator, index: int) -> dict[str, Any]:
     }
 
 
-def write_family(root: Path, count: int, episodes: int, seed: int) -> list[Path]:
+def write_family(root: Path, count: int, episodes: int, seed: int, prompted: float = 0.0) -> list[Path]:
     rng = np.random.default_rng(seed)
     paths = []
     for index in range(count):
-        settings = variant(rng, index)
+        settings = variant(rng, index, prompted)
         paths.append(
             write_synthetic_dataset(
                 root / f"variant-{index:02d}", episodes=episodes, episode_length=(30, 50), **settings
@@ -100,6 +119,12 @@ def main() -> None:
     parser.add_argument("--variants", type=int, default=24)
     parser.add_argument("--episodes", type=int, default=60, help="episodes per variant")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--prompted",
+        type=float,
+        default=0.0,
+        help="the fraction of datasets whose scenes hold several colours, the prompt naming the target",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--balance-padding",
@@ -119,7 +144,7 @@ def main() -> None:
     started = time.monotonic()
 
     with tempfile.TemporaryDirectory(prefix="relay-pretrain-") as tmp:
-        paths = write_family(Path(tmp), args.variants, args.episodes, args.seed)
+        paths = write_family(Path(tmp), args.variants, args.episodes, args.seed, args.prompted)
         datasets = [open_dataset(str(path), cache_dir=Path(tmp) / "cache") for path in paths]
         family = torch.utils.data.ConcatDataset(datasets)
         print(
