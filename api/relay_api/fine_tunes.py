@@ -27,7 +27,7 @@ from relay.dataset_names import is_database_url, local_dataset_path, names_local
 from relay.env_evaluation import check_job_eval_budget
 from relay.errors import ConfigError
 from relay.events import CancelledEvent, ValidationEvent
-from relay.memory_plan import GB, MemoryPlan, cpu_refusal, gpu_shortfall, plan_named
+from relay.memory_plan import GB, MemoryPlan, cpu_refusal, gpu_shortfall, plan_named, plan_of_recipe
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
 from relay.sft.summary import validation_summary
@@ -455,19 +455,8 @@ def _setting_to_change(fit: _GpuFit, gpus: int) -> tuple[str, int | str, str]:
 
 def _too_big_for_cpus(config: SFTConfig, *, known_before_beats: bool = False) -> APIProblem:
     """The refusal of a job of a model sized for GPUs when every live worker trains on its CPU."""
-    return too_big_for_cpus(config.model, "model", cpu_plan(config), known_before_beats=known_before_beats)
-
-
-def cpu_plan(config: SFTConfig) -> MemoryPlan | None:
-    """The job's memory plan on a CPU (relay.memory_plan), for the words of a refusal."""
-    return plan_named(
-        config.model,
-        finetune=config.finetune,
-        targets=config.targets,
-        lora_rank=config.lora_rank,
-        batch_size=config.batch_size,
-        gpus=config.gpus or 1,
-        device="cpu",
+    return too_big_for_cpus(
+        config.model, "model", plan_of_recipe(config, device="cpu"), known_before_beats=known_before_beats
     )
 
 

@@ -37,7 +37,7 @@ from relay import families
 from relay.catalog import ACTION_HORIZON
 from relay.env_evaluation import check_job_eval_budget
 from relay.events import METRICS_EVERY, CheckpointEvent, Event, RecipeResult, ResumedEvent, StageEvent
-from relay.memory_plan import cpu_refusal, plan_named
+from relay.memory_plan import cpu_refusal, plan_of_recipe
 from relay.sft.config import CHECKPOINT_EVERY_DEFAULT, SFTConfig
 from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.core.data import BatchOrder, DataPosition
@@ -152,15 +152,7 @@ def check_cpu_full_size(config: SFTConfig, device: torch.device) -> None:
     allowed = os.environ.get(ALLOW_CPU_FULL_SIZE, "").strip().lower() in ("1", "true", "yes", "on")
     if device.type != "cpu" or allowed or not families.is_gpu_sized(config.model):
         return
-    planned = plan_named(
-        config.model,
-        finetune=config.finetune,
-        targets=config.targets,
-        lora_rank=config.lora_rank,
-        batch_size=config.batch_size,
-        gpus=config.gpus or 1,
-        device="cpu",
-    )
+    planned = plan_of_recipe(config, device="cpu")
     raise ConfigError(
         f"bad model: {config.model!r} ({cpu_refusal(config.model, planned, 'this run is on the CPU')})",
         param="model",

@@ -14,7 +14,9 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field
 
 from relay.dataset_names import LOCAL_NAME_PATTERN, local_dataset_path
 
@@ -121,3 +123,20 @@ def job_id_needs_the_service(job: str) -> str:
         f"bad from_checkpoint: {job} is a fine-tune of the service, and a job id needs the service; "
         f"download its weights first (`relay fine-tunes download {job} --dir DIR`) and pass the directory"
     )
+
+
+def _checkpoint_form(value: str | None) -> str | None:
+    if value is not None:
+        parse_checkpoint(value)  # ValueError: FROM_CHECKPOINT_RULE
+    return value
+
+
+# A recipe's or a session's from_checkpoint, as a field: the pattern stated in the JSON Schema, and
+# checked by parse_checkpoint (pydantic's regex engine has no lookaheads).
+FromCheckpoint = Annotated[
+    str | None,
+    Field(
+        min_length=1, max_length=FROM_CHECKPOINT_MAX, json_schema_extra={"pattern": FROM_CHECKPOINT_PATTERN}
+    ),
+    AfterValidator(_checkpoint_form),
+]

@@ -26,11 +26,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relay import families
 from relay.catalog import MODEL_CAMERAS, auto_strategy
 from relay.pi05_layout import NAMED_SIZES, GemmaSize, Pi05Shape, Tuned, tune
+
+if TYPE_CHECKING:
+    from relay.sft.config import SFTConfig
 
 GIB = 1024**3
 GB = 10**9
@@ -383,4 +386,17 @@ def cpu_refusal(model: str, planned: MemoryPlan | None, where: str) -> str:
     return (
         f"{size}, and {where}: use pi05-tiny here, or a GPU; "
         "RELAY_ALLOW_CPU_FULL_SIZE=true lets a CPU train it"
+    )
+
+
+def plan_of_recipe(config: SFTConfig, device: str = "cuda") -> MemoryPlan | None:
+    """plan_named for a recipe's own settings, per process of its `gpus` (1 when not chosen yet)."""
+    return plan_named(
+        config.model,
+        finetune=config.finetune,
+        targets=config.targets,
+        lora_rank=config.lora_rank,
+        batch_size=config.batch_size,
+        gpus=config.gpus or 1,
+        device=device,
     )

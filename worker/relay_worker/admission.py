@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from relay import families
-from relay.memory_plan import GB, MemoryPlan, cpu_refusal, plan_named
+from relay.memory_plan import GB, cpu_refusal, plan_of_recipe
 from relay.sft.config import SFTConfig
 from relay_api.settings import Settings
 from relay_api.workers import LiveWorker
@@ -35,8 +35,10 @@ def refusal(stored: Mapping[str, Any], settings: Settings, gpu_memory: int | Non
     if gpu_memory is None:
         if settings.allow_cpu_full_size or not families.is_gpu_sized(config.model):
             return None
-        return f"this job cannot run here: {cpu_refusal(config.model, _plan(config, 'cpu'), THIS_CPU)}"
-    planned = _plan(config, "cuda")
+        return (
+            f"this job cannot run here: {cpu_refusal(config.model, plan_of_recipe(config, 'cpu'), THIS_CPU)}"
+        )
+    planned = plan_of_recipe(config, "cuda")
     if planned is None or planned.total <= gpu_memory:
         return None
     return (
@@ -49,15 +51,3 @@ def refusal(stored: Mapping[str, Any], settings: Settings, gpu_memory: int | Non
 def another_can_hold(stored: Mapping[str, Any], settings: Settings, workers: list[LiveWorker]) -> bool:
     """Whether some live worker (by its heartbeat) holds the job, so this one should leave it."""
     return any(refusal(stored, settings, worker.gpu_memory) is None for worker in workers)
-
-
-def _plan(config: SFTConfig, device: str) -> MemoryPlan | None:
-    return plan_named(
-        config.model,
-        finetune=config.finetune,
-        targets=config.targets,
-        lora_rank=config.lora_rank,
-        batch_size=config.batch_size,
-        gpus=config.gpus or 1,
-        device=device,
-    )

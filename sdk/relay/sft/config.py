@@ -16,13 +16,11 @@ from pydantic import BeforeValidator, Field, PlainValidator, WithJsonSchema, fie
 from relay import catalog, families
 from relay.catalog import LORA_RANK_DEFAULT
 from relay.checkpoints import (
-    FROM_CHECKPOINT_MAX,
-    FROM_CHECKPOINT_PATTERN,
     FROM_CHECKPOINT_RULE,
     NORMALIZATION_RULE,
     NORMALIZATIONS,
     REVISION_CHARACTER,
-    parse_checkpoint,
+    FromCheckpoint,
 )
 from relay.dataset_names import (
     DATASET_NAME_PATTERN,
@@ -240,14 +238,8 @@ class SFTConfig(CheckedConfig):
     validation_episodes: ValidationEpisodes = None
     eval: Annotated[JobEval | None, BeforeValidator(job_eval_value)] = None
     # The weights to start from instead of the model's base (relay.checkpoints): a Hub repo[@revision],
-    # a local directory or a completed fine-tune's id. `model` stays the architecture. The pattern is
-    # checked by _known_checkpoint_form (pydantic's regex engine has no lookaheads).
-    from_checkpoint: str | None = Field(
-        None,
-        min_length=1,
-        max_length=FROM_CHECKPOINT_MAX,
-        json_schema_extra={"pattern": FROM_CHECKPOINT_PATTERN},
-    )
+    # a local directory or a completed fine-tune's id. `model` stays the architecture.
+    from_checkpoint: FromCheckpoint = None
     # Whose statistics normalize states and actions: the new dataset's, or from_checkpoint's own.
     normalization: Literal["dataset", "checkpoint"] = "dataset"
 
@@ -300,13 +292,6 @@ class SFTConfig(CheckedConfig):
             raise ConfigError(f"bad dataset_name: {MALFORMED_URL_RULE}", "dataset_name", "invalid_value")
         if len(value) > DATASET_NAME_MAX or not is_dataset_name(value):
             raise ValueError(RULES["dataset_name"])
-        return value
-
-    @field_validator("from_checkpoint")
-    @classmethod
-    def _known_checkpoint_form(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_checkpoint(value)  # ValueError: FROM_CHECKPOINT_RULE
         return value
 
     @field_validator("dataset_revision")

@@ -9,15 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from relay import catalog, families
 from relay.catalog import LORA_RANK_DEFAULT
 from relay.checkpoints import (
-    FROM_CHECKPOINT_MAX,
-    FROM_CHECKPOINT_PATTERN,
     FROM_CHECKPOINT_RULE,
-    parse_checkpoint,
+    FromCheckpoint,
 )
 from relay.codec import Codec
 from relay.errors import ConfigError
@@ -115,19 +113,7 @@ class SessionConfig(CheckedConfig):
     problem_type: catalog.RelationalSessionProblem | None = None
     # pi05 sessions: the weights to start from instead of the base's (a recipe's from_checkpoint: a
     # Hub repo[@revision], a directory or a completed fine-tune's id); base_model is the architecture.
-    from_checkpoint: str | None = Field(
-        None,
-        min_length=1,
-        max_length=FROM_CHECKPOINT_MAX,
-        json_schema_extra={"pattern": FROM_CHECKPOINT_PATTERN},
-    )
-
-    @field_validator("from_checkpoint")
-    @classmethod
-    def _known_checkpoint_form(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_checkpoint(value)  # ValueError: FROM_CHECKPOINT_RULE
-        return value
+    from_checkpoint: FromCheckpoint = None
 
     @model_validator(mode="before")
     @classmethod
