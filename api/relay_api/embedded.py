@@ -53,26 +53,38 @@ def serve(host: str, port: int, log: Callable[[str], None] = print) -> None:
     key = _local_key(settings)
     key_file = client_config.write_client_file(home, base_url, key)
 
-    worker = WorkerProcess(settings, home / "worker.log")
-    worker.start()
-    serving_worker = WorkerProcess(settings, home / "serving-worker.log", queues=[settings.serving_queue])
-    serving_worker.start()
-    log(f"Relay is serving at {base_url}")
-    log(f"console: {base_url}/ (sign in with the key below); API docs: {base_url}/docs")
-    # The local user's own key on their own machine: printed, so the console can be opened at once.
-    log(f"API key for user '{LOCAL_USER}': {key}")
-    log(f"data: {home}; the key is saved in {key_file}, where the SDK and CLI read it")
-    log(f"worker logs: {worker.log_path}, {serving_worker.log_path}; press Ctrl-C to stop")
     # uvicorn re-raises the signal that stopped it once it is done; make SIGTERM an exception here so
-    # the worker is stopped too (SIGINT is already KeyboardInterrupt).
+    # the workers are stopped too (SIGINT is already KeyboardInterrupt). Set before they start, so
+    # that a SIGTERM while they start stops them as well.
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    worker = WorkerProcess(settings, home / "worker.log")
+    serving_worker = WorkerProcess(settings, home / "serving-worker.log", queues=[settings.serving_queue])
     try:
+        worker.start()
+        serving_worker.start()
+        log(f"Relay is serving at {base_url}")
+        log(f"console: {base_url}/ (sign in with the key below); API docs: {base_url}/docs")
+        # The local user's own key on their own machine: printed, so the console can be opened at once.
+        log(f"API key for user '{LOCAL_USER}': {key}")
+        log(f"data: {home}; the key is saved in {key_file}, where the SDK and CLI read it")
+        log(f"worker logs: {worker.log_path}, {serving_worker.log_path}; press Ctrl-C to stop")
         uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
     except KeyboardInterrupt:
         pass
     finally:
         serving_worker.stop()
         worker.stop()
+
+
+def _term_when_parent_dies() -> None:
+    """In the worker's process before it runs (Linux): SIGTERM when the server that started it ends
+    however it ends (SIGKILL, a crash), so that no worker outlives its server to take the jobs of
+    the next one with the same data directory. SIGTERM is the worker's warm shutdown: a running job
+    is handed back by its lease, as when the server stops it."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:
@@ -127,7 +139,11 @@ class WorkerProcess:
     def _spawn(self) -> None:
         log_file = open(self.log_path, "ab")  # noqa: SIM115 (the child keeps it)
         self._process = subprocess.Popen(
-            self.command(), stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+            self.command(),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_term_when_parent_dies if sys.platform == "linux" else None,
         )
         log_file.close()
 

@@ -167,3 +167,29 @@ def wait_for_exit(home: Path) -> list[int]:
             os.kill(pid, signal.SIGKILL)
         return leftovers
     return []
+
+
+def test_a_killed_relay_server_takes_its_workers_with_it(tmp_path: Path) -> None:
+    """However the server ends (SIGKILL, a crash, a SIGTERM before its handler is set), its workers
+    do not outlive it: a worker left behind would take the jobs of the next `relay server` with the
+    same data directory, in a process nobody started."""
+    home = tmp_path / ".relay"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env["RELAY_HOME"] = str(home)
+    port = free_port()
+    with open(tmp_path / "server.out", "wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "relay.cli", "server", "--port", str(port)],
+            env=env,
+            cwd=tmp_path,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            # Both workers started: the server and its two workers hold the data directory.
+            wait_for(lambda: len(processes_with_home(home)) >= 3, 120, "the server's two workers", every=0.3)
+        finally:
+            server.kill()
+            server.wait(timeout=30)
+    leftovers = wait_for_exit(home)
+    assert not leftovers, f"processes left running after the server was killed: {leftovers}"
