@@ -13,11 +13,13 @@ time beyond the model. The file reads back with safetensors (and lerobot) like o
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 # safetensors' dtype names (its format's spec).
@@ -54,6 +56,15 @@ class PendingTensor:
         for size in self.shape:
             count *= size
         return count * torch.empty((), dtype=self.dtype).element_size()
+
+
+def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of zeros whose memory is never written: numpy's zeros come from calloc, whose large
+    blocks are fresh pages that the kernel maps to its one shared page of zeros when read. Writing
+    it to a file then costs no resident memory, where torch.zeros writes every byte first (pi05's
+    output holds a 257,152 x 1,024 bf16 table of zeros, 0.5 GiB, that lerobot's strict load needs)."""
+    raw = np.zeros(math.prod(shape) * torch.empty((), dtype=dtype).element_size(), dtype=np.uint8)
+    return torch.from_numpy(raw).view(dtype).reshape(shape)
 
 
 def write_streamed(

@@ -28,7 +28,7 @@ from relay_engine.hub_files import download, hub_endpoint
 from relay_engine.models.config import Pi05Config, named_config
 from relay_engine.models.lerobot_files import NORMALIZER_FILE, RobotFeatures, write_lerobot_config
 from relay_engine.models.pi05 import Pi05Policy
-from relay_engine.models.streamed_safetensors import PendingTensor, write_streamed
+from relay_engine.models.streamed_safetensors import PendingTensor, untouched_zeros, write_streamed
 
 WEIGHTS_FILE = "model.safetensors"
 # Relay's description of the model. config.json beside it is lerobot's (models.lerobot_files); outputs
@@ -302,7 +302,7 @@ def lerobot_tensors(tensors: dict[str, PendingTensor]) -> dict[str, PendingTenso
     out[_EXPERT_LM_HEAD] = PendingTensor(
         (vocab, expert_width),
         torch.bfloat16,
-        lambda: torch.zeros((vocab, expert_width), dtype=torch.bfloat16),
+        lambda: untouched_zeros((vocab, expert_width), torch.bfloat16),
     )
     return out
 

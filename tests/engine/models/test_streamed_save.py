@@ -68,13 +68,14 @@ def test_a_lora_policy_saves_its_merged_weights(tmp_path: Path) -> None:
 
 def peak_growth_mib(tmp_path: Path, writer: str) -> float:
     """The growth of a fresh process's peak RSS while it writes 24 tensors of 16 MiB, each made
-    only when asked for, with `writer` (streamed, or safetensors' save_file)."""
+    only when asked for, with `writer` (streamed, or safetensors' save_file); or, streamed, one
+    table of zeros of the same size (`untouched zeros` or `torch zeros`)."""
     script = textwrap.dedent(
         f"""
         import sys, torch
         from pathlib import Path
         from safetensors.torch import save_file
-        from relay_engine.models.streamed_safetensors import PendingTensor, write_streamed
+        from relay_engine.models.streamed_safetensors import PendingTensor, untouched_zeros, write_streamed
 
         def resident_kib(field):
             for line in Path("/proc/self/status").read_text().splitlines():
@@ -85,11 +86,18 @@ def peak_growth_mib(tmp_path: Path, writer: str) -> float:
         def make(i):
             return lambda: torch.full(shape, float(i))
         pending = {{f"t{{i:02d}}": PendingTensor(shape, torch.float32, make(i)) for i in range(24)}}
+        table = (96 * 1024 * 1024,)  # one 384 MiB table of zeros instead, made one way or the other
+        zeros = {{
+            "untouched zeros": lambda: untouched_zeros(table, torch.float32),
+            "torch zeros": lambda: torch.zeros(table),
+        }}
+        if "{writer}" in zeros:
+            pending = {{"zeros": PendingTensor(table, torch.float32, zeros["{writer}"])}}
         torch.full(shape, 0.0)  # torch's allocator warmed up before the baseline
         Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) starts again from now
         before = resident_kib("VmRSS")
         path = Path(sys.argv[1])
-        if "{writer}" == "streamed":
+        if "{writer}" != "save_file":
             write_streamed(path, pending)
         else:
             save_file({{name: p.make() for name, p in pending.items()}}, str(path))
@@ -97,7 +105,7 @@ def peak_growth_mib(tmp_path: Path, writer: str) -> float:
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / f"{writer}.safetensors")],
+        [sys.executable, "-c", script, str(tmp_path / f"{writer.replace(' ', '-')}.safetensors")],
         capture_output=True,
         text=True,
         check=True,
@@ -113,3 +121,18 @@ def test_a_streamed_save_holds_about_one_tensor_at_a_time(tmp_path: Path) -> Non
     print(f"\npeak RSS growth writing 384 MiB: streamed {streamed:.0f} MiB, save_file {whole:.0f} MiB")
     assert streamed < 80, streamed
     assert whole > 300, whole  # the measure sees a whole copy when there is one
+
+
+def test_a_table_of_zeros_is_written_without_resident_memory(tmp_path: Path) -> None:
+    """pi05's output holds a 0.5 GiB table of zeros (the expert's lm_head, which lerobot's strict
+    load needs): made with untouched_zeros, writing 384 MiB of zeros grows the peak by next to
+    nothing; made with torch.zeros, by all of it."""
+    untouched = peak_growth_mib(tmp_path, "untouched zeros")
+    written = peak_growth_mib(tmp_path, "torch zeros")
+    print(
+        f"\npeak RSS growth writing 384 MiB of zeros: untouched {untouched:.0f} MiB, "
+        f"torch.zeros {written:.0f} MiB"
+    )
+    assert untouched < 32, untouched
+    assert written > 300, written
+    assert load_file(str(tmp_path / "untouched-zeros.safetensors"))["zeros"].count_nonzero() == 0
