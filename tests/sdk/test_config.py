@@ -103,12 +103,12 @@ def test_defaults_follow_the_choices_made() -> None:
 def test_a_model_with_defaults_of_its_own_gets_them_for_the_fields_left_out() -> None:
     tiny = {"model": "pi05-tiny", "dataset_name": "lerobot/pusht_image"}
     config = SFTConfig(**tiny)
-    assert (config.finetune, config.learning_rate, config.batch_size) == ("full", 2e-3, 16)
+    assert (config.finetune, config.learning_rate, config.batch_size) == ("full", 1e-3, 16)
     assert config.targets == ["all"] and config.gpus is None  # full's gpus: the service's choice
     # SFTConfig.default answers the same, per model; without a model, the spec's (pi05's).
     assert [SFTConfig.default(f, "pi05-tiny") for f in ("finetune", "learning_rate", "batch_size")] == [
         "full",
-        2e-3,
+        1e-3,
         16,
     ]
     assert (SFTConfig.default("learning_rate"), SFTConfig.default("learning_rate", "pi05")) == (
@@ -124,7 +124,7 @@ def test_a_model_with_defaults_of_its_own_gets_them_for_the_fields_left_out() ->
     schema = SFTConfig.model_json_schema()["properties"]["learning_rate"]
     assert (schema["default"], schema["x-model-defaults"]) == (
         2.5e-5,
-        {"pi05-tiny": 2e-3, "rt-j": 1e-4, "rt-j-tiny": 1e-3},
+        {"pi05-tiny": 1e-3, "rt-j": 1e-4, "rt-j-tiny": 1e-3},
     )
 
 

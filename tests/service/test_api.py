@@ -60,7 +60,7 @@ def test_create_answers_at_once_with_the_queued_job(parked: TestClient, alice: d
     assert (job["model"], job["batch_size"], job["steps"], job["name"]) == ("pi05-tiny", 4, 20, "first")
     # pi05-tiny's own defaults (catalog.MODEL_DEFAULTS), stored and echoed as the values it trains with.
     assert (job["learning_rate"], job["finetune"], job["lora_rank"], job["lora_alpha"]) == (
-        2e-3,
+        1e-3,
         "full",
         32,
         32.0,

@@ -121,7 +121,7 @@ def test_an_sdk_recipe_job_trains_on_it_and_its_weights_load(
     base = load_policy("pi05-tiny")
     tuned_weights, base_weights = tuned.state_dict(), base.state_dict()
     assert tuned_weights.keys() == base_weights.keys()
-    # Every weight trains at pi05-tiny's defaults (full, 2e-3): three steps move them.
+    # Every weight trains at pi05-tiny's defaults (full, 1e-3): three steps move them.
     assert any(not torch.equal(tuned_weights[k], base_weights[k]) for k in base_weights)
     # The downloaded policy samples actions for frames decoded from the mp4s.
     dataset = with_norm_stats(open_dataset(str(video_dataset), cache_dir=tmp_path / "cache"), target)

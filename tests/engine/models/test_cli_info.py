@@ -27,17 +27,17 @@ def test_info_counts_the_default_lora_of_pi05() -> None:
 
 
 def test_info_shows_the_recipe_defaults_of_each_model() -> None:
-    # pi05-tiny's own (full fine-tuning at 2e-3, batch 16), and what they train by default.
+    # pi05-tiny's own (full fine-tuning at 1e-3, batch 16), and what they train by default.
     report = json.loads(runner.invoke(app, ["models", "info", "pi05-tiny", "--json"]).output)
     assert report["recipe_defaults"] == {
         "finetune": "full",
-        "learning_rate": 2e-3,
+        "learning_rate": 1e-3,
         "batch_size": 16,
         "steps": 6000,
     }
     assert report["finetune"] == "full" and report["trainable_params"] == report["total_params"]
     text = runner.invoke(app, ["models", "info", "pi05-tiny"]).output
-    assert "finetune full, learning_rate 0.002, batch_size 16" in " ".join(text.split())
+    assert "finetune full, learning_rate 0.001, batch_size 16" in " ".join(text.split())
     pi05 = json.loads(runner.invoke(app, ["models", "info", "pi05", "--json"]).output)
     assert pi05["recipe_defaults"] == {
         "finetune": "lora",

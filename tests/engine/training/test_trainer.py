@@ -82,7 +82,7 @@ def test_the_trainer_takes_the_models_own_defaults_where_its_arguments_give_none
     left_out = Trainer(
         model=tiny, args=TrainingArguments(output_dir=str(tmp_path), max_steps=1), train_dataset=[]
     )
-    assert (left_out.learning_rate, left_out.finetune) == (2e-3, "full")
+    assert (left_out.learning_rate, left_out.finetune) == (1e-3, "full")
     given = TrainingArguments(output_dir=str(tmp_path), max_steps=1, learning_rate=1e-4, finetune="lora")
     chosen = Trainer(model=load_policy("pi05-tiny"), args=given, train_dataset=[])
     assert (chosen.learning_rate, chosen.finetune) == (1e-4, "lora")
