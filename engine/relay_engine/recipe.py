@@ -23,9 +23,11 @@ Work directory layout:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -44,7 +46,7 @@ from relay_engine.core.data import BatchOrder, DataPosition
 from relay_engine.core.loop import LoopResult, LoopState, MetricsWindow, run_loop
 from relay_engine.core.schedule import learning_rate
 from relay_engine.distributed import join, launched, leave
-from relay_engine.errors import ConfigError
+from relay_engine.errors import ConfigError, DiskFullError
 from relay_engine.families import Family, PreparedRecipe, RecipeRun, family_for
 
 LOG_EVERY = METRICS_EVERY
@@ -222,7 +224,7 @@ def _run(family: Family, run: RecipeRun, output_dir: Path, callbacks: _Callbacks
             training.checkpoint_the_stop(state)
             return RecipeResult(result.status, result.step, result.loss, None, resumed_from)
         training.report(StageEvent(step=result.step, stage="writing"))
-        prepared.write_output(output_dir)
+        _write_output(prepared, output_dir)
         evaluated = training.evaluate_the_end(result.step)
         if prepared.parallel is not None:
             prepared.parallel.barrier()  # the output is whole before any process reports completion
@@ -231,6 +233,25 @@ def _run(family: Family, run: RecipeRun, output_dir: Path, callbacks: _Callbacks
         return RecipeResult(
             "completed", result.step, result.loss, output_dir, resumed_from, extra=prepared.extra
         )
+
+
+def _write_output(prepared: PreparedRecipe, output_dir: Path) -> None:
+    """The family's output writer; a disk that fills while it writes (the run's largest write: 13.9
+    GB for pi05) ends the run in words, as a full disk at a checkpoint does (DiskFullError: a
+    worker ends the job at once, where an OSError would be retried on the same disk). The writers
+    leave no partial output."""
+    try:
+        prepared.write_output(output_dir)
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        existing = next(path for path in (output_dir, *output_dir.parents) if path.exists())
+        free = shutil.disk_usage(existing).free
+        raise DiskFullError(
+            f"no space left on device at {output_dir}: the disk filled up while writing the trained "
+            f"model ({free / (1 << 30):.2f} GB free); the same disk would fail the same way, so free "
+            "some space and run the job again"
+        ) from None
 
 
 def _resume(

@@ -143,3 +143,28 @@ def test_an_attempt_removes_its_own_and_older_temporaries_but_never_a_newer_atte
     assert sorted(store.remove_temporaries()) == sorted([older, own, unnamed])
     assert newer.exists()  # the live write of the attempt that owns the job now
     assert store.begin(30).name.startswith(".tmp-a2-step-00000030-")
+
+
+def test_a_disk_that_fills_while_the_output_is_written_ends_the_run_saying_so(
+    synthetic_dataset_path: Path, tmp_path: Path
+) -> None:
+    """The output is a run's largest write (13.9 GB for pi05): a full disk there is a DiskFullError
+    in words, which a worker ends the job with at once, not an OSError it retries on the same disk,
+    and no partial output is left."""
+    from relay.sft.config import SFTConfig
+    from relay_engine.recipe import Recipe, run_recipe
+
+    config = SFTConfig(model="pi05-tiny", dataset_name=str(synthetic_dataset_path), batch_size=2, steps=2)
+    with small_disk("1m") as disk:  # pi05-tiny's model.safetensors alone is about 2 MB
+        with pytest.raises(
+            DiskFullError, match=r"no space left on device at .*output: the disk filled up while"
+        ):
+            run_recipe(
+                Recipe.from_config(config, num_workers=0),
+                tmp_path / "run",
+                on_event=lambda event: None,
+                should_stop=lambda: False,
+                output_dir=disk / "output",
+            )
+        gc.collect()
+        assert list(disk.iterdir()) == []  # the partial output is gone
