@@ -15,6 +15,17 @@ if ! ldconfig -p | grep -q "libGL.so.1" || ! ldconfig -p | grep -q "libgthread-2
     echo "installing libgl1 and libglib2.0-0 for opencv-python"
     apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libgl1 libglib2.0-0
 fi
+# The production stack's test (tests/stack) builds and runs docker-compose.yml's containers: Debian's
+# Docker engine and docker-compose, and debootstrap for base images no registry is needed for.
+if ! command -v dockerd > /dev/null || ! command -v docker-compose > /dev/null || ! command -v debootstrap > /dev/null; then
+    echo "installing docker.io, docker-compose and debootstrap for the compose stack's test"
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io docker-compose debootstrap
+fi
+if ! docker info > /dev/null 2>&1; then
+    echo "starting the Docker engine (log: /tmp/relay-dockerd.log)"
+    (dockerd > /tmp/relay-dockerd.log 2>&1 &)
+    for _ in $(seq 60); do docker info > /dev/null 2>&1 && break; sleep 1; done
+fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi

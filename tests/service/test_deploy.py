@@ -1,6 +1,6 @@
-"""docker-compose.yml, the Dockerfile and .env.example, checked as far as this machine allows (there is
-no Docker engine here): the services and their order, the GPU reservation, and that every setting
-they pass is one the service reads."""
+"""docker-compose.yml, docker-compose.gpu.yml, the Dockerfile and .env.example, read: the services
+and their order, the GPU reservation in the override, and that every setting they pass is one the
+service reads. tests/stack/test_compose.py runs them."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 OTHER_VARIABLES = {"RELAY_CACHE_DIR", "HF_TOKEN"}
 
 
-def compose() -> dict[str, Any]:
-    return dict(yaml.safe_load((ROOT / "docker-compose.yml").read_text()))
+def compose(name: str = "docker-compose.yml") -> dict[str, Any]:
+    return dict(yaml.safe_load((ROOT / name).read_text()))
 
 
 def test_the_services_and_their_order() -> None:
@@ -44,10 +44,18 @@ def test_the_services_and_their_order() -> None:
     assert "noeviction" in services["redis"]["command"]
 
 
-def test_the_workers_reserve_a_gpu() -> None:
+def test_the_workers_reserve_a_gpu_only_with_the_gpu_override() -> None:
+    # As written, the stack starts on a host without NVIDIA GPUs, its workers on the CPU.
+    base = compose()["services"]
     for name in ("worker", "serving-worker"):
-        devices = compose()["services"][name]["deploy"]["resources"]["reservations"]["devices"]
+        assert "deploy" not in base[name]
+        assert base[name]["environment"]["RELAY_CPU_WORKERS_ONLY"] == "${RELAY_CPU_WORKERS_ONLY:-true}"
+    gpu = compose("docker-compose.gpu.yml")["services"]
+    for name in ("worker", "serving-worker"):
+        devices = gpu[name]["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
+    for name in ("api", "worker", "serving-worker"):
+        assert gpu[name]["environment"]["RELAY_CPU_WORKERS_ONLY"] == "false"
 
 
 def test_every_setting_passed_is_one_the_service_reads() -> None:
@@ -62,7 +70,8 @@ def test_every_setting_passed_is_one_the_service_reads() -> None:
 
 
 def test_env_example_documents_exactly_what_compose_reads() -> None:
-    used = set(re.findall(r"\$\{([A-Z0-9_]+)(?::-[^}]*)?\}", (ROOT / "docker-compose.yml").read_text()))
+    text = (ROOT / "docker-compose.yml").read_text() + (ROOT / "docker-compose.gpu.yml").read_text()
+    used = set(re.findall(r"\$\{([A-Z0-9_]+)(?::-[^}]*)?\}", text))
     documented = {
         line.split("=", 1)[0]
         for line in (ROOT / ".env.example").read_text().splitlines()
@@ -77,4 +86,4 @@ def test_the_image_holds_what_the_service_needs() -> None:
         part for line in dockerfile.splitlines() if line.startswith("COPY") for part in line.split()[1:-1]
     }
     assert {"sdk", "engine", "api", "worker", "migrations", "alembic.ini", "pyproject.toml"} <= copied
-    assert 'pip install -e ".[server]"' in dockerfile
+    assert 'pip install --find-links /tmp/extra/wheels -e ".[server,pusht,aloha]"' in dockerfile
