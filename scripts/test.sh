@@ -26,6 +26,8 @@ if ! docker info > /dev/null 2>&1; then
     (dockerd > /tmp/relay-dockerd.log 2>&1 &)
     for _ in $(seq 60); do docker info > /dev/null 2>&1 && break; sleep 1; done
 fi
+# Said plainly, not a failure: a machine without a Docker engine still runs every other test.
+docker info > /dev/null 2>&1 || echo "no Docker engine runs here: tests/stack (the compose stack) will be skipped"
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi

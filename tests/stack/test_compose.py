@@ -8,8 +8,9 @@ stopped in the middle of a job hands it back and the job finishes after it start
 stack taken down and brought up again (migrations run against the volumes it left) still has its
 jobs and their weights.
 
-Needs a Docker engine and root (debootstrap). Where there is none the tests are skipped, unless
-RELAY_REQUIRE_DOCKER=1 (CI sets it), where that is a failure."""
+Needs a Docker engine and root (debootstrap). Where there is none the tests are skipped, saying why
+(scripts/test.sh says so too), so that the rest of the suite runs on such a machine; with
+RELAY_REQUIRE_DOCKER=1 that is a failure instead."""
 
 from __future__ import annotations
 
