@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
@@ -33,14 +34,12 @@ def processes_with_home(home: Path) -> list[int]:
     return found
 
 
-def test_relay_server_runs_a_job_end_to_end(
-    tmp_path: Path, dataset: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    home = tmp_path / ".relay"
+def start_relay_server(tmp_path: Path, home: Path, log: IO[bytes]) -> tuple[subprocess.Popen[bytes], int]:
+    """`relay server` on a free port with `home` as its data directory (no other RELAY_ setting),
+    its output in `log`; the process and its port."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     env["RELAY_HOME"] = str(home)
     port = free_port()
-    log = open(tmp_path / "server.out", "wb")  # noqa: SIM115
     server = subprocess.Popen(
         [sys.executable, "-m", "relay.cli", "server", "--port", str(port)],
         env=env,
@@ -49,6 +48,15 @@ def test_relay_server_runs_a_job_end_to_end(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    return server, port
+
+
+def test_relay_server_runs_a_job_end_to_end(
+    tmp_path: Path, dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / ".relay"
+    log = open(tmp_path / "server.out", "wb")  # noqa: SIM115
+    server, port = start_relay_server(tmp_path, home, log)
     try:
         url = f"http://127.0.0.1:{port}"
 
@@ -174,17 +182,8 @@ def test_a_killed_relay_server_takes_its_workers_with_it(tmp_path: Path) -> None
     do not outlive it: a worker left behind would take the jobs of the next `relay server` with the
     same data directory, in a process nobody started."""
     home = tmp_path / ".relay"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
-    env["RELAY_HOME"] = str(home)
-    port = free_port()
     with open(tmp_path / "server.out", "wb") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "relay.cli", "server", "--port", str(port)],
-            env=env,
-            cwd=tmp_path,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        server, _ = start_relay_server(tmp_path, home, log)
         try:
             # Both workers started: the server and its two workers hold the data directory.
             wait_for(lambda: len(processes_with_home(home)) >= 3, 120, "the server's two workers", every=0.3)

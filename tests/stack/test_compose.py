@@ -28,6 +28,7 @@ import pytest
 import relay.sft
 from relay.http_client import Client
 from relay.sft.config import SFTConfig
+from relay.sft.job import FineTuneJob
 from relay.sft.train import train
 from tests.isolation import free_port
 from tests.service.stack import wait_for
@@ -132,13 +133,19 @@ def tiny(steps: int) -> SFTConfig:
     return SFTConfig(model="pi05-tiny", dataset_name=DATASET, batch_size=4, steps=steps)
 
 
+def completed_job(stack: ComposeStack, user: str, steps: int) -> tuple[Client, FineTuneJob]:
+    """A new user's pi05-tiny job of `steps` steps, run to its end in the containers."""
+    client = Client(stack.url, stack.new_key(user))
+    job = train(tiny(steps), client=client)
+    job.wait(poll=1, timeout=600, progress=False)
+    assert job.status == "completed", job.error
+    return client, job
+
+
 def test_a_job_runs_in_the_containers_and_its_weights_come_from_the_api(
     stack: ComposeStack, tmp_path: Path
 ) -> None:
-    client = Client(stack.url, stack.new_key("alice"))
-    job = train(tiny(20), client=client)
-    job.wait(poll=1, timeout=600, progress=False)
-    assert job.status == "completed", job.error
+    client, job = completed_job(stack, "alice", 20)
     assert job.output_dir == f"/data/jobs/{job.id}/output"  # the worker container's volume
     weights = job.download(tmp_path / "weights", progress=False)  # served by the API container
     assert (weights / "model.safetensors").stat().st_size > 1_000_000
@@ -172,10 +179,7 @@ def test_a_stopped_worker_hands_its_job_back_and_it_finishes_after_a_restart(sta
 def test_the_stack_brought_down_and_up_again_keeps_its_jobs_and_weights(
     stack: ComposeStack, tmp_path: Path
 ) -> None:
-    client = Client(stack.url, stack.new_key("carol"))
-    job = train(tiny(10), client=client)
-    job.wait(poll=1, timeout=600, progress=False)
-    assert job.status == "completed", job.error
+    client, job = completed_job(stack, "carol", 10)
     stack.compose("down")  # the containers go; the volumes stay
     stack.compose("up", "-d")  # the migration runs again, against the database it left
     stack.wait_until_up()
