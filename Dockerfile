@@ -35,4 +35,7 @@ RUN if [ -f /etc/relay-pip-ca.crt ]; then export PIP_CERT=/etc/relay-pip-ca.crt;
 RUN useradd --create-home --uid 1000 relay && mkdir -p /data && chown relay /data
 USER relay
 EXPOSE 8000
+# The source revision the image was built from (an upgrade's build names its own).
+ARG RELAY_REVISION=unknown
+LABEL org.opencontainers.image.revision=$RELAY_REVISION
 CMD ["uvicorn", "--factory", "relay_api.app:create_app", "--host", "0.0.0.0", "--port", "8000"]

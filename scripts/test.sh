@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # Install Relay with its development extras in .venv and run the linters, the type checker and the
-# whole test suite against real PostgreSQL, Redis and Celery worker processes. Exits non-zero on any failure.
+# whole test suite against real PostgreSQL, Redis and Celery worker processes; then, where a Docker
+# engine can run, the production stack's check in real containers (scripts/stack-check.sh). Exits
+# non-zero on any failure.
+#
+#   bash scripts/test.sh                  # everything
+#   bash scripts/test.sh tests/engine -x  # pytest's arguments: those tests only, no stack check
+#   RELAY_STACK_CHECK=0 bash scripts/test.sh   # the suite without the stack check
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,19 +21,6 @@ if ! ldconfig -p | grep -q "libGL.so.1" || ! ldconfig -p | grep -q "libgthread-2
     echo "installing libgl1 and libglib2.0-0 for opencv-python"
     apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libgl1 libglib2.0-0
 fi
-# The production stack's test (tests/stack) builds and runs docker-compose.yml's containers: Debian's
-# Docker engine and docker-compose, and debootstrap for base images no registry is needed for.
-if ! command -v dockerd > /dev/null || ! command -v docker-compose > /dev/null || ! command -v debootstrap > /dev/null; then
-    echo "installing docker.io, docker-compose and debootstrap for the compose stack's test"
-    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io docker-compose debootstrap
-fi
-if ! docker info > /dev/null 2>&1; then
-    echo "starting the Docker engine (log: /tmp/relay-dockerd.log)"
-    (dockerd > /tmp/relay-dockerd.log 2>&1 &)
-    for _ in $(seq 60); do docker info > /dev/null 2>&1 && break; sleep 1; done
-fi
-# Said plainly, not a failure: a machine without a Docker engine still runs every other test.
-docker info > /dev/null 2>&1 || echo "no Docker engine runs here: tests/stack (the compose stack) will be skipped"
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
@@ -44,3 +37,15 @@ lint-imports
 mypy sdk/relay engine/relay_engine api/relay_api worker/relay_worker
 # A cascade of failures stops early, with its tracebacks printed, well inside the CI limit.
 pytest --durations=15 --maxfail=5 "$@"
+
+if [ "$#" -gt 0 ] || [ "${RELAY_STACK_CHECK:-1}" = 0 ]; then
+    echo "the production stack's check (scripts/stack-check.sh) is not run with pytest's arguments or RELAY_STACK_CHECK=0"
+elif bash scripts/docker-engine.sh; then
+    bash scripts/stack-check.sh
+elif [ "${RELAY_REQUIRE_DOCKER:-0}" = 1 ]; then
+    echo "RELAY_REQUIRE_DOCKER=1, and no Docker engine runs here"
+    exit 1
+else
+    # Said plainly, not a failure: a machine without a Docker engine still runs every other test.
+    echo "no Docker engine runs here: the production stack's check (scripts/stack-check.sh) was not run"
+fi

@@ -1,6 +1,6 @@
 """docker-compose.yml, docker-compose.gpu.yml, the Dockerfile and .env.example, read: the services
 and their order, the GPU reservation in the override, and that every setting they pass is one the
-service reads. tests/stack/test_compose.py runs them."""
+service reads. scripts/stack-check.sh runs them, in real containers."""
 
 from __future__ import annotations
 
