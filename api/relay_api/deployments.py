@@ -129,8 +129,8 @@ def _check_served(db: Db, base_model: str, settings: Settings, *, tuned: bool = 
     known, and it waits). An RT-J is served from a tuned job only: its output names the task and
     database it predicts."""
     family = families.family_of(base_model)
-    tuned_relational = tuned and family is not None and family.name == families.RTJ
-    if base_model not in SERVED_BASE_MODELS and not tuned_relational:
+    served_when_tuned = tuned and family is not None and family.deployments == "tuned_only"
+    if base_model not in SERVED_BASE_MODELS and not served_when_tuned:
         raise APIProblem(
             400,
             f"bad model: a {base_model} model cannot be deployed (deployments serve "

@@ -23,8 +23,7 @@ import torch
 
 from relay.catalog import STATE_DIM
 from relay_engine.datasets.norm_stats import NormStats
-from relay_engine.errors import ConfigError, EngineError
-from relay_engine.models import Pi05Policy
+from relay_engine.errors import ConfigError
 from relay_engine.samples import Sample
 
 NORM_STATS_FILE = "norm_stats.json"
@@ -71,14 +70,7 @@ def load_acting_policy(
     name = str(policy_or_model)
     directory = model_directory(name)
     family = family_owning(str(directory) if directory is not None else name)
-    if family.name != "pi05":
-        raise ConfigError(
-            f"{name} is a {family.name} model; only pi05 policies act on observations "
-            "(in an environment, or served)"
-        )
-    policy = family.load_model(str(directory) if directory is not None else name, pick_device(device))
-    if not isinstance(policy, Pi05Policy):
-        raise EngineError(f"{name}: the pi05 family loaded a {type(policy).__name__}")
+    policy = family.acting_policy(str(directory) if directory is not None else name, pick_device(device))
     return policy, name, directory
 
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from relay import catalog
 from relay.dataset_names import is_relational_source
+from relay.model_use import UseText, relational_use, robot_policy_use
 
 # How a datum of the family's sessions is written on the wire: (its place in the call, the datum)
 # -> the message; None where the datum type does not belong to the family.
@@ -59,6 +60,12 @@ class FamilySpec:
     # The SDK datum class of its sessions and how one is encoded; None: the generic `types.Datum`.
     datum_type: type | None = None
     encode_datum: DatumEncoder | None = None
+    # What deployments serve of it: "base_or_tuned" (a base model by name, or a tuned one),
+    # "tuned_only" (a fine-tune's output, which names what it predicts: RT-J's), None: nothing.
+    deployments: Literal["base_or_tuned", "tuned_only"] | None = None
+    # A job's results card's "use this model" text: (model, directory, dataset, task) -> UseText
+    # (relay.model_use).
+    use_text: Callable[[str, str, str, str | None], UseText] | None = None
 
     @property
     def one_process(self) -> bool:
@@ -169,6 +176,8 @@ def _builtins() -> None:
         memory_planned=True,
         tunes_targets=True,
         loss_names=("flow_matching",),
+        deployments="base_or_tuned",
+        use_text=robot_policy_use,
     )
     _SPECS[RTJ] = FamilySpec(
         name=RTJ,
@@ -201,6 +210,8 @@ def _builtins() -> None:
         loss_names=("bce", "huber"),
         datum_type=types.RelationalDatum,
         encode_datum=types.relational_datum_message,
+        deployments="tuned_only",
+        use_text=relational_use,
     )
 
 

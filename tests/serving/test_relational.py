@@ -115,7 +115,8 @@ def test_predictions_equal_the_engines_own_for_the_same_rows(
 
 def test_metadata_names_the_task_its_target_and_the_tables(rtj_server: RunningPolicyServer) -> None:
     metadata = httpx.get(f"{rtj_server.url}/metadata", headers=AUTH).json()
-    assert metadata["kind"] == "rt-j" and metadata["task"] == "user-churn"
+    assert metadata["kind"] == "rt-j" and metadata["answers"] == "predictions"
+    assert metadata["task"] == "user-churn"
     assert metadata["problem_type"] == "binary"
     assert metadata["target"] == {"table": "user-churn", "column": "churn"}
     assert metadata["entity"] == {"table": "customer", "primary_key": "customer_id"}

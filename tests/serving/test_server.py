@@ -52,6 +52,7 @@ def test_openpi_client_and_http_get_the_same_actions_for_a_seed(server: RunningP
     metadata = client.get_server_metadata()
     assert metadata["cameras"] == ["observation.images.top", "observation.images.wrist"]
     assert metadata["state_dim"] == 2 and metadata["action_dim"] == 2 and metadata["raw_units"] is True
+    assert metadata["kind"] == "pi05" and metadata["answers"] == "actions"
     result = client.infer({**obs, "state": np.asarray(obs["state"]), "seed": 21})
     assert isinstance(result["actions"], np.ndarray) and result["actions"].dtype == np.float32
     np.testing.assert_allclose(result["actions"], http_actions, rtol=0, atol=ATOL)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -27,12 +28,14 @@ from relay.optimizer import AdamParams
 from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.core.data import BatchOrder, DataPosition
 from relay_engine.core.learner import Learner
-from relay_engine.errors import EngineError
+from relay_engine.errors import ConfigError, EngineError
 
 if TYPE_CHECKING:
+    from relay_engine.acting import ActingPolicy
     from relay_engine.core.session import Session
     from relay_engine.distributed import Parallel, World
     from relay_engine.recipe import Recipe
+    from relay_engine.serving.served import ServedModel
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,27 @@ class Family(ABC):
     def synthesize(self, directory: Path, **options: Any) -> Any:
         """Synthetic training data for the family, written to `directory`."""
         raise EngineError(f"{self.name} has no synthetic data")
+
+    def acting_policy(self, name_or_dir: str, device: torch.device) -> ActingPolicy:
+        """The model as a policy that acts on observations (what closed-loop evaluation and
+        serving run); a ConfigError for a family whose models do not act."""
+        raise ConfigError(
+            f"{name_or_dir} is a {self.name} model; only robot policies act on observations "
+            "(in an environment, or served)"
+        )
+
+    def served_model(
+        self,
+        model: str | os.PathLike[str],
+        *,
+        device: str,
+        num_steps: int,
+        database: str | os.PathLike[str] | None,
+        task: str | None,
+    ) -> ServedModel:
+        """The model loaded for the policy server (`relay serve`, deployments): `num_steps` is a
+        robot policy's, `database` and `task` a model's that predicts a database's task."""
+        raise ConfigError(f"{model}: {self.name} models are not served", param="model")
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,10 @@ class ServedPolicy:
     """One loaded model and what it reads; `act` is not thread-safe (one inference thread)."""
 
     kind = "pi05"
+    # What it answers (the policy server's /actions and openpi's websocket), and what a request
+    # to the other endpoint is told.
+    answers = "actions"
+    use_instead = "this deployment serves a pi05 policy: POST /actions (or openpi's websocket)"
 
     def __init__(
         self,
@@ -122,6 +126,7 @@ class ServedPolicy:
         return {
             "model": self.name,
             "kind": self.kind,
+            "answers": self.answers,
             "cameras": list(self.layout.cameras),
             "camera_slots": dict(zip(self.layout.cameras, MODEL_CAMERAS, strict=False)),
             "cameras_required": self.layout.required,

@@ -90,6 +90,8 @@ class ServedRelationalModel:
     `decode` is (the sampler only reads what it encoded once)."""
 
     kind = "rt-j"
+    answers = "predictions"  # the policy server's /predictions (ServedPolicy's: actions)
+    use_instead = "this deployment serves an RT-J model: POST /predictions"
 
     def __init__(
         self, model: RelationalTransformer, name: str, sampler: ContextSampler, label_scale: LabelScale
@@ -167,6 +169,7 @@ class ServedRelationalModel:
         return {
             "model": self.name,
             "kind": self.kind,
+            "answers": self.answers,
             "task": spec.name,
             "problem_type": spec.problem_type,
             "prediction": "the probability of the positive class"

@@ -3,8 +3,9 @@
 A pi05 policy (`ServedPolicy`: observations -> action chunks) and a tuned RT-J
 (`ServedRelationalModel`: entity rows -> predictions) both `decode` one request item into the
 model's input (a ConfigError naming the field when it is wrong) and `act` on many in ONE batched
-forward pass, so the same Batcher and server front serve either. `kind` says which endpoints
-answer: "pi05" (POST /actions, openpi's websocket) or "rt-j" (POST /predictions).
+forward pass, so the same Batcher and server front serve either. `answers` says which endpoints
+answer: "actions" (POST /actions, openpi's websocket) or "predictions" (POST /predictions); `kind`
+names the model's family. Which one a model loads as is its family's to say (`Family.served_model`).
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from relay import families
-from relay_engine.serving.policy import DEFAULT_NUM_STEPS, ServedPolicy
-from relay_engine.serving.relational import ServedRelationalModel
+from relay_engine.serving.policy import DEFAULT_NUM_STEPS
 
 
 class ServedModel(Protocol):
-    kind: str
+    kind: str  # its family's name
     name: str
+    # "actions" (observations -> chunks: POST /actions, openpi's websocket) or "predictions"
+    # (entity rows -> predictions: POST /predictions); what a request to another endpoint is told.
+    answers: str
+    use_instead: str
 
     def metadata(self) -> dict[str, Any]: ...
 
@@ -36,21 +39,13 @@ def load_served_model(
     num_steps: int = DEFAULT_NUM_STEPS,
     database: str | os.PathLike[str] | None = None,
     task: str | None = None,
-) -> ServedPolicy | ServedRelationalModel:
+) -> ServedModel:
     """The model loaded once, as `relay local eval` resolves models (a job's output, a work
     directory, a base model's name); an RT-J with the database of its task (`database` and
     `task` override what its config.json records; they are refused for a pi05 policy)."""
     from relay_engine.acting import model_directory
-    from relay_engine.errors import ConfigError
     from relay_engine.families import family_owning
 
     directory = model_directory(str(model))
     family = family_owning(str(directory) if directory is not None else str(model))
-    if family.name == families.RTJ:
-        return ServedRelationalModel.load(model, device=device, database=database, task=task)
-    for value, field in ((database, "database"), (task, "task")):
-        if value is not None:
-            raise ConfigError(
-                f"{field}: only an RT-J model is served with a database and a task", param=field
-            )
-    return ServedPolicy.load(model, device=device, num_steps=num_steps)
+    return family.served_model(model, device=device, num_steps=num_steps, database=database, task=task)

@@ -74,7 +74,7 @@ def serve(
         )
     except (errors.EngineError, ValueError) as error:
         fail(str(error))
-    instructions = _rtj_instructions if server.metadata.get("kind") == "rt-j" else _instructions
+    instructions = _rtj_instructions if server.metadata.get("answers") == "predictions" else _instructions
     typer.echo(instructions(server.url, server.metadata, api_key))
     sys.stdout.flush()
     try:

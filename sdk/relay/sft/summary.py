@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from relay import families
 from relay.events import headline_action_error
+from relay.model_use import any_model_use
 
 JobStatus = Literal["queued", "running", "cancel_requested", "completed", "cancelled", "error"]
 
@@ -242,70 +243,26 @@ def model_use(job_id: str, model: str, dataset_name: str, status: str, task: str
     `status`, with its id filled in."""
     directory = job_id
     family = families.family_of(model)
-    relational = family is not None and family.name == families.RTJ
     download = f"relay fine-tunes download {job_id} --dir {directory}"
     fetch = (
         "from relay.sft import retrieve\n\n"
         f'retrieve("{job_id}").download("{directory}")  # every file checked against its sha256\n\n'
     )
-    lerobot: str | None = None
-    lerobot_note: str | None = None
-    if relational:
-        python = (
-            fetch + "# the engine extra: pip install 'relay-intelligence[engine]'\n"
-            "from relay_engine.relational import RelationalTransformer\n\n"
-            f'model = RelationalTransformer("{directory}")  # model.predict(batch, task_head="task")'
-        )
-        lerobot_note = "an RT-J model reads databases, not cameras: lerobot has no policy for it"
-        score = f"relay local eval --model {directory} --dataset {dataset_name} --task {task or 'TASK'}"
-    else:
-        python = (
-            fetch + "# the engine extra: pip install 'relay-intelligence[engine]'\n"
-            "from relay_engine.models import load_policy\n\n"
-            f'policy = load_policy("{directory}")  # a Pi05Policy: sample_actions(batch) gives action chunks'
-        )
-        if model == "pi05-tiny":
-            lerobot_note = (
-                "lerobot builds only pi05's real sizes, so it refuses a pi05-tiny output "
-                "(Invalid paligemma_variant: pi05-tiny); load it with Relay's engine (above)"
-            )
-        else:
-            lerobot = (
-                "# in lerobot's environment (lerobot 0.6.1 opens Relay's output as it is)\n"
-                "from lerobot.policies.pi05.modeling_pi05 import PI05Policy\n"
-                "from lerobot.processor import (\n"
-                "    PolicyProcessorPipeline,\n"
-                "    policy_action_to_transition,\n"
-                "    transition_to_policy_action,\n"
-                ")\n\n"
-                f'policy = PI05Policy.from_pretrained("{directory}")\n'
-                "preprocess = PolicyProcessorPipeline.from_pretrained(\n"
-                f'    "{directory}", config_filename="policy_preprocessor.json"\n'
-                ")\n"
-                "postprocess = PolicyProcessorPipeline.from_pretrained(\n"
-                f'    "{directory}",\n'
-                '    config_filename="policy_postprocessor.json",\n'
-                "    to_transition=policy_action_to_transition,\n"
-                "    to_output=transition_to_policy_action,\n"
-                ")\n"
-                "# observation: the dataset's cameras, state and task; the action comes back in robot units\n"
-                "action = postprocess(policy.select_action(preprocess(observation)))"
-            )
-        score = f"relay local eval --model {directory} --dataset {dataset_name}"
-    predictions = "POST /predictions" if relational else "action chunks over HTTP and openpi's websocket"
+    use_text = family.use_text if family is not None and family.use_text is not None else any_model_use
+    use = use_text(model, directory, dataset_name, task)
     deploy = (
-        f"`relay deployments create {job_id}` keeps it loaded on a serving worker ({predictions}, "
+        f"`relay deployments create {job_id}` keeps it loaded on a serving worker ({use.served_as}, "
         f"your API key); `relay serve {directory}` serves the downloaded output on your own machine. "
-        f"`{score}` scores it on a dataset (held-out episodes: --episodes)."
+        f"`{use.score}` scores it on a dataset (held-out episodes: --episodes)."
     )
     return ModelUse(
         ready=status == "completed",
         note=_not_ready_note(status),
         directory=directory,
         download=download,
-        python=python,
-        lerobot=lerobot,
-        lerobot_note=lerobot_note,
+        python=fetch + use.python,
+        lerobot=use.lerobot,
+        lerobot_note=use.lerobot_note,
         deploy=deploy,
     )
 

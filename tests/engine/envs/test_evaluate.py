@@ -145,7 +145,7 @@ def test_relay_eval_prints_a_table_and_json(tmp_path: Path) -> None:
     result = runner.invoke(app, ["eval", "pi05-tiny", "--env", "nope/Nothing-v0", "--episodes", "1"])
     assert result.exit_code == 1 and "no Gymnasium environment 'nope/Nothing-v0'" in result.output
     result = runner.invoke(app, ["eval", "rt-j-tiny", "--env", DOT_ENV_ID, "--episodes", "1"])
-    assert result.exit_code == 1 and "only pi05 policies act on observations" in result.output
+    assert result.exit_code == 1 and "only robot policies act on observations" in result.output
 
 
 def test_the_policy_reads_each_episodes_prompt_from_the_env(

@@ -83,12 +83,9 @@ STARTUP_TIMEOUT_S = 60.0
 STOPPED_RETRY_AFTER_S = 5
 REQUEST_FIELDS = ("observation", "seed", "observations", "seeds")
 PREDICTION_FIELDS = ("rows",)
-PI05, RTJ = "pi05", "rt-j"  # the kinds of served model (ServedModel.kind)
+# What a served model answers (ServedModel.answers): observations or a database's rows.
+ACTIONS, PREDICTIONS = "actions", "predictions"
 # What a request to the other kind's endpoint is told.
-USE_INSTEAD = {
-    PI05: "this deployment serves a pi05 policy: POST /actions (or openpi's websocket)",
-    RTJ: "this deployment serves an RT-J model: POST /predictions",
-}
 # The websocket field besides the observation's own.
 SEED_FIELD = "seed"
 
@@ -132,8 +129,8 @@ class _Problem(Exception):
         return cls(status, error.message, param=error.param, code=error.code)
 
     @classmethod
-    def wrong_endpoint(cls, kind: str) -> _Problem:
-        return cls(400, USE_INSTEAD[kind], code="wrong_endpoint")
+    def wrong_endpoint(cls, served: ServedModel) -> _Problem:
+        return cls(400, served.use_instead, code="wrong_endpoint")
 
     def body(self, shown: Callable[[str], str] | None = None) -> dict[str, Any]:
         message = shown(self.message) if shown is not None else self.message
@@ -207,8 +204,8 @@ class _PolicyApp:
     async def actions(self, request: Request) -> Response:
         started = time.perf_counter()
         policy = self.policy
-        if policy.kind != PI05 or not isinstance(policy, ServedPolicy):
-            raise _Problem.wrong_endpoint(self.policy.kind)
+        if policy.answers != ACTIONS or not isinstance(policy, ServedPolicy):
+            raise _Problem.wrong_endpoint(self.policy)
         parsed = await self._json(request)
         observations, seeds, several = _request_parts(parsed)
         budget = PixelBudget()  # the request's images together
@@ -239,8 +236,8 @@ class _PolicyApp:
     async def predictions(self, request: Request) -> Response:
         """An RT-J's predictions for entity rows of its database, in one batched pass."""
         started = time.perf_counter()
-        if self.policy.kind != RTJ:
-            raise _Problem.wrong_endpoint(self.policy.kind)
+        if self.policy.answers != PREDICTIONS:
+            raise _Problem.wrong_endpoint(self.policy)
         rows = _prediction_rows(await self._json(request))
         try:
             decoded = await run_in_threadpool(
@@ -303,8 +300,8 @@ class _PolicyApp:
             else:
                 await websocket.close(code=1008, reason="unauthorized")
             return
-        if self.policy.kind != PI05:  # openpi's protocol carries observations only
-            problem = _Problem.wrong_endpoint(self.policy.kind)
+        if self.policy.answers != ACTIONS:  # openpi's protocol carries observations only
+            problem = _Problem.wrong_endpoint(self.policy)
             if "websocket.http.response" in websocket.scope.get("extensions", {}):
                 await websocket.send_denial_response(self._answer(problem))
             else:

@@ -8,6 +8,7 @@ alone writes the output. Checkpoints are sharded, so a run resumes on any number
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,12 +21,14 @@ from relay.events import Event
 from relay.optimizer import AdamParams
 from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.core.data import BatchOrder, DataPosition
-from relay_engine.errors import ConfigError
+from relay_engine.errors import ConfigError, EngineError
 from relay_engine.families.base import EvaluationRequest, Family, PreparedRecipe, RecipeRun
 
 if TYPE_CHECKING:
+    from relay_engine.acting import ActingPolicy
     from relay_engine.families.pi05.learner import Pi05Learner
     from relay_engine.families.pi05.session import TrainingSession
+    from relay_engine.serving.served import ServedModel
 
 # The fixed part of the recipe (docs/recipe-jobs.md, "What is fixed"): AdamW with AdamParams'
 # defaults (betas 0.9 and 0.95, eps 1e-8, no weight decay, gradients clipped to norm 1); the rate is
@@ -246,6 +249,32 @@ class Pi05Family(Family):
         from relay_engine.datasets.synth import write_synthetic_dataset
 
         return write_synthetic_dataset(directory, **options)
+
+    def acting_policy(self, name_or_dir: str, device: torch.device) -> ActingPolicy:
+        from relay_engine.models import Pi05Policy
+
+        policy = self.load_model(name_or_dir, device)
+        if not isinstance(policy, Pi05Policy):
+            raise EngineError(f"{name_or_dir}: the pi05 family loaded a {type(policy).__name__}")
+        return policy
+
+    def served_model(
+        self,
+        model: str | os.PathLike[str],
+        *,
+        device: str,
+        num_steps: int,
+        database: str | os.PathLike[str] | None,
+        task: str | None,
+    ) -> ServedModel:
+        from relay_engine.serving.policy import ServedPolicy
+
+        for value, field in ((database, "database"), (task, "task")):
+            if value is not None:
+                raise ConfigError(
+                    f"{field}: only an RT-J model is served with a database and a task", param=field
+                )
+        return ServedPolicy.load(model, device=device, num_steps=num_steps)
 
 
 def _batch_source(

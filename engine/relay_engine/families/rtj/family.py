@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ from relay_engine.paths import cache_dir_or_default
 
 if TYPE_CHECKING:
     from relay_engine.families.rtj.session import RelationalSession
+    from relay_engine.serving.served import ServedModel
 
 # Contexts of jobs: RT samples 1,024 cells; a quarter of that keeps a CPU step short and holds the
 # seed, its customer and its recent history on the databases we train on here.
@@ -217,6 +219,19 @@ class RelationalFamily(Family):
         from relay_engine.families.rtj.synth import write_fake_shop
 
         return write_fake_shop(directory, **options)
+
+    def served_model(
+        self,
+        model: str | os.PathLike[str],
+        *,
+        device: str,
+        num_steps: int,
+        database: str | os.PathLike[str] | None,
+        task: str | None,
+    ) -> ServedModel:
+        from relay_engine.serving.relational import ServedRelationalModel
+
+        return ServedRelationalModel.load(model, device=device, database=database, task=task)
 
 
 def _job_database(run: RecipeRun) -> tuple[str, str | None]:
