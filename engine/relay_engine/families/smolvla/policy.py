@@ -1,0 +1,114 @@
+"""SmolVLA as a policy on lerobot's batches: its image processing (resize keeping the aspect ratio,
+padded on the left and top, then [0, 1] -> [-1, 1]), the state and actions padded to 32, the loss
+over the steps inside the episode, and the chunk cut to the robot's action width. Its weights are
+lerobot's files: `config.json` and `model.safetensors`, loaded strictly."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+from relay_engine.errors import ConfigError
+from relay_engine.families.smolvla.config import SmolVLAConfig, backbone_config, read_lerobot_config
+from relay_engine.families.smolvla.model import SmolVLAFlow
+
+STATE = "observation.state"
+ACTION = "action"
+ACTION_IS_PAD = "action_is_pad"
+TOKENS = "observation.language.tokens"
+TOKEN_MASK = "observation.language.attention_mask"
+
+
+def resize_with_left_top_pad(images: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """(B, C, H, W) images resized (bilinear) to fit height x width without distortion, the rest
+    filled with 0 on the left and the top, as SmolVLA was trained."""
+    current_height, current_width = images.shape[2:]
+    if (current_height, current_width) == (height, width):
+        return images
+    ratio = max(current_width / width, current_height / height)
+    resized = F.interpolate(
+        images,
+        size=(int(current_height / ratio), int(current_width / ratio)),
+        mode="bilinear",
+        align_corners=False,
+    )
+    return F.pad(resized, (width - resized.shape[3], 0, height - resized.shape[2], 0), value=0.0)
+
+
+def pad_last(x: torch.Tensor, width: int) -> torch.Tensor:
+    return x if x.shape[-1] >= width else F.pad(x, (0, width - x.shape[-1]))
+
+
+class SmolVLAPolicy(nn.Module):
+    """The model (`self.model`, as lerobot names it) and the robot it acts for: its cameras, in
+    order, and its action width."""
+
+    def __init__(
+        self,
+        config: SmolVLAConfig,
+        backbone_dir: Path | None,
+        cameras: Sequence[str],
+        action_dim: int,
+    ) -> None:
+        super().__init__()
+        if not cameras:
+            raise ConfigError("SmolVLA needs at least one camera")
+        self.config = config
+        self.cameras = tuple(cameras)
+        self.action_dim = action_dim
+        self.model = SmolVLAFlow(config, backbone_config(config, backbone_dir))
+
+    @classmethod
+    def from_lerobot(cls, directory: Path, backbone_dir: Path | None = None) -> SmolVLAPolicy:
+        """A policy lerobot saved (`SmolVLAPolicy.save_pretrained`): its config.json and weights."""
+        config = read_lerobot_config(directory)
+        data = json.loads((directory / "config.json").read_text())
+        cameras = [key for key, feature in data["input_features"].items() if feature["type"] == "VISUAL"]
+        action_dim = int(data["output_features"][ACTION]["shape"][0])
+        policy = cls(config, backbone_dir, cameras, action_dim)
+        policy.load_state_dict(load_file(str(directory / "model.safetensors")), strict=True)
+        return policy
+
+    def _inputs(
+        self, batch: Mapping[str, torch.Tensor]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+        width, height = self.config.resize_imgs_with_padding
+        images = [
+            resize_with_left_top_pad(batch[camera], height, width) * 2.0 - 1.0 for camera in self.cameras
+        ]
+        masks = [torch.ones(image.shape[0], dtype=torch.bool, device=image.device) for image in images]
+        state = pad_last(batch[STATE], self.config.max_state_dim)
+        return images, masks, batch[TOKENS], batch[TOKEN_MASK].bool(), state
+
+    def loss(
+        self,
+        batch: Mapping[str, torch.Tensor],
+        noise: torch.Tensor,
+        time: torch.Tensor,
+        reduction: str = "mean",
+    ) -> torch.Tensor:
+        """The flow-matching loss over the real action dimensions of the steps inside the episode:
+        their mean, or each sample's (`reduction="none"`)."""
+        actions = pad_last(batch[ACTION], self.config.max_action_dim)
+        losses = self.model.losses(*self._inputs(batch), actions, noise, time)[:, :, : self.action_dim]
+        inside = (
+            ~batch[ACTION_IS_PAD]
+            if ACTION_IS_PAD in batch
+            else torch.ones_like(losses[:, :, 0], dtype=torch.bool)
+        )
+        losses = losses * inside[:, :, None]
+        if reduction == "none":
+            counts = (inside.sum(dim=1) * self.action_dim).clamp_min(1)
+            return losses.sum(dim=(1, 2)) / counts
+        return losses.sum() / (inside.sum() * self.action_dim).clamp_min(1)
+
+    @torch.no_grad()
+    def predict_chunk(self, batch: Mapping[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
+        """The chunk (B, chunk, action width) sampled from `noise` (B, chunk, max_action_dim)."""
+        return self.model.sample(*self._inputs(batch), noise)[:, :, : self.action_dim]

@@ -1,0 +1,48 @@
+"""Relay's SmolVLA against lerobot 0.6.1's `SmolVLAPolicy`, number for number, at a tiny size: the
+weights, batch and outputs lerobot wrote (tests/fixtures/make_lerobot_smolvla.py) are loaded here,
+and Relay computes the same loss from the same noise and times, and samples the same chunk from the
+same noise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from relay_engine.errors import ConfigError
+from relay_engine.families.smolvla.policy import SmolVLAPolicy
+
+FIXTURE = Path(__file__).resolve().parents[3] / "fixtures" / "lerobot-smolvla"
+# Measured: 2.4e-7 (loss), 3.0e-7 (chunk), with torch 2.13 here and 2.11 on lerobot's side.
+TOLERANCE = 2e-6
+
+
+@pytest.fixture(scope="module")
+def recorded() -> dict[str, torch.Tensor]:
+    return load_file(str(FIXTURE / "batch_and_outputs.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def policy() -> SmolVLAPolicy:
+    return SmolVLAPolicy.from_lerobot(FIXTURE, backbone_dir=FIXTURE / "vlm").eval()
+
+
+def test_the_loss_is_lerobots(policy: SmolVLAPolicy, recorded: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        loss = policy.loss(recorded, recorded["noise"], recorded["time"])
+        per_sample = policy.loss(recorded, recorded["noise"], recorded["time"], reduction="none")
+    torch.testing.assert_close(loss.reshape(1), recorded["loss"], rtol=0, atol=TOLERANCE)
+    torch.testing.assert_close(per_sample, recorded["per_sample_loss"], rtol=0, atol=TOLERANCE)
+
+
+def test_the_sampled_chunk_is_lerobots(policy: SmolVLAPolicy, recorded: dict[str, torch.Tensor]) -> None:
+    chunk = policy.predict_chunk(recorded, recorded["sampling_noise"])
+    assert chunk.shape == recorded["chunk"].shape == (2, 10, 4)
+    torch.testing.assert_close(chunk, recorded["chunk"], rtol=0, atol=TOLERANCE)
+
+
+def test_a_missing_backbone_configuration_is_said_plainly(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="backbone configuration is missing"):
+        SmolVLAPolicy.from_lerobot(FIXTURE, backbone_dir=tmp_path)
