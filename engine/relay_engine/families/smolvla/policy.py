@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from relay_engine.errors import ConfigError
@@ -63,6 +64,8 @@ class SmolVLAPolicy(nn.Module):
         self.cameras = tuple(cameras)
         self.action_dim = action_dim
         self.model = SmolVLAFlow(config, backbone_config(config, backbone_dir))
+        # lerobot's config.json, for a policy read from lerobot's files (written back with its weights).
+        self.lerobot_config: dict[str, Any] | None = None
 
     @classmethod
     def from_lerobot(cls, directory: Path, backbone_dir: Path | None = None) -> SmolVLAPolicy:
@@ -73,7 +76,41 @@ class SmolVLAPolicy(nn.Module):
         action_dim = int(data["output_features"][ACTION]["shape"][0])
         policy = cls(config, backbone_dir, cameras, action_dim)
         policy.load_state_dict(load_file(str(directory / "model.safetensors")), strict=True)
+        policy.lerobot_config = data
         return policy
+
+    def save_lerobot(self, directory: Path) -> None:
+        """lerobot's files for this policy: the config.json it was loaded with and its weights,
+        under lerobot's names (`SmolVLAPolicy.from_pretrained` loads them strictly)."""
+        if self.lerobot_config is None:
+            raise ConfigError(
+                "this SmolVLA was not loaded from lerobot's files; it has no config.json to write"
+            )
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.json").write_text(json.dumps(self.lerobot_config, indent=4) + "\n")
+        weights = {name: tensor.detach().contiguous() for name, tensor in self.state_dict().items()}
+        save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
+
+    def trainable(self) -> list[nn.Parameter]:
+        """What lerobot trains by default (`train_expert_only`, `freeze_vision_encoder`,
+        `train_state_proj`): the expert, the action and time projections and the state projection;
+        the backbone stays as it is."""
+        joint = self.model.vlm_with_expert
+        frozen: set[int] = set()
+        if self.config.train_expert_only:
+            frozen |= {id(p) for p in joint.vlm.parameters()}
+        else:
+            if self.config.freeze_vision_encoder:
+                frozen |= {id(p) for p in joint.vlm.model.vision_model.parameters()}
+            # What never reaches the loss stays as it is, as lerobot leaves it: the language head,
+            # the final norm, and the last layer (the last two where the expert skips layers).
+            unused = [joint.vlm.lm_head, joint.text_model.norm, joint.text_model.layers[-1]]
+            if joint.layers_per_expert_layer > 1:
+                unused.append(joint.text_model.layers[-2])
+            frozen |= {id(p) for module in unused for p in module.parameters()}
+        if not self.config.train_state_proj:
+            frozen |= {id(p) for p in self.model.state_proj.parameters()}
+        return [p for p in self.parameters() if id(p) not in frozen]
 
     def _inputs(
         self, batch: Mapping[str, torch.Tensor]

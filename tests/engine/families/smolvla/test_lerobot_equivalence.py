@@ -46,3 +46,29 @@ def test_the_sampled_chunk_is_lerobots(policy: SmolVLAPolicy, recorded: dict[str
 def test_a_missing_backbone_configuration_is_said_plainly(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="backbone configuration is missing"):
         SmolVLAPolicy.from_lerobot(FIXTURE, backbone_dir=tmp_path)
+
+
+def test_weights_relay_trained_are_loaded_by_lerobot_and_sampled_alike(
+    policy: SmolVLAPolicy, recorded: dict[str, torch.Tensor]
+) -> None:
+    # Relay trained lerobot's policy for 5 steps and wrote lerobot's files; lerobot loaded them
+    # strictly and sampled (tests/fixtures/make_relay_smolvla_trained.py, then
+    # make_lerobot_smolvla.py --trained).
+    trained_dir = FIXTURE.parent / "relay-smolvla-trained"
+    trained = SmolVLAPolicy.from_lerobot(trained_dir, backbone_dir=FIXTURE / "vlm").eval()
+    lerobot_chunk = load_file(str(trained_dir / "lerobot_chunk.safetensors"))["chunk"]
+    chunk = trained.predict_chunk(recorded, recorded["sampling_noise"])
+    torch.testing.assert_close(chunk, lerobot_chunk, rtol=0, atol=TOLERANCE)
+    # Training moved the expert, not the backbone (lerobot's default: the expert only).
+    before, after = policy.state_dict(), trained.state_dict()
+    moved = {name for name in before if not torch.equal(before[name], after[name])}
+    assert moved and all(".vlm." not in name for name in moved), sorted(moved)[:5]
+    assert any("lm_expert" in name for name in moved) and "model.state_proj.weight" in moved
+    assert (chunk - recorded["chunk"]).abs().max() > 100 * TOLERANCE
+
+
+def test_saving_writes_lerobots_files_back(policy: SmolVLAPolicy, tmp_path: Path) -> None:
+    policy.save_lerobot(tmp_path)
+    again = SmolVLAPolicy.from_lerobot(tmp_path, backbone_dir=FIXTURE / "vlm")
+    for name, tensor in policy.state_dict().items():
+        assert torch.equal(again.state_dict()[name], tensor), name
