@@ -34,6 +34,7 @@ class SmolVLAConfig:
     # ratio, and padded on the left and top.
     resize_imgs_with_padding: tuple[int, int] = (512, 512)
     tokenizer_max_length: int = 48
+    pad_language_to: str = "longest"  # or "max_length" (tokenizer_max_length)
     num_steps: int = 10
     vlm_model_name: str = DEFAULT_BACKBONE
     add_image_special_tokens: bool = False

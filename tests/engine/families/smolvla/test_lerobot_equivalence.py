@@ -1,10 +1,12 @@
 """Relay's SmolVLA against lerobot 0.6.1's `SmolVLAPolicy`, number for number, at a tiny size: the
 weights, batch and outputs lerobot wrote (tests/fixtures/make_lerobot_smolvla.py) are loaded here,
 and Relay computes the same loss from the same noise and times, and samples the same chunk from the
-same noise."""
+same noise; its processing turns raw inputs into what lerobot's processors gave; and weights Relay
+trained are loaded by lerobot and sampled alike."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,15 @@ import torch
 from safetensors.torch import load_file
 
 from relay_engine.errors import ConfigError
-from relay_engine.families.smolvla.policy import SmolVLAPolicy
+from relay_engine.families.smolvla.policy import (
+    ACTION,
+    ACTION_IS_PAD,
+    STATE,
+    TOKEN_MASK,
+    TOKENS,
+    SmolVLAPolicy,
+)
+from relay_engine.families.smolvla.processor import SmolVLAProcessor, load_tokenizer
 
 FIXTURE = Path(__file__).resolve().parents[3] / "fixtures" / "lerobot-smolvla"
 # Measured: 2.4e-7 (loss), 3.0e-7 (chunk), with torch 2.13 here and 2.11 on lerobot's side.
@@ -72,3 +82,21 @@ def test_saving_writes_lerobots_files_back(policy: SmolVLAPolicy, tmp_path: Path
     again = SmolVLAPolicy.from_lerobot(tmp_path, backbone_dir=FIXTURE / "vlm")
     for name, tensor in policy.state_dict().items():
         assert torch.equal(again.state_dict()[name], tensor), name
+
+
+def test_processing_raw_inputs_is_lerobots(policy: SmolVLAPolicy, recorded: dict[str, torch.Tensor]) -> None:
+    """lerobot's preprocessor turned the raw batch into what the policy read, and its
+    postprocessor the sampled chunk into the robot's units: Relay's processor does the same."""
+    stats = json.loads((FIXTURE / "stats.json").read_text())
+    tasks = json.loads((FIXTURE / "tasks.json").read_text())
+    processor = SmolVLAProcessor(policy.config, load_tokenizer(FIXTURE / "vlm"), stats)
+    raw = {key.removeprefix("raw."): value for key, value in recorded.items() if key.startswith("raw.")}
+    images = {camera: raw[camera] for camera in policy.cameras}
+    batch = processor.batch(images, raw[STATE], tasks, raw[ACTION], raw[ACTION_IS_PAD])
+    assert torch.equal(batch[TOKENS], recorded[TOKENS]) and torch.equal(
+        batch[TOKEN_MASK], recorded[TOKEN_MASK]
+    )
+    for key in (STATE, ACTION):
+        torch.testing.assert_close(batch[key], recorded[key], rtol=0, atol=1e-6)
+    robot = processor.robot_actions(policy.predict_chunk(batch, recorded["sampling_noise"]))
+    torch.testing.assert_close(robot, recorded["robot_chunk"], rtol=0, atol=1e-5)
