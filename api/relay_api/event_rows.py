@@ -16,17 +16,17 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from relay.events import METRICS, Event
+from relay.events import METRICS, Event, ResumedEvent, RetryEvent, StageEvent
 from relay_api.db import iso
 from relay_api.models import fine_tune_events
 
 # Events that can happen more than once at one step, once per attempt (a job retried twice before
 # its next checkpoint). Events are unique per (job, step, kind), so these are stored with their
 # attempt in the kind ("retry:3"), and shown without it.
-PER_ATTEMPT_EVENTS = ("retry", "resumed")
+PER_ATTEMPT_EVENTS = (RetryEvent.kind, ResumedEvent.kind)
 # A stage event happens once per stage at a step (validating, then evaluating, at one checkpoint):
 # stored with its stage in the kind ("stage:validating").
-PER_STAGE_EVENTS = ("stage",)
+PER_STAGE_EVENTS = (StageEvent.kind,)
 # The keys an event row keeps in columns of its own, not in `data`.
 ROW_KEYS = frozenset({"step", "event", "kind"})
 

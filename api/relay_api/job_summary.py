@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import bindparam, select
 
-from relay.events import METRICS, METRICS_EVERY, checkpoint_dir
+from relay.events import METRICS, METRICS_EVERY, CheckpointEvent, ResumedEvent, checkpoint_dir
 from relay.progress import recent_rate
 from relay.sft import status as st
 from relay.sft.summary import (
@@ -79,10 +79,10 @@ def summarize(
             losses.add(step, data.get("loss"))
             pace.add_window(step, data)
             reported.append((step, event["created_at"].timestamp()))
-        elif kind == "resumed":
+        elif kind == ResumedEvent.kind:
             pace.restart_at(step)
             reported.clear()  # the ETA's pace is this attempt's
-        elif kind == "checkpoint":
+        elif kind == CheckpointEvent.kind:
             checkpoints[step] = event
         elif kind == VALIDATION:
             validations.append({**data, "step": step})

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from relay.events import METRICS, CheckpointEvent
 from relay.sft import status as job_status
 from relay.training import status as session_status
 from relay_api.db import utcnow
@@ -199,12 +200,12 @@ class ServiceCollector(Collector):
             labels=["job"],
         )
         for job_id in running:
-            metrics = _latest_event(db, job_id, "metrics")
+            metrics = _latest_event(db, job_id, METRICS)
             for field, family in figures.items():
                 value = metrics.get(field) if metrics else None
                 if isinstance(value, int | float):
                     family.add_metric([job_id], float(value))
-            checkpoint = _latest_event(db, job_id, "checkpoint")
+            checkpoint = _latest_event(db, job_id, CheckpointEvent.kind)
             if checkpoint and isinstance(checkpoint.get("seconds"), int | float):
                 checkpoints.add_metric([job_id], float(checkpoint["seconds"]))
         yield from figures.values()

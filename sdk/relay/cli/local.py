@@ -24,6 +24,7 @@ from relay.events import (
     CHUNKS_PER_FRAME,
     METRICS,
     EvalEvent,
+    ResumedEvent,
     SnapshotEvent,
     StageEvent,
     ValidationEvent,
@@ -291,7 +292,7 @@ class _TrainingProgress:
             self.report.note(f"step {event['step']}: validation: {validation_line(event)}")
         elif kind == EvalEvent.kind:
             self.report.note(f"step {event['step']}: closed loop: {eval_line(event)}")
-        elif kind == "resumed":
+        elif kind == ResumedEvent.kind:
             where = self.output_dir / "checkpoints"
             self.report.note(f"resuming from step {event['step']} (the last checkpoint in {where})")
             self.report.update(event["step"])

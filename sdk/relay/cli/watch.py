@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from relay.cli._common import status_text
-from relay.events import METRICS
+from relay.events import METRICS, CancelledEvent, ErrorEvent, FinishedEvent
 from relay.formatting import number_text
 from relay.sft import status as job_status
 from relay.sft.job import Event, FineTuneJob
@@ -23,9 +23,9 @@ from relay.sft.job import Event, FineTuneJob
 BLOCKS = "▁▂▃▄▅▆▇█"
 # The status an event leaves the job in; other events (retry, resumed, checkpoint) leave it running.
 STATUS_AFTER = {
-    "finished": job_status.COMPLETED,
-    "cancelled": job_status.CANCELLED,
-    "error": job_status.ERROR,
+    FinishedEvent.kind: job_status.COMPLETED,
+    CancelledEvent.kind: job_status.CANCELLED,
+    ErrorEvent.kind: job_status.ERROR,
 }
 # How often the live panel asks the API for the job's status: a job leaves `queued` with no event
 # (its first metrics come 10 steps later, minutes for a large model), and the panel must say so.
