@@ -379,12 +379,13 @@ class _JobEvents:
 
     def replay_unwritten(self) -> None:
         """What an earlier attempt noted but never wrote (a database outage stopped it), up to the
-        checkpoint this attempt resumes from; the engine then reports that it resumed."""
+        checkpoint this attempt resumes from, and that checkpoint's event (its attempt may have
+        stopped before noting it); the engine then reports that it resumed."""
         if self.claim.attempt <= 1:
             return
         resumes_from = _last_checkpoint_step(self.work_dir)
         if resumes_from is not None:
-            for event in self.journal.between(self.claim.step, resumes_from):
+            for event in self.journal.to_replay(self.claim.step, resumes_from):
                 self.keeper.add_event(event)
 
     def on_role(self, main: bool) -> None:

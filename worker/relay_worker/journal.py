@@ -19,7 +19,7 @@ import logging
 import os
 from pathlib import Path
 
-from relay.events import Event, event_line, kind_of, parse_event
+from relay.events import CheckpointEvent, Event, event_line, kind_of, parse_event
 
 log = logging.getLogger("relay_worker")
 
@@ -47,6 +47,17 @@ class EventJournal:
             # A safety net for outages, not a reason to fail a job: a full disk is the checkpoint's
             # to report, in its own words; the event still goes to the database.
             log.warning("%s: could not note an event (%s)", self.path, error)
+
+    def to_replay(self, reported_step: int, resumes_from: int) -> list[Event]:
+        """What a resumed attempt writes before it trains: the noted events from the step the job
+        last reported up to the checkpoint it resumes from, and that checkpoint's own event when it
+        was never noted (an attempt frozen or killed between writing the checkpoint and noting it:
+        the checkpoint is complete, and the job's events must say so; `seconds` is then unknown).
+        Written twice, it is stored once (the database keeps one event per job, step and kind)."""
+        events = self.between(reported_step, resumes_from)
+        if not any(kind_of(event) == "checkpoint" and event.step == resumes_from for event in events):
+            events.append(CheckpointEvent(step=resumes_from, seconds=None))
+        return events
 
     def between(self, first_step: int, last_step: int) -> list[Event]:
         """The noted events of steps `first_step` to `last_step`, in the order they were noted (lines
