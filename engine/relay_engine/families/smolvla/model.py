@@ -94,6 +94,19 @@ def _finish_layer(layer: Any, hidden: torch.Tensor, attended: torch.Tensor) -> t
     return layer.mlp(layer.post_attention_layernorm(hidden)) + hidden
 
 
+@dataclass(frozen=True)
+class PrefixInputs:
+    """What the prefix is made of, processed: images (B, 3, H, W) in [-1, 1] at the backbone's
+    size with which samples have each (B,), prompt tokens and their mask (B, T), the state padded
+    to `max_state_dim` (B, 32)."""
+
+    images: list[torch.Tensor]
+    image_masks: list[torch.Tensor]
+    tokens: torch.Tensor
+    token_mask: torch.Tensor
+    state: torch.Tensor
+
+
 @dataclass
 class PrefixCache:
     """The prefix's keys (rotated) and values of every backbone layer, (B, P, KV, D) each."""
@@ -269,8 +282,7 @@ class BackboneWithExpert(nn.Module):
 
 class SmolVLAFlow(nn.Module):
     """The flow-matching model: prefix and suffix embeddings around `BackboneWithExpert`. Inputs
-    are processed already: images (B, 3, H, W) in [-1, 1] at the backbone's size, prompt tokens
-    and their mask, the state padded to `max_state_dim`, actions padded to `max_action_dim`."""
+    are processed already (`PrefixInputs`; actions and noise padded to `max_action_dim`)."""
 
     def __init__(self, config: SmolVLAConfig, backbone: SmolVLMConfig) -> None:
         super().__init__()
@@ -285,27 +297,20 @@ class SmolVLAFlow(nn.Module):
         self.action_time_mlp_in = nn.Linear(expert * 2, expert)
         self.action_time_mlp_out = nn.Linear(expert, expert)
 
-    def embed_prefix(
-        self,
-        images: list[torch.Tensor],
-        image_masks: list[torch.Tensor],
-        tokens: torch.Tensor,
-        token_mask: torch.Tensor,
-        state: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def embed_prefix(self, inputs: PrefixInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(embeddings, pad mask, block starts) of images, prompt and state. The images and the
         prompt are one block; the state starts its own (they do not see it)."""
         embeddings, pads = [], []
-        for image, image_mask in zip(images, image_masks, strict=True):
+        for image, image_mask in zip(inputs.images, inputs.image_masks, strict=True):
             embedded = self.vlm_with_expert.embed_image(image)
             embedded = embedded * torch.tensor(embedded.shape[-1] ** 0.5, dtype=embedded.dtype)
             embeddings.append(embedded)
             pads.append(image_mask[:, None].expand(-1, embedded.shape[1]))
-        words = self.vlm_with_expert.embed_tokens(tokens)
+        words = self.vlm_with_expert.embed_tokens(inputs.tokens)
         embeddings.append(words * math.sqrt(words.shape[-1]))
-        pads.append(token_mask)
-        embeddings.append(self.state_proj(state)[:, None])
-        pads.append(torch.ones_like(token_mask[:, :1]))
+        pads.append(inputs.token_mask)
+        embeddings.append(self.state_proj(inputs.state)[:, None])
+        pads.append(torch.ones_like(inputs.token_mask[:, :1]))
         pad_mask = torch.cat(pads, dim=1)
         block_starts = torch.zeros_like(pad_mask)
         block_starts[:, -1] = True
@@ -325,21 +330,13 @@ class SmolVLAFlow(nn.Module):
         return fused, ones, ones
 
     def losses(
-        self,
-        images: list[torch.Tensor],
-        image_masks: list[torch.Tensor],
-        tokens: torch.Tensor,
-        token_mask: torch.Tensor,
-        state: torch.Tensor,
-        actions: torch.Tensor,
-        noise: torch.Tensor,
-        time: torch.Tensor,
+        self, inputs: PrefixInputs, actions: torch.Tensor, noise: torch.Tensor, time: torch.Tensor
     ) -> torch.Tensor:
         """Squared errors (B, chunk, max_action_dim) of the predicted velocity at x_t =
         t * noise + (1 - t) * actions against noise - actions."""
         t = time[:, None, None]
         noisy = t * noise + (1 - t) * actions
-        prefix, prefix_pad, prefix_blocks = self.embed_prefix(images, image_masks, tokens, token_mask, state)
+        prefix, prefix_pad, prefix_blocks = self.embed_prefix(inputs)
         suffix, suffix_pad, suffix_blocks = self.embed_suffix(noisy, time)
         pad_mask = torch.cat([prefix_pad, suffix_pad], dim=1)
         mask = make_attention_mask(pad_mask, torch.cat([prefix_blocks, suffix_blocks], dim=1))
@@ -349,19 +346,10 @@ class SmolVLAFlow(nn.Module):
         return F.mse_loss(noise - actions, velocity, reduction="none")
 
     @torch.no_grad()
-    def sample(
-        self,
-        images: list[torch.Tensor],
-        image_masks: list[torch.Tensor],
-        tokens: torch.Tensor,
-        token_mask: torch.Tensor,
-        state: torch.Tensor,
-        noise: torch.Tensor,
-        num_steps: int | None = None,
-    ) -> torch.Tensor:
+    def sample(self, inputs: PrefixInputs, noise: torch.Tensor, num_steps: int | None = None) -> torch.Tensor:
         """A chunk (B, chunk, max_action_dim) integrated from `noise` at t = 1 to t = 0."""
         steps = num_steps or self.config.num_steps
-        prefix, prefix_pad, prefix_blocks = self.embed_prefix(images, image_masks, tokens, token_mask, state)
+        prefix, prefix_pad, prefix_blocks = self.embed_prefix(inputs)
         positions = torch.cumsum(prefix_pad, dim=1) - 1
         cache = self.vlm_with_expert.prefix_cache(
             prefix, make_attention_mask(prefix_pad, prefix_blocks), positions

@@ -17,7 +17,7 @@ from torch import nn
 
 from relay_engine.errors import ConfigError
 from relay_engine.families.smolvla.config import SmolVLAConfig, backbone_config, read_lerobot_config
-from relay_engine.families.smolvla.model import SmolVLAFlow
+from relay_engine.families.smolvla.model import PrefixInputs, SmolVLAFlow
 
 STATE = "observation.state"
 ACTION = "action"
@@ -112,16 +112,14 @@ class SmolVLAPolicy(nn.Module):
             frozen |= {id(p) for p in self.model.state_proj.parameters()}
         return [p for p in self.parameters() if id(p) not in frozen]
 
-    def _inputs(
-        self, batch: Mapping[str, torch.Tensor]
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _inputs(self, batch: Mapping[str, torch.Tensor]) -> PrefixInputs:
         width, height = self.config.resize_imgs_with_padding
         images = [
             resize_with_left_top_pad(batch[camera], height, width) * 2.0 - 1.0 for camera in self.cameras
         ]
         masks = [torch.ones(image.shape[0], dtype=torch.bool, device=image.device) for image in images]
         state = pad_last(batch[STATE], self.config.max_state_dim)
-        return images, masks, batch[TOKENS], batch[TOKEN_MASK].bool(), state
+        return PrefixInputs(images, masks, batch[TOKENS], batch[TOKEN_MASK].bool(), state)
 
     def loss(
         self,
@@ -133,7 +131,7 @@ class SmolVLAPolicy(nn.Module):
         """The flow-matching loss over the real action dimensions of the steps inside the episode:
         their mean, or each sample's (`reduction="none"`)."""
         actions = pad_last(batch[ACTION], self.config.max_action_dim)
-        losses = self.model.losses(*self._inputs(batch), actions, noise, time)[:, :, : self.action_dim]
+        losses = self.model.losses(self._inputs(batch), actions, noise, time)[:, :, : self.action_dim]
         inside = (
             ~batch[ACTION_IS_PAD]
             if ACTION_IS_PAD in batch
@@ -148,4 +146,4 @@ class SmolVLAPolicy(nn.Module):
     @torch.no_grad()
     def predict_chunk(self, batch: Mapping[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
         """The chunk (B, chunk, action width) sampled from `noise` (B, chunk, max_action_dim)."""
-        return self.model.sample(*self._inputs(batch), noise)[:, :, : self.action_dim]
+        return self.model.sample(self._inputs(batch), noise)[:, :, : self.action_dim]
