@@ -15,7 +15,7 @@
 # worker containers, equal to one process; and down -v.
 #
 # Costs on a 2-core machine (docs/service.md): about 5 minutes the first time (base images and
-# the Relay image), about 2.5 once they are built; 3.4 GB of images. The stack it runs is the
+# the Relay image), 2 to 4 once the base images are built; 3.4 GB of images. The stack it runs is the
 # compose project "relaycheck", taken down with its volumes at the end (--keep leaves a failed one up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
