@@ -20,11 +20,14 @@ GPU_SIZED_MODELS: tuple[str, ...] = ("pi05",)
 # RT-J, the relational transformer, for tasks on relational databases: `rt-j` has the published
 # dimensions (85,562,530 weights in Stanford's layout); `rt-j-tiny` is the same network, small.
 RELATIONAL_MODELS: tuple[str, ...] = ("rt-j", "rt-j-tiny")
-# What a recipe job can fine-tune: both built-in families (relay.families holds their rules, and
+# SmolVLA, lerobot's small robot policy: `smolvla` is lerobot/smolvla_base (about 450M weights);
+# `smolvla-tiny` runs the same code at tiny sizes, for CPUs and the tests.
+SMOLVLA_MODELS: tuple[str, ...] = ("smolvla", "smolvla-tiny")
+# What a recipe job can fine-tune: the built-in families (relay.families holds their rules, and
 # any family added since).
-RECIPE_MODELS: tuple[str, ...] = (*MODELS, *RELATIONAL_MODELS)
-# What a training-loop session can load: both families (RT-J sessions tune in full).
-SESSION_MODELS: tuple[str, ...] = RECIPE_MODELS
+RECIPE_MODELS: tuple[str, ...] = (*MODELS, *SMOLVLA_MODELS, *RELATIONAL_MODELS)
+# What a training-loop session can load: pi05 and RT-J (RT-J sessions tune in full).
+SESSION_MODELS: tuple[str, ...] = (*MODELS, *RELATIONAL_MODELS)
 # The problem types an RT-J session trains: its task loss is BCE (binary) or Huber (regression).
 RelationalSessionProblem = Literal["binary", "regression"]
 RELATIONAL_SESSION_PROBLEMS: tuple[str, ...] = get_args(RelationalSessionProblem)

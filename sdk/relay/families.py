@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from relay import catalog
 from relay.dataset_names import is_relational_source
-from relay.model_use import UseText, relational_use, robot_policy_use
+from relay.model_use import UseText, relational_use, robot_policy_use, smolvla_use
 
 # How a datum of the family's sessions is written on the wire: (its place in the call, the datum)
 # -> the message; None where the datum type does not belong to the family.
@@ -179,6 +179,33 @@ def _builtins() -> None:
         deployments="base_or_tuned",
         use_text=robot_policy_use,
     )
+    _SPECS[SMOLVLA] = FamilySpec(
+        name=SMOLVLA,
+        models=catalog.SMOLVLA_MODELS,
+        gpu_sized_models=("smolvla",),
+        list_label="SmolVLA models",
+        # smolvla: lerobot's own (optimizer_lr 1e-4; 64 samples a step, its training example's
+        # batch). smolvla-tiny: pi05-tiny's CPU-sized step and rate.
+        model_defaults={
+            "smolvla": {"learning_rate": 1e-4, "batch_size": 64},
+            "smolvla-tiny": {"learning_rate": 1e-3, "batch_size": 16},
+        },
+        # "full" is what lerobot trains by default: the action expert and the state, action and time
+        # projections, the backbone as it is (train_expert_only, freeze_vision_encoder).
+        finetune="full",
+        max_gpus=1,
+        refused_fields={
+            "tasks_dir": "tasks_dir holds a relational database's tasks, for rt-j models",
+            "cameras": "SmolVLA reads every camera of the dataset, under the dataset's own names",
+            "targets": "SmolVLA trains what lerobot trains by default: the action expert and the "
+            "state, action and time projections",
+            "validation_episodes": "held-out episodes are scored for pi05 models so far",
+            "eval": "closed-loop evaluation runs pi05 policies so far",
+            "from_checkpoint": "SmolVLA starts from its base so far",
+        },
+        loss_names=("flow_matching",),
+        use_text=smolvla_use,
+    )
     _SPECS[RTJ] = FamilySpec(
         name=RTJ,
         models=catalog.RELATIONAL_MODELS,
@@ -216,4 +243,5 @@ def _builtins() -> None:
 
 
 PI05 = "pi05"
+SMOLVLA = "smolvla"
 RTJ = "rt-j"

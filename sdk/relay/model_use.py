@@ -86,3 +86,24 @@ def any_model_use(model: str, directory: str, dataset_name: str, task: str | Non
         served_as="what its family serves",
         lerobot_note=f"Relay knows no lerobot policy for {model}",
     )
+
+
+def smolvla_use(model: str, directory: str, dataset_name: str, task: str | None) -> UseText:
+    """A SmolVLA policy's: lerobot's own files (config.json, model.safetensors and its processors),
+    which lerobot's SmolVLAPolicy opens; Relay's loader."""
+    python = (
+        ENGINE_EXTRA + "from pathlib import Path\n\n"
+        "from relay_engine.families.smolvla.policy import SmolVLAPolicy\n\n"
+        f'policy = SmolVLAPolicy.from_lerobot(Path("{directory}"), backbone_dir=Path("{directory}/vlm"))'
+    )
+    lerobot = (
+        "# in lerobot's environment (the backbone's config.json where config.json's vlm_model_name says)\n"
+        "from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy\n\n"
+        f'policy = SmolVLAPolicy.from_pretrained("{directory}")'
+    )
+    return UseText(
+        python,
+        score="relay local eval scores pi05 policies so far",
+        served_as="nothing yet: SmolVLA deployments are not served so far",
+        lerobot=lerobot,
+    )

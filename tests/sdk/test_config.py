@@ -14,7 +14,7 @@ BASE = {"model": "pi05", "dataset_name": "lerobot/pusht_image"}
 
 # (fields, the field at fault, how the message starts)
 BAD_CONFIGS: list[tuple[dict[str, object], str, str]] = [
-    ({"model": "pi06"}, "model", 'bad model: "pi06" (must be one of pi05, pi05-tiny, rt-j, rt-j-tiny)'),
+    ({"model": "pi06"}, "model", 'bad model: "pi06" (must be one of pi05, pi05-tiny, smolvla, smolvla-tiny, rt-j, rt-j-tiny)'),
     ({"model": 5}, "model", "bad model: 5"),
     ({"dataset_name": ""}, "dataset_name", 'bad dataset_name: ""'),
     ({"dataset_name": "a\nb"}, "dataset_name", "bad dataset_name:"),
@@ -124,7 +124,7 @@ def test_a_model_with_defaults_of_its_own_gets_them_for_the_fields_left_out() ->
     schema = SFTConfig.model_json_schema()["properties"]["learning_rate"]
     assert (schema["default"], schema["x-model-defaults"]) == (
         2.5e-5,
-        {"pi05-tiny": 1e-3, "rt-j": 1e-4, "rt-j-tiny": 1e-3},
+        {"pi05-tiny": 1e-3, "smolvla": 1e-4, "smolvla-tiny": 1e-3, "rt-j": 1e-4, "rt-j-tiny": 1e-3},
     )
 
 
@@ -168,7 +168,7 @@ def test_each_rule_names_field_value_and_rule(fields: dict[str, object], param: 
 
 def test_a_missing_field_is_named() -> None:
     with pytest.raises(
-        ConfigError, match=r"^missing model \(required; it must be one of pi05, pi05-tiny, rt-j, rt-j-tiny\)"
+        ConfigError, match=r"^missing model \(required; it must be one of pi05, pi05-tiny, smolvla, smolvla-tiny, rt-j, rt-j-tiny\)"
     ):
         SFTConfig(dataset_name="x")  # type: ignore[call-arg]
     with pytest.raises(ConfigError, match=r"^missing dataset_name"):

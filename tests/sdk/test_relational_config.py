@@ -38,7 +38,7 @@ def test_an_rt_j_recipe_is_tuned_in_full() -> None:
         ({"model": "pi05", "task": "t"}, "task", "pi05 takes no task"),
         ({"model": "rt-j", "task": "t", "gpus": 2}, "gpus", "one process"),
         ({"model": "rt-j", "task": "bad\ntask"}, "task", "no control characters"),
-        ({"model": "rt-x", "task": "t"}, "model", "pi05, pi05-tiny, rt-j, rt-j-tiny"),
+        ({"model": "rt-x", "task": "t"}, "model", "pi05, pi05-tiny, smolvla, smolvla-tiny, rt-j, rt-j-tiny"),
     ],
 )
 def test_fields_of_the_other_family_are_refused(fields: dict[str, object], param: str, words: str) -> None:

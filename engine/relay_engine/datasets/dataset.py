@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -26,7 +27,7 @@ from relay.catalog import ACTION_DIM, ACTION_HORIZON, MODEL_CAMERAS, STATE_DIM
 from relay_engine.datasets.frame_index import FrameIndex, ensure_frame_index
 from relay_engine.datasets.hub import DatasetSource, locate_dataset, resolve_dataset
 from relay_engine.datasets.meta import require_meta
-from relay_engine.datasets.norm_stats import NormStats, compute_norm_stats
+from relay_engine.datasets.norm_stats import NormalizationMethod, NormStats, compute_norm_stats
 from relay_engine.datasets.summary import DatasetSummary
 from relay_engine.datasets.validation import inspect_dataset
 from relay_engine.datasets.video import VideoError, VideoFrames
@@ -184,9 +185,14 @@ def open_dataset(
     cache_dir: str | os.PathLike[str] | None = None,
     token: str | None = None,
     revision: str | None = None,
+    normalization: NormalizationMethod = "quantile",
+    camera_names: Literal["model", "dataset"] = "model",
 ) -> LeRobotDataset:
     """Resolve, validate and index a dataset (once per content), then serve its frames as samples.
     `revision`: a Hub repo's branch, tag or commit (by default v2.1, else a v3.0 default branch).
+    `normalization`: the model's (pi05: quantiles; SmolVLA: mean and std). `camera_names`: "model"
+    maps the cameras to pi05's slots (`cameras`, else the features in order); "dataset" keeps every
+    camera under the dataset's own feature name (SmolVLA reads any number of cameras).
 
     Raises DatasetError naming the dataset and every problem found, ConfigError for a camera map or
     horizon that cannot be honoured.
@@ -198,8 +204,12 @@ def open_dataset(
     meta = require_meta(root, name_or_path)
     index = FrameIndex(ensure_frame_index(meta, name_or_path, cache_dir_or_default(cache_dir)))
     shipped = shipped_norm_stats(root, name_or_path, index.summary)
-    norm_stats = shipped[0] if shipped else index.norm_stats
-    camera_map = map_cameras(name_or_path, index.summary, cameras)
+    norm_stats = replace(shipped[0] if shipped else index.norm_stats, method=normalization)
+    camera_map = (
+        map_cameras(name_or_path, index.summary, cameras)
+        if camera_names == "model"
+        else {feature: feature for feature in index.summary.cameras}
+    )
     return LeRobotDataset(name_or_path, index, norm_stats, camera_map, action_horizon, source, root=root)
 
 

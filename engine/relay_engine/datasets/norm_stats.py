@@ -3,6 +3,8 @@
 pi0.5 uses quantile normalization: `x' = (x - q01) / (q99 - q01 + 1e-6) * 2 - 1`, so the 1st
 percentile maps to -1 and the 99th to +1 (no clipping); the inverse maps model actions back to
 dataset units. Padding to the model's width of 32 happens after normalizing (the dataset does it).
+SmolVLA, as lerobot's processor does, normalizes by the mean and standard deviation instead:
+`x' = (x - mean) / (std + 1e-8)` (`NormStats.method` "mean_std").
 
 Quantiles here are exact: numpy's linear interpolation (`np.quantile(..., method="linear")`) over
 every frame of the dataset, computed per dimension in float64. openpi instead approximates them with
@@ -15,12 +17,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 EPSILON = 1e-6
+# lerobot's NormalizerProcessorStep's eps, for mean/std normalization.
+MEAN_STD_EPSILON = 1e-8
 QUANTILES = (0.01, 0.99)
+# How a model normalizes: openpi's quantiles (pi05) or lerobot's mean and standard deviation (SmolVLA).
+NormalizationMethod = Literal["quantile", "mean_std"]
 _FIELDS = ("mean", "std", "q01", "q99")
 
 
@@ -37,13 +43,19 @@ class Stats:
     def width(self) -> int:
         return len(self.q01)
 
-    def normalize(self, values: np.ndarray) -> np.ndarray:
+    def normalize(self, values: np.ndarray, method: NormalizationMethod = "quantile") -> np.ndarray:
         values = np.asarray(values, dtype=np.float32)
+        if method == "mean_std":
+            std = (self.std + MEAN_STD_EPSILON).astype(np.float32)
+            return ((values - self.mean.astype(np.float32)) / std).astype(np.float32)
         scale = (self.q99 - self.q01 + EPSILON).astype(np.float32)
         return ((values - self.q01.astype(np.float32)) / scale * 2 - 1).astype(np.float32)
 
-    def unnormalize(self, values: np.ndarray) -> np.ndarray:
+    def unnormalize(self, values: np.ndarray, method: NormalizationMethod = "quantile") -> np.ndarray:
         values = np.asarray(values, dtype=np.float32)
+        if method == "mean_std":
+            std = (self.std + MEAN_STD_EPSILON).astype(np.float32)
+            return (values * std + self.mean.astype(np.float32)).astype(np.float32)
         scale = (self.q99 - self.q01 + EPSILON).astype(np.float32)
         return ((values + 1) / 2 * scale + self.q01.astype(np.float32)).astype(np.float32)
 
@@ -55,6 +67,8 @@ class Stats:
 class NormStats:
     state: Stats
     actions: Stats
+    # Which of the statistics normalize (the model's choice; the file keeps all four either way).
+    method: NormalizationMethod = "quantile"
 
     @property
     def state_dim(self) -> int:
@@ -67,12 +81,12 @@ class NormStats:
     def normalize_state(self, state: np.ndarray) -> np.ndarray:
         """(..., state_dim) in dataset units -> normalized, float32, same shape."""
         _check_width(state, self.state_dim, "state")
-        return self.state.normalize(state)
+        return self.state.normalize(state, self.method)
 
     def normalize_actions(self, actions: np.ndarray) -> np.ndarray:
         """(..., action_dim) in dataset units -> normalized, float32, same shape."""
         _check_width(actions, self.action_dim, "actions")
-        return self.actions.normalize(actions)
+        return self.actions.normalize(actions, self.method)
 
     def unnormalize_actions(self, actions: np.ndarray) -> np.ndarray:
         """Normalized (..., width >= action_dim) -> (..., action_dim) in dataset units.
@@ -84,7 +98,7 @@ class NormStats:
             raise ValueError(
                 f"actions are {actions.shape[-1]} wide; the stats need at least {self.action_dim}"
             )
-        return self.actions.unnormalize(actions[..., : self.action_dim])
+        return self.actions.unnormalize(actions[..., : self.action_dim], self.method)
 
     def to_json(self) -> str:
         """openpi's layout: {"norm_stats": {"state": {mean, std, q01, q99}, "actions": {...}}}, indent 2."""

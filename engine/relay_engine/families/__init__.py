@@ -82,4 +82,4 @@ def family_owning(name_or_dir: str, *, takes_task: bool = False) -> Family:
 
 
 # The built-in families, registered once (each package's __init__ is its registration).
-from relay_engine.families import pi05, rtj  # noqa: E402, F401
+from relay_engine.families import pi05, rtj, smolvla  # noqa: E402, F401

@@ -72,7 +72,7 @@ class StopOnInterrupt:
 
 @app.command()
 def train(
-    model: str = typer.Option(..., help="Base model: pi05, pi05-tiny, rt-j or rt-j-tiny."),
+    model: str = typer.Option(..., help="Base model: " + ", ".join(families.model_names()) + "."),
     dataset: str = typer.Option(
         ...,
         help="A Hub dataset repo id or a local dataset directory (rt-j: a database directory, or a "

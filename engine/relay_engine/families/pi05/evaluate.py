@@ -14,7 +14,7 @@ chunk's error (averaged over the chunks) is exactly the mean's error plus the sp
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import torch
 from relay.events import CHUNKS_PER_FRAME
 from relay_engine.core.data import MapDataset
 from relay_engine.datasets import LeRobotDataset, NormStats
+from relay_engine.families.base import EvaluationRequest
 from relay_engine.models import Pi05Policy, flow_matching_loss, sample_flow_time
 
 # Frames per batch of sampling (no gradients: far less memory than a training batch of the size).
@@ -251,5 +252,70 @@ def with_norm_stats(dataset: LeRobotDataset, model_dir: str | Path) -> LeRobotDa
     that episodes the model never saw are compared in the model's units."""
     path = Path(model_dir) / "norm_stats.json"
     if path.is_file():
-        dataset.norm_stats = NormStats.from_json(path.read_text())
+        # The file keeps every statistic; the dataset's method (the model's) says which normalize.
+        dataset.norm_stats = replace(NormStats.from_json(path.read_text()), method=dataset.norm_stats.method)
     return dataset
+
+
+def score_request(
+    policy: Any,
+    data: LeRobotDataset,
+    request: EvaluationRequest,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """`relay local eval`'s report of a robot policy (pi05's, or any with `collate` and
+    `sample_actions`) on `data`: the mean chunk's error, the spread, one chunk's error and, with
+    `request.blind_from`, the blind baseline's."""
+    selected = request.episodes
+    indices = list(data.indices_of_episodes(selected) if selected is not None else range(len(data)))
+    if on_progress is not None:
+        on_progress(0, len(indices))
+    result = evaluate_actions(
+        policy,
+        data,
+        indices,
+        batch_size=request.batch_size,
+        num_steps=request.num_steps,
+        seed=request.seed,
+        chunks=request.chunks,
+        on_batch=(lambda done: on_progress(done, len(indices))) if on_progress is not None else None,
+    )
+    blind = None
+    if request.blind_from is not None:
+        training = data.indices_of_episodes(request.blind_from)
+        chunks = ActionChunks(data)  # the baseline reads no images
+        blind = blind_baseline(chunks, training, chunks, indices).mse
+    return {
+        "mean_action_mse": result.mean_mse,
+        "action_spread": result.spread,
+        "mse": result.mse,
+        "chunks": result.chunks,
+        "frames": result.samples,
+        "blind_mse": blind,
+    }
+
+
+def report_lines(report: dict[str, Any], request: EvaluationRequest) -> list[str]:
+    """The report of score_request as `relay local eval` prints it."""
+    headline, blind, chunks = report["mean_action_mse"], report["blind_mse"], report["chunks"]
+    lines = [
+        f"action MSE {headline:.4f} (the mean of {chunks} sampled chunk{'' if chunks == 1 else 's'} "
+        f"per frame, normalized units) over {report['frames']} frames",
+        f"one chunk {report['mse']:.4f}: the mean's error plus the chunks' spread "
+        f"{report['action_spread']:.4f}",
+    ]
+    if blind is not None:
+        better = ""
+        if headline > 0:
+            ratio = blind / headline
+            better = (
+                f": the model is {ratio:.2f}x better"
+                if ratio >= 1
+                else f": the model is {1 / ratio:.2f}x worse"
+            )
+        episodes = request.blind_from_text
+        lines.append(
+            f"blind baseline {blind:.4f} (always the mean chunk of episodes {episodes}; it samples "
+            f"nothing, so its error is its mean chunk's){better}"
+        )
+    return lines

@@ -9,20 +9,18 @@ alone writes the output. Checkpoints are sharded, so a run resumes on any number
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from relay import families as sdk_families
-from relay.events import Event
 from relay.optimizer import AdamParams
 from relay_engine.core.checkpoint import CheckpointStore
-from relay_engine.core.data import BatchOrder, DataPosition
 from relay_engine.errors import ConfigError, EngineError
 from relay_engine.families.base import EvaluationRequest, Family, PreparedRecipe, RecipeRun
+from relay_engine.families.lerobot_data import dataset_read, lerobot_batches
 
 if TYPE_CHECKING:
     from relay_engine.acting import ActingPolicy
@@ -144,12 +142,12 @@ class Pi05Family(Family):
             learner=learner,
             samples=len(split.training),
             batch_size=config.batch_size,
-            batches=_batch_source(run, dataset, split.training, policy.collate),
+            batches=lerobot_batches(run, dataset, split.training, policy.collate),
             adam=RECIPE_ADAM,
             write_output=write,
             parallel=parallel,
             extra={"processes": run.processes, "strategy": strategy if parallel is not None else None},
-            data_read=_data_read(dataset),
+            data_read=dataset_read(dataset),
             weights_read=(
                 (lambda step: checkpoint.event(step, config.model)) if checkpoint is not None else None
             ),
@@ -188,57 +186,12 @@ class Pi05Family(Family):
         data = open_dataset(request.dataset, action_horizon=policy.config.action_horizon)
         # A trained model is scored in the units it was trained in (its norm_stats.json).
         evaluation.with_norm_stats(data, Path(request.model).expanduser())
-        selected = request.episodes
-        indices = list(data.indices_of_episodes(selected) if selected is not None else range(len(data)))
-        if on_progress is not None:
-            on_progress(0, len(indices))
-        result = evaluation.evaluate_actions(
-            policy,
-            data,
-            indices,
-            batch_size=request.batch_size,
-            num_steps=request.num_steps,
-            seed=request.seed,
-            chunks=request.chunks,
-            on_batch=(lambda done: on_progress(done, len(indices))) if on_progress is not None else None,
-        )
-        blind = None
-        if request.blind_from is not None:
-            training = data.indices_of_episodes(request.blind_from)
-            chunks = evaluation.ActionChunks(data)  # the baseline reads no images
-            blind = evaluation.blind_baseline(chunks, training, chunks, indices).mse
-        return {
-            "mean_action_mse": result.mean_mse,
-            "action_spread": result.spread,
-            "mse": result.mse,
-            "chunks": result.chunks,
-            "frames": result.samples,
-            "blind_mse": blind,
-        }
+        return evaluation.score_request(policy, data, request, on_progress)
 
     def evaluation_lines(self, report: dict[str, Any], request: EvaluationRequest) -> list[str]:
-        headline, blind, chunks = report["mean_action_mse"], report["blind_mse"], report["chunks"]
-        lines = [
-            f"action MSE {headline:.4f} (the mean of {chunks} sampled chunk{'' if chunks == 1 else 's'} "
-            f"per frame, normalized units) over {report['frames']} frames",
-            f"one chunk {report['mse']:.4f}: the mean's error plus the chunks' spread "
-            f"{report['action_spread']:.4f}",
-        ]
-        if blind is not None:
-            better = ""
-            if headline > 0:
-                ratio = blind / headline
-                better = (
-                    f": the model is {ratio:.2f}x better"
-                    if ratio >= 1
-                    else f": the model is {1 / ratio:.2f}x worse"
-                )
-            episodes = request.blind_from_text
-            lines.append(
-                f"blind baseline {blind:.4f} (always the mean chunk of episodes {episodes}; it samples "
-                f"nothing, so its error is its mean chunk's){better}"
-            )
-        return lines
+        from relay_engine.families.pi05 import evaluate as evaluation
+
+        return evaluation.report_lines(report, request)
 
     def load_model(self, name_or_dir: str, device: torch.device | str = "cpu") -> Any:
         from relay_engine.models import load_policy
@@ -275,37 +228,3 @@ class Pi05Family(Family):
                     f"{field}: only an RT-J model is served with a database and a task", param=field
                 )
         return ServedPolicy.load(model, device=device, num_steps=num_steps)
-
-
-def _batch_source(
-    run: RecipeRun, dataset: Any, indices: np.ndarray, collate: Callable[[Any], Any]
-) -> Callable[[BatchOrder, DataPosition], Iterator[Any]]:
-    from relay_engine.core.data import batch_loader, select
-    from relay_engine.distributed.group import batch_slice
-
-    recipe = run.recipe
-    # The training frames alone: held-out and left-out episodes are never read by the sampler.
-    subset = select(dataset, indices.tolist()) if len(indices) != len(dataset) else dataset
-    num_workers = (
-        recipe.num_workers if recipe.num_workers is not None else (0 if run.device.type == "cpu" else 8)
-    )
-
-    def batches(order: BatchOrder, position: DataPosition) -> Iterator[Any]:
-        return batch_loader(
-            subset,
-            order,
-            position,
-            collate,
-            num_workers,
-            part=lambda n: batch_slice(n, run.rank, run.processes),
-        )
-
-    return batches
-
-
-def _data_read(dataset: Any) -> Callable[[int], Event] | None:
-    """The DatasetEvent of what `open_dataset` read (the whole dataset's episodes and frames)."""
-    source, summary = dataset.source, dataset.summary
-    if source is None:
-        return None
-    return lambda step: source.event(step, frames=summary.frames, episodes=summary.episodes)

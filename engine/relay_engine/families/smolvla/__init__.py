@@ -1,2 +1,7 @@
-"""SmolVLA (lerobot's `smolvla`): its network and lerobot's files so far; not yet a registered
-family (recipes, sessions, evaluation and serving take it once it is)."""
+"""SmolVLA, lerobot's small robot policy: its network, processing, learner and lerobot's files.
+Importing the package registers the family."""
+
+from relay_engine.families import register_family
+from relay_engine.families.smolvla.family import SmolVLAFamily
+
+register_family(SmolVLAFamily())

@@ -70,14 +70,40 @@ class SmolVLAPolicy(nn.Module):
     @classmethod
     def from_lerobot(cls, directory: Path, backbone_dir: Path | None = None) -> SmolVLAPolicy:
         """A policy lerobot saved (`SmolVLAPolicy.save_pretrained`): its config.json and weights."""
+        policy = cls.from_lerobot_config(directory, backbone_dir)
+        policy.load_state_dict(load_file(str(directory / "model.safetensors")), strict=True)
+        return policy
+
+    @classmethod
+    def from_lerobot_config(cls, directory: Path, backbone_dir: Path | None = None) -> SmolVLAPolicy:
+        """The network lerobot's config.json in `directory` describes, its weights freshly drawn."""
         config = read_lerobot_config(directory)
         data = json.loads((directory / "config.json").read_text())
-        cameras = [key for key, feature in data["input_features"].items() if feature["type"] == "VISUAL"]
-        action_dim = int(data["output_features"][ACTION]["shape"][0])
+        try:
+            cameras = [key for key, feature in data["input_features"].items() if feature["type"] == "VISUAL"]
+            action_dim = int(data["output_features"][ACTION]["shape"][0])
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise ConfigError(
+                f"{directory}/config.json: its input and output features are not lerobot's"
+            ) from None
         policy = cls(config, backbone_dir, cameras, action_dim)
-        policy.load_state_dict(load_file(str(directory / "model.safetensors")), strict=True)
         policy.lerobot_config = data
         return policy
+
+    def for_robot(self, cameras: Mapping[str, tuple[int, int, int]], state_dim: int, action_dim: int) -> None:
+        """Act for another robot (what a job's dataset records): its cameras, by name, with their
+        (3, height, width), and its state and action widths. The weights do not change: every
+        camera goes through the same vision tower, and state and actions are padded to 32."""
+        from relay_engine.families.smolvla.files import for_robot
+
+        for name, width in (("state", state_dim), ("action", action_dim)):
+            limit = self.config.max_state_dim if name == "state" else self.config.max_action_dim
+            if width > limit:
+                raise ConfigError(f"the robot's {name} is {width} wide; SmolVLA takes at most {limit}")
+        self.cameras = tuple(cameras)
+        self.action_dim = action_dim
+        if self.lerobot_config is not None:
+            self.lerobot_config = for_robot(self.lerobot_config, dict(cameras), state_dim, action_dim)
 
     def save_lerobot(self, directory: Path) -> None:
         """lerobot's files for this policy: the config.json it was loaded with and its weights,
@@ -147,3 +173,10 @@ class SmolVLAPolicy(nn.Module):
     def predict_chunk(self, batch: Mapping[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
         """The chunk (B, chunk, action width) sampled from `noise` (B, chunk, max_action_dim)."""
         return self.model.sample(self._inputs(batch), noise)[:, :, : self.action_dim]
+
+    @torch.no_grad()
+    def sample_padded(
+        self, batch: Mapping[str, torch.Tensor], noise: torch.Tensor, num_steps: int | None = None
+    ) -> torch.Tensor:
+        """The chunk over all max_action_dim columns (the padding ones are trained towards 0)."""
+        return self.model.sample(self._inputs(batch), noise, num_steps)

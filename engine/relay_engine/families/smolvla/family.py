@@ -1,0 +1,208 @@
+"""SmolVLA as a family: a LeRobot dataset (every camera under its own name, state and actions
+normalized by mean and std), lerobot's default training (the action expert and the projections),
+and lerobot's files as the output (relay_engine.families.base.Family).
+
+One process per job (`FamilySpec.max_gpus`): SmolVLA's 450M weights train on one GPU.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from relay import families as sdk_families
+from relay.optimizer import AdamParams
+from relay_engine.errors import ConfigError
+from relay_engine.families.base import EvaluationRequest, Family, ModelDescription, PreparedRecipe, RecipeRun
+from relay_engine.families.lerobot_data import dataset_read, lerobot_batches
+
+if TYPE_CHECKING:
+    from relay_engine.core.session import Session
+    from relay_engine.datasets import NormStats
+    from relay_engine.families.smolvla.policy import SmolVLAPolicy
+    from relay_engine.families.smolvla.processor import SmolVLAProcessor
+
+# lerobot's SmolVLA optimizer (optimizer_betas, optimizer_eps, optimizer_weight_decay,
+# optimizer_grad_clip_norm); the rate is the schedule's at each step.
+RECIPE_ADAM = AdamParams(learning_rate=0.0, weight_decay=1e-10, grad_clip_norm=10.0)
+
+
+class SmolVLAFamily(Family):
+    spec = sdk_families.family_spec(sdk_families.SMOLVLA)
+
+    def prepare_recipe(self, run: RecipeRun) -> PreparedRecipe:
+        import numpy as np
+
+        from relay_engine.datasets import open_dataset
+        from relay_engine.families.smolvla.files import BACKBONE_DIR, write_processors
+        from relay_engine.families.smolvla.learner import SmolVLACollate, SmolVLALearner
+
+        recipe, config = run.recipe, run.recipe.config
+        torch.manual_seed(recipe.seed)
+        policy, backbone_dir = self._base(config.model)
+        # The tokenizer before the dataset: a missing one is said at once.
+        tokenizer = self._tokenizer(policy, backbone_dir)
+        dataset = open_dataset(
+            config.dataset_name,
+            action_horizon=policy.config.chunk_size,
+            cache_dir=run.dataset_cache_dir,
+            revision=config.dataset_revision,
+            normalization="mean_std",
+            camera_names="dataset",
+        )
+        summary = dataset.summary
+        if not summary.cameras:
+            raise ConfigError(f"dataset_name: {config.dataset_name} has no camera; SmolVLA reads images")
+        cameras = {name: (3, height, width) for name, (height, width) in summary.cameras.items()}
+        policy.for_robot(cameras, summary.state_dim, summary.action_dim)
+        policy.to(run.device)
+        stats = dataset.norm_stats
+        processor = self._processor(policy, tokenizer, stats)
+        learner = SmolVLALearner(policy, seed=recipe.seed, device=run.device)
+        training = (
+            dataset.indices_of_episodes(recipe.episodes)
+            if recipe.episodes is not None
+            else np.arange(len(dataset))
+        )
+
+        def write(output_dir: Path) -> None:
+            if run.rank != 0:
+                return
+            output_dir.mkdir(parents=True, exist_ok=True)
+            policy.save_lerobot(output_dir)
+            assert policy.lerobot_config is not None  # save_lerobot wrote it
+            write_processors(output_dir, policy.lerobot_config, stats)
+            (output_dir / "norm_stats.json").write_text(stats.to_json())
+            if backbone_dir is not None:
+                # The backbone's config and tokenizer beside the weights: the output loads anywhere.
+                shutil.copytree(backbone_dir, output_dir / BACKBONE_DIR, dirs_exist_ok=True)
+
+        return PreparedRecipe(
+            learner=learner,
+            samples=len(training),
+            batch_size=config.batch_size,
+            batches=lerobot_batches(run, dataset, training, SmolVLACollate(processor, policy.cameras)),
+            adam=RECIPE_ADAM,
+            write_output=write,
+            extra={"processes": run.processes},
+            data_read=dataset_read(dataset),
+        )
+
+    def _base(self, model: str) -> tuple[SmolVLAPolicy, Path | None]:
+        from relay_engine.families.smolvla.files import base_files
+        from relay_engine.families.smolvla.policy import SmolVLAPolicy
+
+        directory, backbone_dir = base_files(model)
+        return SmolVLAPolicy.from_lerobot(directory, backbone_dir), backbone_dir
+
+    @staticmethod
+    def _tokenizer(policy: SmolVLAPolicy, backbone_dir: Path | None) -> Any:
+        from relay_engine.families.smolvla.processor import load_tokenizer
+
+        return load_tokenizer(backbone_dir or Path(policy.config.vlm_model_name).expanduser())
+
+    def evaluate(
+        self, request: EvaluationRequest, on_progress: Callable[[int, int], None] | None = None
+    ) -> dict[str, Any]:
+        """As pi05's: the error of the mean of sampled chunks against the dataset's, in the units
+        the model was trained in (mean and std), and the blind baseline's."""
+        from relay_engine.datasets import open_dataset
+        from relay_engine.families.pi05 import evaluate as evaluation  # the robot policies' scores
+        from relay_engine.families.smolvla.learner import ScoredSmolVLA
+        from relay_engine.recipe import pick_device
+
+        directory = Path(request.model).expanduser()
+        policy = self.load_model(request.model, pick_device(request.device))
+        data = open_dataset(
+            request.dataset,
+            action_horizon=policy.config.chunk_size,
+            normalization="mean_std",
+            camera_names="dataset",
+        )
+        evaluation.with_norm_stats(data, directory)
+        missing = [camera for camera in policy.cameras if camera not in data.camera_map]
+        if missing:
+            raise ConfigError(
+                f"dataset: {request.dataset} lacks the model's camera {missing[0]} "
+                f"(its cameras: {', '.join(data.camera_map)})",
+                param="dataset",
+            )
+        tokenizer = self._tokenizer(policy, self._backbone_of(request.model))
+        scored = ScoredSmolVLA(policy, self._processor(policy, tokenizer, data.norm_stats))
+        return evaluation.score_request(scored, data, request, on_progress)
+
+    def evaluation_lines(self, report: dict[str, Any], request: EvaluationRequest) -> list[str]:
+        from relay_engine.families.pi05 import evaluate as evaluation
+
+        return evaluation.report_lines(report, request)
+
+    @staticmethod
+    def _processor(policy: SmolVLAPolicy, tokenizer: Any, stats: NormStats) -> SmolVLAProcessor:
+        from relay_engine.families.smolvla.processor import SmolVLAProcessor
+
+        return SmolVLAProcessor(
+            policy.config,
+            tokenizer,
+            {"observation.state": stats.state.to_dict(), "action": stats.actions.to_dict()},
+        )
+
+    def _backbone_of(self, name_or_dir: str) -> Path | None:
+        from relay_engine.families.smolvla.files import BACKBONE_DIR, base_files
+
+        if name_or_dir in self.spec.models:
+            return base_files(name_or_dir)[1]
+        backbone = Path(name_or_dir).expanduser() / BACKBONE_DIR
+        return backbone if backbone.is_dir() else None
+
+    def open_session(self, config: Mapping[str, Any], device: torch.device | str) -> Session[Any]:
+        raise ConfigError("base_model: SmolVLA has no training-loop sessions so far", param="base_model")
+
+    def owns_model(self, name_or_dir: str) -> bool:
+        import json
+
+        if name_or_dir in self.spec.models:
+            return True
+        try:
+            data = json.loads((Path(name_or_dir).expanduser() / "config.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(data, dict) and data.get("type") == "smolvla"
+
+    def load_model(self, name_or_dir: str, device: torch.device | str = "cpu") -> SmolVLAPolicy:
+        """A base by name, or lerobot's files in a directory (a Relay output: its backbone in vlm/)."""
+        from relay_engine.families.smolvla.policy import SmolVLAPolicy
+
+        if name_or_dir in self.spec.models:
+            policy, _ = self._base(name_or_dir)
+        else:
+            policy = SmolVLAPolicy.from_lerobot(
+                Path(name_or_dir).expanduser(), self._backbone_of(name_or_dir)
+            )
+        return policy.to(device)
+
+    def describe(self, name: str) -> ModelDescription:
+        """The weights per part, and what lerobot's default training trains of them."""
+        policy, _ = self._base(name)
+        joint = policy.model.vlm_with_expert
+        trained = {id(p) for p in policy.trainable()}
+        total = sum(p.numel() for p in policy.parameters())
+        vision = sum(p.numel() for p in joint.vlm.model.vision_model.parameters())
+        backbone = sum(p.numel() for p in joint.vlm.parameters())
+        expert = sum(p.numel() for p in joint.lm_expert.parameters())
+        parts = {
+            "vision": vision,
+            "language": backbone - vision,
+            "action_expert": expert,
+            "projections": total - backbone - expert,  # state, action and time
+        }
+        trains = sum(p.numel() for p in policy.parameters() if id(p) in trained)
+        report = {"model": name, "parameters": total, "trained": trains, "parts": parts}
+        headline = (
+            f"[bold]{name}[/bold]: {total:,} weights; lerobot's default training trains "
+            f"{trains:,} of them (the action expert and the projections)"
+        )
+        return ModelDescription(report, headline, parts, [f"chunk of {policy.config.chunk_size} actions"])

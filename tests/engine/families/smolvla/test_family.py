@@ -1,0 +1,150 @@
+"""SmolVLA as a registered family: a recipe job on a LeRobot dataset (every camera under its own
+name, mean/std normalization), lerobot's files as the output, a resume equal to an uninterrupted
+run, and `relay local train` / `relay local eval` on it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from relay.cli import app
+from relay.errors import ConfigError
+from relay.sft.config import SFTConfig
+from relay_engine.datasets import open_dataset, write_synthetic_dataset
+from relay_engine.families import family_for, family_owning
+from relay_engine.families.smolvla.files import TINY_BASE_DIR
+from relay_engine.families.smolvla.policy import SmolVLAPolicy
+from relay_engine.recipe import Recipe, run_recipe
+
+CAMERAS = {"observation.images.top": (24, 32), "observation.images.wrist": (16, 16)}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_synthetic_dataset(
+        tmp_path_factory.mktemp("smolvla") / "data",
+        episodes=6,
+        episode_length=(8, 14),
+        cameras=CAMERAS,
+        state_dim=3,
+        action_dim=2,
+        num_tasks=2,
+    )
+
+
+def recipe(dataset: Path, steps: int = 12, **settings: object) -> Recipe:
+    config = SFTConfig(model="smolvla-tiny", dataset_name=str(dataset), steps=steps, batch_size=4)
+    return Recipe(config, checkpoint_every=5, log_every=1, **settings)  # type: ignore[arg-type]
+
+
+def test_the_dataset_is_normalized_by_mean_and_std_under_its_own_camera_names(dataset: Path) -> None:
+    quantile = open_dataset(str(dataset), action_horizon=10)
+    data = open_dataset(str(dataset), action_horizon=10, normalization="mean_std", camera_names="dataset")
+    assert data.camera_map == {name: name for name in CAMERAS}
+    stats = data.norm_stats.state
+    raw = quantile.norm_stats.state.unnormalize(quantile[5]["state"][:3])
+    expected = (raw - stats.mean) / (stats.std + 1e-8)
+    np.testing.assert_allclose(data[5]["state"][:3], expected, rtol=1e-5, atol=1e-5)
+    assert set(data[5]["image"]) == set(CAMERAS)
+
+
+def test_a_recipe_writes_lerobot_files_for_the_dataset_s_robot(dataset: Path, tmp_path: Path) -> None:
+    result = run_recipe(recipe(dataset), tmp_path / "run", on_event=lambda e: None, should_stop=lambda: False)
+    assert result.status == "completed" and result.step == 12
+    output = result.output_dir
+    config = json.loads((output / "config.json").read_text())
+    assert config["type"] == "smolvla"
+    assert config["input_features"] == {
+        "observation.images.top": {"type": "VISUAL", "shape": [3, 24, 32]},
+        "observation.images.wrist": {"type": "VISUAL", "shape": [3, 16, 16]},
+        "observation.state": {"type": "STATE", "shape": [3]},
+    }
+    assert config["output_features"] == {"action": {"type": "ACTION", "shape": [2]}}
+    # lerobot's normalizer reads the dataset's mean and std.
+    data = open_dataset(str(dataset), normalization="mean_std", camera_names="dataset")
+    stats = load_file(str(output / "policy_preprocessor_step_5_normalizer_processor.safetensors"))
+    np.testing.assert_allclose(stats["action.mean"].numpy(), data.norm_stats.actions.mean, rtol=1e-6)
+    np.testing.assert_allclose(stats["observation.state.std"].numpy(), data.norm_stats.state.std, rtol=1e-6)
+    pipeline = json.loads((output / "policy_preprocessor.json").read_text())
+    normalizer = pipeline["steps"][-1]
+    assert normalizer["config"]["norm_map"] == {
+        "VISUAL": "IDENTITY",
+        "STATE": "MEAN_STD",
+        "ACTION": "MEAN_STD",
+    }
+
+    # Loaded back strictly: lerobot's default training moved the expert and left the backbone.
+    tuned = SmolVLAPolicy.from_lerobot(output, output / "vlm")
+    assert tuned.cameras == tuple(CAMERAS) and tuned.action_dim == 2
+    base = load_file(str(TINY_BASE_DIR / "model.safetensors"))
+    weights = tuned.state_dict()
+    vision = [name for name in base if ".vision_model." in name]
+    expert = [name for name in base if ".lm_expert." in name]
+    assert vision and expert
+    assert all(torch.equal(weights[name], base[name]) for name in vision)
+    assert any(not torch.equal(weights[name], base[name]) for name in expert)
+    assert family_owning(str(output)).name == "smolvla"
+
+
+def test_a_stopped_recipe_resumes_to_the_uninterrupted_weights(dataset: Path, tmp_path: Path) -> None:
+    whole = run_recipe(
+        recipe(dataset), tmp_path / "whole", on_event=lambda e: None, should_stop=lambda: False
+    )
+    calls = iter(range(100))
+    events: list[dict[str, object]] = []
+    stopped = run_recipe(
+        recipe(dataset),
+        tmp_path / "split",
+        on_event=events.append,
+        should_stop=lambda: next(calls) >= 7,
+        checkpoint_on_stop=True,
+    )
+    assert (stopped.status, stopped.step) == ("stopped", 7)
+    events.clear()
+    resumed = run_recipe(
+        recipe(dataset), tmp_path / "split", on_event=events.append, should_stop=lambda: False
+    )
+    assert {"step": 7, "event": "resumed"} in events and resumed.step == 12
+    expected = load_file(str(whole.output_dir / "model.safetensors"))
+    got = load_file(str(resumed.output_dir / "model.safetensors"))
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[name], got[name]) for name in expected)
+
+
+def test_fields_smolvla_does_not_take_are_refused_naming_them(dataset: Path) -> None:
+    for fields, param in (
+        ({"cameras": {"base_0_rgb": "observation.images.top"}}, "cameras"),
+        ({"targets": ["vision"]}, "targets"),
+        ({"finetune": "lora"}, "finetune"),
+        ({"gpus": 2}, "gpus"),
+        ({"from_checkpoint": "/tmp/somewhere"}, "from_checkpoint"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            SFTConfig.parse({"model": "smolvla-tiny", "dataset_name": str(dataset), **fields})
+        assert refused.value.param == param, fields
+    assert family_for("smolvla").name == "smolvla"
+
+
+def test_local_train_then_eval_scores_it_against_the_blind_baseline(dataset: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "out"
+    trained = runner.invoke(
+        app,
+        ["local", "train", "--model", "smolvla-tiny", "--dataset", str(dataset), "--episodes", "0-4",
+         "--steps", "6", "--batch-size", "4", "--output-dir", str(out)],
+    )  # fmt: skip
+    assert trained.exit_code == 0, trained.output
+    scored = runner.invoke(
+        app,
+        ["local", "eval", "--model", str(out), "--dataset", str(dataset), "--episodes", "5",
+         "--blind-from", "0-4", "--json"],
+    )  # fmt: skip
+    assert scored.exit_code == 0, scored.output
+    report = json.loads(scored.output.strip().splitlines()[-1])
+    assert report["frames"] > 0 and report["mean_action_mse"] > 0 and report["blind_mse"] > 0
