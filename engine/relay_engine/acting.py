@@ -1,4 +1,4 @@
-"""A pi05 policy acting on observations: what closed-loop evaluation and the policy server share.
+"""A robot policy acting on observations: what closed-loop evaluation and the policy server share.
 
 - `load_acting_policy` loads a model by a base model's name, a model directory (a job's
   downloaded output, a local run's) or a work directory whose `output/` holds one, as
@@ -35,6 +35,10 @@ class ActingPolicy(Protocol):
 
     @property
     def config(self) -> Any: ...  # its model's name, action_horizon and action_dim
+
+    # The cameras it reads under their own (dataset feature) names, in order (SmolVLA's); None:
+    # pi05's camera slots (relay.catalog.MODEL_CAMERAS), filled from the model's saved features.
+    reads_cameras: tuple[str, ...] | None
 
     def eval(self) -> Any: ...
 

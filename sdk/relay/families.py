@@ -200,7 +200,6 @@ def _builtins() -> None:
             "targets": "SmolVLA trains what lerobot trains by default: the action expert and the "
             "state, action and time projections",
             "validation_episodes": "held-out episodes are scored for pi05 models so far",
-            "eval": "closed-loop evaluation runs pi05 policies so far",
             "from_checkpoint": "SmolVLA starts from its base so far",
         },
         loss_names=("flow_matching",),

@@ -103,7 +103,7 @@ def smolvla_use(model: str, directory: str, dataset_name: str, task: str | None)
     )
     return UseText(
         python,
-        score="relay local eval scores pi05 policies so far",
+        score=f"relay local eval --model {directory} --dataset {dataset_name}",
         served_as="nothing yet: SmolVLA deployments are not served so far",
         lerobot=lerobot,
     )

@@ -14,7 +14,11 @@ BASE = {"model": "pi05", "dataset_name": "lerobot/pusht_image"}
 
 # (fields, the field at fault, how the message starts)
 BAD_CONFIGS: list[tuple[dict[str, object], str, str]] = [
-    ({"model": "pi06"}, "model", 'bad model: "pi06" (must be one of pi05, pi05-tiny, smolvla, smolvla-tiny, rt-j, rt-j-tiny)'),
+    (
+        {"model": "pi06"},
+        "model",
+        'bad model: "pi06" (must be one of pi05, pi05-tiny, smolvla, smolvla-tiny, rt-j, rt-j-tiny)',
+    ),
     ({"model": 5}, "model", "bad model: 5"),
     ({"dataset_name": ""}, "dataset_name", 'bad dataset_name: ""'),
     ({"dataset_name": "a\nb"}, "dataset_name", "bad dataset_name:"),
@@ -168,7 +172,9 @@ def test_each_rule_names_field_value_and_rule(fields: dict[str, object], param: 
 
 def test_a_missing_field_is_named() -> None:
     with pytest.raises(
-        ConfigError, match=r"^missing model \(required; it must be one of pi05, pi05-tiny, smolvla, smolvla-tiny, rt-j, rt-j-tiny\)"
+        ConfigError,
+        match=r"^missing model \(required; it must be one of pi05, pi05-tiny, smolvla, smolvla-tiny, "
+        r"rt-j, rt-j-tiny\)",
     ):
         SFTConfig(dataset_name="x")  # type: ignore[call-arg]
     with pytest.raises(ConfigError, match=r"^missing dataset_name"):

@@ -89,7 +89,8 @@ def test_a_bad_config_is_400_in_the_peers_shape_and_creates_nothing(
     [
         (
             {"dataset_name": "x"},
-            "missing model (required; it must be one of pi05, pi05-tiny, smolvla, smolvla-tiny, rt-j, rt-j-tiny)",
+            "missing model (required; it must be one of pi05, pi05-tiny, smolvla, smolvla-tiny, "
+            "rt-j, rt-j-tiny)",
         ),
         ({"model": "pi05"}, "missing dataset_name (required"),
         ([GOOD], "the config must be an object with the recipe's fields"),

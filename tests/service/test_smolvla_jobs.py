@@ -55,7 +55,7 @@ def test_a_smolvla_job_runs_to_completion_with_lerobot_s_files(
         ({"model": "smolvla-tiny", "cameras": {"base_0_rgb": "observation.images.top"}}, "cameras"),
         ({"model": "smolvla-tiny", "finetune": "lora"}, "finetune"),
         ({"model": "smolvla-tiny", "task": "user-churn"}, "task"),
-        ({"model": "smolvla-tiny", "eval": {"env": "relay/Dot-v0"}}, "eval"),
+        ({"model": "smolvla-tiny", "validation_episodes": 0.2}, "validation_episodes"),
     ],
 )
 def test_what_smolvla_does_not_take_is_a_400_naming_the_field(

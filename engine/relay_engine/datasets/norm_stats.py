@@ -101,10 +101,14 @@ class NormStats:
         return self.actions.unnormalize(actions[..., : self.action_dim], self.method)
 
     def to_json(self) -> str:
-        """openpi's layout: {"norm_stats": {"state": {mean, std, q01, q99}, "actions": {...}}}, indent 2."""
-        return json.dumps(
-            {"norm_stats": {"state": self.state.to_dict(), "actions": self.actions.to_dict()}}, indent=2
-        )
+        """openpi's layout: {"norm_stats": {"state": {mean, std, q01, q99}, "actions": {...}}}, indent 2;
+        a model normalized by mean and std says so beside it ("normalization": "mean_std")."""
+        data: dict[str, Any] = {
+            "norm_stats": {"state": self.state.to_dict(), "actions": self.actions.to_dict()}
+        }
+        if self.method != "quantile":
+            data["normalization"] = self.method
+        return json.dumps(data, indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> NormStats:
@@ -116,7 +120,10 @@ class NormStats:
         stats = data.get("norm_stats") if isinstance(data, dict) else None
         if not isinstance(stats, dict):
             raise ValueError('needs an object "norm_stats" with "state" and "actions"')
-        return cls(state=_parse_stats(stats, "state"), actions=_parse_stats(stats, "actions"))
+        method = data.get("normalization", "quantile")
+        if method not in ("quantile", "mean_std"):
+            raise ValueError(f'normalization must be "quantile" or "mean_std", got {json.dumps(method)}')
+        return cls(state=_parse_stats(stats, "state"), actions=_parse_stats(stats, "actions"), method=method)
 
 
 def compute_norm_stats(state: np.ndarray, actions: np.ndarray) -> NormStats:

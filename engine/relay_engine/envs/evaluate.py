@@ -309,10 +309,13 @@ class PolicyAdapter:
         from relay_engine.models.lerobot_files import RobotFeatures
 
         features = mapping.camera_paths(env.observation_space)
-        saved = RobotFeatures.read(model_dir) if model_dir is not None else None
-        cameras = _camera_slots(
-            features, list(saved.cameras) if saved is not None and saved.cameras else None
-        )
+        if policy.reads_cameras is not None:  # by the names it was trained with
+            cameras = _named_cameras(features, policy.reads_cameras)
+        else:
+            saved = RobotFeatures.read(model_dir) if model_dir is not None else None
+            cameras = _camera_slots(
+                features, list(saved.cameras) if saved is not None and saved.cameras else None
+            )
         if mapping.state is not None:
             width = int(np.prod(subspace(env.observation_space, mapping.state).shape))
             if width != stats.state_dim:
@@ -369,6 +372,18 @@ class PolicyAdapter:
         if self.low is not None and self.high is not None:
             actions = np.clip(actions, self.low, self.high)
         return actions.astype(self.action_dtype)
+
+
+def _named_cameras(features: dict[str, str], names: Sequence[str]) -> dict[str, str]:
+    """Observation path -> the camera's own name, for a model that reads cameras by name."""
+    by_feature = {feature: path for path, feature in features.items()}
+    missing = [name for name in names if name not in by_feature]
+    if missing:
+        raise ConfigError(
+            f"the model reads camera {', '.join(missing)}, which the environment's observation does "
+            f"not give (it gives: {', '.join(features.values())}); map them with the mapping's cameras"
+        )
+    return {by_feature[name]: name for name in names}
 
 
 def _camera_slots(features: dict[str, str], model_features: list[str] | None) -> dict[str, str]:

@@ -342,6 +342,9 @@ class Pi05Policy(nn.Module):
     Build one with `relay_engine.models.load_policy` or `build_policy`.
     """
 
+    # Acting (relay_engine.acting): pi05 reads its camera slots, not cameras by name.
+    reads_cameras: tuple[str, ...] | None = None
+
     def __init__(
         self, config: Pi05Config, tokenizer: Tokenizer | None = None, source: str | None = None
     ) -> None:

@@ -64,8 +64,8 @@ class Pi05Family(Family):
     def prepare_recipe(self, run: RecipeRun) -> PreparedRecipe:
         from relay_engine.datasets import open_dataset
         from relay_engine.distributed import Parallel, choose_strategy, gathered_policy
+        from relay_engine.families.job_eval import JobEvaluator
         from relay_engine.families.pi05.export import write_output
-        from relay_engine.families.pi05.job_eval import JobEvaluator
         from relay_engine.families.pi05.learner import Pi05Learner
         from relay_engine.families.pi05.validation import Validator, split_frames
         from relay_engine.models import load_policy

@@ -86,7 +86,8 @@ def backbone_config(config: SmolVLAConfig, backbone_dir: Path | None = None) -> 
         raise ConfigError(
             f"SmolVLA's backbone configuration is missing: {directory}/config.json does not exist. "
             f"lerobot reads it from the Hub ({config.vlm_model_name}); Relay reads a local copy: "
-            "download that repo's config.json into a directory and name it"
+            f"`hf download {config.vlm_model_name} config.json tokenizer.json tokenizer_config.json` "
+            "puts it in the Hub cache, where Relay looks"
         )
     loaded = AutoConfig.from_pretrained(str(directory))
     if not isinstance(loaded, SmolVLMConfig):

@@ -21,6 +21,7 @@ from relay_engine.families.base import EvaluationRequest, Family, ModelDescripti
 from relay_engine.families.lerobot_data import dataset_read, lerobot_batches
 
 if TYPE_CHECKING:
+    from relay_engine.acting import ActingPolicy
     from relay_engine.core.session import Session
     from relay_engine.datasets import NormStats
     from relay_engine.families.smolvla.policy import SmolVLAPolicy
@@ -81,6 +82,13 @@ class SmolVLAFamily(Family):
                 # The backbone's config and tokenizer beside the weights: the output loads anywhere.
                 shutil.copytree(backbone_dir, output_dir / BACKBONE_DIR, dirs_exist_ok=True)
 
+        evaluator = None
+        if config.eval is not None:
+            from relay_engine.families.job_eval import JobEvaluator
+            from relay_engine.families.smolvla.learner import ActingSmolVLA
+
+            acting = ActingSmolVLA(policy, processor, config.model)
+            evaluator = JobEvaluator(acting, stats, config.eval, run.work_dir)
         return PreparedRecipe(
             learner=learner,
             samples=len(training),
@@ -90,6 +98,8 @@ class SmolVLAFamily(Family):
             write_output=write,
             extra={"processes": run.processes},
             data_read=dataset_read(dataset),
+            evaluate_in_env=evaluator,
+            evaluate_at_checkpoints=config.eval is not None and config.eval.at_checkpoints,
         )
 
     def _base(self, model: str) -> tuple[SmolVLAPolicy, Path | None]:
@@ -124,6 +134,10 @@ class SmolVLAFamily(Family):
             camera_names="dataset",
         )
         evaluation.with_norm_stats(data, directory)
+        if request.model in self.spec.models:  # a base acts for the dataset's robot
+            summary = data.summary
+            cameras = {name: (3, height, width) for name, (height, width) in summary.cameras.items()}
+            policy.for_robot(cameras, summary.state_dim, summary.action_dim)
         missing = [camera for camera in policy.cameras if camera not in data.camera_map]
         if missing:
             raise ConfigError(
@@ -157,6 +171,23 @@ class SmolVLAFamily(Family):
             return base_files(name_or_dir)[1]
         backbone = Path(name_or_dir).expanduser() / BACKBONE_DIR
         return backbone if backbone.is_dir() else None
+
+    def acting_policy(self, name_or_dir: str, device: torch.device) -> ActingPolicy:
+        """A tuned SmolVLA acting on observations (closed-loop evaluation): it reads the cameras it
+        was trained with, by name, normalized by its own mean and std."""
+        from relay_engine.acting import read_norm_stats
+        from relay_engine.families.smolvla.learner import ActingSmolVLA
+
+        if name_or_dir in self.spec.models:
+            raise ConfigError(
+                f"{name_or_dir} acts once a job has tuned it for a robot's cameras: name the job's output",
+                param="model",
+            )
+        directory = Path(name_or_dir).expanduser()
+        policy = self.load_model(name_or_dir, device)
+        stats = read_norm_stats(directory)
+        tokenizer = self._tokenizer(policy, self._backbone_of(name_or_dir))
+        return ActingSmolVLA(policy, self._processor(policy, tokenizer, stats), name_or_dir)
 
     def open_session(self, config: Mapping[str, Any], device: torch.device | str) -> Session[Any]:
         raise ConfigError("base_model: SmolVLA has no training-loop sessions so far", param="base_model")

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from relay_engine.datasets.norm_stats import NormStats
 from relay_engine.errors import ConfigError
+from relay_engine.families.smolvla.config import DEFAULT_BACKBONE
 
 TINY_BASE_DIR = Path(__file__).resolve().parent / "tiny"
 # The published base, and the backbone it names (a local copy of its config.json and tokenizer is
@@ -170,8 +171,19 @@ def base_files(model: str) -> tuple[Path, Path | None]:
     if model == "smolvla-tiny":
         return TINY_BASE_DIR, TINY_BASE_DIR / BACKBONE_DIR
     if model == "smolvla":
-        return _fetch_base(BASE_REPO), None
+        return _fetch_base(BASE_REPO), cached_backbone(DEFAULT_BACKBONE)
     raise ConfigError(f"unknown SmolVLA model {model!r}; known: smolvla, smolvla-tiny", param="model")
+
+
+def cached_backbone(repo: str) -> Path | None:
+    """The backbone's files in the Hub cache (`hf download REPO config.json tokenizer.json
+    tokenizer_config.json` puts them there), else None: Relay never fetches them itself."""
+    import os
+
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo, "config.json", cache_dir=os.environ.get("HF_HUB_CACHE") or None)
+    return Path(found).parent if isinstance(found, str) else None
 
 
 def _fetch_base(repo: str) -> Path:

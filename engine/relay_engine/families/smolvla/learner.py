@@ -67,15 +67,16 @@ class SmolVLACollate:
     def __call__(self, samples: Sequence[Sample]) -> SmolVLABatch:
         tokens, mask = self.processor.tokenize([sample["prompt"] for sample in samples])
         tensors = {
-            camera: torch.from_numpy(np.stack([s["image"][camera] for s in samples]))
+            camera: torch.stack([torch.as_tensor(np.asarray(s["image"][camera])) for s in samples])
             .permute(0, 3, 1, 2)
             .float()
             / 255.0
             for camera in self.cameras
         }
         tensors[STATE] = torch.from_numpy(np.stack([s["state"] for s in samples]))
-        tensors[ACTION] = torch.from_numpy(np.stack([s["actions"] for s in samples]))
-        tensors[ACTION_IS_PAD] = torch.from_numpy(np.stack([s["action_is_pad"] for s in samples]))
+        if all("actions" in s for s in samples):  # training's; an observation to act on has none
+            tensors[ACTION] = torch.from_numpy(np.stack([s["actions"] for s in samples]))
+            tensors[ACTION_IS_PAD] = torch.from_numpy(np.stack([s["action_is_pad"] for s in samples]))
         tensors[TOKENS], tensors[TOKEN_MASK] = tokens, mask
         weights = torch.tensor([float(s.get("weight", 1.0)) for s in samples])
         return SmolVLABatch(tensors, weights)
@@ -204,3 +205,41 @@ class ScoredSmolVLA:
         noise = torch.randn(shape, generator=generator)
         device = next(self.policy.parameters()).device
         return self.policy.sample_padded(tensors, noise.to(device), num_steps)
+
+
+@dataclass(frozen=True)
+class ActingConfig:
+    """What acting reads of a policy's config: its name, chunk length and padded action width."""
+
+    model: str
+    action_horizon: int
+    action_dim: int
+
+
+class ActingSmolVLA:
+    """SmolVLA as an acting policy (relay_engine.acting.ActingPolicy): observations under its own
+    camera names in, normalized chunks over all 32 columns out."""
+
+    def __init__(self, policy: SmolVLAPolicy, processor: SmolVLAProcessor, name: str) -> None:
+        self.policy = policy
+        self.collate = SmolVLACollate(processor, policy.cameras)
+        self.reads_cameras: tuple[str, ...] | None = policy.cameras
+        self.config = ActingConfig(name, policy.config.chunk_size, policy.config.max_action_dim)
+
+    def eval(self) -> ActingSmolVLA:
+        self.policy.eval()
+        return self
+
+    @torch.no_grad()
+    def sample_actions(
+        self,
+        batch: SmolVLABatch,
+        num_steps: int = 10,
+        generator: torch.Generator | None = None,
+        noise: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        device = next(self.policy.parameters()).device
+        if noise is None:
+            shape = (batch.batch_size, self.config.action_horizon, self.config.action_dim)
+            noise = torch.randn(shape, generator=generator)
+        return self.policy.sample_padded(batch.to(device).tensors, noise.to(device), num_steps)

@@ -148,3 +148,34 @@ def test_local_train_then_eval_scores_it_against_the_blind_baseline(dataset: Pat
     assert scored.exit_code == 0, scored.output
     report = json.loads(scored.output.strip().splitlines()[-1])
     assert report["frames"] > 0 and report["mean_action_mse"] > 0 and report["blind_mse"] > 0
+
+
+def test_smolvla_reads_its_base_from_the_hub_and_its_backbone_from_the_hub_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import hf_hub_download
+
+    from relay_engine.families.smolvla.config import DEFAULT_BACKBONE
+    from relay_engine.families.smolvla.files import BASE_REPO
+    from tests.hub import FakeHub, Repo
+
+    # lerobot/smolvla_base as published names its backbone by Hub repo; here both hold the tiny ones.
+    base = tmp_path / "base"
+    base.mkdir()
+    config = json.loads((TINY_BASE_DIR / "config.json").read_text())
+    (base / "config.json").write_text(json.dumps({**config, "vlm_model_name": DEFAULT_BACKBONE}))
+    (base / "model.safetensors").write_bytes((TINY_BASE_DIR / "model.safetensors").read_bytes())
+    smolvla = family_for("smolvla")
+    with FakeHub() as hub:
+        hub.models[BASE_REPO] = Repo.at(base)
+        hub.models[DEFAULT_BACKBONE] = Repo.at(TINY_BASE_DIR / "vlm")
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+        # Relay never fetches the backbone: until it is in the cache, the error says how to get it.
+        with pytest.raises(ConfigError, match=rf"missing.*hf download {DEFAULT_BACKBONE} config.json"):
+            smolvla.load_model("smolvla")
+        for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):  # what `hf download` does
+            hf_hub_download(DEFAULT_BACKBONE, name, endpoint=hub.endpoint, cache_dir=str(tmp_path / "cache"))
+        loaded = smolvla.load_model("smolvla")
+    expected = load_file(str(TINY_BASE_DIR / "model.safetensors"))
+    assert all(torch.equal(value, expected[name]) for name, value in loaded.state_dict().items())

@@ -1,5 +1,6 @@
-"""A recipe's `eval` block on pi05: the policy as it trains, run in a simulated environment at the
-end of the job (and at each checkpoint if asked) by `relay eval`'s harness (relay_engine.envs).
+"""A recipe's `eval` block on a robot policy (pi05's, SmolVLA's): the policy as it trains, run in a
+simulated environment at the end of the job (and at each checkpoint if asked) by `relay eval`'s
+harness (relay_engine.envs).
 
 The report goes into the work directory as the job's files (`eval/step-N.json`, the first
 episodes' videos under `eval/step-N/`) and comes back as an EvalEvent. The policy is scored in the
@@ -16,8 +17,8 @@ from pathlib import Path
 
 from relay.env_evaluation import JobEval
 from relay.events import EvalEvent, eval_report_path, eval_videos_dir
+from relay_engine.acting import ActingPolicy
 from relay_engine.datasets import NormStats
-from relay_engine.models import Pi05Policy
 
 
 class JobEvaluator:
@@ -26,7 +27,7 @@ class JobEvaluator:
 
     def __init__(
         self,
-        policy: Pi05Policy,
+        policy: ActingPolicy,
         norm_stats: NormStats,
         spec: JobEval,
         work_dir: Path,
