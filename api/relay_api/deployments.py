@@ -131,11 +131,12 @@ def _check_served(db: Db, base_model: str, settings: Settings, *, tuned: bool = 
     family = families.family_of(base_model)
     served_when_tuned = tuned and family is not None and family.deployments == "tuned_only"
     if base_model not in SERVED_BASE_MODELS and not served_when_tuned:
+        tuned_only = ", ".join(families.models_where(lambda spec: spec.deployments == "tuned_only"))
         raise APIProblem(
             400,
             f"bad model: a {base_model} model cannot be deployed (deployments serve "
-            f"{', '.join(SERVED_BASE_MODELS)} policies, and RT-J models tuned by a fine-tune, "
-            "whose task and database they predict)",
+            f"{', '.join(SERVED_BASE_MODELS)} policies, and {tuned_only} models tuned by a "
+            "fine-tune, whose output names what they are for)",
             param="model",
             code="invalid_value",
         )

@@ -61,7 +61,8 @@ class FamilySpec:
     datum_type: type | None = None
     encode_datum: DatumEncoder | None = None
     # What deployments serve of it: "base_or_tuned" (a base model by name, or a tuned one),
-    # "tuned_only" (a fine-tune's output, which names what it predicts: RT-J's), None: nothing.
+    # "tuned_only" (a fine-tune's output, which names what it is for: RT-J's task and database,
+    # SmolVLA's robot's cameras), None: nothing.
     deployments: Literal["base_or_tuned", "tuned_only"] | None = None
     # A job's results card's "use this model" text: (model, directory, dataset, task) -> UseText
     # (relay.model_use).
@@ -203,6 +204,8 @@ def _builtins() -> None:
             "from_checkpoint": "SmolVLA starts from its base so far",
         },
         loss_names=("flow_matching",),
+        # A base acts for no robot's cameras yet: deployments serve a fine-tune's output.
+        deployments="tuned_only",
         use_text=smolvla_use,
     )
     _SPECS[RTJ] = FamilySpec(

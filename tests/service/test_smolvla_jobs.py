@@ -7,13 +7,17 @@ import json
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from relay.http_client import Client
+from relay.serving import deploy
 from relay.sft.config import SFTConfig
 from relay.sft.train import train
 from relay_engine.families.smolvla.policy import SmolVLAPolicy
+from relay_worker.serving.server import ServingOptions, start_policy_server
 from tests.service.stack import Stack, WorkerProcess
+from tests.serving.conftest import png_base64 as png
 
 pytestmark = pytest.mark.slow
 
@@ -68,3 +72,53 @@ def test_what_smolvla_does_not_take_is_a_400_naming_the_field(
     )
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_a_tuned_smolvla_is_deployed_and_answers_actions_through_the_api(
+    stack: Stack, worker: WorkerProcess, client: Client, dataset: Path, tmp_path: Path
+) -> None:
+    """Deployed from its job, the SmolVLA answers POST /v1/deployments/{id}/actions through the API
+    with the chunk its downloaded output gives for the same seed in this process; its base by name
+    is refused (it was tuned for no robot yet)."""
+    job = train(
+        SFTConfig(model="smolvla-tiny", dataset_name=str(dataset), batch_size=4, steps=3), client=client
+    )
+    job.wait(poll=0.5)
+    assert job.status == "completed", job.error
+    refused = httpx.post(
+        f"{stack.api_url}/v1/deployments",
+        json={"model": "smolvla-tiny"},
+        headers={"authorization": f"Bearer {client.api_key}"},
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"
+    serving = stack.start_standby_worker(queues=(stack.settings.serving_queue,))
+    serving.wait_ready()
+    deployment = deploy(job.id, client=client)
+    try:
+        deployment.wait_ready(timeout=120, poll=0.2)
+        weights = job.download(tmp_path / "weights")
+        features = json.loads((weights / "config.json").read_text())["input_features"]
+        cameras = [name for name, feature in features.items() if feature["type"] == "VISUAL"]
+        rng = np.random.default_rng(0)
+        observation = {
+            "images": {name: rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for name in cameras},
+            "state": rng.normal(size=2).tolist(),
+            "prompt": "move to the dot",
+        }
+        served = deployment.actions(observation, seed=5)
+        local = start_policy_server(weights, options=ServingOptions(device="cpu"))
+        try:
+            body = {
+                "observation": {
+                    **observation,
+                    "images": {n: png(i) for n, i in observation["images"].items()},
+                },
+                "seed": 5,
+            }
+            expected = httpx.post(f"{local.url}/actions", json=body, timeout=60).json()["actions"]
+        finally:
+            local.stop()
+        np.testing.assert_allclose(served, np.asarray(expected), atol=1e-4)
+    finally:
+        deployment.stop()
+        serving.stop()

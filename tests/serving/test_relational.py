@@ -173,7 +173,7 @@ def test_each_kind_refuses_the_others_endpoints(
 
     predictions = _predict(server, {"rows": [{"primary_key": "customer_1"}]})
     assert predictions.status_code == 400
-    assert "serves a pi05 policy: POST /actions" in predictions.json()["error"]["message"]
+    assert "serves a robot policy: POST /actions" in predictions.json()["error"]["message"]
 
 
 def test_the_database_is_the_recorded_one_unless_named(rtj_output: Path, tmp_path: Path) -> None:

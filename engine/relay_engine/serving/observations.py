@@ -97,6 +97,9 @@ class ObservationLayout:
     required: bool
     stats: NormStats | None
     image_size: int | None = None
+    # The model's camera keys the cameras fill, in order: pi05's slots, or (a model that reads
+    # cameras by name, SmolVLA's) the camera names themselves.
+    slots: tuple[str, ...] = MODEL_CAMERAS
 
     @property
     def state_dim(self) -> int | None:
@@ -105,7 +108,7 @@ class ObservationLayout:
     def aliases(self) -> dict[str, str]:
         """Every accepted camera name -> the model camera (slot) it fills."""
         names: dict[str, str] = {}
-        for slot, camera in zip(MODEL_CAMERAS, self.cameras, strict=False):
+        for slot, camera in zip(self.slots, self.cameras, strict=False):
             names[camera] = slot
             names[camera.removeprefix(IMAGE_PREFIX)] = slot
             names[slot] = slot
@@ -162,7 +165,7 @@ class ObservationLayout:
             decode_s += time.perf_counter() - started
             given_as[slot] = name
         if self.required:
-            for slot, camera in zip(MODEL_CAMERAS, self.cameras, strict=False):
+            for slot, camera in zip(self.slots, self.cameras, strict=False):
                 if slot not in images:
                     raise _problem(
                         f"{field}.{camera.removeprefix(IMAGE_PREFIX)}",

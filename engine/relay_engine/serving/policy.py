@@ -1,4 +1,5 @@
-"""A pi05 model loaded once to answer observations with action chunks in the robot's raw units.
+"""A robot policy (pi05's, a tuned SmolVLA) loaded once to answer observations with action chunks in
+the robot's raw units.
 
 `ServedPolicy.load(model)` takes what `relay local eval` takes (a base model's name, a model
 directory, a job's downloaded output, a work directory) and reads the model's norm_stats.json
@@ -23,6 +24,7 @@ import torch
 from relay.catalog import MODEL_CAMERAS
 from relay_engine.acting import (
     NORM_STATS_FILE,
+    ActingPolicy,
     load_acting_policy,
     read_norm_stats,
     sample_chunks,
@@ -80,18 +82,18 @@ def check_seed(value: Any, field: str = "seed") -> int | None:
 class ServedPolicy:
     """One loaded model and what it reads; `act` is not thread-safe (one inference thread)."""
 
-    kind = "pi05"
     # What it answers (the policy server's /actions and openpi's websocket), and what a request
     # to the other endpoint is told.
     answers = "actions"
-    use_instead = "this deployment serves a pi05 policy: POST /actions (or openpi's websocket)"
+    use_instead = "this deployment serves a robot policy: POST /actions (or openpi's websocket)"
 
     def __init__(
         self,
-        policy: Pi05Policy,
+        policy: ActingPolicy,
         name: str,
         layout: ObservationLayout,
         num_steps: int = DEFAULT_NUM_STEPS,
+        kind: str = "pi05",
     ) -> None:
         if num_steps < 1:
             raise ConfigError(f"num_steps must be at least 1, got {num_steps}", param="num_steps")
@@ -99,6 +101,7 @@ class ServedPolicy:
         self.name = name
         self.layout = layout
         self.num_steps = num_steps
+        self.kind = kind  # the model's family
 
     @classmethod
     def load(
@@ -110,10 +113,20 @@ class ServedPolicy:
         norm_stats: NormStats | None = None,
     ) -> ServedPolicy:
         policy, name, directory = load_acting_policy(model, device)
-        if not isinstance(policy, Pi05Policy):  # the blind baseline acts in evaluations, not here
-            raise ConfigError(f"{name}: only a pi05 model is served")
-        layout = model_layout(directory, norm_stats, image_size=policy.config.vision.image_size)
-        return cls(policy, name, layout, num_steps)
+        if isinstance(policy, Pi05Policy):
+            layout = model_layout(directory, norm_stats, image_size=policy.config.vision.image_size)
+            return cls(policy, name, layout, num_steps)
+        if policy.reads_cameras is None:  # the blind baseline acts in evaluations, not here
+            raise ConfigError(f"{name}: only a robot policy is served")
+        # A model that reads cameras by name (SmolVLA): every one required, kept as decoded (its
+        # own collate makes them its input), its own statistics.
+        stats = norm_stats
+        if stats is None and directory is not None:
+            stats = read_norm_stats(directory)
+        layout = ObservationLayout(
+            cameras=policy.reads_cameras, required=True, stats=stats, slots=policy.reads_cameras
+        )
+        return cls(policy, name, layout, num_steps, kind=policy.config.family)
 
     @property
     def action_dim(self) -> int:
@@ -128,7 +141,7 @@ class ServedPolicy:
             "kind": self.kind,
             "answers": self.answers,
             "cameras": list(self.layout.cameras),
-            "camera_slots": dict(zip(self.layout.cameras, MODEL_CAMERAS, strict=False)),
+            "camera_slots": dict(zip(self.layout.cameras, self.layout.slots, strict=False)),
             "cameras_required": self.layout.required,
             "state_dim": self.layout.state_dim,
             "action_dim": self.action_dim,

@@ -7,6 +7,7 @@ One process per job (`FamilySpec.max_gpus`): SmolVLA's 450M weights train on one
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from relay_engine.datasets import NormStats
     from relay_engine.families.smolvla.policy import SmolVLAPolicy
     from relay_engine.families.smolvla.processor import SmolVLAProcessor
+    from relay_engine.serving.served import ServedModel
 
 # lerobot's SmolVLA optimizer (optimizer_betas, optimizer_eps, optimizer_weight_decay,
 # optimizer_grad_clip_norm); the rate is the schedule's at each step.
@@ -188,6 +190,26 @@ class SmolVLAFamily(Family):
         stats = read_norm_stats(directory)
         tokenizer = self._tokenizer(policy, self._backbone_of(name_or_dir))
         return ActingSmolVLA(policy, self._processor(policy, tokenizer, stats), name_or_dir)
+
+    def served_model(
+        self,
+        model: str | os.PathLike[str],
+        *,
+        device: str,
+        num_steps: int,
+        database: str | os.PathLike[str] | None,
+        task: str | None,
+    ) -> ServedModel:
+        """A tuned SmolVLA answering observations with chunks in the robot's units (`relay serve`,
+        deployments), over HTTP and openpi's websocket as pi05's policies are."""
+        from relay_engine.serving.policy import ServedPolicy
+
+        for value, field in ((database, "database"), (task, "task")):
+            if value is not None:
+                raise ConfigError(
+                    f"{field}: only an RT-J model is served with a database and a task", param=field
+                )
+        return ServedPolicy.load(model, device=device, num_steps=num_steps)
 
     def open_session(self, config: Mapping[str, Any], device: torch.device | str) -> Session[Any]:
         raise ConfigError("base_model: SmolVLA has no training-loop sessions so far", param="base_model")

@@ -214,6 +214,7 @@ class ActingConfig:
     model: str
     action_horizon: int
     action_dim: int
+    family: str = "smolvla"
 
 
 class ActingSmolVLA:
@@ -229,6 +230,10 @@ class ActingSmolVLA:
     def eval(self) -> ActingSmolVLA:
         self.policy.eval()
         return self
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.policy.parameters()).device
 
     @torch.no_grad()
     def sample_actions(
