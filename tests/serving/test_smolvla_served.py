@@ -76,3 +76,13 @@ def test_a_tuned_smolvla_answers_over_http_and_openpi_s_websocket(
         timeout=60,
     )
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "observation.images.wrist"
+
+
+def test_relay_serve_refuses_a_smolvla_base_by_name_saying_what_to_serve() -> None:
+    from typer.testing import CliRunner
+
+    from relay.cli import app
+
+    refused = CliRunner().invoke(app, ["serve", "smolvla-tiny"])
+    assert refused.exit_code == 1
+    assert "smolvla-tiny acts once a job has tuned it for a robot's cameras" in refused.output

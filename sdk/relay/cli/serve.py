@@ -16,11 +16,11 @@ from typing import Any
 
 import typer
 
-from relay import sft
-from relay.catalog import MODELS
+from relay import families, sft
 from relay.cli._common import err, fail
 from relay.cli._extras import require
 from relay.errors import APIError, InputError
+from relay.serving.config import SERVED_BASE_MODELS
 
 MODEL_FILE = "model.safetensors"
 API_KEY_ENV = "RELAY_SERVE_API_KEY"
@@ -97,7 +97,8 @@ def _is_loopback(host: str) -> bool:
 def _model_path(model: str) -> str:
     """A directory or a base model as given; anything else is a job: its downloaded output in
     ./JOB_ID (where `relay fine-tunes download` puts it), fetched there first when missing."""
-    if Path(model).expanduser().is_dir() or model in MODELS:
+    # A name of any family's model goes to its family, which says whether it serves a base by name.
+    if Path(model).expanduser().is_dir() or model in families.model_names():
         return model
     target = Path(model)
     if (target / MODEL_FILE).is_file():
@@ -107,7 +108,8 @@ def _model_path(model: str) -> str:
         sft.retrieve(model).download(target)
     except (APIError, InputError, RuntimeError) as error:
         fail(
-            f"{model}: not a model directory, a base model ({', '.join(MODELS)}) or a job Relay has: {error}"
+            f"{model}: not a model directory, a base model ({', '.join(SERVED_BASE_MODELS)}) or a job "
+            f"Relay has: {error}"
         )
     return str(target)
 
