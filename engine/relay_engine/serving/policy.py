@@ -208,3 +208,21 @@ def model_layout(
             cameras=tuple(features.cameras), required=True, stats=stats, image_size=image_size
         )
     return ObservationLayout(cameras=MODEL_CAMERAS, required=False, stats=stats, image_size=image_size)
+
+
+def serve_robot_policy(
+    model: str | os.PathLike[str],
+    *,
+    device: str,
+    num_steps: int,
+    database: str | os.PathLike[str] | None,
+    task: str | None,
+) -> ServedPolicy:
+    """A robot family's served model (`Family.served_model` of pi05 and SmolVLA): a database and
+    a task are an RT-J's, refused here naming the field."""
+    for value, field in ((database, "database"), (task, "task")):
+        if value is not None:
+            raise ConfigError(
+                f"{field}: only an RT-J model is served with a database and a task", param=field
+            )
+    return ServedPolicy.load(model, device=device, num_steps=num_steps)

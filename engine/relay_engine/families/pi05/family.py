@@ -220,11 +220,6 @@ class Pi05Family(Family):
         database: str | os.PathLike[str] | None,
         task: str | None,
     ) -> ServedModel:
-        from relay_engine.serving.policy import ServedPolicy
+        from relay_engine.serving.policy import serve_robot_policy
 
-        for value, field in ((database, "database"), (task, "task")):
-            if value is not None:
-                raise ConfigError(
-                    f"{field}: only an RT-J model is served with a database and a task", param=field
-                )
-        return ServedPolicy.load(model, device=device, num_steps=num_steps)
+        return serve_robot_policy(model, device=device, num_steps=num_steps, database=database, task=task)

@@ -202,14 +202,9 @@ class SmolVLAFamily(Family):
     ) -> ServedModel:
         """A tuned SmolVLA answering observations with chunks in the robot's units (`relay serve`,
         deployments), over HTTP and openpi's websocket as pi05's policies are."""
-        from relay_engine.serving.policy import ServedPolicy
+        from relay_engine.serving.policy import serve_robot_policy
 
-        for value, field in ((database, "database"), (task, "task")):
-            if value is not None:
-                raise ConfigError(
-                    f"{field}: only an RT-J model is served with a database and a task", param=field
-                )
-        return ServedPolicy.load(model, device=device, num_steps=num_steps)
+        return serve_robot_policy(model, device=device, num_steps=num_steps, database=database, task=task)
 
     def open_session(self, config: Mapping[str, Any], device: torch.device | str) -> Session[Any]:
         raise ConfigError("base_model: SmolVLA has no training-loop sessions so far", param="base_model")
