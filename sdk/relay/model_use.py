@@ -104,6 +104,6 @@ def smolvla_use(model: str, directory: str, dataset_name: str, task: str | None)
     return UseText(
         python,
         score=f"relay local eval --model {directory} --dataset {dataset_name}",
-        served_as="nothing yet: SmolVLA deployments are not served so far",
+        served_as="action chunks over HTTP and openpi's websocket",
         lerobot=lerobot,
     )

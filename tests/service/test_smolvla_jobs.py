@@ -47,6 +47,10 @@ def test_a_smolvla_job_runs_to_completion_with_lerobot_s_files(
         "output/vlm/config.json",
         "output/vlm/tokenizer.json",
     } <= files
+    # The results card says how to use it: Relay's loader, lerobot's, the scoring command.
+    use = job.summary().use
+    assert use.ready and "SmolVLAPolicy.from_lerobot" in use.python and use.lerobot is not None
+    assert f"relay local eval --model {job.id}" in use.deploy
     target = job.download(tmp_path / "weights")
     assert json.loads((target / "config.json").read_text())["type"] == "smolvla"
     tuned = SmolVLAPolicy.from_lerobot(target, target / "vlm")
