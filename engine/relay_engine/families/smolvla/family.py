@@ -41,7 +41,7 @@ class SmolVLAFamily(Family):
         import numpy as np
 
         from relay_engine.datasets import open_dataset
-        from relay_engine.families.smolvla.files import BACKBONE_DIR, write_processors
+        from relay_engine.families.smolvla.files import BACKBONE_DIR, write_processors, write_whole
         from relay_engine.families.smolvla.learner import SmolVLACollate, SmolVLALearner
 
         recipe, config = run.recipe, run.recipe.config
@@ -75,14 +75,17 @@ class SmolVLAFamily(Family):
         def write(output_dir: Path) -> None:
             if run.rank != 0:
                 return
-            output_dir.mkdir(parents=True, exist_ok=True)
-            policy.save_lerobot(output_dir)
-            assert policy.lerobot_config is not None  # save_lerobot wrote it
-            write_processors(output_dir, policy.lerobot_config, stats)
-            (output_dir / "norm_stats.json").write_text(stats.to_json())
-            if backbone_dir is not None:
-                # The backbone's config and tokenizer beside the weights: the output loads anywhere.
-                shutil.copytree(backbone_dir, output_dir / BACKBONE_DIR, dirs_exist_ok=True)
+
+            def files(directory: Path) -> None:
+                policy.save_lerobot(directory)
+                assert policy.lerobot_config is not None  # save_lerobot wrote it
+                write_processors(directory, policy.lerobot_config, stats)
+                (directory / "norm_stats.json").write_text(stats.to_json())
+                if backbone_dir is not None:
+                    # The backbone's config and tokenizer beside the weights: the output loads anywhere.
+                    shutil.copytree(backbone_dir, directory / BACKBONE_DIR, dirs_exist_ok=True)
+
+            write_whole(output_dir, files)
 
         evaluator = None
         if config.eval is not None:

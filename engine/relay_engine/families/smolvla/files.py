@@ -11,6 +11,10 @@ cameras (under the dataset's own names), state and action widths instead.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +168,28 @@ def _normalizer(registry_name: str, features: dict[str, Any], state_file: str) -
     }
 
 
+def write_whole(output_dir: Path, write: Callable[[Path], None]) -> None:
+    """`write(directory)` into a directory beside `output_dir`, then renamed into place: a new
+    output appears whole. Into an existing one (a local run's, which also holds its checkpoints)
+    each file, and the backbone's folder, is replaced whole."""
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output_dir.with_name(f".{output_dir.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        write(tmp)
+        if output_dir.exists():
+            for path in sorted(tmp.iterdir()):
+                target = output_dir / path.name
+                if path.is_dir() and target.is_dir():
+                    shutil.rmtree(target)
+                os.replace(path, target)
+            tmp.rmdir()
+        else:
+            os.rename(tmp, output_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def base_files(model: str) -> tuple[Path, Path | None]:
     """A base model's directory (config.json, model.safetensors) and its backbone's (config and
     tokenizer): smolvla-tiny's are shipped; smolvla's weights come from the Hub, its backbone from
@@ -178,8 +204,6 @@ def base_files(model: str) -> tuple[Path, Path | None]:
 def cached_backbone(repo: str) -> Path | None:
     """The backbone's files in the Hub cache (`hf download REPO config.json tokenizer.json
     tokenizer_config.json` puts them there), else None: Relay never fetches them itself."""
-    import os
-
     from huggingface_hub import try_to_load_from_cache
 
     found = try_to_load_from_cache(repo, "config.json", cache_dir=os.environ.get("HF_HUB_CACHE") or None)
