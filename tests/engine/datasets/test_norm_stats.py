@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -63,10 +64,29 @@ def test_json_is_openpis_layout_and_round_trips() -> None:
         np.testing.assert_array_equal(getattr(again.actions, name), getattr(stats.actions, name))
 
 
+def test_mean_std_normalization_is_lerobot_s_and_its_json_says_so() -> None:
+    rng = np.random.default_rng(2)
+    actions = rng.normal(3.0, 2.0, size=(500, 3)).astype(np.float32)
+    stats = replace(compute_norm_stats(actions, actions), method="mean_std")
+    mean, std = stats.actions.mean, stats.actions.std
+    np.testing.assert_allclose(stats.normalize_actions(actions), (actions - mean) / (std + 1e-8), atol=1e-6)
+    np.testing.assert_allclose(
+        stats.unnormalize_actions(stats.normalize_actions(actions)), actions, atol=1e-4
+    )
+    # The file says which statistics normalize: a model read back acts in the units it trained in.
+    assert json.loads(stats.to_json())["normalization"] == "mean_std"
+    assert NormStats.from_json(stats.to_json()).method == "mean_std"
+    assert "normalization" not in json.loads(replace(stats, method="quantile").to_json())
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ("[]", '"norm_stats" with "state" and "actions"'),
+        (
+            '{"normalization": "zscore", "norm_stats": {}}',
+            'normalization must be "quantile" or "mean_std", got "zscore"',
+        ),
         ('{"norm_stats": {"state": {}}}', "norm_stats.state.mean is missing or null"),
         (
             '{"norm_stats": {"state": {"mean": [0], "std": [1], "q01": null, "q99": [1]}, "actions": {}}}',
