@@ -9,11 +9,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from sqlalchemy import func, update
 
 from relay.http_client import Client
 from relay.serving import deploy
 from relay.sft.config import SFTConfig
 from relay.sft.train import train
+from relay_api.models import deployments as deployments_table
 from relay_engine.families.smolvla.policy import SmolVLAPolicy
 from relay_worker.serving.server import ServingOptions, start_policy_server
 from tests.service.stack import Stack, WorkerProcess
@@ -95,6 +97,7 @@ def test_a_tuned_smolvla_is_deployed_and_answers_actions_through_the_api(
         headers={"authorization": f"Bearer {client.api_key}"},
     )
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"
+    _ask_stray_deployments_to_stop(stack)
     serving = stack.start_standby_worker(queues=(stack.settings.serving_queue,))
     serving.wait_ready()
     deployment = deploy(job.id, client=client)
@@ -126,3 +129,16 @@ def test_a_tuned_smolvla_is_deployed_and_answers_actions_through_the_api(
     finally:
         deployment.stop()
         serving.stop()
+
+
+def _ask_stray_deployments_to_stop(stack: Stack) -> None:
+    """A stop asked of every deployment other tests left waiting (the schema fuzz creates some
+    while no serving worker is alive): a serving worker holds one deployment for its life, so one
+    queued before this test's would take the worker it starts, and this one would wait for an hour."""
+    with stack.sessions() as db:
+        db.execute(
+            update(deployments_table)
+            .where(deployments_table.c.status == "starting", deployments_table.c.stop_requested_at.is_(None))
+            .values(stop_requested_at=func.now())
+        )
+        db.commit()
