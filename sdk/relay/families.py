@@ -160,9 +160,12 @@ def _builtins() -> None:
     # this registry how to encode a datum.
     if _SPECS:
         return
-    from relay.training import types
+    for spec in (_pi05_spec(), _smolvla_spec(), _rtj_spec()):
+        _SPECS[spec.name] = spec
 
-    _SPECS[PI05] = FamilySpec(
+
+def _pi05_spec() -> FamilySpec:
+    return FamilySpec(
         name=PI05,
         models=catalog.MODELS,
         gpu_sized_models=catalog.GPU_SIZED_MODELS,
@@ -180,7 +183,10 @@ def _builtins() -> None:
         deployments="base_or_tuned",
         use_text=robot_policy_use,
     )
-    _SPECS[SMOLVLA] = FamilySpec(
+
+
+def _smolvla_spec() -> FamilySpec:
+    return FamilySpec(
         name=SMOLVLA,
         models=catalog.SMOLVLA_MODELS,
         gpu_sized_models=("smolvla",),
@@ -208,7 +214,12 @@ def _builtins() -> None:
         deployments="tuned_only",
         use_text=smolvla_use,
     )
-    _SPECS[RTJ] = FamilySpec(
+
+
+def _rtj_spec() -> FamilySpec:
+    from relay.training import types
+
+    return FamilySpec(
         name=RTJ,
         models=catalog.RELATIONAL_MODELS,
         list_label="relational models",

@@ -118,6 +118,29 @@ def write_atomic(path: Path, data: bytes) -> None:
     _fsync_path(path.parent)
 
 
+def write_whole(output_dir: Path, write: Callable[[Path], None]) -> None:
+    """`write(directory)` into a directory beside `output_dir`, then renamed into place: a new
+    output appears whole. Into an existing one (a local run's directory, which also holds its
+    checkpoints, or the output of an attempt that finished writing but not reporting) each file
+    and folder is replaced whole."""
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output_dir.with_name(f".{output_dir.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        write(tmp)
+        if output_dir.exists():
+            for path in sorted(tmp.iterdir()):
+                target = output_dir / path.name
+                if path.is_dir() and target.is_dir():
+                    shutil.rmtree(target)
+                os.replace(path, target)
+            tmp.rmdir()
+        else:
+            os.rename(tmp, output_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 class CheckpointStore:
     """The checkpoints of one run, in `root`, named `step-00001000` and so on.
 

@@ -8,6 +8,7 @@ batch. `clipped_adam_step` is the one optimizer step every learner takes.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -89,3 +90,11 @@ def clipped_adam_step(
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return OptimStepResult(grad_norm=grad_norm, skipped=skipped)
+
+
+def datum_generator(seed: int, step: int, place: int) -> torch.Generator:
+    """The generator of one datum's noise: a pure function of the run's seed, the optimizer step
+    and the datum's place among the step's data, so any split of a batch, and a resumed run, draw
+    what one whole batch of an uninterrupted run drew."""
+    key = hashlib.blake2b(f"{seed}:{step}:{place}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(key, "little") & ((1 << 63) - 1))

@@ -3,11 +3,9 @@ lerobot's processor files."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import uuid
 from pathlib import Path
 
+from relay_engine.core.checkpoint import write_whole
 from relay_engine.models import Pi05Policy
 from relay_engine.models.lerobot_files import DescribesRobot, RobotFeatures, write_processors
 
@@ -20,25 +18,17 @@ def write_output(model: Pi05Policy, output_dir: Path, dataset: DescribesRobot | 
     also holds its checkpoints, or the output of an attempt that finished writing but not
     reporting) each file is replaced whole.
     """
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output_dir.with_name(f".{output_dir.name}.{uuid.uuid4().hex}.tmp")
     features = RobotFeatures.of(dataset) if dataset is not None else None
-    try:
+
+    def files(directory: Path) -> None:
         # Straight from the trained model, adapters merged tensor by tensor as they are written: no
         # merged copy of the model (for pi05, 13 GB more than training needed).
-        model.save_pretrained(tmp, features)
+        model.save_pretrained(directory, features)
         # The tokenizer the model reads its prompts with, beside the weights (none for pi05-tiny's
         # bytes): the output then samples wherever it is copied, the gated Hub repo not needed.
-        model.tokenizer.save_to(tmp)
+        model.tokenizer.save_to(directory)
         if dataset is not None and features is not None:
-            (tmp / "norm_stats.json").write_text(dataset.norm_stats.to_json())
-            write_processors(tmp, model.config, features, dataset.norm_stats)
-        if output_dir.exists():
-            for path in sorted(tmp.iterdir()):
-                os.replace(path, output_dir / path.name)
-            tmp.rmdir()
-        else:
-            os.rename(tmp, output_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            (directory / "norm_stats.json").write_text(dataset.norm_stats.to_json())
+            write_processors(directory, model.config, features, dataset.norm_stats)
+
+    write_whole(output_dir, files)

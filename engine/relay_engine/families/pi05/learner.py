@@ -22,7 +22,6 @@ divided by the global weight, so N processes make the update, and report the los
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +32,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from relay.optimizer import AdamParams
-from relay_engine.core.learner import ForwardBackwardResult, Learner, OptimStepResult, clipped_adam_step
+from relay_engine.core.learner import (
+    ForwardBackwardResult,
+    Learner,
+    OptimStepResult,
+    clipped_adam_step,
+    datum_generator,
+)
 from relay_engine.errors import EngineError
 from relay_engine.models import FlowOutputs, Pi05Batch, Pi05Policy, flow_matching_loss, sample_flow_time
 from relay_engine.tuning import load_trainable_state_dict, trainable_state_dict
@@ -71,8 +76,7 @@ class Pi05Learner(Learner[Pi05Batch]):
         self.generator = torch.Generator().manual_seed(seed)
 
     def _datum_generator(self, place: int) -> torch.Generator:
-        key = hashlib.blake2b(f"{self.seed}:{self.steps_taken}:{place}".encode(), digest_size=8).digest()
-        return torch.Generator().manual_seed(int.from_bytes(key, "little") & ((1 << 63) - 1))
+        return datum_generator(self.seed, self.steps_taken, place)
 
     def flow_noise(self, batch: Pi05Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Noise (B, H, 32) and flow time (B,) for the next data of this step (see the module's note)."""

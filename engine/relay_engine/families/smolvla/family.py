@@ -40,8 +40,9 @@ class SmolVLAFamily(Family):
     def prepare_recipe(self, run: RecipeRun) -> PreparedRecipe:
         import numpy as np
 
+        from relay_engine.core.checkpoint import write_whole
         from relay_engine.datasets import open_dataset
-        from relay_engine.families.smolvla.files import BACKBONE_DIR, write_processors, write_whole
+        from relay_engine.families.smolvla.files import BACKBONE_DIR, write_processors
         from relay_engine.families.smolvla.learner import SmolVLACollate, SmolVLALearner
 
         recipe, config = run.recipe, run.recipe.config

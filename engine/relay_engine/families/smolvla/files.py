@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -166,28 +163,6 @@ def _normalizer(registry_name: str, features: dict[str, Any], state_file: str) -
         "config": {"eps": NORMALIZER_EPS, "features": features, "norm_map": NORM_MAP},
         "state_file": state_file,
     }
-
-
-def write_whole(output_dir: Path, write: Callable[[Path], None]) -> None:
-    """`write(directory)` into a directory beside `output_dir`, then renamed into place: a new
-    output appears whole. Into an existing one (a local run's, which also holds its checkpoints)
-    each file, and the backbone's folder, is replaced whole."""
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output_dir.with_name(f".{output_dir.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        write(tmp)
-        if output_dir.exists():
-            for path in sorted(tmp.iterdir()):
-                target = output_dir / path.name
-                if path.is_dir() and target.is_dir():
-                    shutil.rmtree(target)
-                os.replace(path, target)
-            tmp.rmdir()
-        else:
-            os.rename(tmp, output_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def base_files(model: str) -> tuple[Path, Path | None]:

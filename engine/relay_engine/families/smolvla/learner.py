@@ -10,7 +10,6 @@ valid steps at once; the two agree where no sample's chunk runs past its episode
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -22,7 +21,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from relay.optimizer import AdamParams
-from relay_engine.core.learner import ForwardBackwardResult, Learner, OptimStepResult, clipped_adam_step
+from relay_engine.core.learner import (
+    ForwardBackwardResult,
+    Learner,
+    OptimStepResult,
+    clipped_adam_step,
+    datum_generator,
+)
 from relay_engine.errors import EngineError
 from relay_engine.families.smolvla.policy import (
     ACTION,
@@ -105,8 +110,7 @@ class SmolVLALearner(Learner[SmolVLABatch]):
         shape = (self.model.config.chunk_size, self.model.config.max_action_dim)
         noises, times = [], []
         for place in range(self._data_since_step, self._data_since_step + batch.batch_size):
-            key = hashlib.blake2b(f"{self.seed}:{self.steps_taken}:{place}".encode(), digest_size=8).digest()
-            generator = torch.Generator().manual_seed(int.from_bytes(key, "little") & ((1 << 63) - 1))
+            generator = datum_generator(self.seed, self.steps_taken, place)
             noises.append(torch.randn(shape, generator=generator))
             times.append(sample_flow_time(1, generator))
         self._data_since_step += batch.batch_size
