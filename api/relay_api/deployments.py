@@ -112,7 +112,9 @@ def model_source(db: Db, user_id: int, config: DeploymentConfig, settings: Setti
             raise _no_model(
                 f"session {session_id} saved no weights named {name!r} (save_weights_for_sampler)"
             )
-        _check_served(db, session["config"]["base_model"], settings)
+        base_model = session["config"]["base_model"]
+        family = families.family_of(base_model)
+        _check_served(db, base_model, settings, tuned=family is not None and family.serves_session_weights)
         return str(directory)
     _check_served(db, model, settings)
     return model

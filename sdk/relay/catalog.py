@@ -26,8 +26,8 @@ SMOLVLA_MODELS: tuple[str, ...] = ("smolvla", "smolvla-tiny")
 # What a recipe job can fine-tune: the built-in families (relay.families holds their rules, and
 # any family added since).
 RECIPE_MODELS: tuple[str, ...] = (*MODELS, *SMOLVLA_MODELS, *RELATIONAL_MODELS)
-# What a training-loop session can load: pi05 and RT-J (RT-J sessions tune in full).
-SESSION_MODELS: tuple[str, ...] = (*MODELS, *RELATIONAL_MODELS)
+# What a training-loop session can load: every recipe model (SmolVLA and RT-J sessions tune in full).
+SESSION_MODELS: tuple[str, ...] = RECIPE_MODELS
 # The problem types an RT-J session trains: its task loss is BCE (binary) or Huber (regression).
 RelationalSessionProblem = Literal["binary", "regression"]
 RELATIONAL_SESSION_PROBLEMS: tuple[str, ...] = get_args(RelationalSessionProblem)

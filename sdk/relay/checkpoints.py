@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field
 
+from relay import catalog
 from relay.dataset_names import LOCAL_NAME_PATTERN, local_dataset_path
 
 # A fine-tune's id, as the API hands it out (relay_api.fine_tunes.new_job_id): `ft-` + 12 hex digits.
@@ -87,9 +88,10 @@ def parse_checkpoint(value: str) -> CheckpointSource:
 
 
 def checkpoint_model(directory: Path) -> str | None:
-    """Which model the checkpoint in `directory` is (pi05, pi05-tiny), by its own config: Relay's
-    relay_config.json (or config.json of older outputs), lerobot's config.json (type pi05: full
-    size), or a bare model.safetensors (lerobot's or openpi's pi05). None when it cannot be told."""
+    """Which model the checkpoint in `directory` is (pi05, pi05-tiny, smolvla ...), by its own config:
+    Relay's relay_config.json (or config.json of older outputs), lerobot's config.json (its type,
+    pi05 or smolvla: the published size), or a bare model.safetensors (lerobot's or openpi's pi05).
+    None when it cannot be told."""
     for name in (RELAY_CONFIG_FILE, LEROBOT_CONFIG_FILE):
         path = directory / name
         if not path.is_file():
@@ -102,9 +104,9 @@ def checkpoint_model(directory: Path) -> str | None:
             return None
         if data.get("format") == RELAY_CONFIG_FORMAT:
             return str(data.get("model")) if data.get("model") else None
-        if data.get("type") == "pi05":
-            return "pi05"
-        return None
+        # lerobot's policy type names the family, whose published size has the same name.
+        kind = data.get("type")
+        return kind if isinstance(kind, str) and kind in catalog.RECIPE_MODELS else None
     return "pi05" if (directory / WEIGHTS_FILE).is_file() else None
 
 

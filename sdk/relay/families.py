@@ -64,6 +64,9 @@ class FamilySpec:
     # "tuned_only" (a fine-tune's output, which names what it is for: RT-J's task and database,
     # SmolVLA's robot's cameras), None: nothing.
     deployments: Literal["base_or_tuned", "tuned_only"] | None = None
+    # Whether a session's saved weights are served as a fine-tune's output is: they name what
+    # they are for (SmolVLA's: the cameras the session trained on; RT-J's name no task).
+    serves_session_weights: bool = False
     # A job's results card's "use this model" text: (model, directory, dataset, task) -> UseText
     # (relay.model_use).
     use_text: Callable[[str, str, str, str | None], UseText] | None = None
@@ -212,6 +215,7 @@ def _smolvla_spec() -> FamilySpec:
         loss_names=("flow_matching",),
         # A base acts for no robot's cameras yet: deployments serve a fine-tune's output.
         deployments="tuned_only",
+        serves_session_weights=True,
         use_text=smolvla_use,
     )
 

@@ -94,7 +94,7 @@ def test_calls_that_do_not_apply_to_rt_j_are_refused(
     stack: Stack, user: tuple[str, str], service: ServiceClient, churn_batch: list[types.RelationalDatum]
 ) -> None:
     with service.create_full_training_client("rt-j-tiny") as training_client:
-        with pytest.raises(RequestFailedError, match="sample draws robot actions from pi05") as error:
+        with pytest.raises(RequestFailedError, match="sample draws a robot policy's actions") as error:
             training_client.sample({"state": np.zeros(8), "prompt": "pick"}).result(timeout=120)
         assert error.value.category == "user"
         pi05_datum = types.Datum(observation={"state": np.zeros(8), "prompt": "x"}, actions=np.zeros((10, 8)))

@@ -273,7 +273,8 @@ def test_create_refuses_bad_settings_naming_the_field(stack: Stack, user: tuple[
     cases = [
         (
             {"base_model": "gpt-4"},
-            'bad base_model: "gpt-4" (must be one of pi05, pi05-tiny, rt-j, rt-j-tiny)',
+            'bad base_model: "gpt-4" (must be one of pi05, pi05-tiny, smolvla, smolvla-tiny, rt-j, '
+            "rt-j-tiny)",
         ),
         ({"base_model": "pi05", "lora_rank": 0}, "bad lora_rank: 0 (must be an integer from 1 to 256)"),
         ({"base_model": "pi05", "rank": 0}, "bad lora_rank: 0 (must be an integer from 1 to 256)"),

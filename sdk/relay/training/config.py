@@ -144,11 +144,11 @@ class SessionConfig(CheckedConfig):
                 "finetune",
             )
         self.finetune = spec.finetune
-        self._refuse_policy_settings()
+        self._refuse_policy_settings(spec)
         return self
 
-    def _refuse_policy_settings(self) -> None:
-        # A family tuned one way on its own loss (RT-J) takes none of pi05's LoRA and action settings.
+    def _refuse_policy_settings(self, spec: families.FamilySpec) -> None:
+        # A family tuned one way (SmolVLA, RT-J) takes none of pi05's LoRA and action settings.
         pi05_only = {
             "from_checkpoint": self.from_checkpoint is not None,
             "lora_rank": self.lora_rank != LORA_RANK_DEFAULT,
@@ -159,8 +159,8 @@ class SessionConfig(CheckedConfig):
         for field, given in pi05_only.items():
             if given:
                 raise ConfigError(
-                    f"bad {field}: {self.base_model} takes no {field} (it is tuned in full, on its task's "
-                    "loss; the field is for pi05 sessions)",
+                    f"bad {field}: {self.base_model} takes no {field} (it is tuned one way, "
+                    f'finetune "{spec.finetune}"; the field is for pi05 sessions)',
                     field,
                 )
 

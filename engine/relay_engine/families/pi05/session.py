@@ -17,8 +17,6 @@ from relay.catalog import (
     ACTION_DIM,
     ACTION_HORIZON,
     LORA_RANK_DEFAULT,
-    MODEL_CAMERAS,
-    STATE_DIM,
     default_targets,
 )
 from relay.events import weights_line
@@ -26,9 +24,9 @@ from relay_engine.core.session import Session
 from relay_engine.errors import EngineError
 from relay_engine.families.pi05.export import write_output
 from relay_engine.families.pi05.learner import Pi05Learner
+from relay_engine.families.robot_datums import check_frame_sizes, datum_to_sample
 from relay_engine.models import FlowOutputs, Pi05Batch, Pi05Policy, load_policy
 from relay_engine.models.checkpoints import Checkpoint, load_checkpoint, resolve_checkpoint
-from relay_engine.samples import Sample
 from relay_engine.tuning import apply_tuning
 
 OUTPUT_KEYS = ("velocity", "target", "x_t", "noise", "time")
@@ -58,60 +56,6 @@ class SessionSpec:
             "targets": targets,
             "lora_rank": self.lora_rank if self.finetune == "lora" else None,
         }
-
-
-def datum_to_sample(index: int, datum: Mapping[str, Any], *, with_actions: bool = True) -> Sample:
-    """A session datum ({"observation": {...}, "actions", "weight"}) as a training Sample.
-
-    The state and actions arrive normalized, up to 32 wide; they are padded here. Everything
-    else (image dtypes and shapes, action chunk length, finite values) the collator checks.
-    """
-    label = f"datum {index}"
-    observation = datum.get("observation")
-    if not isinstance(observation, Mapping):
-        raise EngineError(f"{label}: observation must be a dict with image, state and prompt")
-    state = np.asarray(observation.get("state", np.zeros(0)), dtype=np.float32).reshape(-1)
-    if state.shape[0] > STATE_DIM:
-        raise EngineError(f"{label}: state has {state.shape[0]} values; at most {STATE_DIM}")
-    prompt = observation.get("prompt", "")
-    if not isinstance(prompt, str):
-        raise EngineError(f"{label}: prompt must be a string")
-    images = observation.get("image") or {}
-    if not isinstance(images, Mapping):
-        raise EngineError(f"{label}: image must map model cameras ({', '.join(MODEL_CAMERAS)}) to frames")
-    padded_state = np.zeros(STATE_DIM, dtype=np.float32)
-    padded_state[: state.shape[0]] = state
-    sample: dict[str, Any] = {
-        "image": dict(images),
-        "state": padded_state,
-        "state_dim": int(state.shape[0]),
-        "prompt": prompt,
-        "weight": float(datum.get("weight", 1.0)),
-    }
-    if with_actions:
-        if datum.get("actions") is None:
-            raise EngineError(f"{label}: actions are missing")
-        actions = np.asarray(datum["actions"], dtype=np.float32)
-        if actions.ndim != 2 or actions.shape[1] > ACTION_DIM:
-            raise EngineError(
-                f"{label}: actions must be (action_horizon, up to {ACTION_DIM}), got {actions.shape}"
-            )
-        sample["actions"] = actions
-        sample["action_dim"] = int(actions.shape[1])
-    return sample  # type: ignore[return-value]
-
-
-def check_frame_sizes(samples: Sequence[Mapping[str, Any]]) -> None:
-    """Within a batch each camera's frames are one size (docs/sessions.md)."""
-    first: dict[str, tuple[int, ...]] = {}
-    for index, sample in enumerate(samples):
-        for camera, frame in sample["image"].items():
-            shape = tuple(np.shape(frame))
-            if first.setdefault(camera, shape) != shape:
-                raise EngineError(
-                    f"datum {index}: image {camera!r} is {shape}, but an earlier datum's is {first[camera]}; "
-                    "within a batch each camera's frames must be one size"
-                )
 
 
 class TrainingSession(Session[Pi05Batch]):

@@ -141,13 +141,13 @@ class RelationalSession(Session[LabelledBatch]):
             {"model_type": self.spec.base_model, "problem_type": self.spec.problem_type},
         )
 
-    # -- calls that belong to pi05 ------------------------------------------------------------------
+    # -- calls that belong to robot policies -----------------------------------------------------
 
     def sample(
         self, observations: Sequence[Mapping[str, Any]], num_steps: int = 10, sampler: str | None = None
     ) -> Any:
         raise EngineError(
-            f"sample draws robot actions from pi05; {self.spec.base_model} has none: use forward for "
+            f"sample draws a robot policy's actions; {self.spec.base_model} has none: use forward for "
             "target_scores"
         )
 

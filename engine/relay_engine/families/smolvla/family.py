@@ -47,9 +47,9 @@ class SmolVLAFamily(Family):
 
         recipe, config = run.recipe, run.recipe.config
         torch.manual_seed(recipe.seed)
-        policy, backbone_dir = self._base(config.model)
+        policy, backbone_dir = self.base_policy(config.model)
         # The tokenizer before the dataset: a missing one is said at once.
-        tokenizer = self._tokenizer(policy, backbone_dir)
+        tokenizer = self.tokenizer(policy, backbone_dir)
         dataset = open_dataset(
             config.dataset_name,
             action_horizon=policy.config.chunk_size,
@@ -65,7 +65,7 @@ class SmolVLAFamily(Family):
         policy.for_robot(cameras, summary.state_dim, summary.action_dim)
         policy.to(run.device)
         stats = dataset.norm_stats
-        processor = self._processor(policy, tokenizer, stats)
+        processor = self.processor(policy, tokenizer, stats)
         learner = SmolVLALearner(policy, seed=recipe.seed, device=run.device)
         training = (
             dataset.indices_of_episodes(recipe.episodes)
@@ -108,7 +108,7 @@ class SmolVLAFamily(Family):
             evaluate_at_checkpoints=config.eval is not None and config.eval.at_checkpoints,
         )
 
-    def _base(self, model: str) -> tuple[SmolVLAPolicy, Path | None]:
+    def base_policy(self, model: str) -> tuple[SmolVLAPolicy, Path | None]:
         from relay_engine.families.smolvla.files import base_files
         from relay_engine.families.smolvla.policy import SmolVLAPolicy
 
@@ -116,7 +116,7 @@ class SmolVLAFamily(Family):
         return SmolVLAPolicy.from_lerobot(directory, backbone_dir), backbone_dir
 
     @staticmethod
-    def _tokenizer(policy: SmolVLAPolicy, backbone_dir: Path | None) -> Any:
+    def tokenizer(policy: SmolVLAPolicy, backbone_dir: Path | None) -> Any:
         from relay_engine.families.smolvla.processor import load_tokenizer
 
         return load_tokenizer(backbone_dir or Path(policy.config.vlm_model_name).expanduser())
@@ -151,8 +151,8 @@ class SmolVLAFamily(Family):
                 f"(its cameras: {', '.join(data.camera_map)})",
                 param="dataset",
             )
-        tokenizer = self._tokenizer(policy, self._backbone_of(request.model))
-        scored = ScoredSmolVLA(policy, self._processor(policy, tokenizer, data.norm_stats))
+        tokenizer = self.tokenizer(policy, self._backbone_of(request.model))
+        scored = ScoredSmolVLA(policy, self.processor(policy, tokenizer, data.norm_stats))
         return evaluation.score_request(scored, data, request, on_progress)
 
     def evaluation_lines(self, report: dict[str, Any], request: EvaluationRequest) -> list[str]:
@@ -161,7 +161,7 @@ class SmolVLAFamily(Family):
         return evaluation.report_lines(report, request)
 
     @staticmethod
-    def _processor(policy: SmolVLAPolicy, tokenizer: Any, stats: NormStats) -> SmolVLAProcessor:
+    def processor(policy: SmolVLAPolicy, tokenizer: Any, stats: NormStats) -> SmolVLAProcessor:
         from relay_engine.families.smolvla.processor import SmolVLAProcessor
 
         return SmolVLAProcessor(
@@ -192,8 +192,8 @@ class SmolVLAFamily(Family):
         directory = Path(name_or_dir).expanduser()
         policy = self.load_model(name_or_dir, device)
         stats = read_norm_stats(directory)
-        tokenizer = self._tokenizer(policy, self._backbone_of(name_or_dir))
-        return ActingSmolVLA(policy, self._processor(policy, tokenizer, stats), name_or_dir)
+        tokenizer = self.tokenizer(policy, self._backbone_of(name_or_dir))
+        return ActingSmolVLA(policy, self.processor(policy, tokenizer, stats), name_or_dir)
 
     def served_model(
         self,
@@ -211,7 +211,10 @@ class SmolVLAFamily(Family):
         return serve_robot_policy(model, device=device, num_steps=num_steps, database=database, task=task)
 
     def open_session(self, config: Mapping[str, Any], device: torch.device | str) -> Session[Any]:
-        raise ConfigError("base_model: SmolVLA has no training-loop sessions so far", param="base_model")
+        """A training-loop session on a SmolVLA base: what lerobot trains by default, on datums."""
+        from relay_engine.families.smolvla.session import SmolVLASession
+
+        return SmolVLASession(self, config["base_model"], device=device)
 
     def owns_model(self, name_or_dir: str) -> bool:
         import json
@@ -229,7 +232,7 @@ class SmolVLAFamily(Family):
         from relay_engine.families.smolvla.policy import SmolVLAPolicy
 
         if name_or_dir in self.spec.models:
-            policy, _ = self._base(name_or_dir)
+            policy, _ = self.base_policy(name_or_dir)
         else:
             policy = SmolVLAPolicy.from_lerobot(
                 Path(name_or_dir).expanduser(), self._backbone_of(name_or_dir)
@@ -238,7 +241,7 @@ class SmolVLAFamily(Family):
 
     def describe(self, name: str) -> ModelDescription:
         """The weights per part, and what lerobot's default training trains of them."""
-        policy, _ = self._base(name)
+        policy, _ = self.base_policy(name)
         joint = policy.model.vlm_with_expert
         trained = {id(p) for p in policy.trainable()}
         total = sum(p.numel() for p in policy.parameters())

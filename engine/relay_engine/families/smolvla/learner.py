@@ -116,6 +116,22 @@ class SmolVLALearner(Learner[SmolVLABatch]):
         self._data_since_step += batch.batch_size
         return torch.stack(noises).to(self.device), torch.cat(times).to(self.device)
 
+    def forward(self, batch: SmolVLABatch) -> torch.Tensor:
+        """Each sample's loss without gradients (evaluation), from the noise the same data would
+        get from the next forward_backward, without using up those places: forward(b) then
+        forward_backward(b) report the same loss."""
+        place = self._data_since_step
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            batch = batch.to(self.device)
+            noise, time = self._noise(batch)
+            with torch.no_grad():
+                return self.model.loss(batch.tensors, noise, time, reduction="none")
+        finally:
+            self._data_since_step = place
+            self.model.train(was_training)
+
     def forward_backward(self, batch: SmolVLABatch) -> ForwardBackwardResult:
         if not self.model.training:
             self.model.train()
