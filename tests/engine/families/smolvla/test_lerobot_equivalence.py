@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
+from relay_engine.acting import observation_sample, read_norm_stats, sample_chunks
 from relay_engine.errors import ConfigError
+from relay_engine.families import family_owning
 from relay_engine.families.smolvla.policy import (
     ACTION,
     ACTION_IS_PAD,
@@ -101,3 +104,31 @@ def test_processing_raw_inputs_is_lerobots(policy: SmolVLAPolicy, recorded: dict
         torch.testing.assert_close(batch[key], recorded[key], rtol=0, atol=1e-6)
     robot = processor.robot_actions(policy.predict_chunk(batch, recorded["sampling_noise"]))
     torch.testing.assert_close(robot, recorded["robot_chunk"], rtol=0, atol=1e-5)
+
+
+def test_lerobot_takes_a_relay_job_s_output_and_answers_as_relay_serves_it() -> None:
+    """A smolvla-tiny job's whole output (tests/fixtures/make_relay_smolvla_job.py): lerobot loaded
+    the weights strictly and its processors from Relay's files, and answered a raw observation
+    from given noise (make_lerobot_smolvla.py --job). Relay's acting path, the one the policy
+    server and closed-loop evaluation run, answers the same in the robot's units."""
+    job = FIXTURE.parent / "relay-smolvla-job"
+    lerobot = load_file(str(job / "lerobot_answer.safetensors"))
+    recorded = load_file(str(job / "observation.safetensors"))
+    with safe_open(str(job / "observation.safetensors"), "pt") as file:
+        task = file.metadata()["task"]
+    policy = family_owning(str(job)).acting_policy(str(job), torch.device("cpu"))
+    assert policy.reads_cameras == ("observation.images.top", "observation.images.wrist")
+    stats = read_norm_stats(job)
+    images = {
+        # lerobot read (3, H, W) in [0, 1]; a camera gives Relay uint8 (H, W, 3).
+        name: (recorded[name][0].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
+        for name in policy.reads_cameras
+    }
+    sample = observation_sample(images, recorded[STATE][0].numpy(), task, stats)
+    chunk = sample_chunks(policy, [sample], [recorded["noise"][0]], num_steps=10)[0]
+    width = lerobot["robot_chunk"].shape[-1]
+    torch.testing.assert_close(
+        torch.from_numpy(chunk[:, :width]), lerobot["chunk"][0], rtol=0, atol=TOLERANCE
+    )
+    robot = stats.unnormalize_actions(chunk)
+    torch.testing.assert_close(torch.from_numpy(robot), lerobot["robot_chunk"][0], rtol=0, atol=1e-5)
