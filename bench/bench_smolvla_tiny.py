@@ -5,8 +5,9 @@ of a top and a wrist camera at 64x64 as H.264 video, and 40 held-out episodes of
 fine-tunes the shipped smolvla-tiny base at its own defaults (lerobot's default training: the
 action expert and the projections over the frozen, random tiny backbone; 1e-3, 16 a step) through
 the engine's recipe runner, once per seed, and scores the held-out episodes in SmolVLA's units
-(mean and std): the error of the mean of 4 chunks sampled per frame, one chunk's error, their
-spread, beside the blind baseline (always the training frames' mean chunk) and the base before
+(mean and std, the training episodes', as each tuned model's norm_stats.json holds them): the
+error of the mean of 4 chunks sampled per frame, one chunk's error, their spread, beside the blind
+baseline (always the training frames' mean chunk) and the base before
 tuning; then, as the demo does, each tuned policy in closed loop in relay/Dot-v0 (40 new
 episodes, seed 1000: success is reaching the orange dot within 50 steps) beside the blind baseline.
 
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
@@ -33,7 +35,7 @@ from relay_engine.datasets import open_dataset, write_synthetic_dataset
 from relay_engine.envs import evaluate_in_env
 from relay_engine.families import family_named
 from relay_engine.families.base import EvaluationRequest
-from relay_engine.families.pi05.evaluate import BlindPolicy, blind_baseline
+from relay_engine.families.pi05.evaluate import ActionChunks, BlindPolicy, blind_baseline, with_norm_stats
 from relay_engine.recipe import Recipe, run_recipe
 
 
@@ -52,16 +54,28 @@ def main() -> None:
     smolvla = family_named("smolvla")
     opened = {"normalization": "mean_std", "camera_names": "dataset"}
     train_set = open_dataset(str(train_dir), **opened)  # type: ignore[arg-type]
-    held_out = open_dataset(str(held_dir), **opened)  # type: ignore[arg-type]
-    blind = blind_baseline(train_set, range(len(train_set)), held_out, range(len(held_out))).mse
-    request = EvaluationRequest(model="smolvla-tiny", dataset=str(held_dir), chunks=CHUNKS_PER_FRAME)
-    base = smolvla.evaluate(request)
+    # Every error in the tuned models' units: the training episodes' mean and std, which each job
+    # writes as its norm_stats.json (the held-out episodes' own statistics differ a little).
+    units = work / "training-units"
+    units.mkdir(exist_ok=True)
+    (units / "norm_stats.json").write_text(train_set.norm_stats.to_json())
+    held_out = with_norm_stats(open_dataset(str(held_dir), **opened), units)  # type: ignore[arg-type]
+    frames = range(len(held_out))
+    blind = blind_baseline(ActionChunks(train_set), range(len(train_set)), ActionChunks(held_out), frames).mse
+
+    def scores(model: str) -> dict[str, Any]:
+        request = EvaluationRequest(
+            model=model, dataset=str(held_dir), chunks=CHUNKS_PER_FRAME, norm_stats_from=str(units)
+        )
+        return smolvla.evaluate(request)
+
+    base = scores("smolvla-tiny")
     print(
         f"held-out: {len(held_out)} frames; blind {blind:.4f}; base {base['mean_action_mse']:.4f}", flush=True
     )
     scene = {"colours": task["colours"], "cameras": CAMERAS}
 
-    def closed_loop(model: object) -> str:
+    def closed_loop(model: Any) -> str:
         report = evaluate_in_env(
             model, "relay/Dot-v0", episodes=CLOSED_LOOP_EPISODES, seed=CLOSED_LOOP_SEED, env_options=scene
         )
@@ -81,9 +95,7 @@ def main() -> None:
             should_stop=lambda: False,
         )
         seconds = time.perf_counter() - started
-        tuned = smolvla.evaluate(
-            EvaluationRequest(model=str(result.output_dir), dataset=str(held_dir), chunks=CHUNKS_PER_FRAME)
-        )
+        tuned = scores(str(result.output_dir))
         ratio = blind / tuned["mean_action_mse"]
         ratios.append(ratio)
         print(

@@ -30,15 +30,22 @@ NORM_STATS_FILE = "norm_stats.json"
 
 
 class ActingPolicy(Protocol):
-    """What acting asks of a policy: a loaded pi05 model, or the blind baseline
-    (relay_engine.families.pi05.evaluate.BlindPolicy), which answers without looking."""
+    """What acting asks of a policy: a robot policy (pi05's, a tuned SmolVLA), or the blind
+    baseline (relay_engine.families.pi05.evaluate.BlindPolicy), which answers without looking."""
 
     @property
     def config(self) -> Any: ...  # its model's name, action_horizon and action_dim
 
     # The cameras it reads under their own (dataset feature) names, in order (SmolVLA's); None:
-    # pi05's camera slots (relay.catalog.MODEL_CAMERAS), filled from the model's saved features.
+    # pi05's camera slots (relay.catalog.MODEL_CAMERAS), filled from the model's saved features;
+    # empty: none at all (the blind baseline).
     reads_cameras: tuple[str, ...] | None
+
+    @property
+    def frame_size(self) -> int | None:
+        """The square size a frame is made (resized with padding) before the model reads it, done
+        once as a served frame is decoded (pi05's); None: the model resizes frames itself, or reads
+        none."""
 
     def eval(self) -> Any: ...
 

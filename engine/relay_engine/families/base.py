@@ -199,6 +199,9 @@ class EvaluationRequest:
     batch_size: int = 32
     num_steps: int = 10
     chunks: int = CHUNKS_PER_FRAME  # chunks sampled per frame: their mean is scored
+    # The robot families': score in the units of this model directory's norm_stats.json (a base
+    # compared with a tuned model in the tuned one's units); None: the model's own, else the dataset's.
+    norm_stats_from: str | None = None
     # RT-J's: the task (default: the model's) and its split.
     task: str | None = None
     split: str = "val"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from relay.catalog import ACTION_DIM, ACTION_HORIZON
 
@@ -46,6 +46,9 @@ __all__ = [
 @dataclass(frozen=True)
 class Pi05Config:
     """What a pi0.5 policy is made of. `to_dict`/`from_dict` round-trip it through config.json."""
+
+    # The family, as acting and serving report it (relay_engine.acting.ActingPolicy's config).
+    family: ClassVar[str] = "pi05"
 
     model: str
     vision: VisionSize

@@ -345,6 +345,11 @@ class Pi05Policy(nn.Module):
     # Acting (relay_engine.acting): pi05 reads its camera slots, not cameras by name.
     reads_cameras: tuple[str, ...] | None = None
 
+    @property
+    def frame_size(self) -> int | None:
+        """The square size its vision tower reads (a served frame is resized to it once)."""
+        return self.config.vision.image_size
+
     def __init__(
         self, config: Pi05Config, tokenizer: Tokenizer | None = None, source: str | None = None
     ) -> None:

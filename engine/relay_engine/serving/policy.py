@@ -32,7 +32,6 @@ from relay_engine.acting import (
 )
 from relay_engine.datasets.norm_stats import NormStats
 from relay_engine.errors import ConfigError
-from relay_engine.models import Pi05Policy
 from relay_engine.serving.observations import DecodedObservation, ObservationLayout, PixelBudget
 
 DEFAULT_NUM_STEPS = 10
@@ -93,7 +92,8 @@ class ServedPolicy:
         name: str,
         layout: ObservationLayout,
         num_steps: int = DEFAULT_NUM_STEPS,
-        kind: str = "pi05",
+        *,
+        kind: str,
     ) -> None:
         if num_steps < 1:
             raise ConfigError(f"num_steps must be at least 1, got {num_steps}", param="num_steps")
@@ -106,17 +106,17 @@ class ServedPolicy:
     @classmethod
     def load(
         cls,
-        model: Pi05Policy | str | os.PathLike[str],
+        model: ActingPolicy | str | os.PathLike[str],
         *,
         device: str = "auto",
         num_steps: int = DEFAULT_NUM_STEPS,
         norm_stats: NormStats | None = None,
     ) -> ServedPolicy:
         policy, name, directory = load_acting_policy(model, device)
-        if isinstance(policy, Pi05Policy):
-            layout = model_layout(directory, norm_stats, image_size=policy.config.vision.image_size)
-            return cls(policy, name, layout, num_steps)
-        if policy.reads_cameras is None:  # the blind baseline acts in evaluations, not here
+        if policy.reads_cameras is None:  # camera slots (pi05's)
+            layout = model_layout(directory, norm_stats, image_size=policy.frame_size)
+            return cls(policy, name, layout, num_steps, kind=policy.config.family)
+        if not policy.reads_cameras:  # the blind baseline acts in evaluations, not here
             raise ConfigError(f"{name}: only a robot policy is served")
         # A model that reads cameras by name (SmolVLA): every one required, kept as decoded (its
         # own collate makes them its input), its own statistics.

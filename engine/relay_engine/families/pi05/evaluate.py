@@ -204,7 +204,8 @@ class BlindPolicy:
         self.chunk = torch.as_tensor(np.asarray(chunk, dtype=np.float32))
         self.norm_stats = norm_stats
         self.config = BlindConfig(name, int(self.chunk.shape[0]), int(self.chunk.shape[1]))
-        self.reads_cameras: tuple[str, ...] | None = None  # it reads none
+        self.reads_cameras: tuple[str, ...] | None = ()  # it reads none
+        self.frame_size: int | None = None
 
     @classmethod
     def from_dataset(cls, dataset: LeRobotDataset, episodes: Iterable[int] | None = None) -> BlindPolicy:

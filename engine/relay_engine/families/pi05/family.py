@@ -185,7 +185,7 @@ class Pi05Family(Family):
         policy = self.load_model(request.model, pick_device(request.device))
         data = open_dataset(request.dataset, action_horizon=policy.config.action_horizon)
         # A trained model is scored in the units it was trained in (its norm_stats.json).
-        evaluation.with_norm_stats(data, Path(request.model).expanduser())
+        evaluation.with_norm_stats(data, Path(request.norm_stats_from or request.model).expanduser())
         return evaluation.score_request(policy, data, request, on_progress)
 
     def evaluation_lines(self, report: dict[str, Any], request: EvaluationRequest) -> list[str]:

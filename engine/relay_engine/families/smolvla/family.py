@@ -131,7 +131,6 @@ class SmolVLAFamily(Family):
         from relay_engine.families.smolvla.learner import ScoredSmolVLA
         from relay_engine.recipe import pick_device
 
-        directory = Path(request.model).expanduser()
         policy = self.load_model(request.model, pick_device(request.device))
         data = open_dataset(
             request.dataset,
@@ -139,7 +138,7 @@ class SmolVLAFamily(Family):
             normalization="mean_std",
             camera_names="dataset",
         )
-        evaluation.with_norm_stats(data, directory)
+        evaluation.with_norm_stats(data, Path(request.norm_stats_from or request.model).expanduser())
         if request.model in self.spec.models:  # a base acts for the dataset's robot
             summary = data.summary
             cameras = {name: (3, height, width) for name, (height, width) in summary.cameras.items()}

@@ -245,6 +245,7 @@ class ActingSmolVLA:
         self.policy = policy
         self.collate = SmolVLACollate(processor, policy.cameras)
         self.reads_cameras: tuple[str, ...] | None = policy.cameras
+        self.frame_size: int | None = None  # it resizes with its own left-top padding
         self.config = ActingConfig(name, policy.config.chunk_size, policy.config.max_action_dim)
 
     def eval(self) -> ActingSmolVLA:
