@@ -7,8 +7,9 @@ each frame's mean of 4 sampled chunks, in SmolVLA's mean/std units).
 
 The bar is not set from one seed: bench/bench_smolvla_tiny.py, the same settings on two torch
 threads, measured 2.30x, 2.50x and 2.35x better than blind (0.43x, 0.40x, 0.43x) over recipe seeds
-0, 1 and 2, every error in the tuned model's units (the blind baseline's too). On a shorter shape (`relay datasets synth --episodes 200 --colour orange`, 1,000
-steps, the last 20 episodes held out) the margin is thin: 0.74x, 0.79x and 0.95x over dataset seeds
+0, 1 and 2, every error in the tuned model's units (the blind baseline's too). On a shorter shape
+(`relay datasets synth --episodes 200 --colour orange`, 1,000 steps, the last 20 episodes held
+out) the margin is thin: 0.74x, 0.79x and 0.95x over dataset seeds
 0, 1 and 2, so no bar is set there. One torch thread here: seeded runs repeat only at a fixed
 thread count. Nothing is timed.
 """
