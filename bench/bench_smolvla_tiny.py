@@ -35,7 +35,7 @@ from relay_engine.datasets import open_dataset, write_synthetic_dataset
 from relay_engine.envs import evaluate_in_env
 from relay_engine.families import family_named
 from relay_engine.families.base import EvaluationRequest
-from relay_engine.families.pi05.evaluate import ActionChunks, BlindPolicy, blind_baseline, with_norm_stats
+from relay_engine.families.robot_scores import ActionChunks, BlindPolicy, blind_baseline, with_norm_stats
 from relay_engine.recipe import Recipe, run_recipe
 
 

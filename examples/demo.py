@@ -202,7 +202,7 @@ def main() -> None:
     from relay_engine.acting import read_norm_stats
     from relay_engine.families import family_named
     from relay_engine.families.base import EvaluationRequest
-    from relay_engine.families.pi05.evaluate import ActionChunks, BlindPolicy, blind_baseline, with_norm_stats
+    from relay_engine.families.robot_scores import ActionChunks, BlindPolicy, blind_baseline, with_norm_stats
 
     print("\nscoring on the held-out episodes ...", flush=True)
     # Everything in the tuned model's units: its norm_stats.json (the training episodes' statistics,

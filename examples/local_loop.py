@@ -24,8 +24,8 @@ import torch
 
 from relay_engine.core.schedule import learning_rate
 from relay_engine.datasets import open_dataset
-from relay_engine.families.pi05.evaluate import evaluate_actions
 from relay_engine.families.pi05.export import write_output
+from relay_engine.families.robot_scores import evaluate_actions
 from relay_engine.models import flow_matching_loss, load_policy, sample_flow_time
 from relay_engine.tuning import apply_tuning, load_trainable_state_dict, trainable_state_dict
 

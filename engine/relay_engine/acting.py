@@ -31,7 +31,7 @@ NORM_STATS_FILE = "norm_stats.json"
 
 class ActingPolicy(Protocol):
     """What acting asks of a policy: a robot policy (pi05's, a tuned SmolVLA), or the blind
-    baseline (relay_engine.families.pi05.evaluate.BlindPolicy), which answers without looking."""
+    baseline (relay_engine.families.robot_scores.BlindPolicy), which answers without looking."""
 
     @property
     def config(self) -> Any: ...  # its model's name, action_horizon and action_dim

@@ -220,7 +220,7 @@ class SnapshotEvent(EventBase):
 
 
 # Action chunks sampled per held-out frame, each from its own noise, by validation and by default
-# `relay local eval` (relay_engine.families.pi05.evaluate): their mean is scored, their spread
+# `relay local eval` (relay_engine.families.robot_scores): their mean is scored, their spread
 # reported beside it. Four cut the sampling spread's share of the mean's error to a quarter at
 # four times the denoising (the prefix pass, the costly part, runs once per frame).
 CHUNKS_PER_FRAME = 4

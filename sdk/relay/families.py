@@ -209,7 +209,6 @@ def _smolvla_spec() -> FamilySpec:
             "cameras": "SmolVLA reads every camera of the dataset, under the dataset's own names",
             "targets": "SmolVLA trains what lerobot trains by default: the action expert and the "
             "state, action and time projections",
-            "validation_episodes": "held-out episodes are scored for pi05 models so far",
             "from_checkpoint": "SmolVLA starts from its base so far",
         },
         loss_names=("flow_matching",),

@@ -28,11 +28,20 @@ def test_a_smolvla_job_runs_to_completion_with_lerobot_s_files(
     worker: WorkerProcess, client: Client, dataset: Path, tmp_path: Path
 ) -> None:
     job = train(
-        SFTConfig(model="smolvla-tiny", dataset_name=str(dataset), batch_size=4, steps=8), client=client
+        SFTConfig(
+            model="smolvla-tiny", dataset_name=str(dataset), batch_size=4, steps=8, validation_episodes=[1]
+        ),
+        client=client,
     )
     job.wait(poll=1)
     assert job.status == "completed", job.error
     assert job.step == 8 and job.loss is not None
+    # Its validation split, scored after the checkpoint, is the job's validation block.
+    assert job.validation is not None and job.validation["scored"] == 1, job.validation
+    last = job.validation["last"]
+    assert (
+        last["step"] == 8 and last["episodes"] == 1 and last["blind_mse"] > 0 and last["mean_action_mse"] > 0
+    )
     described = job.to_dict()
     assert described["finetune"] == "full" and described["learning_rate"] == 1e-3
 
@@ -65,7 +74,7 @@ def test_a_smolvla_job_runs_to_completion_with_lerobot_s_files(
         ({"model": "smolvla-tiny", "cameras": {"base_0_rgb": "observation.images.top"}}, "cameras"),
         ({"model": "smolvla-tiny", "finetune": "lora"}, "finetune"),
         ({"model": "smolvla-tiny", "task": "user-churn"}, "task"),
-        ({"model": "smolvla-tiny", "validation_episodes": 0.2}, "validation_episodes"),
+        ({"model": "smolvla-tiny", "validation_episodes": 1.5}, "validation_episodes"),
     ],
 )
 def test_what_smolvla_does_not_take_is_a_400_naming_the_field(

@@ -34,8 +34,8 @@ from relay.sft.config import SFTConfig
 from relay.sft.train import train
 from relay.training import ServiceClient, types
 from relay_engine.datasets import open_dataset
-from relay_engine.families.pi05.evaluate import evaluate_actions, with_norm_stats
 from relay_engine.families.pi05.session import SessionSpec, TrainingSession
+from relay_engine.families.robot_scores import evaluate_actions, with_norm_stats
 from relay_engine.models import load_policy
 from relay_engine.recipe import Recipe, run_recipe
 from tests.service.stack import Stack, WorkerProcess

@@ -48,7 +48,7 @@ from relay_engine.envs.mapping import (
     subspace,
 )
 from relay_engine.errors import ConfigError
-from relay_engine.families.pi05.evaluate import BlindPolicy
+from relay_engine.families.robot_scores import BlindPolicy
 from relay_engine.samples import Sample
 
 # Environments stepped side by side (one batched forward pass serves them all).

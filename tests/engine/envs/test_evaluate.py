@@ -22,7 +22,7 @@ from relay_engine.envs import DOT_ENV_ID, evaluate_in_env
 from relay_engine.envs.dot import DotEnv
 from relay_engine.envs.dot_world import DotTask
 from relay_engine.errors import ConfigError
-from relay_engine.families.pi05.evaluate import BlindPolicy
+from relay_engine.families.robot_scores import BlindPolicy
 from relay_engine.models import load_policy
 from relay_engine.models.lerobot_files import RobotFeatures
 

@@ -1,4 +1,4 @@
-"""pi05's action scores (families/pi05/evaluate.py) on a policy whose samples are the truth plus
+"""The robot policies' action scores (families/robot_scores.py) on a policy whose samples are the truth plus
 noise: one sampled chunk's error carries the noise, the mean of several chunks cuts it, and the
 spread measures it."""
 
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from relay.events import CHUNKS_PER_FRAME
-from relay_engine.families.pi05.evaluate import evaluate_actions
+from relay_engine.families.robot_scores import evaluate_actions
 
 HORIZON, WIDTH, COLUMNS = 5, 3, 32  # a chunk's steps, the robot's columns, the padded width
 NOISE = 0.5  # the fake policy's sampling standard deviation

@@ -39,7 +39,7 @@ from typer.testing import CliRunner
 from relay.cli import app
 from relay.sft.config import SFTConfig
 from relay_engine.datasets import open_dataset, write_synthetic_dataset
-from relay_engine.families.pi05.evaluate import blind_baseline, evaluate_actions
+from relay_engine.families.robot_scores import blind_baseline, evaluate_actions
 from relay_engine.models import load_policy
 from relay_engine.recipe import Recipe, run_recipe
 

@@ -22,8 +22,8 @@ from relay_engine import Trainer, TrainingArguments
 from relay_engine.datasets import LeRobotDataset, open_dataset, write_synthetic_dataset
 from relay_engine.errors import ConfigError
 from relay_engine.families import family_named
+from relay_engine.families import robot_validation as validation
 from relay_engine.families.base import EvaluationRequest
-from relay_engine.families.pi05 import validation
 from relay_engine.families.pi05.evaluate import flow_loss
 from relay_engine.models import load_policy
 from relay_engine.recipe import Recipe, run_recipe

@@ -65,9 +65,10 @@ class Pi05Family(Family):
         from relay_engine.datasets import open_dataset
         from relay_engine.distributed import Parallel, choose_strategy, gathered_policy
         from relay_engine.families.job_eval import JobEvaluator
+        from relay_engine.families.pi05.evaluate import validation_loss
         from relay_engine.families.pi05.export import write_output
         from relay_engine.families.pi05.learner import Pi05Learner
-        from relay_engine.families.pi05.validation import Validator, split_frames
+        from relay_engine.families.robot_validation import Validator, split_frames
         from relay_engine.models import load_policy
         from relay_engine.models.checkpoints import (
             load_checkpoint,
@@ -129,7 +130,7 @@ class Pi05Family(Family):
                 write_output(whole, output_dir, dataset)
 
         validator = (
-            Validator(model, dataset, split, recipe.seed, context=learner.evaluating)
+            Validator(model, validation_loss(model), dataset, split, recipe.seed, context=learner.evaluating)
             if split.validates
             else None
         )
@@ -177,9 +178,9 @@ class Pi05Family(Family):
         """The mean squared error, in normalized units, of the mean of `request.chunks` action
         chunks sampled per frame against the dataset's chunk (the headline, `mean_action_mse`),
         their spread (`action_spread`), one chunk's error (`mse`), and (with `blind_from`) the
-        blind baseline's (see evaluate.py)."""
+        blind baseline's (see families/robot_scores.py)."""
         from relay_engine.datasets import open_dataset
-        from relay_engine.families.pi05 import evaluate as evaluation
+        from relay_engine.families import robot_scores as evaluation
         from relay_engine.recipe import pick_device
 
         policy = self.load_model(request.model, pick_device(request.device))
@@ -189,7 +190,7 @@ class Pi05Family(Family):
         return evaluation.score_request(policy, data, request, on_progress)
 
     def evaluation_lines(self, report: dict[str, Any], request: EvaluationRequest) -> list[str]:
-        from relay_engine.families.pi05 import evaluate as evaluation
+        from relay_engine.families import robot_scores as evaluation
 
         return evaluation.report_lines(report, request)
 

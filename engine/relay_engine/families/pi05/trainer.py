@@ -40,9 +40,10 @@ from relay_engine.core.schedule import learning_rate
 from relay_engine.datasets import LeRobotDataset
 from relay_engine.distributed import Parallel, batch_slice, choose_strategy, gathered_policy, join, launched
 from relay_engine.errors import ConfigError
+from relay_engine.families.pi05.evaluate import validation_loss
 from relay_engine.families.pi05.export import write_output
 from relay_engine.families.pi05.learner import Pi05Learner
-from relay_engine.families.pi05.validation import FrameSplit, Validator, split_frames
+from relay_engine.families.robot_validation import FrameSplit, Validator, split_frames
 from relay_engine.models import Pi05Batch, Pi05Policy
 from relay_engine.models.checkpoints import load_checkpoint, resolve_checkpoint
 from relay_engine.models.lerobot_files import DescribesRobot
@@ -168,7 +169,14 @@ class Trainer:
         self.validator = (
             None
             if split is None
-            else Validator(self.model, split.dataset, split.frames, args.seed, self.learner.evaluating)
+            else Validator(
+                self.model,
+                validation_loss(self.model),
+                split.dataset,
+                split.frames,
+                args.seed,
+                self.learner.evaluating,
+            )
         )
         self.losses: list[float] = []  # every mini-batch's loss
         self.events: list[Event] = []  # metrics and, with a validation split, validation events

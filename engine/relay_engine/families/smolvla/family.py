@@ -38,12 +38,16 @@ class SmolVLAFamily(Family):
     spec = sdk_families.family_spec(sdk_families.SMOLVLA)
 
     def prepare_recipe(self, run: RecipeRun) -> PreparedRecipe:
-        import numpy as np
-
         from relay_engine.core.checkpoint import write_whole
         from relay_engine.datasets import open_dataset
+        from relay_engine.families.robot_validation import Validator, split_frames
         from relay_engine.families.smolvla.files import BACKBONE_DIR, write_processors
-        from relay_engine.families.smolvla.learner import SmolVLACollate, SmolVLALearner
+        from relay_engine.families.smolvla.learner import (
+            ScoredSmolVLA,
+            SmolVLACollate,
+            SmolVLALearner,
+            validation_loss,
+        )
 
         recipe, config = run.recipe, run.recipe.config
         torch.manual_seed(recipe.seed)
@@ -67,10 +71,19 @@ class SmolVLAFamily(Family):
         stats = dataset.norm_stats
         processor = self.processor(policy, tokenizer, stats)
         learner = SmolVLALearner(policy, seed=recipe.seed, device=run.device)
-        training = (
-            dataset.indices_of_episodes(recipe.episodes)
-            if recipe.episodes is not None
-            else np.arange(len(dataset))
+        # The held-out episodes (validation_episodes) leave the frames the sampler shuffles.
+        split = split_frames(dataset, recipe.episodes, config.validation_episodes, recipe.seed)
+        collate = SmolVLACollate(processor, policy.cameras)
+        validator = (
+            Validator(
+                ScoredSmolVLA(policy, processor),
+                validation_loss(policy, collate),
+                dataset,
+                split,
+                recipe.seed,
+            )
+            if split.validates
+            else None
         )
 
         def write(output_dir: Path) -> None:
@@ -97,13 +110,14 @@ class SmolVLAFamily(Family):
             evaluator = JobEvaluator(acting, stats, config.eval, run.work_dir)
         return PreparedRecipe(
             learner=learner,
-            samples=len(training),
+            samples=len(split.training),
             batch_size=config.batch_size,
-            batches=lerobot_batches(run, dataset, training, SmolVLACollate(processor, policy.cameras)),
+            batches=lerobot_batches(run, dataset, split.training, collate),
             adam=RECIPE_ADAM,
             write_output=write,
             extra={"processes": run.processes},
             data_read=dataset_read(dataset),
+            validate=validator,
             evaluate_in_env=evaluator,
             evaluate_at_checkpoints=config.eval is not None and config.eval.at_checkpoints,
         )
@@ -127,7 +141,7 @@ class SmolVLAFamily(Family):
         """As pi05's: the error of the mean of sampled chunks against the dataset's, in the units
         the model was trained in (mean and std), and the blind baseline's."""
         from relay_engine.datasets import open_dataset
-        from relay_engine.families.pi05 import evaluate as evaluation  # the robot policies' scores
+        from relay_engine.families import robot_scores as evaluation
         from relay_engine.families.smolvla.learner import ScoredSmolVLA
         from relay_engine.recipe import pick_device
 
@@ -155,7 +169,7 @@ class SmolVLAFamily(Family):
         return evaluation.score_request(scored, data, request, on_progress)
 
     def evaluation_lines(self, report: dict[str, Any], request: EvaluationRequest) -> list[str]:
-        from relay_engine.families.pi05 import evaluate as evaluation
+        from relay_engine.families import robot_scores as evaluation
 
         return evaluation.report_lines(report, request)
 

@@ -28,7 +28,10 @@ from relay_engine.core.learner import (
     clipped_adam_step,
     datum_generator,
 )
+from relay_engine.datasets import LeRobotDataset
 from relay_engine.errors import EngineError
+from relay_engine.families.robot_scores import EVAL_BATCH_SIZE
+from relay_engine.families.robot_validation import ValidationLoss
 from relay_engine.families.smolvla.policy import (
     ACTION,
     ACTION_IS_PAD,
@@ -194,9 +197,37 @@ class SmolVLALearner(Learner[SmolVLABatch]):
         self._data_since_step = 0
 
 
+def validation_loss(policy: SmolVLAPolicy, collate: SmolVLACollate) -> ValidationLoss:
+    """SmolVLA's flow-matching loss on held-out frames, as a recipe's Validator asks for it: each
+    frame weighted as in training, the noise and flow times drawn from `seed` in the frames' order,
+    so the same frames give the same loss for the same weights."""
+
+    @torch.no_grad()
+    def loss(dataset: LeRobotDataset, frames: Sequence[int], seed: int) -> float:
+        generator = torch.Generator().manual_seed(seed)
+        device = next(policy.parameters()).device
+        shape = (policy.config.chunk_size, policy.config.max_action_dim)
+        was_training = policy.training
+        policy.eval()
+        weighted, total_weight = 0.0, 0.0
+        try:
+            for start in range(0, len(frames), EVAL_BATCH_SIZE):
+                batch = collate([dataset[i] for i in frames[start : start + EVAL_BATCH_SIZE]]).to(device)
+                noise = torch.randn((batch.batch_size, *shape), generator=generator)
+                time = sample_flow_time(batch.batch_size, generator)
+                per_sample = policy.loss(batch.tensors, noise.to(device), time.to(device), reduction="none")
+                weighted += float((per_sample * batch.weights).sum())
+                total_weight += float(batch.weights.sum())
+        finally:
+            policy.train(was_training)
+        return weighted / max(total_weight, 1e-12)
+
+    return loss
+
+
 class ScoredSmolVLA:
     """SmolVLA as the robot policies' action scores read a policy
-    (relay_engine.families.pi05.evaluate.evaluate_actions): `collate` and `sample_actions`, the
+    (relay_engine.families.robot_scores.evaluate_actions): `collate` and `sample_actions`, the
     chunks over every one of the 32 columns."""
 
     def __init__(self, policy: SmolVLAPolicy, processor: SmolVLAProcessor) -> None:

@@ -117,6 +117,45 @@ def test_a_stopped_recipe_resumes_to_the_uninterrupted_weights(dataset: Path, tm
     assert all(torch.equal(expected[name], got[name]) for name in expected)
 
 
+def test_a_validation_split_is_held_out_and_scored_at_each_checkpoint(dataset: Path, tmp_path: Path) -> None:
+    """validation_episodes as for pi05: the held-out episode's frames never train, and after each
+    checkpoint a ValidationEvent scores them (the loss, the robot scores, the blind baseline); the
+    same weights score the same."""
+    events: list[dict[str, object]] = []
+    config = SFTConfig(
+        model="smolvla-tiny", dataset_name=str(dataset), steps=10, batch_size=4, validation_episodes=[5]
+    )
+    read: list[int] = []
+    data = open_dataset(str(dataset), normalization="mean_std", camera_names="dataset")
+    held_out = set(data.indices_of_episodes([5]).tolist())
+    original = type(data).__getitem__
+
+    def recording(self: object, index: int) -> object:
+        read.append(int(index))
+        return original(self, index)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(data), "__getitem__", recording)
+        result = run_recipe(
+            Recipe(config, checkpoint_every=5, log_every=1),
+            tmp_path / "run",
+            on_event=events.append,
+            should_stop=lambda: False,
+        )
+    assert result.status == "completed"
+    scored = [e for e in events if e.get("event") == "validation"]
+    assert [e["step"] for e in scored] == [5, 10]
+    for event in scored:
+        assert event["episodes"] == 1 and event["frames"] == len(held_out)
+        figures = [event[k] for k in ("validation_loss", "mean_action_mse", "action_mse", "blind_mse")]
+        assert all(isinstance(x, float) and np.isfinite(x) and x > 0 for x in figures), event
+    assert scored[0]["blind_mse"] == scored[1]["blind_mse"]  # the baseline does not train
+    assert scored[0]["validation_loss"] != scored[1]["validation_loss"]  # the weights did
+    # The training sampler never read a held-out frame: only the validator did, after a checkpoint.
+    first_score = read.index(min(held_out)) if min(held_out) in read else len(read)
+    assert not held_out & set(read[:first_score])
+
+
 def test_fields_smolvla_does_not_take_are_refused_naming_them(dataset: Path) -> None:
     for fields, param in (
         ({"cameras": {"base_0_rgb": "observation.images.top"}}, "cameras"),

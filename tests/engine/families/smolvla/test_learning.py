@@ -28,7 +28,7 @@ from relay.sft.config import SFTConfig
 from relay_engine.datasets import open_dataset, write_synthetic_dataset
 from relay_engine.families import family_named
 from relay_engine.families.base import EvaluationRequest
-from relay_engine.families.pi05.evaluate import ActionChunks, blind_baseline, with_norm_stats
+from relay_engine.families.robot_scores import ActionChunks, blind_baseline, with_norm_stats
 from relay_engine.recipe import Recipe, run_recipe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "examples"))

@@ -1,10 +1,11 @@
-"""A recipe's validation split on pi05: which frames train, which held-out frames are scored, and
-the scoring at each checkpoint (docs/evaluation.md, "Validation during training").
+"""A robot recipe's validation split (pi05's, SmolVLA's): which frames train, which held-out frames
+are scored, and the scoring at each checkpoint (docs/evaluation.md, "Validation during training").
 
 `split_frames` resolves a `validation_episodes` (relay.episodes) against the opened dataset: the
 held-out episodes leave the frames the training sampler shuffles, so no step ever reads them.
 `Validator` scores the held-out frames with the evaluator `relay local eval` uses
-(families/pi05/evaluate.py): the flow-matching loss, the error of the mean of CHUNKS_PER_FRAME
+(families/robot_scores.py) and the family's own flow-matching loss (`ValidationLoss`): the loss,
+the error of the mean of CHUNKS_PER_FRAME
 sampled chunks (the headline), their spread, one chunk's error, and the blind baseline's, each with
 the same seeded noise on the same frames every time, so checkpoints compare.
 """
@@ -15,6 +16,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -22,8 +24,12 @@ from relay.episodes import held_out_episodes
 from relay.events import CHUNKS_PER_FRAME, ValidationEvent
 from relay_engine.datasets import LeRobotDataset
 from relay_engine.errors import ConfigError
-from relay_engine.families.pi05.evaluate import ActionChunks, blind_baseline, evaluate_actions, flow_loss
-from relay_engine.models import Pi05Policy
+from relay_engine.families.robot_scores import ActionChunks, blind_baseline, evaluate_actions
+
+# The family's flow-matching loss on held-out frames (dataset, frame indices, seed) -> their mean:
+# the same noise for the same frames every time, so checkpoints compare (pi05:
+# families/pi05/evaluate.py:flow_loss).
+ValidationLoss = Callable[[LeRobotDataset, Sequence[int], int], float]
 
 # Held-out frames scored at each checkpoint, at most, evenly spaced over the held-out episodes:
 # 256 frames keep a checkpoint's scoring to seconds (each frame's prefix pass, then 10 denoising
@@ -86,13 +92,15 @@ class Validator:
 
     def __init__(
         self,
-        policy: Pi05Policy,
+        policy: Any,
+        loss: ValidationLoss,
         dataset: LeRobotDataset,
         split: FrameSplit,
         seed: int,
         context: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> None:
-        self.policy = policy
+        self.policy = policy  # what evaluate_actions scores: `collate` and `sample_actions`
+        self.loss = loss
         self.dataset = dataset
         self.frames = [int(i) for i in split.scored]
         self.episodes = len(split.held_out_episodes)
@@ -105,7 +113,7 @@ class Validator:
     def __call__(self, step: int) -> ValidationEvent:
         started = time.perf_counter()
         with self.context():
-            loss = flow_loss(self.policy, self.dataset, self.frames, seed=self.seed)
+            loss = self.loss(self.dataset, self.frames, self.seed)
             actions = evaluate_actions(
                 self.policy, self.dataset, self.frames, seed=self.seed, chunks=CHUNKS_PER_FRAME
             )
