@@ -56,6 +56,10 @@ RELAY_CONFIG_FILE = "relay_config.json"
 LEROBOT_CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 RELAY_CONFIG_FORMAT = "relay-pi05"
+# Relay's record of which model a family's output is: relay_config.json with a format of
+# "relay-<family>" and the model's name (pi05's holds its whole config; SmolVLA's only the name,
+# since lerobot's config.json holds the rest).
+RELAY_CONFIG_PREFIX = "relay-"
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ def checkpoint_model(directory: Path) -> str | None:
             return None
         if not isinstance(data, dict):
             return None
-        if data.get("format") == RELAY_CONFIG_FORMAT:
+        if str(data.get("format", "")).startswith(RELAY_CONFIG_PREFIX):
             return str(data.get("model")) if data.get("model") else None
         # lerobot's policy type names the family, whose published size has the same name.
         kind = data.get("type")

@@ -209,7 +209,6 @@ def _smolvla_spec() -> FamilySpec:
             "cameras": "SmolVLA reads every camera of the dataset, under the dataset's own names",
             "targets": "SmolVLA trains what lerobot trains by default: the action expert and the "
             "state, action and time projections",
-            "from_checkpoint": "SmolVLA starts from its base so far",
         },
         loss_names=("flow_matching",),
         # A base acts for no robot's cameras yet: deployments serve a fine-tune's output.

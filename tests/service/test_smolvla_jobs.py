@@ -67,6 +67,17 @@ def test_a_smolvla_job_runs_to_completion_with_lerobot_s_files(
     tuned = SmolVLAPolicy.from_lerobot(target, target / "vlm")
     assert tuned.action_dim > 0 and tuned.cameras
 
+    # A second job starts from the first's weights, by its id (the worker finds its output).
+    again = train(
+        SFTConfig(
+            model="smolvla-tiny", dataset_name=str(dataset), batch_size=4, steps=2, from_checkpoint=job.id
+        ),
+        client=client,
+    ).wait(poll=1)
+    assert again.status == "completed", again.error
+    weights = again.refresh().to_dict()["weights"]  # where its starting weights came from
+    assert weights["job"] == job.id and weights["model"] == "smolvla-tiny", weights
+
 
 @pytest.mark.parametrize(
     ("fields", "param"),

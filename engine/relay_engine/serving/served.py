@@ -1,6 +1,6 @@
 """What the policy server asks of a served model, and the loading of one by what it is.
 
-A pi05 policy (`ServedPolicy`: observations -> action chunks) and a tuned RT-J
+A robot policy (`ServedPolicy`, pi05's or a tuned SmolVLA: observations -> action chunks) and a tuned RT-J
 (`ServedRelationalModel`: entity rows -> predictions) both `decode` one request item into the
 model's input (a ConfigError naming the field when it is wrong) and `act` on many in ONE batched
 forward pass, so the same Batcher and server front serve either. `answers` says which endpoints

@@ -1,5 +1,6 @@
-"""The policy server: one loaded model behind HTTP: a pi05 policy (also over openpi's websocket
-protocol), or a tuned RT-J answering predictions for entity rows of its database.
+"""The policy server: one loaded model behind HTTP: a robot policy, pi05's or a tuned SmolVLA (also
+over openpi's websocket protocol), or a tuned RT-J answering predictions for entity rows of its
+database.
 
 A deployment's worker runs it (the API proxies to it) and `relay serve` runs it on the user's
 own machine. `start_policy_server(model)` loads the model once, starts the inference thread
@@ -20,7 +21,7 @@ token is set):
   "score"}, ...], "timing"}`; a key the entity table lacks is a 404 naming the field.
 - `GET /metadata`, `GET /stats`, `GET /healthz`.
 
-A pi05 policy's server answers `/predictions` with a 400 saying to use `/actions`; an RT-J's
+A robot policy's server answers `/predictions` with a 400 saying to use `/actions`; an RT-J's
 answers `/actions` with a 400 and refuses the websocket (HTTP 400, or close 1008 where the
 server cannot answer a handshake with HTTP) saying to use `/predictions`.
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from relay_engine.datasets import NormStats
     from relay_engine.families.smolvla.policy import SmolVLAPolicy
     from relay_engine.families.smolvla.processor import SmolVLAProcessor
+    from relay_engine.models.checkpoints import Checkpoint
     from relay_engine.serving.served import ServedModel
 
 # lerobot's SmolVLA optimizer (optimizer_betas, optimizer_eps, optimizer_weight_decay,
@@ -41,7 +42,7 @@ class SmolVLAFamily(Family):
         from relay_engine.core.checkpoint import write_whole
         from relay_engine.datasets import open_dataset
         from relay_engine.families.robot_validation import Validator, split_frames
-        from relay_engine.families.smolvla.files import BACKBONE_DIR, write_processors
+        from relay_engine.families.smolvla.files import BACKBONE_DIR, write_processors, write_relay_config
         from relay_engine.families.smolvla.learner import (
             ScoredSmolVLA,
             SmolVLACollate,
@@ -51,7 +52,13 @@ class SmolVLAFamily(Family):
 
         recipe, config = run.recipe, run.recipe.config
         torch.manual_seed(recipe.seed)
-        policy, backbone_dir = self.base_policy(config.model)
+        # The checkpoint first: a wrong architecture or a missing repo is said before any dataset is read.
+        checkpoint = self._checkpoint(config.from_checkpoint, config.model, recipe.checkpoint_output)
+        policy, backbone_dir = (
+            self.base_policy(config.model)
+            if checkpoint is None
+            else self._checkpoint_policy(checkpoint, config.model)
+        )
         # The tokenizer before the dataset: a missing one is said at once.
         tokenizer = self.tokenizer(policy, backbone_dir)
         dataset = open_dataset(
@@ -62,6 +69,10 @@ class SmolVLAFamily(Family):
             normalization="mean_std",
             camera_names="dataset",
         )
+        if checkpoint is not None and config.normalization == "checkpoint":
+            from relay_engine.models.checkpoints import use_checkpoint_norm_stats
+
+            use_checkpoint_norm_stats(dataset, checkpoint)
         summary = dataset.summary
         if not summary.cameras:
             raise ConfigError(f"dataset_name: {config.dataset_name} has no camera; SmolVLA reads images")
@@ -95,6 +106,7 @@ class SmolVLAFamily(Family):
                 assert policy.lerobot_config is not None  # save_lerobot wrote it
                 write_processors(directory, policy.lerobot_config, stats)
                 (directory / "norm_stats.json").write_text(stats.to_json())
+                write_relay_config(directory, config.model)
                 if backbone_dir is not None:
                     # The backbone's config and tokenizer beside the weights: the output loads anywhere.
                     shutil.copytree(backbone_dir, directory / BACKBONE_DIR, dirs_exist_ok=True)
@@ -117,10 +129,43 @@ class SmolVLAFamily(Family):
             write_output=write,
             extra={"processes": run.processes},
             data_read=dataset_read(dataset),
+            weights_read=(lambda step: checkpoint.event(step, config.model))
+            if checkpoint is not None
+            else None,
             validate=validator,
             evaluate_in_env=evaluator,
             evaluate_at_checkpoints=config.eval is not None and config.eval.at_checkpoints,
         )
+
+    @staticmethod
+    def _checkpoint(value: str | None, model: str, job_output: str | None) -> Checkpoint | None:
+        """A recipe's from_checkpoint resolved (a directory, a fine-tune's output, a Hub repo fetched
+        into the Hub cache), refused naming both models when it holds another model's weights."""
+        from relay.checkpoints import architecture_mismatch, checkpoint_model
+        from relay_engine.models.checkpoints import resolve_checkpoint
+
+        if value is None:
+            return None
+        checkpoint = resolve_checkpoint(value, Path(job_output) if job_output is not None else None)
+        found = checkpoint_model(checkpoint.directory)
+        if found != model:
+            if found is None:
+                raise ConfigError(
+                    f"bad from_checkpoint: {value} holds no SmolVLA (no lerobot config.json of type smolvla)",
+                    param="from_checkpoint",
+                )
+            raise ConfigError(architecture_mismatch(model, found, value), param="from_checkpoint")
+        return checkpoint
+
+    def _checkpoint_policy(self, checkpoint: Checkpoint, model: str) -> tuple[SmolVLAPolicy, Path | None]:
+        """The checkpoint's weights, loaded strictly, with its own backbone files (a Relay output's
+        vlm/), else the base's (the same architecture: checkpoint_model said so)."""
+        from relay_engine.families.smolvla.files import BACKBONE_DIR, base_files
+        from relay_engine.families.smolvla.policy import SmolVLAPolicy
+
+        own = checkpoint.directory / BACKBONE_DIR
+        backbone_dir = own if own.is_dir() else base_files(model)[1]
+        return SmolVLAPolicy.from_lerobot(checkpoint.directory, backbone_dir), backbone_dir
 
     def base_policy(self, model: str) -> tuple[SmolVLAPolicy, Path | None]:
         from relay_engine.families.smolvla.files import base_files

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from relay.checkpoints import RELAY_CONFIG_FILE, RELAY_CONFIG_PREFIX
 from relay_engine.datasets.norm_stats import NormStats
 from relay_engine.errors import ConfigError
 from relay_engine.families.smolvla.config import DEFAULT_BACKBONE
@@ -35,6 +36,13 @@ PREPROCESSOR = "policy_preprocessor"
 POSTPROCESSOR = "policy_postprocessor"
 NORMALIZER_FILE = f"{PREPROCESSOR}_step_5_normalizer_processor.safetensors"
 UNNORMALIZER_FILE = f"{POSTPROCESSOR}_step_0_unnormalizer_processor.safetensors"
+
+
+def write_relay_config(directory: Path, model: str) -> None:
+    """Relay's record of which model the output is (smolvla or smolvla-tiny: lerobot's config.json
+    says only "smolvla"), read by relay.checkpoints.checkpoint_model."""
+    record = {"format": f"{RELAY_CONFIG_PREFIX}smolvla", "model": model}
+    (directory / RELAY_CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
 def robot_features(

@@ -25,7 +25,7 @@ from relay_engine.core.session import Session
 from relay_engine.datasets.norm_stats import NormStats, Stats
 from relay_engine.errors import EngineError
 from relay_engine.families.robot_datums import check_frame_sizes, datum_to_sample
-from relay_engine.families.smolvla.files import BACKBONE_DIR, write_processors
+from relay_engine.families.smolvla.files import BACKBONE_DIR, write_processors, write_relay_config
 from relay_engine.families.smolvla.learner import SmolVLABatch, SmolVLACollate, SmolVLALearner
 from relay_engine.samples import Sample
 
@@ -177,6 +177,7 @@ class SmolVLASession(Session[SmolVLABatch]):
             assert self.policy.lerobot_config is not None  # save_lerobot wrote it
             write_processors(target, self.policy.lerobot_config, stats)
             (target / "norm_stats.json").write_text(stats.to_json())
+            write_relay_config(target, self.base_model)
             if backbone_dir is not None:
                 shutil.copytree(backbone_dir, target / BACKBONE_DIR, dirs_exist_ok=True)
 

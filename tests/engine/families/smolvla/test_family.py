@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -156,13 +157,67 @@ def test_a_validation_split_is_held_out_and_scored_at_each_checkpoint(dataset: P
     assert not held_out & set(read[:first_score])
 
 
+def test_a_recipe_starts_from_a_smolvla_checkpoint_and_refuses_another_model_s(
+    dataset: Path, tmp_path: Path
+) -> None:
+    quiet: dict[str, Any] = {"on_event": lambda e: None, "should_stop": lambda: False}
+    first = run_recipe(recipe(dataset, steps=4), tmp_path / "first", **quiet)
+    assert json.loads((first.output_dir / "relay_config.json").read_text())["model"] == "smolvla-tiny"
+    events: list[dict[str, object]] = []
+    config = SFTConfig(
+        model="smolvla-tiny",
+        dataset_name=str(dataset),
+        steps=1,
+        batch_size=4,
+        learning_rate=1e-12,  # one step that barely moves: the output is the weights it started from
+        from_checkpoint=str(first.output_dir),
+    )
+    second = run_recipe(
+        Recipe(config), tmp_path / "second", on_event=events.append, should_stop=lambda: False
+    )
+    [weights] = [e for e in events if e.get("event") == "weights"]
+    assert (weights["step"], weights["model"], weights["path"]) == (0, "smolvla-tiny", str(first.output_dir))
+    started = load_file(str(first.output_dir / "model.safetensors"))
+    ended = load_file(str(second.output_dir / "model.safetensors"))
+    base = load_file(str(TINY_BASE_DIR / "model.safetensors"))
+    assert all(torch.allclose(ended[name], started[name], rtol=0, atol=1e-9) for name in started)
+    assert any(not torch.equal(started[name], base[name]) for name in base)
+
+    # normalization "checkpoint": another recording of the robot, normalized as the checkpoint was.
+    other = write_synthetic_dataset(
+        tmp_path / "other",
+        episodes=4,
+        episode_length=(8, 14),
+        cameras=CAMERAS,
+        state_dim=3,
+        action_dim=2,
+        seed=7,
+    )
+    own = config.model_copy(update={"dataset_name": str(other), "normalization": "checkpoint"})
+    third = run_recipe(Recipe(own), tmp_path / "own-stats", **quiet)
+    stats = (first.output_dir / "norm_stats.json").read_text()
+    assert (third.output_dir / "norm_stats.json").read_text() == stats
+    assert open_dataset(str(other), normalization="mean_std").norm_stats.to_json() != stats
+
+    # A pi05-tiny output named as a SmolVLA's starting point: refused before any dataset is read.
+    pi05_output = tmp_path / "pi05-output"
+    pi05_output.mkdir()
+    (pi05_output / "model.safetensors").write_bytes(b"")
+    (pi05_output / "relay_config.json").write_text(json.dumps({"format": "relay-pi05", "model": "pi05-tiny"}))
+    refused_config = config.model_copy(update={"from_checkpoint": str(pi05_output)})
+    with pytest.raises(ConfigError) as refused:
+        run_recipe(
+            Recipe(refused_config), tmp_path / "third", on_event=lambda e: None, should_stop=lambda: False
+        )
+    assert f'"{pi05_output}" holds pi05-tiny weights, and model is "smolvla-tiny"' in str(refused.value)
+
+
 def test_fields_smolvla_does_not_take_are_refused_naming_them(dataset: Path) -> None:
     for fields, param in (
         ({"cameras": {"base_0_rgb": "observation.images.top"}}, "cameras"),
         ({"targets": ["vision"]}, "targets"),
         ({"finetune": "lora"}, "finetune"),
         ({"gpus": 2}, "gpus"),
-        ({"from_checkpoint": "/tmp/somewhere"}, "from_checkpoint"),
     ):
         with pytest.raises(ConfigError) as refused:
             SFTConfig.parse({"model": "smolvla-tiny", "dataset_name": str(dataset), **fields})
