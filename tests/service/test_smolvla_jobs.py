@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -133,22 +134,22 @@ def test_a_tuned_smolvla_is_deployed_and_answers_actions_through_the_api(
             "prompt": "move to the dot",
         }
         served = deployment.actions(observation, seed=5)
-        local = start_policy_server(weights, options=ServingOptions(device="cpu"))
-        try:
-            body = {
-                "observation": {
-                    **observation,
-                    "images": {n: png(i) for n, i in observation["images"].items()},
-                },
-                "seed": 5,
-            }
-            expected = httpx.post(f"{local.url}/actions", json=body, timeout=60).json()["actions"]
-        finally:
-            local.stop()
-        np.testing.assert_allclose(served, np.asarray(expected), atol=1e-4)
+        np.testing.assert_allclose(served, local_answer(weights, observation, seed=5), atol=1e-4)
     finally:
         deployment.stop()
         serving.stop()
+
+
+def local_answer(weights: Path, observation: dict[str, Any], seed: int) -> np.ndarray:
+    """The chunk a policy server started here on `weights` answers for the observation (its images
+    as uint8 arrays) and seed: what a deployment of the same weights must answer."""
+    local = start_policy_server(weights, options=ServingOptions(device="cpu"))
+    try:
+        images = {name: png(frame) for name, frame in observation["images"].items()}
+        body = {"observation": {**observation, "images": images}, "seed": seed}
+        return np.asarray(httpx.post(f"{local.url}/actions", json=body, timeout=60).json()["actions"])
+    finally:
+        local.stop()
 
 
 def _ask_stray_deployments_to_stop(stack: Stack) -> None:

@@ -15,10 +15,8 @@ from relay.errors import RequestFailedError
 from relay.http_client import Client
 from relay.serving import deploy
 from relay.training import ServiceClient, types
-from relay_worker.serving.server import ServingOptions, start_policy_server
 from tests.service.stack import Stack, WorkerProcess
-from tests.service.test_smolvla_jobs import _ask_stray_deployments_to_stop
-from tests.serving.conftest import png_base64 as png
+from tests.service.test_smolvla_jobs import _ask_stray_deployments_to_stop, local_answer
 
 pytestmark = pytest.mark.slow
 
@@ -134,14 +132,7 @@ def test_a_smolvla_sessions_saved_weights_are_deployed(
         request = {"images": raw["image"], "state": raw["state"].tolist(), "prompt": raw["prompt"]}
         served = deployment.actions(request, seed=5)
         assert served.shape == (CHUNK, 6)
-        local = start_policy_server(Path(sampler.path), options=ServingOptions(device="cpu"))
-        try:
-            images = {name: png(frame) for name, frame in request["images"].items()}
-            body = {"observation": {**request, "images": images}, "seed": 5}
-            expected = httpx.post(f"{local.url}/actions", json=body, timeout=60).json()["actions"]
-        finally:
-            local.stop()
-        np.testing.assert_allclose(served, np.asarray(expected), atol=1e-4)
+        np.testing.assert_allclose(served, local_answer(Path(sampler.path), request, seed=5), atol=1e-4)
     finally:
         deployment.stop()
         serving.stop()
