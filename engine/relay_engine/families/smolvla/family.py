@@ -159,12 +159,13 @@ class SmolVLAFamily(Family):
 
     def _checkpoint_policy(self, checkpoint: Checkpoint, model: str) -> tuple[SmolVLAPolicy, Path | None]:
         """The checkpoint's weights, loaded strictly, with its own backbone files (a Relay output's
-        vlm/), else the base's (the same architecture: checkpoint_model said so)."""
-        from relay_engine.families.smolvla.files import BACKBONE_DIR, base_files
+        vlm/), else the base's (the same architecture: checkpoint_model said so; the base's weights
+        are not fetched for them)."""
+        from relay_engine.families.smolvla.files import BACKBONE_DIR, base_backbone
         from relay_engine.families.smolvla.policy import SmolVLAPolicy
 
         own = checkpoint.directory / BACKBONE_DIR
-        backbone_dir = own if own.is_dir() else base_files(model)[1]
+        backbone_dir = own if own.is_dir() else base_backbone(model)
         return SmolVLAPolicy.from_lerobot(checkpoint.directory, backbone_dir), backbone_dir
 
     def base_policy(self, model: str) -> tuple[SmolVLAPolicy, Path | None]:

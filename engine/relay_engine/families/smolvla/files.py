@@ -177,10 +177,17 @@ def base_files(model: str) -> tuple[Path, Path | None]:
     """A base model's directory (config.json, model.safetensors) and its backbone's (config and
     tokenizer): smolvla-tiny's are shipped; smolvla's weights come from the Hub, its backbone from
     the local directory its config.json's vlm_model_name names (None: that name as it is)."""
+    backbone = base_backbone(model)
+    return (TINY_BASE_DIR if model == "smolvla-tiny" else _fetch_base(BASE_REPO)), backbone
+
+
+def base_backbone(model: str) -> Path | None:
+    """A base model's backbone files (config and tokenizer), without its weights: smolvla-tiny's
+    shipped ones, smolvla's from the Hub cache (None where they are not there)."""
     if model == "smolvla-tiny":
-        return TINY_BASE_DIR, TINY_BASE_DIR / BACKBONE_DIR
+        return TINY_BASE_DIR / BACKBONE_DIR
     if model == "smolvla":
-        return _fetch_base(BASE_REPO), cached_backbone(DEFAULT_BACKBONE)
+        return cached_backbone(DEFAULT_BACKBONE)
     raise ConfigError(f"unknown SmolVLA model {model!r}; known: smolvla, smolvla-tiny", param="model")
 
 

@@ -5,6 +5,7 @@ run, and `relay local train` / `relay local eval` on it."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,12 @@ def test_a_recipe_starts_from_a_smolvla_checkpoint_and_refuses_another_model_s(
     base = load_file(str(TINY_BASE_DIR / "model.safetensors"))
     assert all(torch.allclose(ended[name], started[name], rtol=0, atol=1e-9) for name in started)
     assert any(not torch.equal(started[name], base[name]) for name in base)
+
+    # lerobot's own layout has no vlm/: the base's backbone files serve (the same architecture).
+    bare = tmp_path / "bare"
+    shutil.copytree(first.output_dir, bare, ignore=shutil.ignore_patterns("vlm"))
+    from_bare = config.model_copy(update={"from_checkpoint": str(bare)})
+    assert run_recipe(Recipe(from_bare), tmp_path / "from-bare", **quiet).status == "completed"
 
     # normalization "checkpoint": another recording of the robot, normalized as the checkpoint was.
     other = write_synthetic_dataset(
