@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from sqlalchemy import func, update
 
+from relay.events import eval_report_path
 from relay.http_client import Client
 from relay.serving import deploy
 from relay.sft.config import SFTConfig
@@ -78,6 +79,25 @@ def test_a_smolvla_job_runs_to_completion_with_lerobot_s_files(
     assert again.status == "completed", again.error
     weights = again.refresh().to_dict()["weights"]  # where its starting weights came from
     assert weights["job"] == job.id and weights["model"] == "smolvla-tiny", weights
+
+
+def test_a_smolvla_job_s_eval_block_runs_it_in_the_simulator_on_the_worker(
+    stack: Stack, worker: WorkerProcess, client: Client, dataset: Path
+) -> None:
+    """The recipe's eval block on the service: the worker runs the SmolVLA it trained in relay/Dot-v0
+    (its cameras by the dataset's names), and the job reports the evaluation and keeps its files."""
+    block = {"env": "relay/Dot-v0", "episodes": 2, "max_steps": 5, "videos": 1}
+    config = SFTConfig(model="smolvla-tiny", dataset_name=str(dataset), batch_size=4, steps=3, eval=block)
+    job = train(config, client=client).wait(poll=1)
+    assert job.status == "completed", job.error
+    [evaluation] = job.evaluations()
+    assert (evaluation.step, evaluation.env, evaluation.episodes) == (3, "relay/Dot-v0", 2)
+    assert 1 <= evaluation.mean_length <= 5 and evaluation.videos == ["eval/step-00000003/episode_0000.mp4"]
+    headers = {"authorization": f"Bearer {client.api_key}"}
+    files = httpx.get(f"{stack.api_url}/v1/fine-tunes/{job.id}/files", headers=headers).json()["data"]
+    assert {eval_report_path(3), *evaluation.videos} <= {f["path"] for f in files}
+    card = job.summary()
+    assert card.eval is not None and card.eval.evaluated == 1
 
 
 @pytest.mark.parametrize(
