@@ -20,6 +20,7 @@ from relay.errors import ConfigError
 from relay.sft.config import SFTConfig
 from relay_engine.datasets import open_dataset, write_synthetic_dataset
 from relay_engine.families import family_for, family_owning
+from relay_engine.families.robot_validation import Validator
 from relay_engine.families.smolvla.files import TINY_BASE_DIR
 from relay_engine.families.smolvla.policy import SmolVLAPolicy
 from relay_engine.recipe import Recipe, run_recipe
@@ -127,17 +128,27 @@ def test_a_validation_split_is_held_out_and_scored_at_each_checkpoint(dataset: P
     config = SFTConfig(
         model="smolvla-tiny", dataset_name=str(dataset), steps=10, batch_size=4, validation_episodes=[5]
     )
-    read: list[int] = []
+    # Each frame read, and whether the validator read it (inside Validator.__call__) or training did.
+    read: list[tuple[bool, int]] = []
+    validating = [False]
     data = open_dataset(str(dataset), normalization="mean_std", camera_names="dataset")
     held_out = set(data.indices_of_episodes([5]).tolist())
-    original = type(data).__getitem__
+    original_read, original_score = type(data).__getitem__, Validator.__call__
 
     def recording(self: object, index: int) -> object:
-        read.append(int(index))
-        return original(self, index)  # type: ignore[arg-type]
+        read.append((validating[0], int(index)))
+        return original_read(self, index)  # type: ignore[arg-type]
+
+    def scoring(self: Validator, step: int) -> object:
+        validating[0] = True
+        try:
+            return original_score(self, step)
+        finally:
+            validating[0] = False
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(type(data), "__getitem__", recording)
+        patch.setattr(Validator, "__call__", scoring)
         result = run_recipe(
             Recipe(config, checkpoint_every=5, log_every=1),
             tmp_path / "run",
@@ -153,9 +164,11 @@ def test_a_validation_split_is_held_out_and_scored_at_each_checkpoint(dataset: P
         assert all(isinstance(x, float) and np.isfinite(x) and x > 0 for x in figures), event
     assert scored[0]["blind_mse"] == scored[1]["blind_mse"]  # the baseline does not train
     assert scored[0]["validation_loss"] != scored[1]["validation_loss"]  # the weights did
-    # The training sampler never read a held-out frame: only the validator did, after a checkpoint.
-    first_score = read.index(min(held_out)) if min(held_out) in read else len(read)
-    assert not held_out & set(read[:first_score])
+    # Training never read a held-out frame, and the validator read only those.
+    trained_on = {index for by_validator, index in read if not by_validator}
+    scored_frames = {index for by_validator, index in read if by_validator}
+    assert trained_on and not trained_on & held_out
+    assert scored_frames == held_out
 
 
 def test_a_recipe_starts_from_a_smolvla_checkpoint_and_refuses_another_model_s(
