@@ -13,6 +13,7 @@ episodes, seed 1000: success is reaching the orange dot within 50 steps) beside 
 
     python bench/bench_smolvla_tiny.py                 # seeds 0 1 2, 1,500 steps
     python bench/bench_smolvla_tiny.py --steps 500 --seeds 0
+    python bench/bench_smolvla_tiny.py --finetune lora  # LoRA where lerobot puts it, rank 32
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--finetune", choices=["full", "lora"], default="full")
+    parser.add_argument("--lora-rank", type=int, default=32)
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-smolvla-"))
     task = {"colours": ["orange"], "cameras": CAMERAS, "episode_length": (20, 30), **LAYOUT}
@@ -86,7 +89,13 @@ def main() -> None:
     print(f"{header}  {'success':>7}  {'steps':>6}")
     ratios = []
     for seed in args.seeds:
-        config = SFTConfig(model="smolvla-tiny", dataset_name=str(train_dir), steps=args.steps)
+        config = SFTConfig(
+            model="smolvla-tiny",
+            dataset_name=str(train_dir),
+            steps=args.steps,
+            finetune=args.finetune,
+            lora_rank=args.lora_rank,
+        )
         started = time.perf_counter()
         result = run_recipe(
             Recipe(config, seed=seed),
@@ -106,7 +115,7 @@ def main() -> None:
     print(
         f"vs blind: median {statistics.median(ratios):.2f}x, worst {min(ratios):.2f}x over seeds {args.seeds}"
     )
-    print(f"base vs blind: {blind / base['mean_action_mse']:.2f}x; work directory {work}")
+    print(f"base vs blind: {blind / base['mean_action_mse']:.2f}x; finetune {args.finetune}; work directory {work}")
 
 
 if __name__ == "__main__":

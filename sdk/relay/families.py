@@ -36,8 +36,12 @@ class FamilySpec:
     model_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # Whether a recipe names a task (a relational database's task table): required or refused.
     task: Literal["required", "refused"] = "refused"
-    # The one way the family tunes, forced on a recipe or session that names none; None: any.
+    # The way the family tunes where a recipe or session names none, and the one way its sessions
+    # tune; None: any, LoRA by default.
     finetune: str | None = None
+    # The ways its recipes may tune, where more than `finetune`'s (SmolVLA's recipes take LoRA
+    # too); None: `finetune`'s alone.
+    recipe_finetunes: tuple[str, ...] | None = None
     # The most processes (GPUs) one job runs on; None: as many as the job asks.
     max_gpus: int | None = None
     # How a dataset name of the family's own kind of data is told from a LeRobot dataset (RT-J's: a
@@ -74,6 +78,13 @@ class FamilySpec:
     @property
     def one_process(self) -> bool:
         return self.max_gpus == 1
+
+    @property
+    def recipe_ways(self) -> tuple[str, ...] | None:
+        """The ways its recipes may tune; None: any."""
+        if self.recipe_finetunes is not None:
+            return self.recipe_finetunes
+        return None if self.finetune is None else (self.finetune,)
 
 
 _SPECS: dict[str, FamilySpec] = {}
@@ -201,8 +212,10 @@ def _smolvla_spec() -> FamilySpec:
             "smolvla-tiny": {"learning_rate": 1e-3, "batch_size": 16},
         },
         # "full" is what lerobot trains by default: the action expert and the state, action and time
-        # projections, the backbone as it is (train_expert_only, freeze_vision_encoder).
+        # projections, the backbone as it is (train_expert_only, freeze_vision_encoder). "lora"
+        # adapts where lerobot's PEFT option does by default (relay_engine.families.smolvla.tuning).
         finetune="full",
+        recipe_finetunes=("full", "lora"),
         max_gpus=1,
         refused_fields={
             "tasks_dir": "tasks_dir holds a relational database's tasks, for rt-j models",

@@ -384,9 +384,17 @@ def cpu_refusal(model: str, planned: MemoryPlan | None, where: str) -> str:
     if planned is not None:
         size += f"; this job's memory plan needs about {planned.total / GB:.0f} GB on a CPU"
     return (
-        f"{size}, and {where}: use pi05-tiny here, or a GPU; "
+        f"{size}, and {where}: use {_cpu_sized_kin(model)} here, or a GPU; "
         "RELAY_ALLOW_CPU_FULL_SIZE=true lets a CPU train it"
     )
+
+
+def _cpu_sized_kin(model: str) -> str:
+    """The models of `model`'s own family that a CPU trains (smolvla's: smolvla-tiny): what a
+    refusal on a CPU suggests instead."""
+    spec = families.family_of(model)
+    kin = () if spec is None else tuple(m for m in spec.models if m not in spec.gpu_sized_models)
+    return " or ".join(kin) if kin else "a smaller model"
 
 
 def plan_of_recipe(config: SFTConfig, device: str = "cuda") -> MemoryPlan | None:

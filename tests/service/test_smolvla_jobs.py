@@ -104,7 +104,7 @@ def test_a_smolvla_job_s_eval_block_runs_it_in_the_simulator_on_the_worker(
     ("fields", "param"),
     [
         ({"model": "smolvla-tiny", "cameras": {"base_0_rgb": "observation.images.top"}}, "cameras"),
-        ({"model": "smolvla-tiny", "finetune": "lora"}, "finetune"),
+        ({"model": "smolvla-tiny", "targets": ["vision"]}, "targets"),
         ({"model": "smolvla-tiny", "task": "user-churn"}, "task"),
         ({"model": "smolvla-tiny", "validation_episodes": 1.5}, "validation_episodes"),
     ],

@@ -114,7 +114,10 @@ def train(
         help=f"The peak learning rate, after warmup (default {SFTConfig.default_text('learning_rate')}).",
     ),
     finetune: str | None = typer.Option(
-        None, help=f"lora or full (default {SFTConfig.default_text('finetune')}; rt-j models: full)."
+        None,
+        help=f"lora or full (default {SFTConfig.default('finetune')}; full for "
+        + ", ".join(m for m in families.model_names() if families.model_defaults(m).get("finetune") == "full")
+        + ").",
     ),
     lora_rank: int | None = typer.Option(
         None, help=f"LoRA rank, 1 to {LORA_RANK_MAX} (default {SFTConfig.default('lora_rank')})."

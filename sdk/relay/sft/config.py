@@ -162,8 +162,8 @@ def _schema_rules() -> tuple[dict[str, Any], ...]:
         if spec.task != "required":
             continue
         properties: dict[str, Any] = {"task": {"type": "string"}}
-        if spec.finetune is not None:
-            properties["finetune"] = {"const": spec.finetune}
+        if spec.recipe_ways is not None:
+            properties["finetune"] = {"enum": list(spec.recipe_ways)}
         if spec.max_gpus is not None:
             properties["gpus"] = {"enum": [*range(1, spec.max_gpus + 1), None]}
         for refused in spec.refused_fields:
@@ -387,16 +387,21 @@ class SFTConfig(CheckedConfig):
             )
 
     def _fit_finetune(self, spec: families.FamilySpec) -> None:
-        if spec.finetune is None:
+        ways = spec.recipe_ways
+        if ways is None:
             return
-        if "finetune" in self.model_fields_set and self.finetune != spec.finetune:
+        if "finetune" not in self.model_fields_set:
+            assert spec.finetune is not None  # recipe_ways: a family that names its ways names its default
+            self.finetune = spec.finetune
+        elif self.finetune not in ways:
+            rule = (
+                f'must be "{ways[0]}"' if len(ways) == 1 else "must be " + " or ".join(f'"{w}"' for w in ways)
+            )
             raise ConfigError(
-                f'bad finetune: "{self.finetune}" ({self.model} is tuned in {spec.finetune}: '
-                f'must be "{spec.finetune}")',
+                f'bad finetune: "{self.finetune}" ({self.model} is tuned in {" or ".join(ways)}: {rule})',
                 "finetune",
                 "invalid_value",
             )
-        self.finetune = spec.finetune
 
     def _fit_gpus(self, spec: families.FamilySpec) -> None:
         if spec.max_gpus is None:
@@ -417,7 +422,10 @@ class SFTConfig(CheckedConfig):
         if self.lora_alpha is None:
             self.lora_alpha = float(self.lora_rank)
         if self.targets is None:
-            self.targets = list(catalog.default_targets(self.finetune))
+            spec = families.family_of(self.model)
+            # A family that chooses its own targets (SmolVLA's LoRA included) shows "all" of its choice.
+            refused = spec is not None and "targets" in spec.refused_fields
+            self.targets = list(catalog.default_targets("full" if refused else self.finetune))
         if self.gpus is None and self.finetune == "lora":
             self.gpus = 1  # full's default depends on the workers' hosts: the service fills it in
         if self.gpus is not None and self.gpus > self.batch_size:

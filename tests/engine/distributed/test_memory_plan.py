@@ -180,3 +180,13 @@ def test_the_plan_is_printed_for_the_cpu_too() -> None:
     assert "on the CPU" in shown.output and "fp32 compute" in shown.output and "GPU" not in shown.output
     bad = runner.invoke(app, [*args, "--device", "tpu"])
     assert bad.exit_code == 1 and "bad --device: 'tpu' (must be one of cuda, cpu)" in bad.output
+
+
+@pytest.mark.parametrize(("model", "suggested"), [("pi05", "pi05-tiny"), ("smolvla", "smolvla-tiny")])
+def test_a_refusal_on_a_cpu_suggests_the_models_own_small_kin(model: str, suggested: str) -> None:
+    # A SmolVLA user refused on a CPU was told to use pi05-tiny: another family's model.
+    from relay.memory_plan import cpu_refusal
+
+    message = cpu_refusal(model, None, "every live worker trains on its CPU")
+    assert f"use {suggested} here, or a GPU" in message
+    assert ("pi05-tiny" in message) == (suggested == "pi05-tiny")

@@ -78,6 +78,11 @@ class SmolVLAFamily(Family):
             raise ConfigError(f"dataset_name: {config.dataset_name} has no camera; SmolVLA reads images")
         cameras = {name: (3, height, width) for name, (height, width) in summary.cameras.items()}
         policy.for_robot(cameras, summary.state_dim, summary.action_dim)
+        if config.finetune == "lora":
+            from relay_engine.families.smolvla.tuning import apply_lora
+
+            assert config.lora_alpha is not None  # SFTConfig spells it out
+            apply_lora(policy, config.lora_rank, config.lora_alpha, recipe.seed)
         policy.to(run.device)
         stats = dataset.norm_stats
         processor = self.processor(policy, tokenizer, stats)

@@ -18,6 +18,7 @@ from torch import nn
 from relay_engine.errors import ConfigError
 from relay_engine.families.smolvla.config import SmolVLAConfig, backbone_config, read_lerobot_config
 from relay_engine.families.smolvla.model import PrefixInputs, SmolVLAFlow
+from relay_engine.models.weights import exported_state_dict
 
 STATE = "observation.state"
 ACTION = "action"
@@ -114,13 +115,17 @@ class SmolVLAPolicy(nn.Module):
             )
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "config.json").write_text(json.dumps(self.lerobot_config, indent=4) + "\n")
-        weights = {name: tensor.detach().contiguous() for name, tensor in self.state_dict().items()}
+        # LoRA adapters (relay_engine.families.smolvla.tuning) merged in, under the base's names.
+        weights = {name: tensor.contiguous() for name, tensor in exported_state_dict(self).items()}
         save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
 
     def trainable(self) -> list[nn.Parameter]:
         """What lerobot trains by default (`train_expert_only`, `freeze_vision_encoder`,
         `train_state_proj`): the expert, the action and time projections and the state projection;
-        the backbone stays as it is."""
+        the backbone stays as it is. A policy tuned with LoRA trains its adapters only."""
+        adapters = [p for name, p in self.named_parameters() if ".lora_" in name]
+        if adapters:
+            return adapters
         joint = self.model.vlm_with_expert
         frozen: set[int] = set()
         if self.config.train_expert_only:

@@ -41,8 +41,12 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def recipe(dataset: Path, steps: int = 12, **settings: object) -> Recipe:
-    config = SFTConfig(model="smolvla-tiny", dataset_name=str(dataset), steps=steps, batch_size=4)
+def recipe(
+    dataset: Path, steps: int = 12, fields: dict[str, Any] | None = None, **settings: object
+) -> Recipe:
+    config = SFTConfig(
+        model="smolvla-tiny", dataset_name=str(dataset), steps=steps, batch_size=4, **(fields or {})
+    )
     return Recipe(config, checkpoint_every=5, log_every=1, **settings)  # type: ignore[arg-type]
 
 
@@ -95,14 +99,45 @@ def test_a_recipe_writes_lerobot_files_for_the_dataset_s_robot(dataset: Path, tm
     assert family_owning(str(output)).name == "smolvla"
 
 
-def test_a_stopped_recipe_resumes_to_the_uninterrupted_weights(dataset: Path, tmp_path: Path) -> None:
+def test_a_lora_recipe_adapts_where_lerobot_does_and_writes_plain_lerobot_files(
+    dataset: Path, tmp_path: Path
+) -> None:
+    """finetune "lora": adapters on the expert's query and value projections and on the state,
+    action and time projections (lerobot's PEFT defaults); the output has them merged in under
+    lerobot's names, so it loads strictly as a plain SmolVLA."""
+    result = run_recipe(
+        recipe(dataset, fields={"finetune": "lora", "lora_rank": 4}),
+        tmp_path / "run",
+        on_event=lambda e: None,
+        should_stop=lambda: False,
+    )
+    assert result.status == "completed"
+    saved = load_file(str(result.output_dir / "model.safetensors"))
+    assert not [name for name in saved if "lora_" in name or "base_layer" in name]
+    tuned = SmolVLAPolicy.from_lerobot(result.output_dir, result.output_dir / "vlm")  # strict
+    base = load_file(str(TINY_BASE_DIR / "model.safetensors"))
+    weights = tuned.state_dict()
+    changed = {name for name in base if not torch.equal(weights[name], base[name])}
+    adapted = {name for name in changed if ".lm_expert." in name}
+    assert adapted and all(name.endswith(("q_proj.weight", "v_proj.weight")) for name in adapted)
+    assert "model.action_in_proj.weight" in changed and "model.action_out_proj.weight" in changed
+    # Biases and everything outside the adapted layers stay the base's.
+    assert all(name.endswith(".weight") for name in changed)
+    assert not [name for name in changed if ".vlm." in name or "mlp." in name]
+
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_a_stopped_recipe_resumes_to_the_uninterrupted_weights(
+    dataset: Path, tmp_path: Path, finetune: str
+) -> None:
+    fields = {"finetune": finetune, "lora_rank": 4}
     whole = run_recipe(
-        recipe(dataset), tmp_path / "whole", on_event=lambda e: None, should_stop=lambda: False
+        recipe(dataset, fields=fields), tmp_path / "whole", on_event=lambda e: None, should_stop=lambda: False
     )
     calls = iter(range(100))
     events: list[dict[str, object]] = []
     stopped = run_recipe(
-        recipe(dataset),
+        recipe(dataset, fields=fields),
         tmp_path / "split",
         on_event=events.append,
         should_stop=lambda: next(calls) >= 7,
@@ -111,7 +146,7 @@ def test_a_stopped_recipe_resumes_to_the_uninterrupted_weights(dataset: Path, tm
     assert (stopped.status, stopped.step) == ("stopped", 7)
     events.clear()
     resumed = run_recipe(
-        recipe(dataset), tmp_path / "split", on_event=events.append, should_stop=lambda: False
+        recipe(dataset, fields=fields), tmp_path / "split", on_event=events.append, should_stop=lambda: False
     )
     assert {"step": 7, "event": "resumed"} in events and resumed.step == 12
     expected = load_file(str(whole.output_dir / "model.safetensors"))
@@ -236,7 +271,6 @@ def test_fields_smolvla_does_not_take_are_refused_naming_them(dataset: Path) -> 
     for fields, param in (
         ({"cameras": {"base_0_rgb": "observation.images.top"}}, "cameras"),
         ({"targets": ["vision"]}, "targets"),
-        ({"finetune": "lora"}, "finetune"),
         ({"gpus": 2}, "gpus"),
     ):
         with pytest.raises(ConfigError) as refused:
@@ -293,3 +327,15 @@ def test_smolvla_reads_its_base_from_the_hub_and_its_backbone_from_the_hub_cache
         loaded = smolvla.load_model("smolvla")
     expected = load_file(str(TINY_BASE_DIR / "model.safetensors"))
     assert all(torch.equal(value, expected[name]) for name, value in loaded.state_dict().items())
+
+
+def test_a_smolvla_recipe_tunes_in_full_unless_it_asks_for_lora(dataset: Path) -> None:
+    named = SFTConfig.parse({"model": "smolvla-tiny", "dataset_name": str(dataset)})
+    assert (named.finetune, named.targets) == ("full", ["all"])
+    lora = SFTConfig.parse(
+        {"model": "smolvla", "dataset_name": str(dataset), "finetune": "lora", "lora_rank": 8}
+    )
+    assert (lora.finetune, lora.lora_rank, lora.lora_alpha, lora.targets) == ("lora", 8, 8.0, ["all"])
+    # RT-J still trains in full only.
+    with pytest.raises(ConfigError, match='must be "full"'):
+        SFTConfig.parse({"model": "rt-j-tiny", "dataset_name": str(dataset), "task": "t", "finetune": "lora"})
