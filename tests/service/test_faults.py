@@ -233,6 +233,66 @@ def test_an_attempt_that_lost_its_job_cannot_write(stack: Stack, dataset: Path) 
     assert steps == [10]
 
 
+def test_a_session_or_deployment_holder_that_lost_its_row_cannot_renew_and_its_keeper_says_so(
+    stack: Stack,
+) -> None:
+    """The one fenced renewal (relay_worker.leases) as sessions and deployments use it: once another
+    worker holds the row, the old holder's renewal writes nothing and raises FencedOut, and its
+    keeper thread ends noting `lost`."""
+    from dataclasses import replace
+
+    from relay.serving.config import DeploymentConfig
+    from relay.training.config import SessionConfig
+    from relay_api import deployments, sessions
+    from relay_api.models import deployments as deployment_table
+    from relay_api.models import training_sessions as session_table
+    from relay_worker import deployment_lifecycle, session_lifecycle
+    from relay_worker.deployment import DeploymentKeeper
+    from relay_worker.leases import FencedOut
+    from relay_worker.session import SessionKeeper
+
+    settings = stack.settings.model_copy(update={"heartbeat_seconds": 0.05})
+    owner = user_id(stack, stack.new_user()[1])
+    with stack.sessions() as db:
+        session_row, _ = sessions.create(db, owner, SessionConfig(base_model="pi05-tiny"), None, settings)
+        deployment_row, _ = deployments.create(
+            db, owner, DeploymentConfig(model="pi05-tiny"), "pi05-tiny", None
+        )
+    held = session_lifecycle.claim(stack.sessions, settings, session_row["id"], "first-worker")
+    serving = deployment_lifecycle.claim(stack.sessions, settings, deployment_row["id"], "first-worker")
+    assert held is not None and serving is not None
+    assert session_lifecycle.renew(stack.sessions, settings, held).status == "starting"
+    assert not deployment_lifecycle.renew(stack.sessions, settings, serving).stop_requested
+
+    with stack.sessions() as db:  # another worker holds each row now
+        db.execute(update(session_table).where(session_table.c.id == held.session_id).values(worker="second"))
+        db.execute(
+            update(deployment_table)
+            .where(deployment_table.c.id == serving.deployment_id)
+            .values(attempt=serving.attempt + 1)
+        )
+        db.commit()
+    with pytest.raises(FencedOut):
+        session_lifecycle.renew(stack.sessions, settings, held)
+    with pytest.raises(FencedOut):
+        deployment_lifecycle.renew(stack.sessions, settings, serving, {"requests": 1})
+    with stack.sessions() as db:
+        stats = db.execute(
+            select(deployment_table.c.stats).where(deployment_table.c.id == serving.deployment_id)
+        ).scalar()
+    assert stats is None  # the refused renewal wrote nothing
+
+    keepers = [SessionKeeper(settings, held), DeploymentKeeper(settings, serving)]
+    for keeper in keepers:
+        keeper.start()
+        keeper.join(timeout=10)
+        assert not keeper.is_alive() and keeper.lost, keeper.what
+    # The rightful holder renews on.
+    assert (
+        session_lifecycle.renew(stack.sessions, settings, replace(held, worker="second")).status == "starting"
+    )
+
+
 def worker_owning(workers: list[WorkerProcess], owner: str) -> WorkerProcess:
     """The worker whose pool process is `owner` (host:pid, a job's lease owner)."""
     pid = int(owner.rsplit(":", 1)[1])

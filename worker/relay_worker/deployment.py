@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import logging
 import socket
-import threading
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,7 +26,7 @@ from relay_worker import deployment_lifecycle as lifecycle
 from relay_worker import shutdown
 from relay_worker.deployment_lifecycle import DeploymentClaim
 from relay_worker.fine_tune import public_message, worker_name
-from relay_worker.lifecycle import FencedOut
+from relay_worker.leases import LeaseRenewer
 from relay_worker.serving.server import RunningPolicyServer, ServingOptions, start_policy_server
 
 log = logging.getLogger("relay_worker")
@@ -36,53 +35,24 @@ LOOK_EVERY_SECONDS = 0.2  # how often the host looks at why it might end
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
-class DeploymentKeeper(threading.Thread):
+class DeploymentKeeper(LeaseRenewer[lifecycle.DeploymentState]):
     """Renews the deployment's lease with the server's figures, and notes a stop or a lost claim."""
 
     def __init__(self, settings: Settings, claim: DeploymentClaim) -> None:
-        super().__init__(name=f"lease-{claim.deployment_id}", daemon=True)
-        self.settings = settings
+        super().__init__(settings, claim.deployment_id, "deployment")
         self.claim = claim
         self.db_sessions = worker_session_factory(settings)
         self.server: RunningPolicyServer | None = None  # set once it serves
         self.stop_requested = False
-        self.lost = False
-        self._stopping = threading.Event()
 
-    def run(self) -> None:
-        away_since: float | None = None
-        while not self._stopping.wait(self.settings.heartbeat_seconds):
-            try:
-                state = lifecycle.renew(self.db_sessions, self.settings, self.claim, self.stats())
-            except FencedOut:
-                self.lost = True
-                return
-            except Exception as error:
-                # The database is away: serve on. The lease may lapse meanwhile; the reconcilers
-                # judge no lapsed lease until a lease after the outage, and this keeper renews it
-                # as soon as the database answers (fencing refuses it if another attempt took over).
-                if away_since is None:
-                    away_since = time.monotonic()
-                    log.warning(
-                        "deployment %s: cannot renew its lease (%s); serving goes on",
-                        self.claim.deployment_id,
-                        str(error).splitlines()[0] if str(error) else type(error).__name__,
-                    )
-                continue
-            if away_since is not None:
-                log.warning(
-                    "deployment %s: the database is back after %.1f s; lease renewed",
-                    self.claim.deployment_id,
-                    time.monotonic() - away_since,
-                )
-                away_since = None
-            self.stop_requested = state.stop_requested
+    def renew(self) -> lifecycle.DeploymentState:
+        return lifecycle.renew(self.db_sessions, self.settings, self.claim, self.stats())
+
+    def took(self, state: lifecycle.DeploymentState) -> None:
+        self.stop_requested = state.stop_requested
 
     def stats(self) -> dict[str, Any] | None:
         return None if self.server is None else self.server.stats()
-
-    def stop(self) -> None:
-        self._stopping.set()
 
 
 def run_deployment(deployment_id: str, settings: Settings | None = None, publish: Any = None) -> str:

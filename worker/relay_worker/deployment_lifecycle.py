@@ -26,7 +26,7 @@ from relay_api.db import database_now, rows_changed, unlocked, with_retries
 from relay_api.deployments import STOPPED_BY_USER, record_event
 from relay_api.models import deployments as table
 from relay_api.settings import Settings
-from relay_worker.lifecycle import FencedOut
+from relay_worker.leases import fenced_update, lease_end
 
 
 @dataclass(frozen=True)
@@ -46,10 +46,6 @@ class DeploymentState:
 
     status: str
     stop_requested: bool
-
-
-def _lease(settings: Settings, now: dt.datetime) -> dt.datetime:
-    return now + dt.timedelta(seconds=settings.lease_seconds)
 
 
 def _owned(claim: DeploymentClaim) -> Any:
@@ -78,7 +74,7 @@ def claim(
                 .values(
                     attempt=table.c.attempt + 1,
                     worker=worker,
-                    lease_until=_lease(settings, now),
+                    lease_until=lease_end(settings, now),
                     internal_url=None,
                     updated_at=now,
                 )
@@ -108,24 +104,19 @@ def renew(
 ) -> DeploymentState:
     """Extend the lease (writing the server's figures, if given) and read whether a stop was asked for."""
 
-    def run() -> DeploymentState:
-        now = database_now(db_sessions)
-        values: dict[str, Any] = {"lease_until": _lease(settings, now)}
-        if stats is not None:
-            values["stats"] = stats
-        with db_sessions() as db:
-            row = db.execute(
-                update(table)
-                .where(_owned(claim))
-                .values(values)
-                .returning(table.c.status, table.c.stop_requested_at)
-            ).first()
-            db.commit()
-        if row is None:
-            raise FencedOut(claim.deployment_id)
-        return DeploymentState(row.status, row.stop_requested_at is not None)
+    def values(now: dt.datetime) -> dict[str, Any]:
+        return {"lease_until": lease_end(settings, now), **({} if stats is None else {"stats": stats})}
 
-    return with_retries(run)
+    row = fenced_update(
+        db_sessions,
+        table,
+        _owned(claim),
+        claim.deployment_id,
+        values,
+        table.c.status,
+        table.c.stop_requested_at,
+    )
+    return DeploymentState(row.status, row.stop_requested_at is not None)
 
 
 def mark_ready(
@@ -151,7 +142,7 @@ def mark_ready(
                         failed_starts=0,
                         ready_at=now,
                         updated_at=now,
-                        lease_until=_lease(settings, now),
+                        lease_until=lease_end(settings, now),
                     )
                 )
             )

@@ -47,7 +47,8 @@ from relay_worker.database_snapshot import with_snapshot
 from relay_worker.gang import Gang
 from relay_worker.journal import EventJournal
 from relay_worker.launched import Rendezvous, Role, run_on_processes
-from relay_worker.lifecycle import Claim, FencedOut
+from relay_worker.leases import FencedOut
+from relay_worker.lifecycle import Claim
 
 log = logging.getLogger("relay_worker")
 T = TypeVar("T")

@@ -39,14 +39,11 @@ from relay_api.event_rows import ROW_KEYS, insert_event
 from relay_api.models import fine_tunes
 from relay_api.settings import Settings
 from relay_api.workers import live_workers
+from relay_worker.leases import FencedOut, fenced_update, lease_end
 
 log = logging.getLogger(__name__)
 
 LIVE = (st.RUNNING, st.CANCEL_REQUESTED)
-
-
-class FencedOut(Exception):
-    """This attempt no longer owns the job: a newer attempt claimed it, or it ended."""
 
 
 @dataclass(frozen=True)
@@ -65,10 +62,6 @@ class JobState:
     @property
     def cancel_requested(self) -> bool:
         return self.status == st.CANCEL_REQUESTED
-
-
-def _lease(settings: Settings, now: dt.datetime) -> dt.datetime:
-    return now + dt.timedelta(seconds=settings.lease_seconds)
 
 
 # Claims that ended in a failure; handovers (a worker's shutdown) do not count.
@@ -119,7 +112,7 @@ def claim(db_sessions: sessionmaker[Session], settings: Settings, job_id: str, o
                 .values(
                     status=st.RUNNING,
                     attempt=fine_tunes.c.attempt + 1,
-                    lease_until=_lease(settings, now),
+                    lease_until=lease_end(settings, now),
                     lease_lapsed_at=None,
                     lease_owner=owner,
                     updated_at=now,
@@ -139,21 +132,15 @@ def claim(db_sessions: sessionmaker[Session], settings: Settings, job_id: str, o
 def renew(db_sessions: sessionmaker[Session], settings: Settings, claim: Claim) -> JobState:
     """Extend the lease (the heartbeat) and read whether a cancel was asked for."""
 
-    def run() -> JobState:
-        now = database_now(db_sessions)
-        with db_sessions() as db:
-            status = db.execute(
-                update(fine_tunes)
-                .where(_owned(claim))
-                .values(lease_until=_lease(settings, now))
-                .returning(fine_tunes.c.status)
-            ).scalar()
-            db.commit()
-        if status is None:
-            raise FencedOut(claim.job_id)
-        return JobState(status)
-
-    return with_retries(run)
+    row = fenced_update(
+        db_sessions,
+        fine_tunes,
+        _owned(claim),
+        claim.job_id,
+        lambda now: {"lease_until": lease_end(settings, now)},
+        fine_tunes.c.status,
+    )
+    return JobState(row.status)
 
 
 def observe(db_sessions: sessionmaker[Session], claim: Claim) -> JobState:
@@ -182,7 +169,7 @@ def record_event(
         progress: dict[str, Any] = {
             "step": event.step,
             "updated_at": now,
-            "lease_until": _lease(settings, now),
+            "lease_until": lease_end(settings, now),
         }
         if isinstance(event, MetricsEvent) and event.loss is not None:
             progress["loss"] = float(event.loss)

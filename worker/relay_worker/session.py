@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -42,7 +41,7 @@ from relay_engine.families import family_for
 from relay_worker import session_lifecycle as lifecycle
 from relay_worker import shutdown
 from relay_worker.fine_tune import completed_output, worker_name
-from relay_worker.lifecycle import FencedOut
+from relay_worker.leases import LeaseRenewer
 from relay_worker.session_lifecycle import SessionClaim
 
 CLOSED_BY_CLIENT = "closed by its client"
@@ -58,38 +57,26 @@ WAIT_FOR_CALL_SECONDS = 0.5  # how often the loop looks up from an empty channel
 CHANNEL_PATIENCE_SECONDS = 60.0  # how long a session rides out Redis (or the database) being away
 
 
-class SessionKeeper(threading.Thread):
+class SessionKeeper(LeaseRenewer[lifecycle.SessionState]):
     """Renews the session's lease and notes why it should end: closed, idle, lost."""
 
     def __init__(self, settings: Settings, claim: SessionClaim) -> None:
-        super().__init__(name=f"lease-{claim.session_id}", daemon=True)
-        self.settings = settings
+        super().__init__(settings, claim.session_id, "session")
         self.claim = claim
         self.db_sessions = worker_session_factory(settings)
         self.close_requested = False
-        self.lost = False
         self.last_contact: dt.datetime = utcnow()
         self.counts = lifecycle.SessionCounts()  # the host counts, the keeper reports
-        self._stopping = threading.Event()
 
-    def run(self) -> None:
-        while not self._stopping.wait(self.settings.heartbeat_seconds):
-            try:
-                state = lifecycle.renew(self.db_sessions, self.settings, self.claim, self.counts)
-            except FencedOut:
-                self.lost = True
-                return
-            except Exception:  # the database is away: the lease may lapse, and fencing keeps us honest
-                log.warning("could not renew the lease of %s", self.claim.session_id, exc_info=True)
-                continue
-            self.close_requested = state.close_requested
-            self.last_contact = state.last_contact_at
+    def renew(self) -> lifecycle.SessionState:
+        return lifecycle.renew(self.db_sessions, self.settings, self.claim, self.counts)
+
+    def took(self, state: lifecycle.SessionState) -> None:
+        self.close_requested = state.close_requested
+        self.last_contact = state.last_contact_at
 
     def idle_for(self) -> float:
         return (utcnow() - self.last_contact).total_seconds()
-
-    def stop(self) -> None:
-        self._stopping.set()
 
 
 def run_session(session_id: str, settings: Settings | None = None) -> str:

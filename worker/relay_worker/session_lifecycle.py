@@ -21,7 +21,7 @@ from relay_api.db import database_now, rows_changed, unlocked, with_retries
 from relay_api.models import training_sessions as table
 from relay_api.sessions import WORKER_LOST
 from relay_api.settings import Settings
-from relay_worker.lifecycle import FencedOut
+from relay_worker.leases import fenced_update, lease_end
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,6 @@ class SessionState:
     close_requested: bool
 
 
-def _lease(settings: Settings, now: dt.datetime) -> dt.datetime:
-    return now + dt.timedelta(seconds=settings.lease_seconds)
-
-
 def _owned(claim: SessionClaim) -> Any:
     return and_(table.c.id == claim.session_id, table.c.worker == claim.worker, table.c.status.in_(st.LIVE))
 
@@ -72,7 +68,7 @@ def claim(
             row = db.execute(
                 update(table)
                 .where(table.c.id == session_id, table.c.status == st.STARTING, table.c.worker.is_(None))
-                .values(worker=worker, lease_until=_lease(settings, now), updated_at=now)
+                .values(worker=worker, lease_until=lease_end(settings, now), updated_at=now)
                 .returning(table.c.user_id, table.c.config)
             ).first()
             db.commit()
@@ -90,21 +86,17 @@ def renew(
     """Extend the lease (writing the session's counts, if given), and read whether the client is
     still in touch or asked to close."""
 
-    def run() -> SessionState:
-        now = database_now(db_sessions)
-        with db_sessions() as db:
-            row = db.execute(
-                update(table)
-                .where(_owned(claim))
-                .values(lease_until=_lease(settings, now), **(counts.values() if counts else {}))
-                .returning(table.c.status, table.c.last_contact_at, table.c.close_requested_at)
-            ).first()
-            db.commit()
-        if row is None:
-            raise FencedOut(claim.session_id)
-        return SessionState(row.status, row.last_contact_at, row.close_requested_at is not None)
-
-    return with_retries(run)
+    row = fenced_update(
+        db_sessions,
+        table,
+        _owned(claim),
+        claim.session_id,
+        lambda now: {"lease_until": lease_end(settings, now), **(counts.values() if counts else {})},
+        table.c.status,
+        table.c.last_contact_at,
+        table.c.close_requested_at,
+    )
+    return SessionState(row.status, row.last_contact_at, row.close_requested_at is not None)
 
 
 def mark_ready(
@@ -126,7 +118,7 @@ def mark_ready(
                         ready_at=now,
                         updated_at=now,
                         last_contact_at=now,
-                        lease_until=_lease(settings, now),
+                        lease_until=lease_end(settings, now),
                     )
                 )
             )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, NoReturn
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from relay import families
@@ -25,6 +26,7 @@ from relay.catalog import (
 )
 from relay.cli._common import console
 from relay.cli._extras import require
+from relay.errors import ConfigError
 from relay.memory_plan import plan_named
 from relay.pi05_layout import NAMED_SIZES
 from relay.sft.config import BATCH_SIZE_MAX, GPUS_MAX, SFTConfig
@@ -197,7 +199,10 @@ def _print_report(report: dict[str, Any], defaulted: bool) -> None:
 
 def _print_description(name: str, json_output: bool) -> None:
     """A model whose every weight trains (RT-J): its family's report of its sizes and parts."""
-    description = require("relay_engine.families").family_for(name).describe(name)
+    try:
+        description = require("relay_engine.families").family_for(name).describe(name)
+    except ConfigError as error:  # a base that cannot be read here (smolvla's, off the Hub): say so
+        _fail(escape(str(error)))
     if json_output:
         _out.print_json(json.dumps({**description.report, "recipe_defaults": recipe_defaults(name)}))
         return

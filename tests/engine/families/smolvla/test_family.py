@@ -339,3 +339,21 @@ def test_a_smolvla_recipe_tunes_in_full_unless_it_asks_for_lora(dataset: Path) -
     # RT-J still trains in full only.
     with pytest.raises(ConfigError, match='must be "full"'):
         SFTConfig.parse({"model": "rt-j-tiny", "dataset_name": str(dataset), "task": "t", "finetune": "lora"})
+
+
+def test_models_info_on_a_base_it_cannot_read_is_an_error_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `relay models info smolvla` off the Hub printed a traceback.
+    from tests.hub import FakeHub
+
+    with FakeHub() as hub:  # a Hub that holds no lerobot/smolvla_base
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+        shown = CliRunner().invoke(app, ["models", "info", "smolvla"])
+    assert shown.exit_code == 1, shown.output
+    assert shown.exception is None or isinstance(shown.exception, SystemExit)
+    assert "error: model: could not fetch lerobot/smolvla_base" in " ".join(shown.output.split())
+    assert "Traceback" not in shown.output
+    tiny = CliRunner().invoke(app, ["models", "info", "smolvla-tiny"])
+    assert tiny.exit_code == 0 and "smolvla-tiny" in tiny.output
