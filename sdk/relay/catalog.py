@@ -23,11 +23,8 @@ RELATIONAL_MODELS: tuple[str, ...] = ("rt-j", "rt-j-tiny")
 # SmolVLA, lerobot's small robot policy: `smolvla` is lerobot/smolvla_base (about 450M weights);
 # `smolvla-tiny` runs the same code at tiny sizes, for CPUs and the tests.
 SMOLVLA_MODELS: tuple[str, ...] = ("smolvla", "smolvla-tiny")
-# What a recipe job can fine-tune: the built-in families (relay.families holds their rules, and
-# any family added since).
-RECIPE_MODELS: tuple[str, ...] = (*MODELS, *SMOLVLA_MODELS, *RELATIONAL_MODELS)
-# What a training-loop session can load: every recipe model (SmolVLA and RT-J sessions tune in full).
-SESSION_MODELS: tuple[str, ...] = RECIPE_MODELS
+# Which models exist (what a recipe or a session may name) is the registry's alone:
+# relay.families.model_names(), the built-in families above and any a package adds.
 # The problem types an RT-J session trains: its task loss is BCE (binary) or Huber (regression).
 RelationalSessionProblem = Literal["binary", "regression"]
 RELATIONAL_SESSION_PROBLEMS: tuple[str, ...] = get_args(RelationalSessionProblem)

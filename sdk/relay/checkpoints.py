@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field
 
-from relay import catalog
+from relay import families
 from relay.dataset_names import LOCAL_NAME_PATTERN, local_dataset_path
 
 # A fine-tune's id, as the API hands it out (relay_api.fine_tunes.new_job_id): `ft-` + 12 hex digits.
@@ -110,7 +110,7 @@ def checkpoint_model(directory: Path) -> str | None:
             return str(data.get("model")) if data.get("model") else None
         # lerobot's policy type names the family, whose published size has the same name.
         kind = data.get("type")
-        return kind if isinstance(kind, str) and kind in catalog.RECIPE_MODELS else None
+        return kind if isinstance(kind, str) and families.family_of(kind) is not None else None
     return "pi05" if (directory / WEIGHTS_FILE).is_file() else None
 
 

@@ -1,9 +1,11 @@
 """Model families, as the SDK knows them: which models each holds and the rules a recipe or a
 session on one of them follows. Pure data, no torch.
 
-A family is pi05's (robot policies trained on LeRobot datasets) or RT-J's (relational
-transformers trained on a database's task), or one added with `register_family_spec` (the
-engine's `relay_engine.families.register_family` registers the spec of the family it adds). The
+A family is pi05's or SmolVLA's (robot policies trained on LeRobot datasets), RT-J's (relational
+transformers trained on a database's task), one an installed package names under the entry-point
+group `relay.family_specs` (found in every process, the API's included), or one added with
+`register_family_spec` (the engine's `relay_engine.families.register_family` registers the spec of
+the family it adds). Which models exist is this registry's answer alone (`model_names`). The
 SDK's validation (SFTConfig, SessionConfig), the memory plan, the API's admission checks and the
 CLI ask the spec of a model's family (`family_of`) instead of testing the model's name.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,9 +64,11 @@ class FamilySpec:
     session_fields: Mapping[str, Any] = field(default_factory=dict)
     # The built-in losses its sessions compute in forward_backward.
     loss_names: tuple[str, ...] = ()
-    # The SDK datum class of its sessions and how one is encoded; None: the generic `types.Datum`.
-    datum_type: type | None = None
-    encode_datum: DatumEncoder | None = None
+    # The SDK datum class of its sessions and the function that encodes one (a DatumEncoder), each
+    # named "module:attribute" and imported when a datum is sent: a spec is read while the SDK's
+    # modules are still importing; None: the generic `types.Datum`.
+    datum_type: str | None = None
+    encode_datum: str | None = None
     # What deployments serve of it: "base_or_tuned" (a base model by name, or a tuned one),
     # "tuned_only" (a fine-tune's output, which names what it is for: RT-J's task and database,
     # SmolVLA's robot's cameras), None: nothing.
@@ -93,13 +98,7 @@ _SPECS: dict[str, FamilySpec] = {}
 def register_family_spec(spec: FamilySpec) -> None:
     """Add a family; its models must be new (a family registered again replaces itself)."""
     _builtins()
-    taken = {
-        model: other.name for other in _SPECS.values() if other.name != spec.name for model in other.models
-    }
-    clashes = [model for model in spec.models if model in taken]
-    if clashes:
-        raise ValueError(f"family {spec.name}: model {clashes[0]} is already {taken[clashes[0]]}'s")
-    _SPECS[spec.name] = spec
+    _add(spec)
 
 
 def forget_family_spec(name: str) -> None:
@@ -170,12 +169,51 @@ def is_gpu_sized(model: str) -> bool:
 
 
 def _builtins() -> None:
-    # Built on first use, not on import: the RT-J datum lives in relay.training.types, which asks
-    # this registry how to encode a datum.
+    # Built on first use, not on import, with the families packages add (`discovered_specs`).
     if _SPECS:
         return
     for spec in (_pi05_spec(), _smolvla_spec(), _rtj_spec()):
         _SPECS[spec.name] = spec
+    for spec in discovered_specs():
+        _add(spec)
+
+
+# The entry-point group under which an installed package names its families' specs: each entry is
+# a FamilySpec, or a function of no arguments that returns one, from a module that imports nothing
+# of Relay's but this one (its specs are read while Relay's own modules import). Every process
+# finds them: the API, which never imports the engine, knows a package's models as the engine does.
+SPEC_ENTRY_POINTS = "relay.family_specs"
+
+
+def discovered_specs() -> list[FamilySpec]:
+    """The specs installed packages name under SPEC_ENTRY_POINTS; a broken one is an error naming it."""
+    found = []
+    for entry in entry_points(group=SPEC_ENTRY_POINTS):
+        try:
+            named = entry.load()
+            spec = named() if callable(named) and not isinstance(named, FamilySpec) else named
+        except Exception as error:
+            raise RuntimeError(
+                f"the model family {entry.name!r} ({entry.value}, entry point group {SPEC_ENTRY_POINTS}) "
+                f"could not be loaded: {type(error).__name__}: {error}"
+            ) from error
+        if not isinstance(spec, FamilySpec):
+            raise RuntimeError(
+                f"the model family {entry.name!r} ({entry.value}) is a {type(spec).__name__}, "
+                "not a FamilySpec"
+            )
+        found.append(spec)
+    return found
+
+
+def _add(spec: FamilySpec) -> None:
+    taken = {
+        model: other.name for other in _SPECS.values() if other.name != spec.name for model in other.models
+    }
+    clashes = [model for model in spec.models if model in taken]
+    if clashes:
+        raise ValueError(f"family {spec.name}: model {clashes[0]} is already {taken[clashes[0]]}'s")
+    _SPECS[spec.name] = spec
 
 
 def _pi05_spec() -> FamilySpec:
@@ -232,8 +270,6 @@ def _smolvla_spec() -> FamilySpec:
 
 
 def _rtj_spec() -> FamilySpec:
-    from relay.training import types
-
     return FamilySpec(
         name=RTJ,
         models=catalog.RELATIONAL_MODELS,
@@ -263,8 +299,8 @@ def _rtj_spec() -> FamilySpec:
         max_gpus=1,
         session_fields={"problem_type": "binary"},
         loss_names=("bce", "huber"),
-        datum_type=types.RelationalDatum,
-        encode_datum=types.relational_datum_message,
+        datum_type="relay.training.types:RelationalDatum",
+        encode_datum="relay.training.types:relational_datum_message",
         deployments="tuned_only",
         use_text=relational_use,
     )

@@ -29,7 +29,8 @@ from relay import catalog, families
 from relay.dataset_names import hide_url_passwords
 from relay.errors import ConfigError
 
-SESSION_MODEL_RULE = "must be one of " + ", ".join(catalog.SESSION_MODELS)
+# Every model a registered family holds (relay.families: the built-in ones and those packages add).
+SESSION_MODEL_RULE = "must be one of " + ", ".join(families.model_names())
 FINETUNE_RULE = "must be " + " or ".join(f'"{m}"' for m in catalog.FINETUNE_METHODS)
 TARGETS_RULE = "must be a list of targets from: " + ", ".join(catalog.TARGETS)
 LORA_RANK_RULE = f"must be an integer from 1 to {catalog.LORA_RANK_MAX}"
@@ -68,7 +69,7 @@ def whole_float_to_int(value: Any) -> Any:
 SessionModelName = Annotated[
     str,
     AfterValidator(_known_session_model),
-    WithJsonSchema({"type": "string", "enum": list(catalog.SESSION_MODELS)}),
+    WithJsonSchema({"type": "string", "enum": list(families.model_names())}),
 ]
 FinetuneMethod = Annotated[
     str,

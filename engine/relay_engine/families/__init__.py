@@ -3,7 +3,9 @@ registry, which the recipe driver, the worker's sessions and the CLI ask for a m
 
 A family is added with one call, `register_family(family)`, which also registers its spec with
 the SDK (relay.families), so that SFTConfig and SessionConfig take its models. The built-in
-families register themselves when this package is imported.
+families register themselves when this package is imported; an installed package's families are
+found then too, under the entry-point group `relay.families` (its specs, for processes without the
+engine such as the API, under `relay.family_specs`: docs/development.md, "A family as a package").
 """
 
 from __future__ import annotations
@@ -83,3 +85,27 @@ def family_owning(name_or_dir: str, *, takes_task: bool = False) -> Family:
 
 # The built-in families, registered once (each package's __init__ is its registration).
 from relay_engine.families import pi05, rtj, smolvla  # noqa: E402, F401
+
+# The entry-point group under which an installed package names its families: each entry is a Family,
+# or a class or function of no arguments that makes one.
+FAMILY_ENTRY_POINTS = "relay.families"
+
+
+def _register_installed_families() -> None:
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=FAMILY_ENTRY_POINTS):
+        try:
+            named = entry.load()
+            family = named if isinstance(named, Family) else named()
+        except Exception as error:
+            raise ConfigError(
+                f"the model family {entry.name!r} ({entry.value}, entry point group {FAMILY_ENTRY_POINTS}) "
+                f"could not be loaded: {type(error).__name__}: {error}"
+            ) from error
+        if not isinstance(family, Family):
+            raise ConfigError(f"the model family {entry.name!r} ({entry.value}) is not a Family")
+        register_family(family)
+
+
+_register_installed_families()

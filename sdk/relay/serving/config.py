@@ -18,7 +18,7 @@ from typing import Annotated, ClassVar
 
 from pydantic import AfterValidator, Field, WithJsonSchema
 
-from relay import catalog
+from relay import families
 from relay.checkpoints import FINE_TUNE_ID_PATTERN
 from relay.rules import CheckedConfig, WholeNumber
 from relay.training.config import SAVED_NAME_MAX, check_name
@@ -30,7 +30,7 @@ _SESSION_WEIGHTS = re.compile(r"^(ses-[0-9a-f]{12})/(.+)$")
 
 # Base models a deployment serves: the policy families. An RT-J is deployed from a completed
 # fine-tune (its output names the task and database it predicts), never as a base model.
-SERVED_BASE_MODELS: tuple[str, ...] = catalog.MODELS
+SERVED_BASE_MODELS: tuple[str, ...] = families.models_where(lambda spec: spec.deployments == "base_or_tuned")
 MAX_BATCH_MAX = 64
 MAX_WAIT_MS_MAX = 1000.0
 IDLE_TIMEOUT_MAX = 7 * 24 * 3600.0

@@ -68,7 +68,7 @@ TASK_MAX = 128
 REVISION_PATTERN = rf"^{REVISION_CHARACTER}+$"
 # An absolute path (or ~/...) with no control characters.
 ABSOLUTE_PATH_PATTERN = r"^[/~][^\x00-\x1f\x7f]*$"
-RECIPE_MODEL_RULE = "must be one of " + ", ".join(catalog.RECIPE_MODELS)
+RECIPE_MODEL_RULE = "must be one of " + ", ".join(families.model_names())
 
 # What each field must be; every message about a field ends with its rule.
 RULES: dict[str, str] = {
@@ -187,7 +187,7 @@ class SFTConfig(CheckedConfig):
 
     RULES: ClassVar[dict[str, str]] = RULES
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
-        "model": catalog.RECIPE_MODELS,
+        "model": families.model_names(),
         "finetune": catalog.FINETUNE_METHODS,
         "normalization": NORMALIZATIONS,
     }

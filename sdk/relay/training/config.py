@@ -55,7 +55,8 @@ RULES: dict[str, str] = {
     "action_horizon": f"must be an integer from 1 to {ACTION_HORIZON_MAX}",
     "problem_type": "must be "
     + " or ".join(f'"{p}"' for p in catalog.RELATIONAL_SESSION_PROBLEMS)
-    + f' (for {", ".join(catalog.RELATIONAL_MODELS)} sessions; default "binary")',
+    + f" (for {', '.join(families.models_where(lambda s: 'problem_type' in s.session_fields))} sessions; "
+    + 'default "binary")',
     "codec": "must be " + " or ".join(f'"{c.value}"' for c in Codec),
     "from_checkpoint": FROM_CHECKPOINT_RULE,
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pkgutil import resolve_name
 from typing import Any
 
 import numpy as np
@@ -98,12 +99,11 @@ def datum_message(
     """A datum as the wire carries it; frames become JPEG under Codec.JPEG_Q95."""
     observation: Any  # checked by observation_message
     for spec in families.family_specs():  # a family's own datum type (RT-J's RelationalDatum)
-        if (
-            spec.datum_type is not None
-            and spec.encode_datum is not None
-            and isinstance(datum, spec.datum_type)
-        ):
-            return spec.encode_datum(index, datum)
+        if spec.datum_type is None or spec.encode_datum is None:
+            continue
+        if isinstance(datum, resolve_name(spec.datum_type)):
+            encode: families.DatumEncoder = resolve_name(spec.encode_datum)
+            return encode(index, datum)
     if isinstance(datum, Datum):
         observation, actions, weight = datum.observation, datum.actions, datum.weight
     elif isinstance(datum, Mapping):

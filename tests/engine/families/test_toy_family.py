@@ -1,5 +1,6 @@
-"""A third model family, defined here and registered with one call, trains through every shared
-path: a recipe (with a checkpoint and a resume), a session, and `relay local train`.
+"""A model family from outside Relay (tests/fixtures/toy_family, a package), registered with one call
+or found installed, trains through every shared path: a recipe (with a checkpoint and a resume), a
+session, and `relay local train`; installed, the API's process knows its models without the engine.
 
 The family is a linear regressor on generated numbers. Nothing outside the registry knows its
 model's name, so each path fails if it decides by anything but the registry."""
@@ -7,161 +8,30 @@ model's name, so each path fails if it decides by anything but the registry."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from relay.cli import app
-from relay.families import FamilySpec, family_of
+from relay.families import family_of
 from relay.optimizer import AdamParams
 from relay.sft.config import SFTConfig
 from relay.training.config import SessionConfig
-from relay_engine.core.data import BatchOrder, DataPosition
-from relay_engine.core.learner import ForwardBackwardResult, Learner, OptimStepResult, clipped_adam_step
-from relay_engine.core.session import Session
 from relay_engine.errors import ConfigError, EngineError
-from relay_engine.families import (
-    Family,
-    PreparedRecipe,
-    RecipeRun,
-    family_for,
-    forget_family,
-    register_family,
-)
+from relay_engine.families import family_for, forget_family, register_family
 from relay_engine.recipe import Recipe, run_recipe
 from relay_worker.session import open_session
+from tests.fixtures.toy_family.relay_toy_family import TOY
+from tests.fixtures.toy_family.relay_toy_family.engine import INTERCEPT, SLOPE, ToyFamily, ToySession
 
-TOY = "toy-linear"
-SLOPE, INTERCEPT = 3.0, -1.0
-
-
-@dataclass(frozen=True)
-class Points:
-    x: torch.Tensor  # (n, 1)
-    y: torch.Tensor  # (n, 1)
-
-    @property
-    def batch_size(self) -> int:
-        return int(self.x.shape[0])
-
-
-class ToyLearner(Learner[Points]):
-    """y = w x + b, squared error; each point weighs 1 (gradients summed, divided at the step)."""
-
-    def __init__(self, seed: int = 0) -> None:
-        torch.manual_seed(seed)
-        self.model = torch.nn.Linear(1, 1)
-        self.device = torch.device("cpu")
-        self.params = list(self.model.parameters())
-        self.optimizer = torch.optim.AdamW(self.params, lr=0.0)
-        self._weight = 0.0
-
-    def forward_backward(self, batch: Points) -> ForwardBackwardResult:
-        losses = ((self.model(batch.x) - batch.y) ** 2).reshape(-1)
-        losses.sum().backward()
-        self._weight += batch.batch_size
-        done = losses.detach()
-        return ForwardBackwardResult(float(done.mean()), [float(v) for v in done], float(batch.batch_size))
-
-    def optim_step(self, params: AdamParams) -> OptimStepResult:
-        grads = [p.grad for p in self.params if p.grad is not None]
-        for grad in grads:
-            grad.div_(self._weight)
-        self._weight = 0.0
-        return clipped_adam_step(self.optimizer, self.params, torch.nn.utils.get_total_norm(grads), params)
-
-    def save_state(self, directory: Path) -> None:
-        torch.save(
-            {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, directory / "toy.pt"
-        )
-
-    def load_state(self, directory: Path) -> None:
-        state = torch.load(directory / "toy.pt")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-
-    def weights(self) -> dict[str, float]:
-        return {"w": self.model.weight.item(), "b": self.model.bias.item()}
-
-
-class ToySession(Session[Points]):
-    loss_fn = "squared_error"
-
-    def __init__(self) -> None:
-        self.learner: ToyLearner = ToyLearner()
-
-    @property
-    def info(self) -> dict[str, Any]:
-        return {"model": TOY}
-
-    def identity(self) -> dict[str, Any]:
-        return {"base_model": TOY}
-
-    def batch(self, datums: Sequence[Mapping[str, Any]]) -> Points:
-        return points([d["x"] for d in datums], [d["y"] for d in datums])
-
-    def forward_outputs(self, batch: Points) -> dict[str, np.ndarray]:
-        with torch.no_grad():
-            return {"prediction": self.learner.model(batch.x).numpy()}
-
-    def save_weights(self, name: str, directory: Path) -> None:
-        directory.mkdir(parents=True)
-        (directory / "weights.json").write_text(json.dumps(self.learner.weights()))
-
-
-class ToyFamily(Family):
-    spec = FamilySpec(name="toy", models=(TOY,), finetune="full", max_gpus=1, loss_names=("squared_error",))
-
-    def __init__(self) -> None:
-        self.recipes_prepared = 0
-        self.sessions_opened = 0
-
-    def prepare_recipe(self, run: RecipeRun) -> PreparedRecipe:
-        self.recipes_prepared += 1
-        data = np.load(Path(run.recipe.config.dataset_name) / "points.npz")
-        learner = ToyLearner(run.recipe.seed)
-
-        def batches(order: BatchOrder, position: DataPosition) -> Iterator[Points]:
-            while True:
-                indices, position = order.next_batch(position)
-                yield points(data["x"][indices], data["y"][indices])
-
-        def write(output_dir: Path) -> None:
-            output_dir.mkdir(parents=True, exist_ok=True)
-            (output_dir / "weights.json").write_text(json.dumps(learner.weights()))
-
-        return PreparedRecipe(
-            learner=learner,
-            samples=len(data["x"]),
-            batch_size=run.recipe.config.batch_size,
-            batches=batches,
-            adam=AdamParams(learning_rate=0.0),
-            write_output=write,
-        )
-
-    def open_session(self, config: Mapping[str, Any], device: torch.device | str) -> ToySession:
-        self.sessions_opened += 1
-        return ToySession()
-
-    def synthesize(self, directory: Path, **options: Any) -> Path:
-        rng = np.random.default_rng(options.get("seed", 0))
-        x = rng.uniform(-1, 1, size=options.get("count", 64)).astype(np.float32)
-        directory.mkdir(parents=True, exist_ok=True)
-        np.savez(directory / "points.npz", x=x, y=(SLOPE * x + INTERCEPT).astype(np.float32))
-        return directory
-
-
-def points(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> Points:
-    def as_column(values: Any) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(values, np.float32)).reshape(-1, 1)
-
-    return Points(as_column(x), as_column(y))
+# The family as an installed package: on PYTHONPATH, its dist-info names it under the entry points.
+PACKAGE_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "toy_family"
 
 
 @pytest.fixture
@@ -260,3 +130,52 @@ def test_relay_local_train_runs_the_family(toy: ToyFamily, data: Path, tmp_path:
     assert (out / "weights.json").is_file()  # the output directory is the work directory
     refused = CliRunner().invoke(app, [*args, "--nproc-per-node", "2"])
     assert refused.exit_code == 1 and f"{TOY} trains in one process" in refused.output
+
+
+def installed(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run Python in a fresh process with the toy family installed (its directory on PYTHONPATH)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE_DIR), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def test_an_installed_family_is_known_to_the_api_process_without_the_engine() -> None:
+    """The API imports no engine: an installed package's spec (entry points, relay.family_specs) is
+    what makes its models known there, in the OpenAPI document, the rule texts and validation."""
+    answer = installed(
+        """
+import json, sys
+from relay_api.app import create_app
+from relay.sft.config import RULES, SFTConfig
+from relay.training.config import SessionConfig
+document = create_app().openapi()
+recipe = document["components"]["schemas"]["SFTConfig"]["properties"]["model"]["enum"]
+session = SessionConfig.model_json_schema()["properties"]["base_model"]["enum"]
+SFTConfig.parse({"model": "toy-linear", "dataset_name": "points"})
+SessionConfig.parse({"base_model": "toy-linear"})
+print(json.dumps({"recipe": recipe, "session": session, "rule": RULES["model"],
+                  "engine": "relay_engine" in sys.modules}))
+"""
+    )
+    assert answer.returncode == 0, answer.stderr
+    seen = json.loads(answer.stdout.strip().splitlines()[-1])
+    assert TOY in seen["recipe"] and TOY in seen["session"] and TOY in seen["rule"]
+    assert seen["engine"] is False
+    # And without the package, the same process knows no such model.
+    assert TOY not in SFTConfig.model_json_schema()["properties"]["model"]["enum"]
+
+
+def test_an_installed_family_trains_through_relay_local_train(tmp_path: Path) -> None:
+    """The engine finds the installed family (relay.families) and `relay local train` runs it."""
+    family = ToyFamily()
+    data = family.synthesize(tmp_path / "points")
+    out = tmp_path / "out"
+    answer = installed(
+        "import sys; from relay.cli import main; sys.argv = ['relay', *sys.argv[1:]]; main()",
+        "local", "train", "--model", TOY, "--dataset", str(data), "--output-dir", str(out),
+        "--steps", "30", "--batch-size", "8", "--learning-rate", "0.1", "--json",
+    )  # fmt: skip
+    assert answer.returncode == 0, answer.stderr + answer.stdout
+    assert json.loads(answer.stdout.strip().splitlines()[-1])["status"] == "completed"
+    assert (out / "weights.json").is_file()
