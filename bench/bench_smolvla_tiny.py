@@ -115,7 +115,8 @@ def main() -> None:
     print(
         f"vs blind: median {statistics.median(ratios):.2f}x, worst {min(ratios):.2f}x over seeds {args.seeds}"
     )
-    print(f"base vs blind: {blind / base['mean_action_mse']:.2f}x; finetune {args.finetune}; work directory {work}")
+    base_ratio = blind / base["mean_action_mse"]
+    print(f"base vs blind: {base_ratio:.2f}x; finetune {args.finetune}; work directory {work}")
 
 
 if __name__ == "__main__":
