@@ -133,3 +133,36 @@ def test_pusht_observations_and_actions_map_as_the_mapping_says(tiny: Any) -> No
         assert np.allclose(adapter.env_actions(chunk)[0][3], [400, 650], atol=1e-3)  # not clipped
     finally:
         env.close()
+
+
+def test_a_smolvla_output_acts_in_pusht_by_its_camera_s_name(tmp_path: Path) -> None:
+    """SmolVLA reads an environment's cameras by the names it was trained with: a smolvla-tiny
+    job trained on a dataset shaped as lerobot's pusht (one camera, `observation.image`; state and
+    action 2 wide) acts in PushT, its actions inside the action space."""
+    from relay.sft.config import SFTConfig
+    from relay_engine.datasets import write_synthetic_dataset
+    from relay_engine.recipe import Recipe, run_recipe
+
+    data = write_synthetic_dataset(
+        tmp_path / "pusht-shaped", episodes=4, episode_length=12, cameras={"observation.image": (96, 96)}
+    )
+    config = SFTConfig(model="smolvla-tiny", dataset_name=str(data), steps=2, batch_size=2)
+    result = run_recipe(Recipe(config), tmp_path / "run", on_event=lambda e: None, should_stop=lambda: False)
+    if RECORDED not in gymnasium.registry:
+        gymnasium.register(id=RECORDED, entry_point=_recorded_pusht, max_episode_steps=300)
+    Recorder.episodes.clear()
+    report = evaluate_in_env(
+        str(result.output_dir),
+        RECORDED,
+        episodes=1,
+        max_steps=6,
+        seed=3,
+        videos=tmp_path / "videos",
+        mapping=MAPPINGS[PUSHT],
+    )
+    (episode,) = report.episodes
+    assert episode.length == 6 and episode.video is not None
+    (sent,) = Recorder.episodes
+    actions = np.stack(sent["actions"])
+    assert actions.shape == (6, 2) and actions.dtype == np.float32
+    assert (actions >= 0).all() and (actions <= 512).all()
