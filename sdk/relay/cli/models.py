@@ -79,6 +79,11 @@ def info(
     """Parameter counts per module and what these settings train, without loading weights."""
     spec = families.family_of(name)
     if spec is not None and not spec.tunes_targets:
+        # These flags read pi05's layout; saying so beats printing the description as if they held.
+        for flag, given in (("--memory", memory), ("--keys", keys), ("--target", bool(targets))):
+            if given:
+                planned = ", ".join(families.models_where(lambda other: other.memory_planned))
+                _fail(f"{flag} is for {planned}; {name} has no such layout here (leave {flag} out)")
         _print_description(name, json_output)
         return
     finetune = finetune or SFTConfig.default("finetune", name)
