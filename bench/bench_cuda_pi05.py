@@ -38,9 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_model import make_step, matmul_rate, median_seconds, step_flops
 
 from relay.optimizer import AdamParams
-from relay_engine.distributed import Parallel, batch_slice, choose_strategy, join, launched, leave
-from relay_engine.distributed.memory import plan_memory
+from relay_engine.core.group import batch_slice, join, launched, leave
 from relay_engine.families.pi05.learner import Pi05Learner
+from relay_engine.families.pi05.memory import plan_memory
+from relay_engine.families.pi05.parallel import Parallel, choose_strategy
 from relay_engine.models import Pi05Batch, build_policy
 from relay_engine.tuning import apply_tuning
 

@@ -35,8 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cuda_pi05 import synthetic_batch
 
 from relay.optimizer import AdamParams
-from relay_engine.distributed import Parallel, batch_slice, choose_strategy, join, launched, leave
+from relay_engine.core.group import batch_slice, join, launched, leave
 from relay_engine.families.pi05.learner import Pi05Learner
+from relay_engine.families.pi05.parallel import Parallel, choose_strategy
 from relay_engine.models import build_policy
 from relay_engine.tuning import apply_tuning
 

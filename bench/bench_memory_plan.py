@@ -25,8 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from relay.optimizer import AdamParams
-from relay_engine.distributed.memory import plan_memory
 from relay_engine.families.pi05.learner import Pi05Learner
+from relay_engine.families.pi05.memory import plan_memory
 from relay_engine.models import build_policy
 from relay_engine.models.config import GemmaSize, VisionSize, named_config
 from relay_engine.tuning import apply_tuning

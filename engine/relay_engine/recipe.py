@@ -12,8 +12,9 @@ one), and has the family write its output. It is what a worker runs for
 
 Under torch.distributed.run (`relay local train --nproc-per-node N`, or a worker's launcher) a
 family that runs on many processes (pi05) runs as one process of a group: each process reads its
-part of every global batch, the model trains under DDP or FSDP (relay_engine.distributed), and
-rank 0 alone reports events and writes the output.
+part of every global batch, the model trains under DDP or FSDP (pi05's wrapping:
+relay_engine.families.pi05.parallel), the ranks agree through relay_engine.core.group, and rank 0
+alone reports events and writes the output.
 
 Work directory layout:
     checkpoints/step-00001000/ ...   complete checkpoints, and `latest` naming the newest
@@ -43,9 +44,9 @@ from relay.memory_plan import cpu_refusal, plan_of_recipe
 from relay.sft.config import CHECKPOINT_EVERY_DEFAULT, SFTConfig
 from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.core.data import BatchOrder, DataPosition
+from relay_engine.core.group import join, launched, leave
 from relay_engine.core.loop import LoopResult, LoopState, MetricsWindow, run_loop
 from relay_engine.core.schedule import learning_rate
-from relay_engine.distributed import join, launched, leave
 from relay_engine.errors import ConfigError, DiskFullError
 from relay_engine.families import Family, PreparedRecipe, RecipeRun, family_for
 
@@ -357,7 +358,7 @@ class _Training:
         self.evaluated.add(step)
         # One simulator run, on rank 0: in a group it scores rank 0's model (whole under DDP).
         if self.run.rank == 0 and (
-            self.prepared.parallel is None or self.prepared.parallel.strategy == "ddp"
+            self.prepared.parallel is None or self.prepared.parallel.whole_on_each_rank
         ):
             self.report(
                 StageEvent(step=step, stage="evaluating", detail=_eval_detail(self.run.recipe.config))

@@ -179,7 +179,7 @@ def plan_memory(
 
 def _unit_sizes(shape: Pi05Shape, tuned: Tuned) -> list[int]:
     """Weights (adapters included) of FSDP's units below the root: each vision layer and each
-    decoder layer of both stacks (relay_engine.distributed.parallel.shard_units)."""
+    decoder layer of both stacks (relay_engine.families.pi05.parallel.shard_units)."""
     prefixes = [
         *(f"{_VISION_LAYERS}.{i}." for i in range(shape.vision.depth)),
         *(f"{_LANGUAGE_LAYERS}.{i}." for i in range(shape.language.depth)),

@@ -1,7 +1,7 @@
 """A recipe job on several processes: the worker starts them through torch.distributed.run.
 
 The worker keeps the job's claim, lease and events in its own process, as for a one-process job;
-the ranks run relay_engine.distributed.job. Rank 0's events come back as lines on the launcher's
+the ranks run relay_engine.core.launched_job. Rank 0's events come back as lines on the launcher's
 standard output; a cancel (or the worker's shutdown) reaches the ranks as a stop file, which they
 agree on at every step. If any rank dies, the launcher stops the others and exits non-zero, and
 this raises RanksFailed: the job is given back and its next attempt resumes from the last
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relay.events import Event, RecipeResult, parse_event
-from relay_engine.distributed.job import EVENT_PREFIX
+from relay_engine.core.launched_job import EVENT_PREFIX
 from relay_engine.errors import EngineError
 from relay_engine.recipe import Recipe
 
@@ -138,7 +138,7 @@ def _clean_launch_dir(work_dir: Path, rendezvous: Rendezvous | None) -> Path:
 
 
 def _write_spec(launch_dir: Path, recipe: Recipe, work_dir: Path, dataset_cache_dir: Path | None) -> Path:
-    """Write what the ranks run (relay_engine.distributed.job reads it); the file's path."""
+    """Write what the ranks run (relay_engine.core.launched_job reads it); the file's path."""
     spec = {
         "recipe": recipe.to_dict(),
         "work_dir": str(work_dir),
@@ -161,7 +161,7 @@ def _launcher_command(spec_file: Path, processes: int, rendezvous: Rendezvous | 
         "--nproc-per-node",
         str(processes),
         "-m",
-        "relay_engine.distributed.job",
+        "relay_engine.core.launched_job",
         str(spec_file),
     ]
 

@@ -32,8 +32,8 @@ from relay_engine.errors import ConfigError, EngineError
 
 if TYPE_CHECKING:
     from relay_engine.acting import ActingPolicy
+    from relay_engine.core.group import GroupCollectives, World
     from relay_engine.core.session import Session
-    from relay_engine.distributed import Parallel, World
     from relay_engine.recipe import Recipe
     from relay_engine.serving.served import ServedModel
 
@@ -74,7 +74,7 @@ class PreparedRecipe:
     # Writes the trained model into the output directory (every process calls it; the family
     # decides which one writes).
     write_output: Callable[[Path], None]
-    parallel: Parallel | None = None
+    parallel: GroupCollectives | None = None
     # What the result says beyond the step and loss (pi05: processes and strategy).
     extra: dict[str, Any] = field(default_factory=dict)
     # What the run read (pi05: a DatasetEvent), reported once at the step it starts from.

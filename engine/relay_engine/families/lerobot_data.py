@@ -18,7 +18,7 @@ def lerobot_batches(
 ) -> Callable[[BatchOrder, DataPosition], Iterator[Any]]:
     """The batches of the frames `indices` (the training split), this process's part of each."""
     from relay_engine.core.data import batch_loader, select
-    from relay_engine.distributed.group import batch_slice
+    from relay_engine.core.group import batch_slice
 
     recipe = run.recipe
     # The training frames alone: held-out and left-out episodes are never read by the sampler.

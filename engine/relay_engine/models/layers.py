@@ -102,7 +102,7 @@ class GemmaDecoderLayer(nn.Module):
             self.input_layernorm = AdaptiveRMSNorm(size.width, cond_dim)
             self.post_attention_layernorm = AdaptiveRMSNorm(size.width, cond_dim)
         # Recompute this layer's activations in backward instead of keeping them (full fine-tuning
-        # on many GPUs turns it on: see relay_engine.distributed.parallel).
+        # on many GPUs turns it on: see relay_engine.families.pi05.parallel).
         self.checkpoint_activations = False
 
     def forward(

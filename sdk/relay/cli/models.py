@@ -101,7 +101,7 @@ def info(
         return
     policy = _tuned_policy(name, tuning)
     if memory:
-        plan = require("relay_engine.distributed.memory").plan_memory(
+        plan = require("relay_engine.families.pi05.memory").plan_memory(
             policy, batch_size=batch_size, gpus=gpus, strategy=strategy, device=device
         )
         _print_plan(plan.to_dict(), json_output)

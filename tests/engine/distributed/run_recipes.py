@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from relay_engine import Trainer, TrainingArguments
+from relay_engine.core.group import join, leave
 from relay_engine.datasets import open_dataset
-from relay_engine.distributed import join, leave
 from relay_engine.models import load_policy
 from relay_engine.recipe import Recipe, run_recipe
 

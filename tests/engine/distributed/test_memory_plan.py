@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from relay.cli import app
 from relay.memory_plan import kept_activations
 from relay.pi05_layout import NAMED_SIZES, tune, weights
-from relay_engine.distributed.memory import plan_memory
+from relay_engine.families.pi05.memory import plan_memory
 from relay_engine.models import Pi05Batch, Pi05Policy, build_policy, flow_matching_loss
 from relay_engine.models.config import GemmaSize, Pi05Config, VisionSize, named_config
 from relay_engine.tuning import apply_tuning

@@ -2,7 +2,7 @@
 the merged output (relay_engine.families.base.Family).
 
 Under torch.distributed.run it runs as one process of a group: each process reads its part of
-every global batch, the model trains under DDP or FSDP (relay_engine.distributed), and rank 0
+every global batch, the model trains under DDP or FSDP (`parallel.py`), and rank 0
 alone writes the output. Checkpoints are sharded, so a run resumes on any number of processes.
 """
 
@@ -25,6 +25,7 @@ from relay_engine.families.lerobot_data import dataset_read, lerobot_batches
 if TYPE_CHECKING:
     from relay_engine.acting import ActingPolicy
     from relay_engine.families.pi05.learner import Pi05Learner
+    from relay_engine.families.pi05.parallel import Parallel
     from relay_engine.families.pi05.session import TrainingSession
     from relay_engine.serving.served import ServedModel
 
@@ -35,20 +36,26 @@ RECIPE_ADAM = AdamParams(learning_rate=0.0)
 
 
 class Pi05Recipe(PreparedRecipe):
-    """pi05's checkpoints are sharded (distributed/checkpoint.py), so any number of processes resumes."""
+    """pi05's checkpoints are sharded (sharded_checkpoint.py), so any number of processes resumes."""
 
     def save_checkpoint(self, store: CheckpointStore, step: int, meta: dict[str, object]) -> None:
-        from relay_engine.distributed.checkpoint import save_sharded
+        from relay_engine.families.pi05.sharded_checkpoint import save_sharded
 
-        save_sharded(store, step, self._learner(), meta, self.parallel)
+        save_sharded(store, step, self._learner(), meta, self._parallel())
 
     def load_checkpoint(self, directory: Path) -> None:
-        from relay_engine.distributed.checkpoint import STATE_DIR, load_sharded
+        from relay_engine.families.pi05.sharded_checkpoint import STATE_DIR, load_sharded
 
         if (directory / STATE_DIR).is_dir():
-            load_sharded(directory, self._learner(), self.parallel)
+            load_sharded(directory, self._learner(), self._parallel())
         else:  # a checkpoint written before checkpoints were sharded
             self.learner.load_state(directory)
+
+    def _parallel(self) -> Parallel | None:
+        from relay_engine.families.pi05.parallel import Parallel
+
+        assert self.parallel is None or isinstance(self.parallel, Parallel)
+        return self.parallel
 
     def _learner(self) -> Pi05Learner:
         from relay_engine.families.pi05.learner import Pi05Learner
@@ -63,11 +70,12 @@ class Pi05Family(Family):
 
     def prepare_recipe(self, run: RecipeRun) -> PreparedRecipe:
         from relay_engine.datasets import open_dataset
-        from relay_engine.distributed import Parallel, choose_strategy, gathered_policy
         from relay_engine.families.job_eval import JobEvaluator
         from relay_engine.families.pi05.evaluate import validation_loss
         from relay_engine.families.pi05.export import write_output
         from relay_engine.families.pi05.learner import Pi05Learner
+        from relay_engine.families.pi05.parallel import Parallel, choose_strategy
+        from relay_engine.families.pi05.sharded_checkpoint import gathered_policy
         from relay_engine.families.robot_validation import Validator, split_frames
         from relay_engine.models import load_policy
         from relay_engine.models.checkpoints import (

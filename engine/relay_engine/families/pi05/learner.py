@@ -13,7 +13,7 @@ batch gives the same update as the whole batch:
 Two half batches then one step therefore equal one full batch then one step. The noise is also a
 pure function of (seed, step, place), which makes a resumed run draw what an uninterrupted one did.
 
-Across the processes of a group (`parallel`, see relay_engine.distributed), the place is the
+Across the processes of a group (`parallel`, see relay_engine.families.pi05.parallel), the place is the
 datum's place in the GLOBAL batch: rank r's data come after those of ranks 0..r-1. Each call's
 loss and weight are summed over the group, and the gradients DDP or FSDP average over it are
 divided by the global weight, so N processes make the update, and report the loss, of one.
@@ -44,7 +44,7 @@ from relay_engine.models import FlowOutputs, Pi05Batch, Pi05Policy, flow_matchin
 from relay_engine.tuning import load_trainable_state_dict, trainable_state_dict
 
 if TYPE_CHECKING:
-    from relay_engine.distributed.parallel import Parallel
+    from relay_engine.families.pi05.parallel import Parallel
 
 
 class Pi05Learner(Learner[Pi05Batch]):

@@ -35,14 +35,16 @@ from relay.optimizer import AdamParams
 from relay.progress import ProgressReport
 from relay.sft.config import SFTConfig
 from relay_engine.core.data import BatchOrder, DataPosition, MapDataset, batch_loader, select
+from relay_engine.core.group import batch_slice, join, launched
 from relay_engine.core.loop import LoopResult, LoopState, run_loop
 from relay_engine.core.schedule import learning_rate
 from relay_engine.datasets import LeRobotDataset
-from relay_engine.distributed import Parallel, batch_slice, choose_strategy, gathered_policy, join, launched
 from relay_engine.errors import ConfigError
 from relay_engine.families.pi05.evaluate import validation_loss
 from relay_engine.families.pi05.export import write_output
 from relay_engine.families.pi05.learner import Pi05Learner
+from relay_engine.families.pi05.parallel import Parallel, choose_strategy
+from relay_engine.families.pi05.sharded_checkpoint import gathered_policy
 from relay_engine.families.robot_validation import FrameSplit, Validator, split_frames
 from relay_engine.models import Pi05Batch, Pi05Policy
 from relay_engine.models.checkpoints import load_checkpoint, resolve_checkpoint

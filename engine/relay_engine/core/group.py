@@ -1,4 +1,5 @@
-"""The process group of a job that torch.distributed.run (torchrun) launched.
+"""The process group of a job that torch.distributed.run (torchrun) launched, and the few collectives
+every family's run needs in it (`GroupCollectives`): any family's, not one model's.
 
 The launcher sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT in every process;
 `join` reads them (env:// init). On CUDA each process takes the GPU of its local rank and talks
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -83,3 +85,49 @@ def batch_slice(batch_size: int, rank: int, size: int) -> tuple[int, int]:
     base, extra = divmod(batch_size, size)
     start = rank * base + min(rank, extra)
     return start, start + base + (1 if rank < extra else 0)
+
+
+class GroupCollectives:
+    """The small collectives of a run in a group: a stop agreed on, sums and counts over the ranks,
+    a barrier, an object from rank 0. A family's model wrapping (pi05's `Parallel`: DDP or FSDP)
+    builds on it; `whole_on_each_rank` says whether every rank holds the whole model (rank 0 can
+    then evaluate it alone)."""
+
+    whole_on_each_rank = True
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    @property
+    def size(self) -> int:
+        return self.world.size
+
+    def _vector(self, values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float64, device=self._comm_device())
+
+    def _comm_device(self) -> torch.device:
+        return self.world.device if self.world.device.type == "cuda" else torch.device("cpu")
+
+    def sum(self, values: list[float]) -> list[float]:
+        tensor = self._vector(values)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return [float(x) for x in tensor.cpu()]
+
+    def gather_counts(self, count: int) -> list[int]:
+        """Every rank's `count`, in rank order."""
+        tensor = torch.tensor([count], dtype=torch.int64, device=self._comm_device())
+        parts = [torch.zeros_like(tensor) for _ in range(self.size)]
+        dist.all_gather(parts, tensor)
+        return [int(p.item()) for p in parts]
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when it is true on one (a stop asked for anywhere stops all)."""
+        return self.sum([1.0 if flag else 0.0])[0] > 0
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def broadcast_object(self, value: Any) -> Any:
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]

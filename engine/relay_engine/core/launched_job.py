@@ -1,7 +1,7 @@
 """One process of a recipe job that a worker started through torch.distributed.run.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 \\
-        -m relay_engine.distributed.job WORK_DIR/launch/spec.json
+        -m relay_engine.core.launched_job WORK_DIR/launch/spec.json
 
 spec.json: {"recipe": Recipe.to_dict(), "work_dir", "dataset_cache_dir", "stop_file",
 "result_file"}. Rank 0 prints each event as one line `EVENT {json}` on its standard output
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from relay.events import Event, event_line
 from relay_engine.core.checkpoint import write_atomic
-from relay_engine.distributed.group import join, leave
+from relay_engine.core.group import join, leave
 from relay_engine.errors import EngineError
 from relay_engine.recipe import Recipe, run_recipe
 

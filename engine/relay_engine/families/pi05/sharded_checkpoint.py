@@ -36,8 +36,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from relay_engine.core.checkpoint import CheckpointStore
-from relay_engine.distributed.parallel import Parallel
 from relay_engine.families.pi05.learner import Pi05Learner
+from relay_engine.families.pi05.parallel import Parallel
 from relay_engine.models import Pi05Policy, materialize_buffers
 from relay_engine.tuning import apply_tuning
 

@@ -19,17 +19,16 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from relay.catalog import STRATEGIES, auto_strategy
-from relay_engine.distributed.group import World
+from relay_engine.core.group import GroupCollectives, World
 from relay_engine.errors import ConfigError
 from relay_engine.models import FlowOutputs, Pi05Batch, Pi05Policy
 from relay_engine.models.layers import GemmaDecoderLayer
@@ -58,13 +57,15 @@ class _FlowForward(nn.Module):
         return out.velocity, out.target, out.x_t, out.noise, out.time
 
 
-class Parallel:
-    """A policy made ready for a group, and the few collectives pi05's learner needs."""
+class Parallel(GroupCollectives):
+    """A pi05 policy made ready for a group (DDP or FSDP2), with the group's collectives."""
 
     def __init__(self, policy: Pi05Policy, world: World, strategy: Strategy) -> None:
+        super().__init__(world)
         self.policy = policy
-        self.world = world
         self.strategy = strategy
+        # FSDP leaves each rank a shard: only DDP's rank 0 can evaluate the model alone.
+        self.whole_on_each_rank = strategy == "ddp"
         self._ddp: DistributedDataParallel | None = None
         if strategy == "ddp":
             if world.device.type == "cuda":
@@ -83,10 +84,6 @@ class Parallel:
                 )
         else:
             _shard(policy, world, checkpoint_activations=_trains_everything(policy))
-
-    @property
-    def size(self) -> int:
-        return self.world.size
 
     def flow_outputs(self, batch: Pi05Batch, noise: torch.Tensor, time: torch.Tensor) -> FlowOutputs:
         if self._ddp is not None:
@@ -107,38 +104,6 @@ class Parallel:
             yield
         finally:
             module.set_requires_gradient_sync(True)
-
-    # -- small collectives ---------------------------------------------------------------------
-
-    def _vector(self, values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.float64, device=self._comm_device())
-
-    def _comm_device(self) -> torch.device:
-        return self.world.device if self.world.device.type == "cuda" else torch.device("cpu")
-
-    def sum(self, values: list[float]) -> list[float]:
-        tensor = self._vector(values)
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return [float(x) for x in tensor.cpu()]
-
-    def gather_counts(self, count: int) -> list[int]:
-        """Every rank's `count`, in rank order."""
-        tensor = torch.tensor([count], dtype=torch.int64, device=self._comm_device())
-        parts = [torch.zeros_like(tensor) for _ in range(self.size)]
-        dist.all_gather(parts, tensor)
-        return [int(p.item()) for p in parts]
-
-    def any(self, flag: bool) -> bool:
-        """True on every rank when it is true on one (a stop asked for anywhere stops all)."""
-        return self.sum([1.0 if flag else 0.0])[0] > 0
-
-    def barrier(self) -> None:
-        dist.barrier()
-
-    def broadcast_object(self, value: Any) -> Any:
-        box = [value]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
 
     @staticmethod
     def full_norm(norm: torch.Tensor) -> torch.Tensor:
