@@ -27,6 +27,25 @@ from relay.model_use import UseText, relational_use, robot_policy_use, smolvla_u
 DatumEncoder = Callable[[int, Any], dict[str, Any]]
 
 
+# The recipe fields (SFTConfig's) that belong to some families, not to every one: a family takes
+# those its spec names in `recipe_fields`. The rest of a recipe (model, dataset_name, steps,
+# batch_size, learning_rate, name, gpus) is every family's; `task` follows `FamilySpec.task`.
+FAMILY_RECIPE_FIELDS: tuple[str, ...] = (
+    "dataset_revision",
+    "finetune",
+    "lora_rank",
+    "lora_alpha",
+    "targets",
+    "cameras",
+    "tasks_dir",
+    "validation_episodes",
+    "eval",
+    "from_checkpoint",
+    "normalization",
+)
+ROBOT_RECIPE_FIELDS = frozenset(FAMILY_RECIPE_FIELDS) - {"tasks_dir"}
+
+
 @dataclass(frozen=True)
 class FamilySpec:
     """What the SDK, the API and the CLI need to know of a family, without its engine."""
@@ -56,7 +75,12 @@ class FamilySpec:
     # Whether its recipes choose where training goes (targets, LoRA): `relay models info` then
     # reports what those settings train; otherwise the family's engine describes the model.
     tunes_targets: bool = False
-    # Recipe fields the family refuses, and why ("cameras": "RT-J reads the tables of a database").
+    # The recipe fields of FAMILY_RECIPE_FIELDS the family takes. Every other one is refused for
+    # it (SFTConfig), so a field added for one family is refused by the others until they say they
+    # take it.
+    recipe_fields: frozenset[str] = frozenset()
+    # Why it refuses some of the fields it does not take ("cameras": "RT-J reads the tables of a
+    # database"); a refusal without a reason here names the models that take the field.
     refused_fields: Mapping[str, str] = field(default_factory=dict)
     # Whether relay.memory_plan knows the named models' sizes (the API plans their jobs' memory).
     memory_planned: bool = False
@@ -228,6 +252,7 @@ def _pi05_spec() -> FamilySpec:
         # run (docs/benchmarks.md). 16 samples a step is what a CPU trains in a fraction of a
         # second; 128 is a GPU's batch.
         model_defaults={"pi05-tiny": {"finetune": "full", "learning_rate": 1e-3, "batch_size": 16}},
+        recipe_fields=ROBOT_RECIPE_FIELDS,
         refused_fields={"tasks_dir": "tasks_dir holds a relational database's tasks, for rt-j models"},
         memory_planned=True,
         tunes_targets=True,
@@ -255,6 +280,7 @@ def _smolvla_spec() -> FamilySpec:
         finetune="full",
         recipe_finetunes=("full", "lora"),
         max_gpus=1,
+        recipe_fields=ROBOT_RECIPE_FIELDS - {"cameras", "targets"},
         refused_fields={
             "tasks_dir": "tasks_dir holds a relational database's tasks, for rt-j models",
             "cameras": "SmolVLA reads every camera of the dataset, under the dataset's own names",
@@ -279,6 +305,7 @@ def _rtj_spec() -> FamilySpec:
         finetune="full",
         # (lora_rank and lora_alpha, as for any finetune="full" recipe, are ignored; a config read
         # back from a job holds them filled in.)
+        recipe_fields=frozenset({"finetune", "lora_rank", "lora_alpha", "tasks_dir"}),
         refused_fields={
             "cameras": "RT-J reads the tables of a database, not camera images",
             "dataset_revision": "RT-J reads a database directory or a SQL database, which have no revisions",
@@ -288,6 +315,8 @@ def _rtj_spec() -> FamilySpec:
             "eval": "closed-loop evaluation runs a robot policy in a simulator; RT-J predicts a "
             "database's task",
             "from_checkpoint": "RT-J starts from its own base; starting from other weights is pi05's",
+            "normalization": "RT-J normalizes each column of the database itself; normalization "
+            "chooses a robot dataset's statistics",
         },
         # pi05's 2.5e-5 at 128 contexts leaves RT-J's loss at ln 2 (0.6931) for every step. rt-j:
         # the rate its authors fine-tune a task at (1e-4); rt-j-tiny: 1e-3 at 16 contexts, the best

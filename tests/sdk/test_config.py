@@ -218,3 +218,16 @@ def test_the_revision_rule_means_the_same_to_the_json_schema_and_to_python() -> 
         assert re.fullmatch(without_whitespace_class, f"v{char}") is None, repr(char)
         with pytest.raises(ValueError, match="bad dataset_revision"):
             SFTConfig(**BASE, dataset_revision=f"v{char}")
+
+
+def test_every_recipe_field_is_every_family_s_or_one_some_families_name() -> None:
+    """A new SFTConfig field must be classified: every family's, or in FAMILY_RECIPE_FIELDS, which
+    a family takes only by naming it (FamilySpec.recipe_fields); so no family accepts another's
+    field without saying so."""
+    from relay import families
+
+    every_family = {"model", "dataset_name", "batch_size", "learning_rate", "steps", "name", "gpus", "task"}
+    unclassified = set(SFTConfig.model_fields) - every_family - set(families.FAMILY_RECIPE_FIELDS)
+    assert not unclassified, f"classify these SFTConfig fields: {sorted(unclassified)}"
+    for spec in families.family_specs():
+        assert spec.recipe_fields <= set(families.FAMILY_RECIPE_FIELDS), spec.name

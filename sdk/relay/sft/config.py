@@ -155,9 +155,10 @@ def _schema_rules() -> tuple[dict[str, Any], ...]:
         }
     )
     for spec in families.family_specs():
-        if spec.task == "refused" and spec.refused_fields:
-            absent = {field: ABSENT for field in spec.refused_fields}
-            rules.append(for_models(spec.models, {"properties": absent}))
+        # The fields of other families (_refuse_fields): absent, or what the model fills in anyway.
+        untaken = {field: _absent_or_filled(field, spec) for field in _untaken(spec)}
+        if untaken and spec.task != "required":
+            rules.append(for_models(spec.models, {"properties": untaken}))
     for spec in families.family_specs():
         if spec.task != "required":
             continue
@@ -166,12 +167,22 @@ def _schema_rules() -> tuple[dict[str, Any], ...]:
             properties["finetune"] = {"enum": list(spec.recipe_ways)}
         if spec.max_gpus is not None:
             properties["gpus"] = {"enum": [*range(1, spec.max_gpus + 1), None]}
-        for refused in spec.refused_fields:
-            properties[refused] = ABSENT
-        if "targets" in spec.refused_fields:
-            properties["targets"] = {"anyOf": [ABSENT, {"const": list(catalog.DEFAULT_FULL_TARGETS)}]}
+        properties.update({field: _absent_or_filled(field, spec) for field in _untaken(spec)})
         rules.append(for_models(spec.models, {"required": ["task"], "properties": properties}))
     return tuple(rules)
+
+
+def _untaken(spec: families.FamilySpec) -> list[str]:
+    return [field for field in families.FAMILY_RECIPE_FIELDS if field not in spec.recipe_fields]
+
+
+def _absent_or_filled(field: str, spec: families.FamilySpec) -> dict[str, Any]:
+    """What a request may hold in a field the family does not take: nothing, or the value its
+    model has anyway (a stored job's config, filled in, sent back)."""
+    if field == "targets":
+        return {"anyOf": [ABSENT, {"const": list(catalog.DEFAULT_FULL_TARGETS)}]}
+    default = families.model_defaults(spec.models[0]).get(field, SFTConfig.model_fields[field].default)
+    return ABSENT if default is None else {"anyOf": [ABSENT, {"const": default}]}
 
 
 class SFTConfig(CheckedConfig):
@@ -196,7 +207,8 @@ class SFTConfig(CheckedConfig):
         for spec in families.family_specs()
         for model, defaults in spec.model_defaults.items()
     }
-    SCHEMA_RULES: ClassVar[tuple[dict[str, Any], ...]] = _schema_rules()
+    # Set below the class: the rules read its fields' defaults (_absent_or_filled).
+    SCHEMA_RULES: ClassVar[tuple[dict[str, Any], ...]] = ()
     WHAT: ClassVar[str] = "SFTConfig"
     BODY_MESSAGE: ClassVar[str] = "the config must be an object with the recipe's fields"
 
@@ -349,12 +361,23 @@ class SFTConfig(CheckedConfig):
         return self
 
     def _refuse_fields(self, spec: families.FamilySpec) -> None:
-        given = self.model_fields_set
-        for field, why in spec.refused_fields.items():
-            if field in given and getattr(self, field) not in (None, list(catalog.DEFAULT_FULL_TARGETS)):
-                raise ConfigError(
-                    f"bad {field}: {self.model} takes no {field} ({why})", field, "invalid_value"
-                )
+        # Opt-in: a field of some families that this one does not take is refused when given, unless
+        # it holds what this model would fill in anyway (a config read back from a stored job).
+        for field in families.FAMILY_RECIPE_FIELDS:
+            if field in spec.recipe_fields or field not in self.model_fields_set or self._as_filled(field):
+                continue
+            takers = families.models_where(lambda other, f=field: f in other.recipe_fields)  # type: ignore[misc]
+            why = spec.refused_fields.get(field) or f"{field} is for {', '.join(takers) or 'no model'}"
+            raise ConfigError(f"bad {field}: {self.model} takes no {field} ({why})", field, "invalid_value")
+
+    def _as_filled(self, field: str) -> bool:
+        """Whether a field holds its empty value or what `_fill_defaults` writes for this model."""
+        value = getattr(self, field)
+        filled = {
+            "targets": list(catalog.DEFAULT_FULL_TARGETS),
+            "lora_alpha": float(self.lora_rank),
+        }
+        return value is None or value == self.default(field, self.model) or value == filled.get(field)
 
     def _database_url_of_a_relational_model(self, spec: families.FamilySpec) -> None:
         if spec.recognizes_data is None and is_relational_source(self.dataset_name):
@@ -438,3 +461,6 @@ class SFTConfig(CheckedConfig):
                 "invalid_value",
             )
         return self
+
+
+SFTConfig.SCHEMA_RULES = _schema_rules()

@@ -64,6 +64,21 @@ def test_the_one_call_registers_the_family_on_both_sides(toy: ToyFamily) -> None
         family_for(TOY)
 
 
+def test_a_family_takes_only_the_recipe_fields_it_names(toy: ToyFamily, tmp_path: Path) -> None:
+    """Opt-in: the toy's spec names no family field, so a robot's or a database's field is refused
+    for it, naming the models that take it; a stored job's config, filled in, reads back."""
+    for field, value, takers in (
+        ("cameras", {"base_0_rgb": "observation.image"}, "pi05, pi05-tiny"),
+        ("lora_rank", 8, "pi05, pi05-tiny, smolvla, smolvla-tiny, rt-j, rt-j-tiny"),
+        ("tasks_dir", "/tasks", "rt-j, rt-j-tiny"),
+    ):
+        with pytest.raises(ValueError) as refused:
+            SFTConfig.parse({"model": TOY, "dataset_name": "points", field: value})
+        assert f"bad {field}: {TOY} takes no {field} ({field} is for {takers})" in str(refused.value)
+    stored = SFTConfig(model=TOY, dataset_name="points").model_dump(mode="json")
+    assert SFTConfig.parse(stored).finetune == "full"
+
+
 def test_a_recipe_checkpoints_stops_and_resumes_to_the_uninterrupted_weights(
     toy: ToyFamily, data: Path, tmp_path: Path
 ) -> None:
