@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from relay import catalog
 from relay.dataset_names import is_relational_source
@@ -211,22 +211,32 @@ SPEC_ENTRY_POINTS = "relay.family_specs"
 
 def discovered_specs() -> list[FamilySpec]:
     """The specs installed packages name under SPEC_ENTRY_POINTS; a broken one is an error naming it."""
+    return installed(SPEC_ENTRY_POINTS, FamilySpec)
+
+
+Installed = TypeVar("Installed")
+
+
+def installed(group: str, kind: type[Installed]) -> list[Installed]:
+    """What installed packages name under the entry-point `group`: each entry a `kind`, or a class or
+    function of no arguments that makes one. A broken entry is an error naming it (a process that
+    half knows a family is worse than one that stops)."""
     found = []
-    for entry in entry_points(group=SPEC_ENTRY_POINTS):
+    for entry in entry_points(group=group):
         try:
             named = entry.load()
-            spec = named() if callable(named) and not isinstance(named, FamilySpec) else named
+            made = named if isinstance(named, kind) else named()
         except Exception as error:
             raise RuntimeError(
-                f"the model family {entry.name!r} ({entry.value}, entry point group {SPEC_ENTRY_POINTS}) "
+                f"the model family {entry.name!r} ({entry.value}, entry point group {group}) "
                 f"could not be loaded: {type(error).__name__}: {error}"
             ) from error
-        if not isinstance(spec, FamilySpec):
+        if not isinstance(made, kind):
             raise RuntimeError(
-                f"the model family {entry.name!r} ({entry.value}) is a {type(spec).__name__}, "
-                "not a FamilySpec"
+                f"the model family {entry.name!r} ({entry.value}) is a {type(made).__name__}, "
+                f"not a {kind.__name__}"
             )
-        found.append(spec)
+        found.append(made)
     return found
 
 

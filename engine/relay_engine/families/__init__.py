@@ -92,19 +92,10 @@ FAMILY_ENTRY_POINTS = "relay.families"
 
 
 def _register_installed_families() -> None:
-    from importlib.metadata import entry_points
+    from relay.families import installed
 
-    for entry in entry_points(group=FAMILY_ENTRY_POINTS):
-        try:
-            named = entry.load()
-            family = named if isinstance(named, Family) else named()
-        except Exception as error:
-            raise ConfigError(
-                f"the model family {entry.name!r} ({entry.value}, entry point group {FAMILY_ENTRY_POINTS}) "
-                f"could not be loaded: {type(error).__name__}: {error}"
-            ) from error
-        if not isinstance(family, Family):
-            raise ConfigError(f"the model family {entry.name!r} ({entry.value}) is not a Family")
+    # Family is abstract; `installed` only tests instances against it.
+    for family in installed(FAMILY_ENTRY_POINTS, Family):  # type: ignore[type-abstract]
         register_family(family)
 
 

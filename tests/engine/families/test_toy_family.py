@@ -147,9 +147,9 @@ def test_relay_local_train_runs_the_family(toy: ToyFamily, data: Path, tmp_path:
     assert refused.exit_code == 1 and f"{TOY} trains in one process" in refused.output
 
 
-def installed(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+def installed(code: str, *args: str, package_dir: Path = PACKAGE_DIR) -> subprocess.CompletedProcess[str]:
     """Run Python in a fresh process with the toy family installed (its directory on PYTHONPATH)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE_DIR), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package_dir), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
         [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=300, check=False
     )
@@ -194,3 +194,18 @@ def test_an_installed_family_trains_through_relay_local_train(tmp_path: Path) ->
     assert answer.returncode == 0, answer.stderr + answer.stdout
     assert json.loads(answer.stdout.strip().splitlines()[-1])["status"] == "completed"
     assert (out / "weights.json").is_file()
+
+
+def test_an_installed_family_that_cannot_load_stops_the_process_naming_its_entry_point(
+    tmp_path: Path,
+) -> None:
+    info = tmp_path / "relay_broken_family-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: relay-broken-family\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[relay.family_specs]\nbroken = relay_no_such_module:spec\n")
+    answer = installed("import relay.sft.config", package_dir=tmp_path)
+    assert answer.returncode != 0
+    assert (
+        "the model family 'broken' (relay_no_such_module:spec, entry point group relay.family_specs) "
+        "could not be loaded: ModuleNotFoundError" in answer.stderr
+    )
