@@ -81,16 +81,17 @@ def _schema_rules() -> tuple[dict[str, Any], ...]:
     takes_no_problem_type = families.models_where(lambda spec: "problem_type" not in spec.session_fields)
     rules = [for_models(takes_no_problem_type, {"properties": {"problem_type": ABSENT}}, field="base_model")]
     for spec in families.family_specs():
-        if spec.finetune is None:
+        ways = spec.recipe_ways
+        if ways is None:
             continue
-        properties = {
+        properties: dict[str, Any] = {
             "from_checkpoint": ABSENT,
-            "finetune": {"const": spec.finetune},
-            "lora_rank": {"const": LORA_RANK_DEFAULT},
-            "lora_alpha": ABSENT,
+            "finetune": {"enum": list(ways)},
             "targets": {"anyOf": [ABSENT, {"const": list(catalog.DEFAULT_FULL_TARGETS)}]},
             "action_horizon": {"const": catalog.ACTION_HORIZON},
         }
+        if "lora" not in ways:  # (a family with LoRA checks its settings against finetune itself)
+            properties.update(lora_rank={"const": LORA_RANK_DEFAULT}, lora_alpha=ABSENT)
         rules.append(for_models(spec.models, {"properties": properties}, field="base_model"))
     return tuple(rules)
 
@@ -136,40 +137,52 @@ class SessionConfig(CheckedConfig):
                 )
         elif self.problem_type is None:
             self.problem_type = spec.session_fields["problem_type"]
-        if spec.finetune is None:
+        ways = spec.recipe_ways
+        if ways is None:
             return self
-        if "finetune" in self.model_fields_set and self.finetune != spec.finetune:
+        if "finetune" not in self.model_fields_set:
+            assert spec.finetune is not None  # a family that names its ways names its default
+            self.finetune = spec.finetune
+        elif self.finetune not in ways:
+            assert spec.finetune is not None
             raise ConfigError(
                 f'bad finetune: "{self.finetune}" ({self.base_model} is tuned in {spec.finetune}: must be '
                 f'"{spec.finetune}"; use create_{spec.finetune}_training_client)',
                 "finetune",
             )
-        self.finetune = spec.finetune
-        self._refuse_policy_settings(spec)
+        self._refuse_policy_settings(ways)
         return self
 
-    def _refuse_policy_settings(self, spec: families.FamilySpec) -> None:
-        # A family tuned one way (SmolVLA, RT-J) takes none of pi05's LoRA and action settings.
+    def _refuse_policy_settings(self, ways: tuple[str, ...]) -> None:
+        # A family that chooses where training goes (SmolVLA, RT-J) takes none of pi05's targets,
+        # checkpoints and action settings; its LoRA settings only where it tunes with LoRA.
+        lora = self.finetune == "lora"
         pi05_only = {
             "from_checkpoint": self.from_checkpoint is not None,
-            "lora_rank": self.lora_rank != LORA_RANK_DEFAULT,
-            "lora_alpha": self.lora_alpha is not None,
+            "lora_rank": self.lora_rank != LORA_RANK_DEFAULT and not lora,
+            "lora_alpha": self.lora_alpha is not None and not lora,
             "targets": self.targets not in (None, list(catalog.DEFAULT_FULL_TARGETS)),
             "action_horizon": self.action_horizon != catalog.ACTION_HORIZON,
         }
+        way = " or ".join(f'"{w}"' for w in ways)
         for field, given in pi05_only.items():
             if given:
-                raise ConfigError(
-                    f"bad {field}: {self.base_model} takes no {field} (it is tuned one way, "
-                    f'finetune "{spec.finetune}"; the field is for pi05 sessions)',
-                    field,
-                )
+                if len(ways) == 1:
+                    why = f"it is tuned one way, finetune {way}; the field is for pi05 sessions"
+                elif field.startswith("lora"):
+                    why = f'finetune "{self.finetune}" has no adapters; use create_lora_training_client'
+                else:
+                    why = "the field is for pi05 sessions"
+                raise ConfigError(f"bad {field}: {self.base_model} takes no {field} ({why})", field)
 
     @model_validator(mode="after")
     def _spell_out_defaults(self) -> SessionConfig:
         # Spelled out so a session shows what it trains, not "default".
         if self.targets is None:
-            self.targets = list(catalog.default_targets(self.finetune))
+            spec = families.family_of(self.base_model)
+            # A family that chooses its own places (SmolVLA's LoRA included) shows "all" of its choice.
+            chooses = spec is not None and spec.recipe_ways is not None
+            self.targets = list(catalog.default_targets("full" if chooses else self.finetune))
         if self.finetune == "lora" and self.lora_alpha is None:
             self.lora_alpha = float(self.lora_rank)
         return self

@@ -278,7 +278,13 @@ class SmolVLAFamily(Family):
         """A training-loop session on a SmolVLA base: what lerobot trains by default, on datums."""
         from relay_engine.families.smolvla.session import SmolVLASession
 
-        return SmolVLASession(self, config["base_model"], device=device)
+        lora = config.get("finetune") == "lora"
+        return SmolVLASession(
+            self,
+            config["base_model"],
+            device=device,
+            lora=(int(config["lora_rank"]), float(config["lora_alpha"])) if lora else None,
+        )
 
     def owns_model(self, name_or_dir: str) -> bool:
         import json

@@ -49,12 +49,24 @@ class SmolVLASession(Session[SmolVLABatch]):
     loss_fn = "flow_matching"
 
     def __init__(
-        self, family: SmolVLAFamily, base_model: str, *, device: torch.device | str = "cpu", seed: int = 0
+        self,
+        family: SmolVLAFamily,
+        base_model: str,
+        *,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        lora: tuple[int, float] | None = None,
     ) -> None:
+        """`lora`: (rank, alpha) to tune with LoRA where lerobot puts it; None: in full."""
         self.family = family
         self.base_model = base_model
+        self.lora = lora
         torch.manual_seed(seed)
         self.policy, self.backbone_dir = family.base_policy(base_model)
+        if lora is not None:
+            from relay_engine.families.smolvla.tuning import apply_lora
+
+            apply_lora(self.policy, lora[0], lora[1], seed)
         self.policy.to(device)
         tokenizer = family.tokenizer(self.policy, self.backbone_dir)
         # The processor only tokenizes here: the data arrive normalized.
@@ -77,7 +89,9 @@ class SmolVLASession(Session[SmolVLABatch]):
         }
 
     def identity(self) -> dict[str, Any]:
-        return {"base_model": self.base_model, "finetune": "full"}
+        if self.lora is None:
+            return {"base_model": self.base_model, "finetune": "full"}
+        return {"base_model": self.base_model, "finetune": "lora", "lora_rank": self.lora[0]}
 
     # -- data -------------------------------------------------------------------------------------
 
