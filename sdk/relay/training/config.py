@@ -90,9 +90,14 @@ def _schema_rules() -> tuple[dict[str, Any], ...]:
             "targets": {"anyOf": [ABSENT, {"const": list(catalog.DEFAULT_FULL_TARGETS)}]},
             "action_horizon": {"const": catalog.ACTION_HORIZON},
         }
-        if "lora" not in ways:  # (a family with LoRA checks its settings against finetune itself)
-            properties.update(lora_rank={"const": LORA_RANK_DEFAULT}, lora_alpha=ABSENT)
-        rules.append(for_models(spec.models, {"properties": properties}, field="base_model"))
+        no_adapters = {"properties": {"lora_rank": {"const": LORA_RANK_DEFAULT}, "lora_alpha": ABSENT}}
+        then: dict[str, Any] = {"properties": properties}
+        if "lora" in ways:  # LoRA settings only with finetune "lora" (the family's default is full)
+            then.update({"if": {"properties": {"finetune": {"const": "lora"}}, "required": ["finetune"]}})
+            then["else"] = no_adapters
+        else:
+            properties.update(no_adapters["properties"])
+        rules.append(for_models(spec.models, then, field="base_model"))
     return tuple(rules)
 
 
