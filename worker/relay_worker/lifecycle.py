@@ -74,6 +74,11 @@ def _owned(claim: Claim) -> Any:
     )
 
 
+def lost_worker_reason(attempt: int) -> str:
+    """Why a job is retried when its attempt's lease lapsed without a word from its worker."""
+    return f"the worker of attempt {attempt} stopped responding (killed or lost)"
+
+
 def claimable(settings: Settings, now: dt.datetime) -> Any:
     """A job a worker (or a gang of them) may take: queued, or running with a lapsed lease, and
     with attempts left."""
@@ -106,6 +111,14 @@ def claim(db_sessions: sessionmaker[Session], settings: Settings, job_id: str, o
     def run() -> Claim | None:
         now = database_now(db_sessions)
         with db_sessions() as db:
+            # What the job was, for its retry event: a running job is taken from an attempt whose
+            # lease lapsed, and a task delivered again (the broker's redelivery of a killed
+            # worker's task) can take it before any reconciler reported the retry.
+            before = db.execute(
+                select(fine_tunes.c.status, fine_tunes.c.attempt, fine_tunes.c.last_failure).where(
+                    fine_tunes.c.id == job_id
+                )
+            ).first()
             row = db.execute(
                 update(fine_tunes)
                 .where(fine_tunes.c.id == job_id, claimable(settings, now))
@@ -121,6 +134,11 @@ def claim(db_sessions: sessionmaker[Session], settings: Settings, job_id: str, o
                 )
                 .returning(fine_tunes.c.attempt, fine_tunes.c.user_id, fine_tunes.c.config, fine_tunes.c.step)
             ).first()
+            if row is not None and before is not None and before.status == st.RUNNING:
+                # The reconciler's retry event, if it wrote one, is this one (one per step and attempt).
+                reason = before.last_failure or lost_worker_reason(before.attempt)
+                retry = RetryEvent(step=row.step, attempt=row.attempt, reason=reason)
+                insert_event(db, job_id, retry, before.attempt, now)
             db.commit()
             if row is None:
                 return None
@@ -454,7 +472,7 @@ def _hand_on_lapsed(
     returns the jobs handed on and those failed."""
     resumed, failed = [], []
     for job_id, attempt, failures, step, last_failure in lapsed:
-        reason = last_failure or f"the worker of attempt {attempt} stopped responding (killed or lost)"
+        reason = last_failure or lost_worker_reason(attempt)
         if failures >= settings.max_attempts:
             message = f"gave up after {failures} failed attempts; the last one ended with: {reason}"
             if _end_exhausted(db_sessions, job_id, attempt, step, message):
