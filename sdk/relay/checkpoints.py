@@ -94,7 +94,8 @@ def parse_checkpoint(value: str) -> CheckpointSource:
 def checkpoint_model(directory: Path) -> str | None:
     """Which model the checkpoint in `directory` is (pi05, pi05-tiny, smolvla ...), by its own config:
     Relay's relay_config.json (or config.json of older outputs), lerobot's config.json (its type,
-    pi05 or smolvla: the published size), or a bare model.safetensors (lerobot's or openpi's pi05).
+    pi05 or smolvla: the published size), or a bare model.safetensors (the family's that claims such
+    files: pi05's, as lerobot and openpi export it).
     None when it cannot be told."""
     for name in (RELAY_CONFIG_FILE, LEROBOT_CONFIG_FILE):
         path = directory / name
@@ -111,7 +112,7 @@ def checkpoint_model(directory: Path) -> str | None:
         # lerobot's policy type names the family, whose published size has the same name.
         kind = data.get("type")
         return kind if isinstance(kind, str) and families.family_of(kind) is not None else None
-    return "pi05" if (directory / WEIGHTS_FILE).is_file() else None
+    return families.bare_weights_model() if (directory / WEIGHTS_FILE).is_file() else None
 
 
 def architecture_mismatch(model: str, found: str, checkpoint: str) -> str:

@@ -70,6 +70,13 @@ class FamilySpec:
     # relational database directory, schema.json + tables/, or a SQL database's URL); it is given
     # the name as written. None: the family trains on LeRobot datasets.
     recognizes_data: Callable[[str], bool] | None = None
+    # How `relay datasets check` and `stats` show that own kind of data: "module:attribute" of a
+    # relay.cli.datasets.OwnDataChecker, imported when such data is checked (the CLI's modules import
+    # this one). None: the family trains on LeRobot datasets, which `relay datasets` reads itself.
+    data_checker: str | None = None
+    # The model a checkpoint directory holding only a bare model.safetensors is read as, with no
+    # config beside it to say (lerobot's and openpi's pi05 exports); one family at most claims it.
+    bare_weights_model: str | None = None
     # How `relay models list` names its models ("relational models: rt-j, rt-j-tiny").
     list_label: str = "models"
     # Whether its recipes choose where training goes (targets, LoRA): `relay models info` then
@@ -187,6 +194,11 @@ def _is_database(name: str) -> bool:
     return (path / "schema.json").is_file() and (path / "tables").is_dir()
 
 
+def bare_weights_model() -> str | None:
+    """The model a bare model.safetensors, with no config beside it, is read as (FamilySpec)."""
+    return next((spec.bare_weights_model for spec in family_specs() if spec.bare_weights_model), None)
+
+
 def is_gpu_sized(model: str) -> bool:
     spec = family_of(model)
     return spec is not None and model in spec.gpu_sized_models
@@ -247,6 +259,11 @@ def _add(spec: FamilySpec) -> None:
     clashes = [model for model in spec.models if model in taken]
     if clashes:
         raise ValueError(f"family {spec.name}: model {clashes[0]} is already {taken[clashes[0]]}'s")
+    claimed = [
+        other.name for other in _SPECS.values() if other.name != spec.name and other.bare_weights_model
+    ]
+    if spec.bare_weights_model is not None and claimed:
+        raise ValueError(f"family {spec.name}: bare weights files are already read as {claimed[0]}'s")
     _SPECS[spec.name] = spec
 
 
@@ -266,6 +283,7 @@ def _pi05_spec() -> FamilySpec:
         refused_fields={"tasks_dir": "tasks_dir holds a relational database's tasks, for rt-j models"},
         memory_planned=True,
         tunes_targets=True,
+        bare_weights_model="pi05",
         loss_names=("flow_matching",),
         deployments="base_or_tuned",
         use_text=robot_policy_use,
@@ -311,6 +329,7 @@ def _rtj_spec() -> FamilySpec:
         models=catalog.RELATIONAL_MODELS,
         list_label="relational models",
         recognizes_data=_is_database,
+        data_checker="relay.cli.datasets:DATABASE_CHECKER",
         task="required",
         finetune="full",
         # (lora_rank and lora_alpha, as for any finetune="full" recipe, are ignored; a config read

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from pkgutil import resolve_name
 from typing import Annotated, Any
 
 import typer
@@ -112,7 +113,7 @@ def check(
     if own is not None:  # a family's own kind of data (an rt-j database), checked by its checker
         if revision is not None:
             fail(f"bad --revision: {redacted_url(dataset)} is a {own.name} database, which has no revisions")
-        _own_data_checker(own.name).check(dataset_name(dataset), tasks_dir)
+        _own_data_checker(own).check(dataset_name(dataset), tasks_dir)
         return
     _no_tasks_dir(dataset, tasks_dir)
     datasets = require("relay_engine.datasets")
@@ -183,7 +184,7 @@ def stats(
     relational database: each column's type and statistics, and each task's labels."""
     own = families.family_of_data(dataset)
     if own is not None:
-        _own_data_checker(own.name).stats(dataset_name(dataset), tasks_dir, json_output)
+        _own_data_checker(own).stats(dataset_name(dataset), tasks_dir, json_output)
         return
     _no_tasks_dir(dataset, tasks_dir)
     datasets = require("relay_engine.datasets")
@@ -277,14 +278,15 @@ def synth(
     ] = 1000,
 ) -> None:
     """Write a synthetic LeRobot dataset (v2.1 images by default): move to the dot of the task's colour."""
-    pi05 = require("relay_engine.families").family_named(families.PI05)
+    # A LeRobot dataset, which every robot family reads: written by the shared reader's package.
+    synth = require("relay_engine.datasets.synth")
     errors = require("relay_engine.errors")
     episode_length = _length(length)
     cameras = (
         {feature: _size(size) for feature, size in parse_pairs(camera, "camera").items()} if camera else None
     )
     try:
-        path = pi05.synthesize(
+        path = synth.write_synthetic_dataset(
             out_dir,
             episodes=episodes,
             episode_length=episode_length,
@@ -329,8 +331,8 @@ def synth_db(
             fail(f"--{option} must be from {low:,} to {high:,}, got {value}")
     if out_dir.exists() and any(out_dir.iterdir()):
         fail(f"{out_dir} is not empty")
-    rtj = require("relay_engine.families").family_named(families.RTJ)
-    path = rtj.synthesize(out_dir, customers=customers, products=products, reviews=reviews, seed=seed)
+    shop = require("relay_engine.families.rtj.synth")
+    path = shop.write_fake_shop(out_dir, customers=customers, products=products, reviews=reviews, seed=seed)
     _out.print(f"wrote {path} (tasks user-churn, user-ltv)", soft_wrap=True, markup=False)
 
 
@@ -578,10 +580,12 @@ class OwnDataChecker:
     stats: Callable[[str, Path | None, bool], None]  # and whether to print JSON
 
 
-def _own_data_checker(family: str) -> OwnDataChecker:
-    checker = OWN_DATA_CHECKERS.get(family)
-    if checker is None:
-        fail(f"relay datasets cannot check {family}'s data")
+def _own_data_checker(family: families.FamilySpec) -> OwnDataChecker:
+    if family.data_checker is None:
+        fail(f"relay datasets cannot check {family.name}'s data")
+    checker = resolve_name(family.data_checker)
+    if not isinstance(checker, OwnDataChecker):
+        fail(f"relay datasets cannot check {family.name}'s data: {family.data_checker} is no OwnDataChecker")
     return checker
 
 
@@ -660,7 +664,5 @@ def _database_stats(dataset: str, tasks_dir: Path | None, json_output: bool) -> 
             _out.print(f"task {escape(name)} {split}: {figures}", soft_wrap=True)
 
 
-# The checkers of the families whose data is not a LeRobot dataset (relay.families.family_of_data).
-OWN_DATA_CHECKERS: dict[str, OwnDataChecker] = {
-    families.RTJ: OwnDataChecker(check=_check_database, stats=_database_stats),
-}
+# A relational database's checker: RT-J's spec names it (FamilySpec.data_checker).
+DATABASE_CHECKER = OwnDataChecker(check=_check_database, stats=_database_stats)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -13,7 +14,10 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
+from relay.checkpoints import checkpoint_model
 from relay.cli import app
+from relay.cli.datasets import OwnDataChecker
+from relay.families import FamilySpec, forget_family_spec, register_family_spec
 from relay_engine.datasets import NormStats, open_dataset
 from tests.engine.datasets.conftest import edit_info, rewrite_episode
 
@@ -154,3 +158,41 @@ def test_synth_makes_a_directory_with_the_umasks_mode(tmp_path: Path) -> None:
         os.umask(old)
     assert code == 0, output
     assert stat.S_IMODE((tmp_path / "shared").stat().st_mode) == 0o755  # not mkdtemp's 0700
+
+
+# A family whose own kind of data is a `.points` file, checked by the checker its spec names.
+POINTS_CHECKER = OwnDataChecker(
+    check=lambda dataset, tasks_dir: print(f"{dataset}: points, checked"),
+    stats=lambda dataset, tasks_dir, as_json: print(f"{dataset}: points, {'json' if as_json else 'table'}"),
+)
+
+
+def test_a_familys_own_data_is_checked_by_the_checker_its_spec_names(tmp_path: Path) -> None:
+    spec = FamilySpec(
+        name="points",
+        models=("points-model",),
+        recognizes_data=lambda name: name.endswith(".points"),
+        data_checker=f"{__name__}:POINTS_CHECKER",
+    )
+    register_family_spec(spec)
+    try:
+        data = tmp_path / "shop.points"
+        code, output = relay("check", data)
+        assert (code, output.strip()) == (0, f"{data}: points, checked")
+        code, output = relay("stats", data, "--json")
+        assert (code, output.strip()) == (0, f"{data}: points, json")
+        # A family that names no checker: a clear refusal, not a LeRobot reader's error.
+        register_family_spec(dataclasses.replace(spec, data_checker=None))
+        code, output = relay("check", data)
+        assert code == 1 and "relay datasets cannot check points's data" in output
+    finally:
+        forget_family_spec(spec.name)
+
+
+def test_a_bare_weights_file_is_read_as_the_model_its_family_claims(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert checkpoint_model(tmp_path) == "pi05"
+    # One family at most claims bare weights: a second is refused where it registers.
+    with pytest.raises(ValueError, match="bare weights files are already read as pi05's"):
+        register_family_spec(FamilySpec(name="bare", models=("bare-model",), bare_weights_model="bare-model"))
+    assert checkpoint_model(tmp_path) == "pi05"

@@ -207,11 +207,6 @@ class Pi05Family(Family):
 
         return load_policy(name_or_dir, device=device)
 
-    def synthesize(self, directory: Path, **options: Any) -> Any:
-        from relay_engine.datasets.synth import write_synthetic_dataset
-
-        return write_synthetic_dataset(directory, **options)
-
     def acting_policy(self, name_or_dir: str, device: torch.device) -> ActingPolicy:
         from relay_engine.models import Pi05Policy
 
