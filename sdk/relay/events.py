@@ -403,6 +403,16 @@ def parse_event(data: Mapping[str, Any]) -> Event:
     return typing.cast(Event, event)
 
 
+def parse_known(data: Mapping[str, Any]) -> Event | None:
+    """`parse_event` for a reader that shows events: None for one this version cannot read (a kind
+    from a newer worker, or a field that breaks its type), which the reader then shows as it stands
+    or passes over, rather than crash. ``match parse_known(event):`` puts it under ``case _:``."""
+    try:
+        return parse_event(data)
+    except ValueError:
+        return None
+
+
 def wire_form(event: Mapping[str, Any]) -> dict[str, Any]:
     """An event's keys with its kind (a typed event's, or the one its keys imply)."""
     return {**event, "kind": kind_of(event)}

@@ -19,14 +19,14 @@ import logging
 import os
 from pathlib import Path
 
-from relay.events import CheckpointEvent, Event, event_line, kind_of, parse_event
+from relay.events import CheckpointEvent, Event, EventBase, FinishedEvent, event_line, parse_event
 
 log = logging.getLogger("relay_worker")
 
 JOURNAL = "events.jsonl"
 # Reported again by whichever attempt reaches the end, so never replayed: a replayed one would come
 # before the new attempt's `resumed`.
-NOT_REPLAYED = frozenset({"finished"})
+NOT_REPLAYED: tuple[type[EventBase], ...] = (FinishedEvent,)
 
 
 class EventJournal:
@@ -40,7 +40,7 @@ class EventJournal:
         try:
             with open(self.path, "a", encoding="utf-8") as file:
                 file.write(line)
-                if kind_of(event) == "checkpoint":
+                if isinstance(event, CheckpointEvent):
                     file.flush()
                     os.fsync(file.fileno())
         except OSError as error:
@@ -55,7 +55,7 @@ class EventJournal:
         the checkpoint is complete, and the job's events must say so; `seconds` is then unknown).
         Written twice, it is stored once (the database keeps one event per job, step and kind)."""
         events = self.between(reported_step, resumes_from)
-        if not any(kind_of(event) == "checkpoint" and event.step == resumes_from for event in events):
+        if not any(isinstance(event, CheckpointEvent) and event.step == resumes_from for event in events):
             events.append(CheckpointEvent(step=resumes_from, seconds=None))
         return events
 
@@ -71,6 +71,6 @@ class EventJournal:
             except (ValueError, TypeError, AttributeError):  # a line cut short, or not an event
                 log.warning("%s: skipped a line cut short: %.80s", self.path, line)
                 continue
-            if first_step <= event.step <= last_step and event.kind not in NOT_REPLAYED:
+            if first_step <= event.step <= last_step and not isinstance(event, NOT_REPLAYED):
                 events.append(event)
         return events

@@ -30,11 +30,12 @@ from relay.cli._common import (
 from relay.cli.watch import watch_events
 from relay.errors import ConfigError
 from relay.events import (
-    METRICS,
+    MetricsEvent,
     ValidationEvent,
     dataset_line,
     eval_report_path,
     headline_action_error,
+    parse_known,
     validation_line,
     weights_line,
 )
@@ -454,22 +455,23 @@ def _print_event(event: Event, as_json: bool, steps: int) -> None:
     if as_json:
         print(json.dumps({"id": event.id, "created_at": event.created_at, **event}), flush=True)
         return
-    if event.kind == METRICS:
-        line = (
-            f"id {event.id:>6}  step {event['step']:>6}  loss {number_text(event.get('loss'))}"
-            f"  grad_norm {number_text(event.get('grad_norm'))}  lr {number_text(event.get('lr'))}"
-            f"  skipped {_share(event.get('skipped'))}  {_pace(event)}"
-        )
-    elif event.kind == ValidationEvent.kind:
-        line = (
-            f"id {event.id:>6}  step {event['step']:>6}  validation  {validation_line(event)}"
-            f"  ({_value(event.get('seconds'))} s)"
-        )
-    else:
-        details = "  ".join(f"{k} {_value(v)}" for k, v in event.items() if k not in ("step", "event"))
-        line = f"id {event.id:>6}  step {event['step']:>6}  {event.kind}" + (
-            f"  {details}" if details else ""
-        )
+    match parse_known(event):
+        case MetricsEvent() as metrics:
+            line = (
+                f"id {event.id:>6}  step {metrics.step:>6}  loss {number_text(metrics.loss)}"
+                f"  grad_norm {number_text(metrics.grad_norm)}  lr {number_text(metrics.lr)}"
+                f"  skipped {_share(metrics.skipped)}  {_pace(metrics)}"
+            )
+        case ValidationEvent() as scored:
+            line = (
+                f"id {event.id:>6}  step {scored.step:>6}  validation  {validation_line(scored)}"
+                f"  ({_value(scored.seconds)} s)"
+            )
+        case _:  # any other kind, one unknown here (a newer worker's) too: its keys as they stand
+            details = "  ".join(f"{k} {_value(v)}" for k, v in event.items() if k not in ("step", "event"))
+            line = f"id {event.id:>6}  step {event['step']:>6}  {event.kind}" + (
+                f"  {details}" if details else ""
+            )
     out.print(line, highlight=False, soft_wrap=True)
     sys.stdout.flush()
 
@@ -480,10 +482,10 @@ LOSS_LABEL = "loss (10-step mean)"
 LORA_FIELDS = ("lora_rank", "lora_alpha")
 
 
-def _pace(event: Event) -> str:
+def _pace(event: MetricsEvent) -> str:
     """A metrics event's rate: the engine's, over its 10 steps' compute. (The time left is the
     progress bar's and the results card's, at the recent pace: relay.progress.recent_rate.)"""
-    rate = event.get("steps_per_second")
+    rate = event.steps_per_second
     if not isinstance(rate, int | float) or rate <= 0:
         return "- steps/s"
     return f"{number_text(rate, 3)} steps/s"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -22,19 +21,17 @@ from relay.cli._launch import Launch, rank, run_launched
 from relay.episodes import parse_episodes as episodes_of_text
 from relay.events import (
     CHUNKS_PER_FRAME,
-    METRICS,
+    DatasetEvent,
     EvalEvent,
+    Event,
+    MetricsEvent,
     ResumedEvent,
     SnapshotEvent,
     StageEvent,
     ValidationEvent,
     WeightsEvent,
-    dataset_line,
-    eval_line,
-    kind_of,
-    stage_text,
+    parse_known,
     validation_line,
-    weights_line,
 )
 from relay.formatting import number_text
 from relay.progress import ProgressReport
@@ -247,16 +244,9 @@ def _check_processes(config: SFTConfig, processes: int) -> None:
         )
 
 
-def _snapshot_note(event: dict[str, Any]) -> str:
-    tables = ", ".join(f"{name} {count:,}" for name, count in event["row_counts"].items())
-    return f"reading a snapshot of {event['source']} ({tables} rows) at {event['path']}"
-
-
-_READ_NOTES: dict[str, Callable[[dict[str, Any]], str]] = {
-    "dataset": lambda event: f"reading {dataset_line(event)}",
-    WeightsEvent.kind: lambda event: f"starting from {weights_line(event)}",
-    SnapshotEvent.kind: _snapshot_note,
-}
+def _snapshot_note(event: SnapshotEvent) -> str:
+    tables = ", ".join(f"{name} {count:,}" for name, count in event.row_counts.items())
+    return f"reading a snapshot of {event.source} ({tables} rows) at {event.path}"
 
 
 class _TrainingProgress:
@@ -269,36 +259,47 @@ class _TrainingProgress:
         self.validation: dict[str, Any] | None = None  # the latest validation event
 
     def on_event(self, event: dict[str, Any]) -> None:
-        kind = kind_of(event)
-        if kind == METRICS:
-            self.window_loss = event["loss"]
-        elif kind == ValidationEvent.kind:
-            self.validation = dict(event)
+        typed = parse_known(event)  # None for a kind unknown here (a newer engine's): printed, not noted
+        match typed:
+            case MetricsEvent():
+                self.window_loss = typed.loss
+            case ValidationEvent():
+                self.validation = dict(event)
         if self.report is None:
             print(json.dumps(event), flush=True)
-            return
-        if kind == METRICS:
-            detail = (
-                f"loss {number_text(event['loss'])} (10-step mean)  "
-                f"grad_norm {number_text(event['grad_norm'])}  lr {number_text(event['lr'])}"
-            )
-            self.report.update(event["step"], detail, description="training")
-            if event["skipped"]:
-                self.report.note(
-                    f"step {event['step']}: {event['skipped']:.0%} of steps skipped (non-finite gradient)"
+        else:
+            self._show(typed, self.report)
+
+    def _show(self, typed: Event | None, report: ProgressReport) -> None:
+        """An event on the progress report: a step's figures or a stage on its line, the rest as notes."""
+        match typed:
+            case MetricsEvent():
+                detail = (
+                    f"loss {number_text(typed.loss)} (10-step mean)  "
+                    f"grad_norm {number_text(typed.grad_norm)}  lr {number_text(typed.lr)}"
                 )
-        elif kind == StageEvent.kind:  # a wait between steps: say what it is
-            self.report.update(event["step"], "", description=stage_text(event))
-        elif kind in _READ_NOTES:  # what the run read before its first step
-            self.report.note(_READ_NOTES[kind](event))
-        elif kind == ValidationEvent.kind:
-            self.report.note(f"step {event['step']}: validation: {validation_line(event)}")
-        elif kind == EvalEvent.kind:
-            self.report.note(f"step {event['step']}: closed loop: {eval_line(event)}")
-        elif kind == ResumedEvent.kind:
-            where = self.output_dir / "checkpoints"
-            self.report.note(f"resuming from step {event['step']} (the last checkpoint in {where})")
-            self.report.update(event["step"])
+                report.update(typed.step, detail, description="training")
+                if typed.skipped:
+                    report.note(
+                        f"step {typed.step}: {typed.skipped:.0%} of steps skipped (non-finite gradient)"
+                    )
+            case StageEvent():  # a wait between steps: say what it is
+                report.update(typed.step, "", description=typed.describe())
+            # What the run read before its first step:
+            case DatasetEvent():
+                report.note(f"reading {typed.describe()}")
+            case WeightsEvent():
+                report.note(f"starting from {typed.describe()}")
+            case SnapshotEvent():
+                report.note(_snapshot_note(typed))
+            case ValidationEvent():
+                report.note(f"step {typed.step}: validation: {typed.describe()}")
+            case EvalEvent():
+                report.note(f"step {typed.step}: closed loop: {typed.describe()}")
+            case ResumedEvent():
+                where = self.output_dir / "checkpoints"
+                report.note(f"resuming from step {typed.step} (the last checkpoint in {where})")
+                report.update(typed.step)
 
     def close(self) -> None:
         if self.report is not None:

@@ -15,17 +15,17 @@ from rich.table import Table
 from rich.text import Text
 
 from relay.cli._common import status_text
-from relay.events import METRICS, CancelledEvent, ErrorEvent, FinishedEvent
+from relay.events import CancelledEvent, ErrorEvent, EventBase, FinishedEvent, MetricsEvent, parse_known
 from relay.formatting import number_text
 from relay.sft import status as job_status
 from relay.sft.job import Event, FineTuneJob
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 # The status an event leaves the job in; other events (retry, resumed, checkpoint) leave it running.
-STATUS_AFTER = {
-    FinishedEvent.kind: job_status.COMPLETED,
-    CancelledEvent.kind: job_status.CANCELLED,
-    ErrorEvent.kind: job_status.ERROR,
+STATUS_AFTER: dict[type[EventBase], str] = {
+    FinishedEvent: job_status.COMPLETED,
+    CancelledEvent: job_status.CANCELLED,
+    ErrorEvent: job_status.ERROR,
 }
 # How often the live panel asks the API for the job's status: a job leaves `queued` with no event
 # (its first metrics come 10 steps later, minutes for a large model), and the panel must say so.
@@ -64,11 +64,12 @@ class LossPanel:
 
     def add(self, event: Event) -> None:
         self.step = max(self.step, int(event.get("step") or 0))
-        if event.kind == METRICS and isinstance(event.get("loss"), int | float):
-            self.losses.append(float(event["loss"]))
+        typed = parse_known(event)  # None for a kind unknown here (a newer worker's): its step alone counts
+        if isinstance(typed, MetricsEvent) and isinstance(typed.loss, int | float):
+            self.losses.append(float(typed.loss))
             self.status = job_status.RUNNING
-        elif event.kind in STATUS_AFTER:
-            self.status = STATUS_AFTER[event.kind]
+        elif typed is not None and type(typed) in STATUS_AFTER:
+            self.status = STATUS_AFTER[type(typed)]
 
     def update_from(self, job: FineTuneJob) -> None:
         """The job as the API reports it now; an end already seen in the events stays."""

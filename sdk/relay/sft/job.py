@@ -53,7 +53,8 @@ class Event(dict[str, Any]):
     @property
     def typed(self) -> events.Event:
         """The event as its kind's class (``MetricsEvent``, ``CheckpointEvent``, ...): typed fields,
-        and a class to match on."""
+        and a class to match on. ValueError for a kind this SDK does not know (a newer worker's);
+        ``relay.events.parse_known(event)`` gives None for it instead."""
         return events.parse_event(self)
 
 
@@ -203,7 +204,11 @@ class FineTuneJob:
         """The job's closed-loop evaluations so far (its `eval` events), oldest first: at each
         checkpoint if its `eval` block asks, and at the end. Each one's whole report is the job's
         file `eval/step-N.json` (relay.events.eval_report_path)."""
-        return [typed for event in self.events() if isinstance(typed := event.typed, events.EvalEvent)]
+        return [
+            typed
+            for event in self.events()
+            if isinstance(typed := events.parse_known(event), events.EvalEvent)
+        ]
 
     def events(self, after: int | None = None) -> list[Event]:
         """The job's events so far, oldest first; with `after`, only those after that event id."""
@@ -287,5 +292,6 @@ class _StageWatch:
     def now(self) -> str | None:
         for event in self.job.events(self.after):
             self.after = event.id
-            self.stage = events.stage_text(event) if event.kind == events.StageEvent.kind else None
+            typed = events.parse_known(event)  # None for a kind unknown here: it ends a stage too
+            self.stage = typed.describe() if isinstance(typed, events.StageEvent) else None
         return self.stage
