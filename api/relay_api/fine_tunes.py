@@ -440,6 +440,9 @@ def _setting_to_change(fit: _GpuFit, gpus: int) -> tuple[str, int | str, str]:
     `finetune` and `model` whose change would make the plan fit."""
     config = fit.config
     most = min(sum(w.gpus for w in fit.workers), config.batch_size)
+    spec = families.family_of(config.model)
+    if spec is not None and spec.max_gpus is not None:
+        most = min(most, spec.max_gpus)  # SmolVLA's one process is never told to spread out
     if any(fit.fits_on(n) for n in range(gpus + 1, most + 1)):
         return "gpus", gpus, "more GPUs would share it"
     # Fewer processes need more memory each, but may then be few enough for the GPUs that hold it.

@@ -89,8 +89,9 @@ class FamilySpec:
     # Why it refuses some of the fields it does not take ("cameras": "RT-J reads the tables of a
     # database"); a refusal without a reason here names the models that take the field.
     refused_fields: Mapping[str, str] = field(default_factory=dict)
-    # Whether relay.memory_plan knows the named models' sizes (the API plans their jobs' memory).
-    memory_planned: bool = False
+    # Where relay.memory_plan finds its named models' sizes, "module:attribute" of a
+    # relay.memory_plan.MemoryLayout (the API then plans its jobs' memory); None: not planned.
+    memory_layout: str | None = None
     # Session fields that only this family takes, with their defaults (RT-J's problem_type).
     session_fields: Mapping[str, Any] = field(default_factory=dict)
     # The built-in losses its sessions compute in forward_backward.
@@ -110,6 +111,10 @@ class FamilySpec:
     # A job's results card's "use this model" text: (model, directory, dataset, task) -> UseText
     # (relay.model_use).
     use_text: Callable[[str, str, str, str | None], UseText] | None = None
+
+    @property
+    def memory_planned(self) -> bool:
+        return self.memory_layout is not None
 
     @property
     def one_process(self) -> bool:
@@ -281,7 +286,7 @@ def _pi05_spec() -> FamilySpec:
         model_defaults={"pi05-tiny": {"finetune": "full", "learning_rate": 1e-3, "batch_size": 16}},
         recipe_fields=ROBOT_RECIPE_FIELDS,
         refused_fields={"tasks_dir": "tasks_dir holds a relational database's tasks, for rt-j models"},
-        memory_planned=True,
+        memory_layout="relay.memory_plan:PI05_LAYOUT",
         tunes_targets=True,
         bare_weights_model="pi05",
         loss_names=("flow_matching",),
@@ -315,6 +320,8 @@ def _smolvla_spec() -> FamilySpec:
             "targets": "SmolVLA trains what lerobot trains by default: the action expert and the "
             "state, action and time projections",
         },
+        # relay.smolvla_layout holds both models' sizes: the API refuses a job no live GPU holds.
+        memory_layout="relay.memory_plan:SMOLVLA_LAYOUT",
         loss_names=("flow_matching",),
         # A base acts for no robot's cameras yet: deployments serve a fine-tune's output.
         deployments="tuned_only",

@@ -1,8 +1,15 @@
-"""How much memory a pi0.5 job needs on each GPU: weights, gradients, optimizer state, activations.
+"""How much memory a pi0.5 or SmolVLA job needs on each GPU: weights, gradients, optimizer state,
+activations.
 
-Pure arithmetic on the model's sizes (`relay.pi05_layout`), so the API can refuse a job that fits
-no worker's GPUs without torch, and `relay models info --memory` and the engine print the same
-figures. The weights, gradients and AdamW moments follow from parameter counts and the strategy:
+Pure arithmetic on the model's sizes (`relay.pi05_layout`, `relay.smolvla_layout`; a family's spec
+names its layout, FamilySpec.memory_layout), so the API can refuse a job that fits no worker's GPUs without
+torch, and `relay models info --memory` and the engine print the same figures.
+
+SmolVLA trains in one process, in fp32 on every device (its engine neither casts nor autocasts):
+every weight in fp32, the trainable ones' fp32 gradients and two AdamW moments, and the
+activations `relay.smolvla_layout.kept_activations` counts (its text says how). The rest of this
+text is pi0.5's. The weights, gradients and AdamW moments follow from parameter counts and the
+strategy:
 
 - DDP: every process holds the whole model (frozen weights in bf16 on CUDA, trainable in fp32),
   the trainable weights' fp32 gradients twice (the gradients and DDP's reduction buckets), and
@@ -24,13 +31,15 @@ input, and the layer being recomputed in backward holds its activations again.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pkgutil import resolve_name
 from typing import TYPE_CHECKING, Any
 
-from relay import families
+from relay import families, pi05_layout, smolvla_layout
 from relay.catalog import MODEL_CAMERAS, auto_strategy
-from relay.pi05_layout import NAMED_SIZES, GemmaSize, Pi05Shape, Tuned, tune
+from relay.pi05_layout import GemmaSize, Pi05Shape, Tuned
+from relay.smolvla_layout import SmolVLASizes
 
 if TYPE_CHECKING:
     from relay.sft.config import SFTConfig
@@ -67,12 +76,15 @@ class MemoryPlan:
     gpus: int
     batch_size: int  # the global batch
     per_gpu_batch: int
-    device: str  # cuda (bf16 compute) or cpu (fp32)
+    device: str  # cuda or cpu
     weights: int
     gradients: int
     optimizer: int
     activations: int
     overhead: int
+    # What the activations are computed in: pi05's bf16 under autocast on CUDA, fp32 on a CPU;
+    # SmolVLA's fp32 everywhere.
+    compute_dtype: str = "bf16"
 
     @property
     def total(self) -> int:
@@ -97,13 +109,14 @@ def plan_named(
     device: str = "cuda",
 ) -> MemoryPlan | None:
     """The plan of a recipe on a named base model; None for a model whose family the plan does not
-    know (relay.families: FamilySpec.memory_planned), or that has no named sizes."""
-    spec = families.family_of(model)
-    sizes = NAMED_SIZES.get(model) if spec is not None and spec.memory_planned else None
-    if sizes is None:
+    know (relay.families: FamilySpec.memory_planned), or that has no named sizes. A ValueError says
+    what the recipe's settings break (an unknown target, a rank out of range, SmolVLA on more than
+    one GPU)."""
+    layout = _layout_of(model)
+    if layout is None:
         return None
-    return plan_memory(
-        sizes,
+    return layout.plan(
+        layout.sizes[model],
         model=model,
         tuned=_named_tuning(model, finetune, None if targets is None else tuple(targets), lora_rank),
         finetune=finetune,
@@ -115,16 +128,29 @@ def plan_named(
 
 
 def weight_count(model: str) -> int | None:
-    """The base weights of a named pi0.5 model (no adapters), for messages that say how big it is;
-    None for a model that is not pi0.5's."""
-    sizes = NAMED_SIZES.get(model)
-    return None if sizes is None else sum(w.numel for w in _named_tuning(model, "full", None, 1).base)
+    """The base weights of a named model whose layout the plan knows (no adapters), for messages
+    that say how big it is; None for any other."""
+    if _layout_of(model) is None:
+        return None
+    return sum(w.numel for w in _named_tuning(model, "full", None, 1).base)
+
+
+def _layout_of(model: str) -> MemoryLayout | None:
+    spec = families.family_of(model)
+    if spec is None or spec.memory_layout is None:
+        return None
+    layout = resolve_name(spec.memory_layout)
+    if not isinstance(layout, MemoryLayout):
+        raise TypeError(f"{spec.name}'s memory_layout {spec.memory_layout} is no MemoryLayout")
+    return layout if model in layout.sizes else None
 
 
 @functools.lru_cache(maxsize=64)
 def _named_tuning(model: str, finetune: str, targets: tuple[str, ...] | None, lora_rank: int) -> Tuned:
     # The API plans on every recipe it accepts; the layout of a named model never changes.
-    return tune(NAMED_SIZES[model], finetune, targets, lora_rank)
+    layout = _layout_of(model)
+    assert layout is not None
+    return layout.tune(layout.sizes[model], finetune, targets, lora_rank)
 
 
 def plan_memory(
@@ -174,6 +200,7 @@ def plan_memory(
         optimizer=optimizer,
         activations=activations,
         overhead=CUDA_OVERHEAD_BYTES if cuda else 0,
+        compute_dtype="bf16" if cuda else "fp32",
     )
 
 
@@ -203,6 +230,55 @@ def _unit_of(name: str, shape: Pi05Shape) -> str | None:
             index = name[len(stack) + 1 :].partition(".")[0]
             return f"{stack}.{index}."
     return None
+
+
+def plan_smolvla(
+    sizes: SmolVLASizes,
+    *,
+    model: str,
+    tuned: Tuned,
+    finetune: str,
+    batch_size: int,
+    gpus: int,
+    strategy: str = "auto",
+    device: str = "cuda",
+) -> MemoryPlan:
+    """The plan of a SmolVLA job: one process (FamilySpec.max_gpus), everything in fp32."""
+    if gpus != 1 or strategy not in ("auto", "none"):
+        raise ValueError(f"{model} trains in one process on one GPU: gpus must be 1 and strategy auto")
+    trainable = tuned.trainable_params
+    kept = smolvla_layout.kept_activations(sizes, tuned, batch_size)
+    return MemoryPlan(
+        model=model,
+        finetune=finetune,
+        strategy="none",
+        gpus=1,
+        batch_size=batch_size,
+        per_gpu_batch=batch_size,
+        device=device,
+        weights=tuned.total_params * F32,
+        gradients=trainable * F32,
+        optimizer=trainable * 2 * F32,
+        activations=kept.total + kept.largest_layer,
+        overhead=CUDA_OVERHEAD_BYTES if device == "cuda" else 0,
+        compute_dtype="fp32",
+    )
+
+
+@dataclass(frozen=True)
+class MemoryLayout:
+    """How a family's named models are planned: their sizes, what a recipe's settings train of
+    them (sizes, finetune, targets, lora_rank -> Tuned) and the plan of one (plan_memory's
+    arguments)."""
+
+    sizes: Mapping[str, Any]
+    tune: Callable[[Any, str, Sequence[str] | None, int], Tuned]
+    plan: Callable[..., MemoryPlan]
+
+
+# The layouts the built-in families' specs name (FamilySpec.memory_layout).
+PI05_LAYOUT = MemoryLayout(pi05_layout.NAMED_SIZES, pi05_layout.tune, plan_memory)
+SMOLVLA_LAYOUT = MemoryLayout(smolvla_layout.NAMED_SIZES, smolvla_layout.tune, plan_smolvla)
 
 
 # -- activations ----------------------------------------------------------------------------------

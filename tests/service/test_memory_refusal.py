@@ -4,7 +4,7 @@ as a gang of several (real PostgreSQL).
 Workers report the GPUs they give a job and the memory of each in their heartbeats. One test
 starts a real worker that declares 8 GPUs of 16 GB (RELAY_WORKER_SLOTS, RELAY_WORKER_GPU_MEMORY_GB:
 there are no GPUs here); the others write such heartbeats next to the stack's own workers (CPU
-slots, one each), then post pi05 recipes, or place them on the workers as the API does (without
+slots, one each), then post pi05 (and SmolVLA) recipes, or place them on the workers as the API does (without
 queueing a job that no worker here could run).
 """
 
@@ -82,6 +82,29 @@ def test_small_gpus_refuse_a_full_pi05_job_naming_the_batch_size(
     message = str(refused.value)
     assert f"needs about {needed.total / GB:.0f} GB per GPU; the largest worker GPU has 16 GB" in message
     assert client.request("GET", "/v1/fine-tunes")["data"] == []  # nothing was created
+
+
+def test_small_gpus_refuse_a_smolvla_job_as_they_refuse_pi05_s_never_naming_gpus(
+    stack: Stack, client: Client, gpu_workers: list[str]
+) -> None:
+    """SmolVLA's plan (relay.smolvla_layout: fp32, one process) is admitted as pi05's is. A pi05
+    job here would be told to spread over more GPUs; SmolVLA runs on one, so the batch is named."""
+    gpu_worker(stack, gpu_workers, gpus=8, gpu_memory=24 * GB)
+    needed = plan_named("smolvla", finetune="full", batch_size=64, gpus=1)
+    assert needed is not None and needed.total > 24 * GB
+    config = SFTConfig(model="smolvla", dataset_name="lerobot/pusht_image")  # its own batch, 64
+    assert (config.batch_size, config.gpus) == (64, 1)
+    with pytest.raises(APIError) as refused:
+        train(config, client=client)
+    assert refused.value.status == 400 and refused.value.code == "no_worker_fits"
+    assert refused.value.param == "batch_size"
+    message = str(refused.value)
+    assert f"needs about {needed.total / GB:.0f} GB per GPU; the largest worker GPU has 24 GB" in message
+    assert "a smaller batch would fit" in message
+    assert client.request("GET", "/v1/fine-tunes")["data"] == []  # nothing was created
+    # An 80 GB GPU holds it.
+    gpu_worker(stack, gpu_workers, gpus=1, gpu_memory=80 * GB)
+    assert place(stack, config).gpus == 1
 
 
 def test_a_job_that_more_of_a_workers_gpus_would_hold_is_refused_naming_gpus(

@@ -41,10 +41,17 @@ def refusal(stored: Mapping[str, Any], settings: Settings, gpu_memory: int | Non
     planned = plan_of_recipe(config, "cuda")
     if planned is None or planned.total <= gpu_memory:
         return None
+    spec = families.family_of(config.model)
+    # A one-process family (SmolVLA) cannot spread over more GPUs.
+    changes = (
+        "a smaller batch_size or"
+        if spec is not None and spec.one_process
+        else "a smaller batch_size, more gpus or"
+    )
     return (
         f"this job cannot run here: its memory plan needs about {planned.total / GB:.0f} GB on each "
-        f"GPU, and this worker's GPUs have {gpu_memory / GB:.0f} GB (a smaller batch_size, more gpus "
-        "or finetune lora may fit; relay models info MODEL --memory plans it)"
+        f"GPU, and this worker's GPUs have {gpu_memory / GB:.0f} GB ({changes} finetune lora may fit; "
+        "relay models info MODEL --memory plans it)"
     )
 
 

@@ -27,8 +27,7 @@ from relay.catalog import (
 from relay.cli._common import console
 from relay.cli._extras import require
 from relay.errors import ConfigError
-from relay.memory_plan import plan_named
-from relay.pi05_layout import NAMED_SIZES
+from relay.memory_plan import plan_named, weight_count
 from relay.sft.config import BATCH_SIZE_MAX, GPUS_MAX, SFTConfig
 
 app = typer.Typer(help="Base models, and what a recipe trains on them.", no_args_is_help=True)
@@ -79,13 +78,20 @@ def info(
     """Parameter counts per module and what these settings train, without loading weights."""
     spec = families.family_of(name)
     if spec is not None and not spec.tunes_targets:
-        # These flags read pi05's layout; saying so beats printing the description as if they held.
-        for flag, given in (("--memory", memory), ("--keys", keys), ("--target", bool(targets))):
+        # --keys and --targets read pi05's layout of targets, --memory a layout the plan knows
+        # (FamilySpec.memory_planned); saying so beats printing the description as if they held.
+        targeted = families.models_where(lambda other: other.tunes_targets)
+        planned = families.models_where(lambda other: other.memory_planned)
+        for flag, given, models in (
+            ("--keys", keys, targeted),
+            ("--targets", bool(targets), targeted),
+            ("--memory", memory and (not spec.memory_planned or weight_count(name) is None), planned),
+        ):
             if given:
-                planned = ", ".join(families.models_where(lambda other: other.memory_planned))
-                _fail(f"{flag} is for {planned}; {name} has no such layout here (leave {flag} out)")
-        _print_description(name, json_output)
-        return
+                _fail(f"{flag} is for {', '.join(models)}; {name} has no such layout here (leave {flag} out)")
+        if not memory:
+            _print_description(name, json_output)
+            return
     finetune = finetune or SFTConfig.default("finetune", name)
     if finetune not in FINETUNE_METHODS:
         _fail(f"--finetune must be one of {', '.join(FINETUNE_METHODS)}, got {finetune!r}")
@@ -95,7 +101,7 @@ def info(
             _fail(problem)
     chosen = [t.strip() for item in targets for t in item.split(",") if t.strip()] if targets else None
     tuning = Tuning(finetune, chosen, lora_rank, lora_alpha)
-    if memory and name in NAMED_SIZES:
+    if memory and weight_count(name) is not None:
         # Pure arithmetic on the named model's sizes: no engine needed (the API plans the same way).
         _print_plan(_named_plan(name, tuning, batch_size, gpus, strategy, device).to_dict(), json_output)
         return
@@ -245,10 +251,11 @@ def _print_plan(plan: dict[str, Any], json_output: bool) -> None:
         return
     on_cpu = plan["device"] == "cpu"
     where = "process(es) on the CPU" if on_cpu else "GPU(s)"
+    sharing = "one process" if plan["strategy"] == "none" else plan["strategy"].upper()
     _out.print(
         f"[bold]{plan['model']}[/bold] {plan['finetune']}: batch {plan['batch_size']} "
         f"on {plan['gpus']} {where}, {plan['per_gpu_batch']} samples each, "
-        f"{plan['strategy'].upper()}, {'fp32' if on_cpu else 'bf16'} compute"
+        f"{sharing}, {plan['compute_dtype']} compute"
     )
     table = Table("per process" if on_cpu else "per GPU", "bytes", "GiB", box=None)
     for part in ("weights", "gradients", "optimizer", "activations", "overhead", "total"):

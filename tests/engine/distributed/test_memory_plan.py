@@ -73,6 +73,29 @@ def test_the_cli_prints_every_part_and_the_smallest_gpu() -> None:
     assert printed["smallest_gpu"].startswith("24 GB")
 
 
+def test_the_cli_prints_smolvla_s_plan_in_one_process_in_fp32() -> None:
+    """SmolVLA's plan is relay.smolvla_layout's arithmetic (tests/engine/families/smolvla/
+    test_memory_plan.py checks it against the model); --keys and --targets stay pi05's."""
+    runner = CliRunner()
+    done = runner.invoke(app, ["models", "info", "smolvla-tiny", "--memory", "--batch-size", "16", "--json"])
+    assert done.exit_code == 0, done.output
+    printed = json.loads(done.output)
+    assert (printed["finetune"], printed["strategy"], printed["gpus"]) == ("full", "none", 1)
+    assert printed["compute_dtype"] == "fp32" and printed["per_gpu_batch"] == 16
+    assert printed["total"] == sum(printed[part] for part in PARTS)
+    assert all(printed[part] > 0 for part in PARTS)
+    shown = runner.invoke(app, ["models", "info", "smolvla-tiny", "--memory", "--finetune", "lora"])
+    assert shown.exit_code == 0, shown.output
+    assert (
+        "smolvla-tiny lora: batch 32 on 1 GPU(s), 32 samples each, one process, fp32 compute" in shown.output
+    )
+    assert "fits: 24 GB" in shown.output
+    more = runner.invoke(app, ["models", "info", "smolvla", "--memory", "--gpus", "2"])
+    assert more.exit_code == 1 and "smolvla trains in one process on one GPU" in more.output
+    rtj = runner.invoke(app, ["models", "info", "rt-j-tiny", "--memory"])
+    assert rtj.exit_code == 1 and "--memory is for pi05, pi05-tiny, smolvla, smolvla-tiny" in rtj.output
+
+
 def test_sharding_divides_the_full_model_and_ddp_does_not() -> None:
     one, four = plan("full", 1), plan("full", 4)
     # FSDP: each GPU keeps a quarter of the moments (AdamW's two fp32 copies of every weight).

@@ -13,14 +13,12 @@ import torch
 from peft import LoraConfig, inject_adapter_in_model
 from peft.tuners.lora import LoraLayer
 
+from relay.smolvla_layout import LORA_TARGETS
 from relay_engine.errors import ConfigError
 from relay_engine.families.smolvla.policy import SmolVLAPolicy
 
-# Module paths (peft matches the whole path against the pattern).
-LORA_TARGETS = (
-    r"model\.(vlm_with_expert\.lm_expert\..*\.(q|v)_proj"
-    r"|state_proj|action_in_proj|action_out_proj|action_time_mlp_in|action_time_mlp_out)"
-)
+# LORA_TARGETS (module paths; peft matches the whole path against it) is the SDK's, whose layout
+# counts the adapters for the memory plan without torch.
 ADAPTER = "default"
 
 
