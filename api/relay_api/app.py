@@ -36,6 +36,7 @@ from relay_api import (
     routes,
     session_routes,
     states,
+    webhook_routes,
 )
 from relay_api.channel import api_channel
 from relay_api.db import api_pool_sizes, is_outage, read_session_factory, session_factory
@@ -127,6 +128,7 @@ def _add_api(app: FastAPI) -> None:
     app.include_router(dataset_routes.router, dependencies=known_query)
     app.include_router(deployment_routes.router, dependencies=known_query)
     app.include_router(deployment_routes.websocket_router)
+    app.include_router(webhook_routes.router, dependencies=known_query)
     app.add_exception_handler(APIProblem, _problem_answer)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_answer)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_answer)  # type: ignore[arg-type]

@@ -59,6 +59,8 @@ class FineTune(Base):
         UniqueConstraint("user_id", "idempotency_key", name="uq_fine_tunes_user_idempotency_key"),
         Index("ix_fine_tunes_user_created", "user_id", "created_at", "id"),
         Index("ix_fine_tunes_status", "status"),
+        # The jobs of a user that ended since a time: what the webhook dispatcher looks for.
+        Index("ix_fine_tunes_user_finished", "user_id", "finished_at"),
     )
 
     id: Mapped[str] = mapped_column(String(16), primary_key=True)  # "ft-" + 12 hex
@@ -289,6 +291,52 @@ class DeploymentEvent(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class WebhookRow(Base):
+    """A user's webhook: where to POST which events (relay.webhooks.EVENT_TYPES), and the secret
+    that signs them. The secret is kept as given, since signing needs it; the API shows it once."""
+
+    __tablename__ = "webhooks"
+    __table_args__ = (Index("ix_webhooks_user_created", "user_id", "created_at", "id"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # "wh_" + 24 hex
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    url: Mapped[str] = mapped_column(Text)
+    events: Mapped[list[str]] = mapped_column(JSON)
+    description: Mapped[str | None] = mapped_column(Text)
+    secret: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """One event for one webhook, and how sending it went (relay_worker.webhook_dispatch).
+
+    Written by the workers' dispatcher for each job that ended after the webhook was created;
+    (webhook, job, type) is unique, so two workers' passes write it once. `next_attempt_at` is when
+    it is due; a worker claims it by moving that forward (a conditional UPDATE), so no two send it
+    at once, and a worker lost while sending leaves it due again once that claim has passed."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        UniqueConstraint("webhook_id", "job_id", "type", name="uq_webhook_deliveries_webhook_job_type"),
+        Index("ix_webhook_deliveries_webhook_created", "webhook_id", "created_at", "id"),
+        Index("ix_webhook_deliveries_status_due", "status", "next_attempt_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # the event's id: "evt_" + 24 hex
+    webhook_id: Mapped[str] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("fine_tunes.id", ondelete="CASCADE"))
+    type: Mapped[str] = mapped_column(String(32))
+    # The body as first written, sent byte for byte on every attempt.
+    payload: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16))  # pending, delivered, failed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_response_code: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    next_attempt_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    delivered_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+
 users = cast(Table, User.__table__)
 api_keys = cast(Table, ApiKey.__table__)
 fine_tunes = cast(Table, FineTune.__table__)
@@ -300,3 +348,5 @@ fine_tune_hosts = cast(Table, FineTuneHost.__table__)
 deployments = cast(Table, DeploymentRow.__table__)
 deployment_events = cast(Table, DeploymentEvent.__table__)
 dataset_credentials = cast(Table, DatasetCredential.__table__)
+webhooks = cast(Table, WebhookRow.__table__)
+webhook_deliveries = cast(Table, WebhookDelivery.__table__)

@@ -26,6 +26,7 @@ IDEMPOTENCY_KEY_PATTERN = r"^[!-~]([ -~]{0,253}[!-~])?$"
 JobId = Annotated[str, Path(pattern=ID_PATTERN, max_length=ID_MAX, description="The fine-tune's id.")]
 SessionId = Annotated[str, Path(pattern=ID_PATTERN, max_length=ID_MAX, description="The session's id.")]
 DeploymentId = Annotated[str, Path(pattern=ID_PATTERN, max_length=ID_MAX, description="The deployment's id.")]
+WebhookId = Annotated[str, Path(pattern=ID_PATTERN, max_length=ID_MAX, description="The webhook's id.")]
 PageAfter = Annotated[
     str | None,
     Query(pattern=ID_PATTERN, max_length=ID_MAX, description="The last id of the previous page."),

@@ -15,6 +15,13 @@ from relay.events import EVENT_KINDS, METRICS, EventBase, admits_none, fields_of
 # A job's results card (GET /v1/fine-tunes/{id}/summary): its shape is the SDK's, which reads it back.
 from relay.sft.summary import FineTuneSummary as FineTuneSummary
 from relay.sft.summary import ValidationSummary, WeightsRead
+from relay.webhooks import Webhook, WebhookDelivery
+from relay.webhooks import WebhookDeliveryList as WebhookDeliveryList
+from relay.webhooks import WebhookList as WebhookList
+
+# Webhooks' shapes are the SDK's, which reads them back (relay.webhooks).
+WebhookOut = Webhook
+WebhookDeliveryOut = WebhookDelivery
 
 
 class DatasetReadOut(BaseModel):

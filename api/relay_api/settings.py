@@ -120,6 +120,21 @@ class Settings(BaseSettings):
     # deployment's websocket_url and actions_url. Empty: the address each request came to.
     public_url: str = ""
 
+    # Webhooks (docs/api.md, "Webhooks"): sent by each worker's reconciler thread on a pool of its own.
+    # Seconds before each retry of a delivery, comma-separated; the last repeats (hourly) until the
+    # delivery is given up: after `webhook_max_attempts` attempts, or `webhook_give_up_seconds`
+    # after the event.
+    webhook_retry_seconds: str = "5,30,120,600,3600"
+    webhook_max_attempts: int = Field(80, ge=1)
+    webhook_give_up_seconds: float = Field(72 * 3600.0, gt=0)
+    # One attempt's limit (connect, send, the answer's headers): a slow receiver costs one thread
+    # of the pool this long, never the reconciler or a job.
+    webhook_timeout_seconds: float = Field(5.0, gt=0, le=60)
+    # Attempts under way at once per worker process.
+    webhook_senders: int = Field(4, ge=1, le=64)
+    # Webhooks a user may have.
+    webhooks_per_user: int = Field(20, ge=1)
+
     # How often a live event stream looks for new events.
     events_poll_seconds: float = Field(0.5, gt=0)
     # How long the API remembers a key it has checked; a revocation anywhere ends that within a
@@ -140,6 +155,21 @@ class Settings(BaseSettings):
     def _empty_home_is_unset(cls, value: object) -> object:
         # RELAY_HOME="" would otherwise be the working directory, and scatter relay.db there.
         return client_config.data_dir() if value in ("", None) else value
+
+    @field_validator("webhook_retry_seconds")
+    @classmethod
+    def _retry_schedule(cls, value: str) -> str:
+        try:
+            delays = [float(part) for part in value.split(",") if part.strip()]
+        except ValueError:
+            delays = []
+        if not delays or any(not 0 < delay < 1e7 for delay in delays):
+            raise ValueError("must be seconds before each retry, comma-separated numbers above 0: 5,30,120")
+        return value
+
+    @property
+    def webhook_retry_schedule(self) -> tuple[float, ...]:
+        return tuple(float(part) for part in self.webhook_retry_seconds.split(",") if part.strip())
 
     @model_validator(mode="after")
     def _defaults_in_home(self) -> Settings:

@@ -8,12 +8,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from relay import __version__, client_config
 from relay.errors import APIError
+
+if TYPE_CHECKING:
+    from relay.webhooks import Webhooks
 
 # Statuses worth another try: the server was busy or restarting, not wrong.
 RETRY_STATUSES = frozenset({408, 429, 502, 503, 504})
@@ -41,6 +44,14 @@ class Client:
 
     def close(self) -> None:
         self._http.close()
+
+    @property
+    def webhooks(self) -> Webhooks:
+        """The user's webhooks: ``client.webhooks.create(url=...)``, ``.list()``, ``.deliveries(id)``."""
+        # Imported here: relay.webhooks imports this module (for its type), and most clients never use it.
+        from relay.webhooks import Webhooks
+
+        return Webhooks(self)
 
     def request(
         self,

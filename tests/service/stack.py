@@ -3,8 +3,8 @@ served by uvicorn on loopback, and Celery worker processes, all started once per
 shared by tests/service and tests/sdk (through `shared_stack`).
 
 Settings are short so faults show quickly: checkpoints every 10 steps, 3 s leases renewed every
-0.5 s, a reconciler pass every second, sessions idle after 4 s. The workers take both queues (jobs
-and training sessions).
+0.5 s, a reconciler pass every second, sessions idle after 4 s, webhooks retried every pass. The
+workers take both queues (jobs and training sessions).
 """
 
 from __future__ import annotations
@@ -181,6 +181,10 @@ class Stack:
             # A gang that cannot form holds a worker this long (300 s by default): a gang job left
             # behind by a failed test must not hold the shared worker from every later test.
             "RELAY_GANG_WAIT_SECONDS": "60",
+            # Webhooks (tests/service/test_webhooks.py): a failed delivery is sent again at the next
+            # reconciler pass, and an attempt gives up on a receiver after 2 s.
+            "RELAY_WEBHOOK_RETRY_SECONDS": "0.5",
+            "RELAY_WEBHOOK_TIMEOUT_SECONDS": "2",
         }
         self.settings = Settings(
             **{

@@ -26,6 +26,8 @@ TABLES = {
     "deployments",
     "deployment_events",
     "dataset_credentials",
+    "webhooks",
+    "webhook_deliveries",
 }
 
 

@@ -21,7 +21,7 @@ from celery import signals
 from relay_api.db import is_outage, utcnow, worker_session_factory
 from relay_api.queue import RUN_DEPLOYMENT, RUN_FINE_TUNE, make_celery
 from relay_api.settings import get_settings
-from relay_worker import deployment_lifecycle, heartbeat, session_lifecycle, shutdown
+from relay_worker import deployment_lifecycle, heartbeat, session_lifecycle, shutdown, webhook_dispatch
 from relay_worker.fine_tune import worker_name
 from relay_worker.lifecycle import reconcile
 
@@ -47,7 +47,8 @@ if settings.broker_url.startswith("sqla+"):
 class Reconciler(threading.Thread):
     """Every `reconcile_seconds`: resume jobs whose lease lapsed, publish jobs the broker never got,
     fail jobs out of attempts, finish cancels whose worker is gone; end sessions whose worker is gone
-    or that no worker started in time; restart deployments whose worker is gone."""
+    or that no worker started in time; restart deployments whose worker is gone; write and send
+    webhook deliveries of jobs that ended (relay_worker.webhook_dispatch, on threads of its own)."""
 
     def __init__(self, takes_jobs: bool = True, serves_deployments: bool = False) -> None:
         super().__init__(name="relay-reconciler", daemon=True)
@@ -67,6 +68,7 @@ class Reconciler(threading.Thread):
         # workers it stopped need a lease's time to give their jobs back (which does not count), and
         # the workers that served deployments through it to renew their leases.
         judge_leases_at = 0.0
+        webhooks = webhook_dispatch.Dispatcher(db_sessions, settings)
         while not self.stopping.wait(settings.reconcile_seconds):
             self._beat(db_sessions, name, started_at, memory, decoders)
             judge = time.monotonic() >= judge_leases_at
@@ -92,6 +94,11 @@ class Reconciler(threading.Thread):
                     log.info("reconciler: restarted, ended or published deployment %s", deployment_id)
             except Exception:
                 log.exception("reconciler pass over deployments failed")
+            try:
+                webhooks.run_pass()
+            except Exception:
+                log.exception("reconciler pass over webhooks failed")
+        webhooks.close()
 
     def _beat(
         self, sessions: Any, name: str, started_at: Any, gpu_memory: int | None, decoders: list[str] | None

@@ -23,6 +23,7 @@ from relay.cli import (
     serve,
     server,
     sessions,
+    webhooks,
 )
 
 app = typer.Typer(
@@ -38,6 +39,7 @@ app.add_typer(local.app, name="local")
 app.add_typer(fine_tunes.app, name="fine-tunes")
 app.add_typer(sessions.app, name="sessions")
 app.add_typer(deployments.app, name="deployments")
+app.add_typer(webhooks.app, name="webhooks")
 app.add_typer(keys.app, name="keys")
 app.add_typer(cache.app, name="cache")
 app.command("server")(server.serve)

@@ -59,6 +59,10 @@ _STATUS_STYLE = {
     "running": "cyan",
     "starting": "cyan",
     "queued": "blue",
+    # A webhook's delivery.
+    "delivered": "green",
+    "failed": "red",
+    "pending": "blue",
 }
 
 
