@@ -298,8 +298,31 @@ def encoder_available(name: str) -> bool:
     return True
 
 
+def realtime_threads() -> set[int]:
+    """This process's threads (their ids) that run at a real-time scheduling policy (FIFO or RR);
+    empty where the system does not say (no /proc)."""
+    found = set()
+    try:
+        entries = list(os.scandir("/proc/self/task"))
+    except OSError:
+        return found
+    for entry in entries:
+        try:
+            if os.sched_getscheduler(int(entry.name)) in (os.SCHED_FIFO, os.SCHED_RR):
+                found.add(int(entry.name))
+        except (OSError, ValueError):  # a thread that ended meanwhile
+            continue
+    return found
+
+
 class VideoEncoder:
-    """Frames appended one by one to one mp4 file; frame i is shown at i / fps."""
+    """Frames appended one by one to one mp4 file; frame i is shown at i / fps.
+
+    SVT-AV1 (libsvtav1), when it runs as root, moves the thread that starts it and the ~40 threads
+    it starts to SCHED_FIFO at priority 99. A process or thread started from them afterwards
+    inherits that: a test run's workers and browser, spinning at real-time priority, starved the
+    whole machine for minutes. So the encoder's new real-time threads go back to the normal policy
+    as soon as the encoder has started them (its output is the same: priority is not an input)."""
 
     def __init__(self, path: Path, fps: int, size: tuple[int, int], settings: VideoSettings) -> None:
         av = _av()
@@ -314,16 +337,27 @@ class VideoEncoder:
         self._stream.height, self._stream.width = size
         self._stream.pix_fmt = settings.pix_fmt
         self._av = av
+        self._realtime_before = realtime_threads()
 
     def add(self, image: np.ndarray) -> None:
         frame = self._av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
         frame.pts = self.frames
         for packet in self._stream.encode(frame):
             self._container.mux(packet)
+        if self.frames == 0:  # the encoder starts its threads with the first frame
+            self._back_to_normal_scheduling()
         self.frames += 1
 
     def close(self) -> Probe:
         for packet in self._stream.encode():
             self._container.mux(packet)
         self._container.close()
+        self._back_to_normal_scheduling()
         return probe(self.path)
+
+    def _back_to_normal_scheduling(self) -> None:
+        for thread in realtime_threads() - self._realtime_before:
+            try:
+                os.sched_setscheduler(thread, os.SCHED_OTHER, os.sched_param(0))
+            except OSError:  # it ended meanwhile
+                continue

@@ -27,7 +27,13 @@ from relay_engine.datasets.dataset import LeRobotDataset
 from relay_engine.datasets.image_check import decode_every_image
 from relay_engine.datasets.meta import require_meta
 from relay_engine.datasets.synth import write_synthetic_dataset
-from relay_engine.datasets.video import LOSSLESS_H264, VideoSettings, encoder_available
+from relay_engine.datasets.video import (
+    LOSSLESS_H264,
+    VideoEncoder,
+    VideoSettings,
+    encoder_available,
+    realtime_threads,
+)
 from relay_engine.errors import DatasetError
 from tests.engine.training.test_local_cli import local_train
 
@@ -301,6 +307,20 @@ def test_hevc_and_av1_cameras_decode(
     assert info["features"]["observation.images.top"]["info"]["video.codec"] == codec
     reference = open_it(made["v2.1-images"], tmp_path / "cache")
     assert_same_samples(reference, open_it(root, tmp_path / "cache"), "lossy")
+
+
+def test_encoding_av1_leaves_no_thread_at_real_time_priority(tmp_path: Path) -> None:
+    """SVT-AV1 run as root moves the encoding thread and its own to SCHED_FIFO 99; what the process
+    starts afterwards (a test run's workers, a browser) would inherit it and starve the machine."""
+    before = realtime_threads()
+    encoder = VideoEncoder(
+        tmp_path / "a.mp4", 10, (32, 32), VideoSettings(codec="av1", options=(("preset", "12"),))
+    )
+    for value in range(3):
+        encoder.add(np.full((32, 32, 3), value * 60, np.uint8))
+        assert realtime_threads() <= before, "the encoder left real-time threads"
+    assert encoder.close().codec == "av1" and encoder.frames == 3
+    assert realtime_threads() <= before and os.sched_getscheduler(0) == os.SCHED_OTHER
 
 
 def test_a_frame_off_the_video_timeline_is_named(
