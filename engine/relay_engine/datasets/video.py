@@ -301,7 +301,7 @@ def encoder_available(name: str) -> bool:
 def realtime_threads() -> set[int]:
     """This process's threads (their ids) that run at a real-time scheduling policy (FIFO or RR);
     empty where the system does not say (no /proc)."""
-    found = set()
+    found: set[int] = set()
     try:
         entries = list(os.scandir("/proc/self/task"))
     except OSError:
