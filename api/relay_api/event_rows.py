@@ -16,7 +16,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from relay.events import METRICS, Event, ResumedEvent, RetryEvent, StageEvent
+from relay.events import METRICS, Event, ResumedEvent, RetryEvent, StageEvent, TrackerEvent
 from relay_api.db import iso
 from relay_api.models import fine_tune_events
 
@@ -27,15 +27,20 @@ PER_ATTEMPT_EVENTS = (RetryEvent.kind, ResumedEvent.kind)
 # A stage event happens once per stage at a step (validating, then evaluating, at one checkpoint):
 # stored with its stage in the kind ("stage:validating").
 PER_STAGE_EVENTS = (StageEvent.kind,)
+# A tracker's warning is once per tracker, and two trackers may fail at one step: stored with the
+# tracker in the kind ("tracker:wandb").
+PER_TRACKER_EVENTS = (TrackerEvent.kind,)
 # The keys an event row keeps in columns of its own, not in `data`.
 ROW_KEYS = frozenset({"step", "event", "kind"})
 
 
-def stored_kind(kind: str, attempt: int, stage: str | None = None) -> str:
+def stored_kind(kind: str, attempt: int, stage: str | None = None, tracker: str | None = None) -> str:
     if kind in PER_ATTEMPT_EVENTS:
         return f"{kind}:{attempt}"
     if kind in PER_STAGE_EVENTS:
         return f"{kind}:{stage}"
+    if kind in PER_TRACKER_EVENTS:
+        return f"{kind}:{tracker}"
     return kind
 
 
@@ -59,7 +64,7 @@ def insert_event_row(
     values = {
         "job_id": job_id,
         "step": step,
-        "kind": stored_kind(kind, int(data.get("attempt", attempt)), data.get("stage")),
+        "kind": stored_kind(kind, int(data.get("attempt", attempt)), data.get("stage"), data.get("tracker")),
         "attempt": attempt,
         "data": data,
         "created_at": now,

@@ -1,8 +1,11 @@
 """A job's files: the output (model.safetensors, configs, processors, norm stats), its checkpoints,
-and its closed-loop evaluations (``eval/step-N.json`` and the videos under ``eval/step-N/``).
+its closed-loop evaluations (``eval/step-N.json`` and the videos under ``eval/step-N/``), and the
+TensorBoard event files of a recipe whose integrations name TensorBoard (``tensorboard/``).
 
 Paths are relative to the job's work directory and always start with ``output/``,
-``checkpoints/`` or ``eval/``; nothing else in the data directory can be named. An evaluation's
+``checkpoints/``, ``eval/`` or ``tensorboard/``; nothing else in the data directory can be named.
+An event file grows while the job runs: a download reads a copy taken when it starts (`pin`), so
+that its checksum holds. An evaluation's
 files are listed once its report is written (the worker writes it last). The output's sha256 is recorded
 when the job completes; a checkpoint file's is computed when first listed or downloaded and
 remembered (checkpoint files never change once complete).
@@ -12,13 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import threading
 import time
 import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from relay.events import EVAL_FILES
+from relay.events import EVAL_FILES, TENSORBOARD_FILES
 from relay.http_client import sha256_of
 from relay.rules import has_control_characters
 from relay_api.errors import APIProblem
@@ -26,6 +30,7 @@ from relay_api.errors import APIProblem
 OUTPUT = "output"
 CHECKPOINTS = "checkpoints"
 EVAL = EVAL_FILES
+TENSORBOARD = TENSORBOARD_FILES
 CHECKPOINT_MANIFEST = "manifest.json"
 PATH_MAX = 1024
 
@@ -104,9 +109,25 @@ def eval_files(work_dir: Path, checksums: ChecksumCache) -> list[dict[str, Any]]
     return found
 
 
+def tensorboard_files(work_dir: Path, checksums: ChecksumCache) -> list[dict[str, Any]]:
+    """The job's TensorBoard event files (relay_engine.trackers writes them), by name."""
+    root = work_dir / TENSORBOARD
+    if not root.is_dir():
+        return []
+    found: list[dict[str, Any]] = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        relative = PurePosixPath(TENSORBOARD, *path.relative_to(root).parts)
+        with contextlib.suppress(FileNotFoundError):
+            found.append(
+                {"path": str(relative), "bytes": path.stat().st_size, "sha256": checksums.sha256(path)}
+            )
+    return found
+
+
 def listing(job: dict[str, Any], work_dir: Path, checksums: ChecksumCache) -> list[dict[str, Any]]:
     outputs = [{"path": path, **meta} for path, meta in sorted((job.get("files") or {}).items())]
-    return outputs + checkpoint_files(work_dir, checksums) + eval_files(work_dir, checksums)
+    found = checkpoint_files(work_dir, checksums) + eval_files(work_dir, checksums)
+    return outputs + found + tensorboard_files(work_dir, checksums)
 
 
 def resolve(job: dict[str, Any], work_dir: Path, path: str) -> tuple[Path, str | None]:
@@ -117,7 +138,7 @@ def resolve(job: dict[str, Any], work_dir: Path, path: str) -> tuple[Path, str |
     parts = relative.parts
     if (
         len(parts) < 2
-        or parts[0] not in (OUTPUT, CHECKPOINTS, EVAL)
+        or parts[0] not in (OUTPUT, CHECKPOINTS, EVAL, TENSORBOARD)
         or relative.is_absolute()
         or any(part in ("..", ".") or part.startswith(".") for part in parts)
     ):
@@ -148,7 +169,11 @@ def pin(work_dir: Path, full: Path, job_id: str, path: str) -> Path:
     _drop_stale_pins(pins)
     pinned = pins / f"{uuid.uuid4().hex}-{full.name}"
     try:
-        os.link(full, pinned)
+        if PurePosixPath(path).parts[0] == TENSORBOARD:
+            # An event file is appended to while the job runs: a copy, which its checksum describes.
+            shutil.copyfile(full, pinned)
+        else:
+            os.link(full, pinned)
     except FileNotFoundError:  # pruned since it was listed
         raise APIProblem(
             404, f"no file {path} in fine-tune {job_id}", param="path", code="not_found"

@@ -47,7 +47,9 @@ log = logging.getLogger(__name__)
 CONFIG_FIELDS: tuple[str, ...] = tuple(SFTConfig.model_fields)
 JOB_ID_PREFIX = "ft-"
 _OLD_JOBS_DEFAULTS: dict[str, Any] = {
-    name: field.get_default() for name, field in SFTConfig.model_fields.items() if not field.is_required()
+    name: field.get_default(call_default_factory=True)  # integrations: []
+    for name, field in SFTConfig.model_fields.items()
+    if not field.is_required()
 }
 
 

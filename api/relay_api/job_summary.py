@@ -16,12 +16,13 @@ from typing import Any
 
 from sqlalchemy import bindparam, select
 
-from relay.events import METRICS, METRICS_EVERY, CheckpointEvent, ResumedEvent, checkpoint_dir
+from relay.events import METRICS, METRICS_EVERY, CheckpointEvent, PushedEvent, ResumedEvent, checkpoint_dir
 from relay.progress import recent_rate
 from relay.sft import status as st
 from relay.sft.summary import (
     CheckpointSummary,
     FineTuneSummary,
+    HubPushed,
     LossAt,
     TrainingLoss,
     eval_summary,
@@ -72,6 +73,7 @@ def summarize(
     reported: list[tuple[int, float]] = []  # (step, when its metrics event was written)
     validations: list[dict[str, Any]] = []
     evaluations: list[dict[str, Any]] = []
+    pushed: dict[str, Any] | None = None
     for event in events:
         kind, step, data = shown_kind(event["kind"]), int(event["step"]), event["data"]
         if kind == METRICS:
@@ -88,6 +90,8 @@ def summarize(
             validations.append({**data, "step": step})
         elif kind == EVAL:
             evaluations.append({**data, "step": step})
+        elif kind == PushedEvent.kind:  # a recipe's hub block: the latest push is what the repo holds
+            pushed = {**data, "step": step}
 
     created, started, finished = job["created_at"], job["started_at"], job["finished_at"]
     ended = status in st.TERMINAL
@@ -120,6 +124,7 @@ def summarize(
         eval=eval_summary(evaluations),
         weights=job.get("weights"),
         use=model_use(job["id"], config["model"], config["dataset_name"], status, config.get("task")),
+        pushed=HubPushed.model_validate(pushed) if pushed is not None else None,
     )
 
 

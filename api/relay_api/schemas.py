@@ -11,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 
 from relay.env_evaluation import JobEval
 from relay.events import EVENT_KINDS, METRICS, EventBase, admits_none, fields_of
+from relay.hub_target import HubTarget
+from relay.integrations import Integration
 
 # A job's results card (GET /v1/fine-tunes/{id}/summary): its shape is the SDK's, which reads it back.
 from relay.sft.summary import FineTuneSummary as FineTuneSummary
@@ -98,6 +100,16 @@ class FineTuneOut(BaseModel):
     eval: JobEval | None = None
     from_checkpoint: str | None = None
     normalization: Literal["dataset", "checkpoint"] = "dataset"
+    integrations: list[Integration] = Field(
+        default_factory=list,
+        description="The experiment trackers the job also logs to (docs/integrations.md); no key is "
+        "ever part of it.",
+    )
+    hub: HubTarget | None = Field(
+        None,
+        description="Where the worker pushes the output, with a model card, when the job completes "
+        "(the summary's `pushed` says where it went); no token is ever part of it.",
+    )
 
 
 class FineTuneList(BaseModel):

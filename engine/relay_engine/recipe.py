@@ -24,6 +24,7 @@ Work directory layout:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -39,7 +40,15 @@ import torch
 from relay import families
 from relay.catalog import ACTION_HORIZON
 from relay.env_evaluation import check_job_eval_budget
-from relay.events import METRICS_EVERY, CheckpointEvent, Event, RecipeResult, ResumedEvent, StageEvent
+from relay.events import (
+    METRICS_EVERY,
+    CheckpointEvent,
+    Event,
+    RecipeResult,
+    ResumedEvent,
+    StageEvent,
+    TrackerEvent,
+)
 from relay.memory_plan import cpu_refusal, plan_of_recipe
 from relay.sft.config import CHECKPOINT_EVERY_DEFAULT, SFTConfig
 from relay_engine.core.checkpoint import CheckpointStore
@@ -49,6 +58,7 @@ from relay_engine.core.loop import LoopResult, LoopState, MetricsWindow, run_loo
 from relay_engine.core.schedule import learning_rate
 from relay_engine.errors import ConfigError, DiskFullError
 from relay_engine.families import Family, PreparedRecipe, RecipeRun, family_for
+from relay_engine.trackers import NO_TRACKERS, Trackers, check_installed, open_trackers
 
 LOG_EVERY = METRICS_EVERY
 # SFTConfig's fields when checkpoints began to carry a recipe's fingerprint (name aside).
@@ -79,6 +89,9 @@ class Recipe:
     # The output directory of the fine-tune a job id in from_checkpoint names: the service's to know
     # (the worker resolves it); a local run has none, and refuses a job id.
     checkpoint_output: str | None = None
+    # The service job's id (None for a local run): the trackers' run is named by it, so that every
+    # attempt of the job continues one run (relay_engine.trackers).
+    job_id: str | None = None
 
     def __post_init__(self) -> None:
         # The eval block's budget at the cadence this run checkpoints at (SFTConfig checked the default).
@@ -107,7 +120,8 @@ class Recipe:
         """What must not change between a checkpoint and a resume: the recipe but its name, and the
         engine settings that shape training. Where it runs, how often it reports, and how many
         processes run it and share the model may change (checkpoints reshard)."""
-        recipe = self.config.model_dump(exclude={"name", "gpus"})
+        # The trackers (integrations) watch the run and do not shape it: a resume may change them.
+        recipe = self.config.model_dump(exclude={"name", "gpus", "integrations"})
         fixed = {
             # Fields added to SFTConfig since checkpoints carried a fingerprint count only when set
             # away from their default, so that those checkpoints still resume.
@@ -208,32 +222,68 @@ class _Callbacks:
 
 
 def _run(family: Family, run: RecipeRun, output_dir: Path, callbacks: _Callbacks) -> RecipeResult:
+    # Before anything loads: a tracker whose library this machine lacks ends the run in words.
+    check_installed(run.recipe.config)
     with family.recipe_context(run):
         prepared = family.prepare_recipe(run)
         store = CheckpointStore(run.work_dir / "checkpoints", attempt=run.recipe.attempt)
         state, position = _resume(run, prepared, store)
         resumed_from = state.step if position is not None else None
-        training = _Training(run, prepared, store, position or DataPosition(), callbacks)
-        if prepared.data_read is not None:
-            training.report(prepared.data_read(state.step))
-        if prepared.weights_read is not None:
-            training.report(prepared.weights_read(state.step))
-        if resumed_from is not None:
-            training.report(ResumedEvent.of_attempt(resumed_from, run.recipe.attempt))
-        result = training.loop(state)
-        if result.status != "completed":
-            training.checkpoint_the_stop(state)
-            return RecipeResult(result.status, result.step, result.loss, None, resumed_from)
-        training.report(StageEvent(step=result.step, stage="writing"))
-        _write_output(prepared, output_dir)
-        evaluated = training.evaluate_the_end(result.step)
-        if prepared.parallel is not None:
-            prepared.parallel.barrier()  # the output is whole before any process reports completion
-        if not evaluated:  # stopped (a cancel) while it evaluated the trained policy
-            return RecipeResult("stopped", result.step, result.loss, None, resumed_from)
-        return RecipeResult(
-            "completed", result.step, result.loss, output_dir, resumed_from, extra=prepared.extra
-        )
+        trackers = _open_trackers(run, resumed_from)
+        training = _Training(run, prepared, store, position or DataPosition(), callbacks, trackers)
+        result: RecipeResult | None = None
+        try:
+            result = _train(run, prepared, training, state, resumed_from, output_dir)
+            return result
+        finally:
+            # Bounded: a tracker that is down costs the run at most flush_seconds() here.
+            warnings = trackers.finish(result)
+            # After a failure, its error is the one raised: a warning that cannot be reported goes.
+            with contextlib.suppress(Exception) if result is None else contextlib.nullcontext():
+                training.report_warnings(warnings)
+
+
+def _open_trackers(run: RecipeRun, resumed_from: int | None) -> Trackers:
+    """Rank 0's trackers of the recipe's integrations (the other ranks log nothing)."""
+    if run.rank != 0:
+        return NO_TRACKERS
+    recipe = run.recipe
+    return open_trackers(
+        recipe.config,
+        run.work_dir,
+        resumed_from=resumed_from,
+        job_id=recipe.job_id,
+        attempt=recipe.attempt,
+        engine_settings={"checkpoint_every": recipe.checkpoint_every, "seed": recipe.seed},
+    )
+
+
+def _train(
+    run: RecipeRun,
+    prepared: PreparedRecipe,
+    training: _Training,
+    state: LoopState,
+    resumed_from: int | None,
+    output_dir: Path,
+) -> RecipeResult:
+    if prepared.data_read is not None:
+        training.report(prepared.data_read(state.step))
+    if prepared.weights_read is not None:
+        training.report(prepared.weights_read(state.step))
+    if resumed_from is not None:
+        training.report(ResumedEvent.of_attempt(resumed_from, run.recipe.attempt))
+    result = training.loop(state)
+    if result.status != "completed":
+        training.checkpoint_the_stop(state)
+        return RecipeResult(result.status, result.step, result.loss, None, resumed_from)
+    training.report(StageEvent(step=result.step, stage="writing"))
+    _write_output(prepared, output_dir)
+    evaluated = training.evaluate_the_end(result.step)
+    if prepared.parallel is not None:
+        prepared.parallel.barrier()  # the output is whole before any process reports completion
+    if not evaluated:  # stopped (a cancel) while it evaluated the trained policy
+        return RecipeResult("stopped", result.step, result.loss, None, resumed_from)
+    return RecipeResult("completed", result.step, result.loss, output_dir, resumed_from, extra=prepared.extra)
 
 
 def _write_output(prepared: PreparedRecipe, output_dir: Path) -> None:
@@ -285,8 +335,10 @@ class _Training:
         store: CheckpointStore,
         position: DataPosition,
         callbacks: _Callbacks,
+        trackers: Trackers = NO_TRACKERS,
     ) -> None:
         self.run, self.prepared, self.store, self.callbacks = run, prepared, store, callbacks
+        self.trackers = trackers
         self.order = BatchOrder(prepared.samples, prepared.batch_size, run.recipe.seed, span_epochs=True)
         self.position = position
         self.batches = prepared.batches(self.order, position)
@@ -308,6 +360,12 @@ class _Training:
     def report(self, event: Event) -> None:
         if self.run.rank == 0:  # one process speaks for the group
             self.callbacks.on_event(event)
+            # The trackers log it too; a tracker's first failure comes back as its one warning.
+            self.report_warnings(self.trackers.feed(event))
+
+    def report_warnings(self, warnings: list[TrackerEvent]) -> None:
+        for warning in warnings:
+            self.callbacks.on_event(warning)
 
     def stop_agreed(self) -> bool:
         # A stop asked of any process (rank 0 hears the service's cancel) stops all at the same step.

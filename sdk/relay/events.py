@@ -348,6 +348,47 @@ def stage_text(event: Mapping[str, Any]) -> str:
     return f"{words} {detail}" if detail else words
 
 
+class TrackerEvent(EventBase):
+    """An experiment tracker of the recipe's ``integrations`` (``tracker``: ``wandb``,
+    ``tensorboard``) could not be written to, first at `step`: ``message`` says why. Reported once
+    per tracker and run: training goes on, what was not sent is kept and tried again, and at the
+    end the run waits a bounded time for it (docs/integrations.md). ``unsent``: how many records
+    were waiting when this was reported."""
+
+    kind: ClassVar[str] = "tracker"
+    tracker: str
+    message: str
+    unsent: int | None
+
+    def describe(self) -> str:
+        return f"{self.tracker} is not being written to: {self.message} (training goes on)"
+
+
+class PushedEvent(EventBase):
+    """The output was pushed to the Hub (a recipe's ``hub`` block), at the last `step`: the model
+    repo ``repo_id`` at the branch ``revision``, the ``commit`` made and its ``url``; ``private``:
+    the visibility asked for (a repo that existed keeps its own). A push that failed has ``error``
+    (why, in one line) and no commit: the job stays completed with its output, which `relay
+    fine-tunes push` can push later."""
+
+    kind: ClassVar[str] = "pushed"
+    repo_id: str
+    revision: str
+    private: bool
+    commit: str | None
+    url: str | None
+    error: str | None
+
+    def describe(self) -> str:
+        if self.error is not None:
+            return f"not pushed to {self.repo_id} at {self.revision}: {self.error} (the job's output is kept)"
+        return f"pushed to {self.repo_id} at {self.revision}, commit {str(self.commit)[:8]}: {self.url}"
+
+
+# A job's TensorBoard event files among its files (a recipe whose integrations name TensorBoard).
+TENSORBOARD_FILES = "tensorboard"
+
+
 # A job's closed-loop evaluations among its files: eval/step-00001000.json, and the videos of its
 # first episodes in eval/step-00001000/.
 EVAL_FILES = "eval"
@@ -377,6 +418,8 @@ Event = Union[  # noqa: UP007 (a runtime value too: typed readers match on its m
     ValidationEvent,
     EvalEvent,
     StageEvent,
+    TrackerEvent,
+    PushedEvent,
 ]
 EVENT_KINDS: dict[str, type[EventBase]] = {
     kind.kind: kind for kind in typing.get_args(Event) if issubclass(kind, EventBase)

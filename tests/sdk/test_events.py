@@ -75,6 +75,8 @@ def test_every_kind_is_in_the_union() -> None:
         "validation",
         "eval",
         "stage",
+        "tracker",
+        "pushed",
     }
 
 

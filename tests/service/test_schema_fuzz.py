@@ -73,6 +73,10 @@ def adjust(case: schemathesis.Case) -> None:
         # twice ("0-9,5"), which no pattern states; tests/sdk/test_validation_episodes.py covers them.
         if isinstance(case.body.get("validation_episodes"), str):
             case.body.pop("validation_episodes")
+        # At most one integration of each type, which the document states only in words (no
+        # generator reads `not` over `contains`); tests/sdk/test_integrations.py covers the refusal.
+        if isinstance(case.body.get("integrations"), list):
+            case.body["integrations"] = _one_of_each(case.body["integrations"])
         # A database URL must also parse (brackets closed, a port from 1 to 65535: no pattern says
         # it), and a SQLite one name an absolute path on the workers' disk; tests/sdk and
         # tests/service/test_database_jobs.py cover those refusals.
@@ -103,6 +107,14 @@ def adjust(case: schemathesis.Case) -> None:
         and isinstance(case.body.get("url"), str)
     ):
         case.body["url"] = "https://receiver.example.com/relay"
+
+
+def _one_of_each(integrations: list[Any]) -> list[Any]:
+    """The first integration of each type, in order."""
+    kept: dict[Any, Any] = {}
+    for item in integrations:
+        kept.setdefault(item.get("type") if isinstance(item, dict) else None, item)
+    return list(kept.values())
 
 
 def fuzz(operation: Any, mode: GenerationMode, headers: dict[str, str]) -> int:

@@ -45,6 +45,7 @@ from relay_worker import admission, heartbeat, lifecycle, shutdown
 from relay_worker import gang as gangs
 from relay_worker.database_snapshot import with_snapshot
 from relay_worker.gang import Gang
+from relay_worker.hub_push import push_after_run
 from relay_worker.journal import EventJournal
 from relay_worker.launched import Rendezvous, Role, run_on_processes
 from relay_worker.leases import FencedOut
@@ -420,6 +421,9 @@ def _run(
     if result is None:
         log.info("%s: this host's processes ended; rank 0's host writes the job's end", claim.job_id)
         return "this host's part of the gang ended"
+    if result.status == "completed" and claim.config.get("hub") and not (keeper.lost or keeper.outage):
+        # A recipe's hub block: pushed before the job is written completed; never fails it.
+        push_after_run(db_sessions, claim, result, keeper.flush, events.on_event)
     return _end_after_run(db_sessions, claim, keeper, work_dir, result, events.latest_metrics)
 
 
@@ -440,6 +444,7 @@ def _run_engine(
         config,
         checkpoint_every=settings.checkpoint_every,
         attempt=claim.attempt,
+        job_id=claim.job_id,
         checkpoint_output=parent_output(keeper.db_sessions, claim.job_id, config.get("from_checkpoint")),
     )
     processes = gang.seat.processes if gang is not None else int(claim.config.get("gpus") or 1)

@@ -1,4 +1,4 @@
-"""`relay fine-tunes`: start, list, inspect, cancel and download recipe jobs (through the SDK)."""
+"""`relay fine-tunes`: start, list, inspect, cancel, download and push recipe jobs (through the SDK)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from relay.cli.watch import watch_events
 from relay.errors import ConfigError
 from relay.events import (
     MetricsEvent,
+    PushedEvent,
     ValidationEvent,
     dataset_line,
     eval_report_path,
@@ -40,6 +41,7 @@ from relay.events import (
     weights_line,
 )
 from relay.formatting import duration_text, number_text, size_text
+from relay.integrations import INTEGRATION_OPTION_HELP, WANDB_PROJECT_OPTION_HELP, integrations_of_options
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 from relay.sft.job import Event, FineTuneJob, interrupted_note
 from relay.sft.summary import (
@@ -52,7 +54,7 @@ from relay.sft.summary import (
 from relay.sft.train import train
 
 app = typer.Typer(
-    help="Recipe jobs on Relay's GPUs: create, list, retrieve, cancel, events, download.",
+    help="Recipe jobs on Relay's GPUs: create, list, retrieve, cancel, events, download, push.",
     no_args_is_help=True,
 )
 out = console()
@@ -140,6 +142,8 @@ def create(
         help="Hold these episodes out of training and score them at each checkpoint and at the end: "
         "episodes like 40-49 or 3,7,9, or a fraction of the episodes like 0.1 (default: none).",
     ),
+    integration: list[str] | None = typer.Option(None, "--integration", help=INTEGRATION_OPTION_HELP),
+    wandb_project: str | None = typer.Option(None, "--wandb-project", help=WANDB_PROJECT_OPTION_HELP),
     config_file: Path | None = typer.Option(
         None, "--config", help="A JSON file with the config's fields; options given here override it."
     ),
@@ -173,6 +177,7 @@ def create(
             "validation_episodes": validation_episodes,
             "from_checkpoint": checkpoint_name(from_checkpoint) if from_checkpoint else None,
             "normalization": normalization,
+            "integrations": _integrations(integration, wandb_project),
         }
         fields.update({k: v for k, v in given.items() if v is not None})  # the options override the file
         job = train(SFTConfig.parse(fields), idempotency_key=idempotency_key)
@@ -183,6 +188,13 @@ def create(
             print(job.id)
         else:
             _show_job(job, as_json)
+
+
+def _integrations(given: list[str] | None, wandb_project: str | None) -> list[Any] | None:
+    try:
+        return integrations_of_options(given, wandb_project)
+    except ValueError as error:
+        raise ConfigError(str(error), "integrations") from None
 
 
 def _config_file_fields(config_file: Path | None) -> dict[str, Any]:
@@ -334,6 +346,42 @@ def download(
         out.print(f"{path}  {size_text(size)} ({size:,} bytes)", highlight=False, soft_wrap=True)
 
 
+@app.command()
+def push(
+    job_id: str,
+    repo: str = typer.Argument(..., help="The Hub model repo, owner/name (created if absent)."),
+    private: bool = typer.Option(
+        True,
+        "--private/--public",
+        help="The visibility of a repo created now (an existing one keeps its own).",
+    ),
+    revision: str | None = typer.Option(None, "--revision", help="The branch to commit to (default main)."),
+    as_json: bool = typer.Option(False, "--json", help="Print where it went as JSON."),
+) -> None:
+    """Push a completed fine-tune's output to a Hub model repo, with a model card: downloaded
+    through the API, pushed from this machine with your Hub token (HF_TOKEN, or `hf auth login`'s)."""
+    from relay.hub_push import push_job
+    from relay.hub_target import check_branch, check_repo_id
+
+    with clear_errors():
+        # A malformed name is refused here, before the API or the Hub is asked anything.
+        check_repo_id(repo, "repo")
+        check_branch(revision, "--revision")
+        job = sft.retrieve(job_id)
+        pushed = push_job(job, repo, private=private, revision=revision, param="repo")
+    if as_json:
+        print(json.dumps(pushed.to_dict()))
+        return
+    # create_repo leaves an existing repo's visibility as it was: say what was asked.
+    visibility = "private if new" if pushed.private else "public if new"
+    out.print(
+        f"pushed {job_id} to {pushed.repo_id} ({visibility}) at {pushed.revision}, commit "
+        f"{pushed.commit[:8]}: {pushed.url}\nstart a job from it: from_checkpoint {pushed.checkpoint}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 def _show_job(job: FineTuneJob, as_json: bool, card_follows: bool = False) -> None:
     record = job.to_dict()
     if not as_json:  # say which loss this is (JSON keeps the API's field names)
@@ -392,6 +440,8 @@ def _results_rows(card: FineTuneSummary) -> list[tuple[str, str]]:
         rows.append(("closed loop", _eval_text(card.eval)))
     if card.weights is not None:
         rows.append(("started from", weights_line(card.weights.model_dump())))
+    if card.pushed is not None:  # a recipe's hub block: the event's own line
+        rows.append(("Hub", PushedEvent(**card.pushed.model_dump()).describe()))
     return rows
 
 

@@ -28,12 +28,14 @@ from relay.events import (
     ResumedEvent,
     SnapshotEvent,
     StageEvent,
+    TrackerEvent,
     ValidationEvent,
     WeightsEvent,
     parse_known,
     validation_line,
 )
 from relay.formatting import number_text
+from relay.integrations import INTEGRATION_OPTION_HELP, WANDB_PROJECT_OPTION_HELP, integrations_of_options
 from relay.progress import ProgressReport
 from relay.sft.config import BATCH_SIZE_MAX, CHECKPOINT_EVERY_DEFAULT, STEPS_MAX, SFTConfig
 
@@ -142,6 +144,8 @@ def train(
         '\'{"env": "relay/Dot-v0", "episodes": 10, "at_checkpoints": true}\'); reports and videos go '
         "to OUTPUT_DIR/eval/.",
     ),
+    integration: list[str] | None = typer.Option(None, "--integration", help=INTEGRATION_OPTION_HELP),
+    wandb_project: str | None = typer.Option(None, "--wandb-project", help=WANDB_PROJECT_OPTION_HELP),
     seed: int = typer.Option(0, help="Seeds the data order, the initialisation and the noise."),
     checkpoint_every: int = typer.Option(CHECKPOINT_EVERY_DEFAULT, help="Steps between checkpoints."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
@@ -189,6 +193,7 @@ def train(
         "eval": _eval_json(eval_block),
         "from_checkpoint": checkpoint_name(from_checkpoint) if from_checkpoint else None,
         "normalization": normalization,
+        "integrations": _integrations(integration, wandb_project),
     }
     if from_checkpoint is not None and is_fine_tune_id(from_checkpoint):
         fail(job_id_needs_the_service(from_checkpoint))
@@ -209,6 +214,13 @@ def train(
 def _absolute(directory: str | None) -> str | None:
     """A directory as the job will find it, wherever it runs from."""
     return str(Path(directory).expanduser().absolute()) if directory is not None else None
+
+
+def _integrations(given: list[str] | None, wandb_project: str | None) -> list[Any] | None:
+    try:
+        return integrations_of_options(given, wandb_project)
+    except ValueError as error:
+        fail(str(error))
 
 
 def _eval_json(text: str | None) -> Any:
@@ -296,6 +308,8 @@ class _TrainingProgress:
                 report.note(f"step {typed.step}: validation: {typed.describe()}")
             case EvalEvent():
                 report.note(f"step {typed.step}: closed loop: {typed.describe()}")
+            case TrackerEvent():
+                report.note(f"step {typed.step}: {typed.describe()}")
             case ResumedEvent():
                 where = self.output_dir / "checkpoints"
                 report.note(f"resuming from step {typed.step} (the last checkpoint in {where})")

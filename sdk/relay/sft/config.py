@@ -35,6 +35,8 @@ from relay.dataset_names import (
 from relay.env_evaluation import JobEval, check_job_eval_budget, job_eval_value
 from relay.episodes import VALIDATION_EPISODES_RULE, VALIDATION_EPISODES_SCHEMA, validation_episodes_value
 from relay.errors import ConfigError
+from relay.hub_target import HUB_RULE, HubTarget, hub_value
+from relay.integrations import INTEGRATIONS_RULE, Integrations
 from relay.rules import (
     ABSENT,
     FINETUNE_RULE,
@@ -111,6 +113,8 @@ RULES: dict[str, str] = {
     "from_checkpoint": FROM_CHECKPOINT_RULE,
     "normalization": NORMALIZATION_RULE,
     "eval": "must be null or an object: env (required), episodes, seed, max_steps, at_checkpoints, videos",
+    "integrations": INTEGRATIONS_RULE,
+    "hub": HUB_RULE,
 }
 
 
@@ -254,6 +258,12 @@ class SFTConfig(CheckedConfig):
     from_checkpoint: FromCheckpoint = None
     # Whose statistics normalize states and actions: the new dataset's, or from_checkpoint's own.
     normalization: Literal["dataset", "checkpoint"] = "dataset"
+    # The experiment trackers the run also logs to (relay.integrations; docs/integrations.md), for
+    # every family: they read the run's events, whatever trains.
+    integrations: Integrations = Field(default_factory=list)
+    # Where the worker pushes the output, with a model card, once the job completes (relay.hub_target;
+    # docs/recipe-jobs.md); for every family. Not the token: that is the worker's HF_TOKEN.
+    hub: Annotated[HubTarget | None, BeforeValidator(hub_value)] = None
 
     @classmethod
     def default(cls, field: str, model: str | None = None) -> Any:

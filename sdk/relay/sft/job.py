@@ -6,7 +6,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relay import events, http_client
 from relay.formatting import number_text
@@ -14,6 +14,9 @@ from relay.progress import ProgressReport
 from relay.sft import status as job_status
 from relay.sft.config import SFTConfig
 from relay.sft.summary import FineTuneSummary
+
+if TYPE_CHECKING:
+    from relay.hub_push import PushedRepo
 
 FINE_TUNES = "/v1/fine-tunes"
 CONFIG_FIELDS: tuple[str, ...] = tuple(SFTConfig.model_fields)
@@ -111,6 +114,8 @@ class FineTuneJob:
     eval: dict[str, Any] | None
     from_checkpoint: str | None
     normalization: str
+    # The experiment trackers it logs to (relay.integrations), each as its JSON: [] for none.
+    integrations: list[dict[str, Any]]
 
     def __init__(self, data: dict[str, Any], client: http_client.Client | None = None) -> None:
         self._client = client or http_client.default_client()
@@ -260,6 +265,25 @@ class FineTuneJob:
             if bar is not None:
                 bar.close()
         return target
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        private: bool = True,
+        revision: str | None = None,
+        token: str | None = None,
+        endpoint: str | None = None,
+    ) -> PushedRepo:
+        """Push the completed job's output to the Hub model repo `repo_id` (owner/name; created
+        private unless `private` is False) at the branch `revision` (None: main; created if absent),
+        with a model card (README.md: base, dataset and their revisions, recipe, validation and
+        evaluation figures, Relay's version). The output is downloaded through the API first. The
+        token and Hub: `token` and `endpoint`, else HF_TOKEN and HF_ENDPOINT, else huggingface_hub's
+        saved login; the token goes to the Hub alone. Needs huggingface_hub (relay.hub_push)."""
+        from relay.hub_push import push_job
+
+        return push_job(self, repo_id, private=private, revision=revision, token=token, endpoint=endpoint)
 
 
 class _DownloadBar:

@@ -182,6 +182,18 @@ class WeightsRead(BaseModel):
     job: str | None = None
 
 
+class HubPushed(BaseModel):
+    """Where a recipe's ``hub`` block pushed the output: its ``pushed`` event (relay.events.PushedEvent)."""
+
+    step: int
+    repo_id: str
+    revision: str
+    private: bool
+    commit: str | None = Field(None, description="The commit the Hub made; null when the push failed.")
+    url: str | None = None
+    error: str | None = Field(None, description="Why the push failed (the job keeps its output).")
+
+
 class FineTuneSummary(BaseModel):
     """A fine-tune's results: its pace, its training loss, its checkpoints with their figures, the
     validation and closed-loop figures once reported, and how to use the model."""
@@ -236,6 +248,11 @@ class FineTuneSummary(BaseModel):
         "the worker loaded them, and for a job from its model's base).",
     )
     use: ModelUse
+    pushed: HubPushed | None = Field(
+        None,
+        description="A recipe with a `hub` block: where the output was pushed, or why it was not "
+        "(null until the job completed, and without the block).",
+    )
 
 
 def model_use(job_id: str, model: str, dataset_name: str, status: str, task: str | None = None) -> ModelUse:

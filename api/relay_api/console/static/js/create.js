@@ -227,6 +227,10 @@ function inputFor(field, schema, required) {
     const example = field === "eval" ? '{"env": "relay/Dot-v0", "episodes": 10}' : '{"base_0_rgb": "observation.images.top"}';
     return h("textarea", { ...common, placeholder: example });
   }
+  if (isListOfObjects(schema)) {
+    // integrations: the list as JSON, as the API takes it.
+    return h("textarea", { ...common, placeholder: '[{"type": "tensorboard"}, {"type": "wandb", "wandb": {"project": "pick"}}]' });
+  }
   const placeholder =
     schema.type === "array" ? "comma-separated (default: the method's)" : schema.default !== undefined && schema.default !== null ? defaultText(schema) : "";
   return h("input", { ...common, type: "text", placeholder, inputmode: schema.type === "integer" || schema.type === "number" ? "decimal" : null });
@@ -235,6 +239,12 @@ function inputFor(field, schema, required) {
 // An object field: a map (cameras) or a block of its own (eval, a $ref to its schema).
 function isObject(schema) {
   return schema.type === "object" || schema.$ref !== undefined;
+}
+
+// A list whose items are blocks of their own (integrations: a union of object schemas).
+function isListOfObjects(schema) {
+  const items = schema.type === "array" ? schema.items || {} : {};
+  return items.oneOf !== undefined || items.anyOf !== undefined || items.$ref !== undefined || items.type === "object";
 }
 
 function hint(field, schema) {
@@ -248,8 +258,8 @@ function parse(text, schema) {
     const value = Number(text);
     return Number.isNaN(value) ? text : value;
   }
-  if (schema.type === "array") return text.split(",").map((item) => item.trim()).filter(Boolean);
-  if (isObject(schema)) {
+  if (schema.type === "array" && !isListOfObjects(schema)) return text.split(",").map((item) => item.trim()).filter(Boolean);
+  if (isObject(schema) || isListOfObjects(schema)) {
     try {
       return JSON.parse(text);
     } catch {

@@ -414,8 +414,32 @@ function configList(job, fields) {
     { "data-testid": "config" },
     ...fields.flatMap((field) => {
       const value = job[field];
-      const shown = value === null || value === undefined ? "—" : typeof value === "object" ? JSON.stringify(value) : String(value);
+      const shown =
+        field === "integrations"
+          ? integrationsText(value)
+          : value === null || value === undefined
+            ? "—"
+            : typeof value === "object"
+              ? JSON.stringify(value)
+              : String(value);
       return [h("dt", {}, field), h("dd.mono", { "data-config": field }, shown)];
     }),
   );
+}
+
+// A job's experiment trackers (docs/integrations.md), one phrase each: "wandb: team/pick (run
+// "x", tags a, b); tensorboard: event files under tensorboard/ among the files".
+function integrationsText(list) {
+  if (!Array.isArray(list) || list.length === 0) return "—";
+  return list
+    .map((item) => {
+      if (item.type === "wandb" && item.wandb) {
+        const where = (item.wandb.entity ? `${item.wandb.entity}/` : "") + item.wandb.project;
+        const details = [item.wandb.name ? `run "${item.wandb.name}"` : null, item.wandb.tags && item.wandb.tags.length ? `tags ${item.wandb.tags.join(", ")}` : null].filter(Boolean);
+        return `wandb: ${where}` + (details.length ? ` (${details.join(", ")})` : "");
+      }
+      if (item.type === "tensorboard") return "tensorboard: event files under tensorboard/ among the files";
+      return JSON.stringify(item);
+    })
+    .join("; ");
 }

@@ -25,8 +25,17 @@ export function resultsFigures(card) {
   }
   if (card.validation) rows.push(["Validation", "validation", validationLines(card.validation)]);
   if (card.eval) rows.push(["Closed loop", "eval", evalText(card.eval)]);
+  if (card.pushed) rows.push(["Hub", "pushed", pushedLine(card.pushed)]);
   const list = h("dl.kv", {}, ...rows.flatMap(([label, field, value]) => [h("dt", {}, label), h("dd", { "data-result": field }, value)]));
   return card.metrics_note ? h("div", {}, list, h("p.muted", { "data-result": "note" }, capitalized(card.metrics_note))) : list;
+}
+
+// Where a recipe's hub block pushed the output, as relay.events.PushedEvent.describe says it.
+function pushedLine(pushed) {
+  if (pushed.error !== null && pushed.error !== undefined) {
+    return `not pushed to ${pushed.repo_id} at ${pushed.revision}: ${pushed.error} (the job's output is kept)`;
+  }
+  return `pushed to ${pushed.repo_id} at ${pushed.revision}, commit ${String(pushed.commit).slice(0, 8)}: ${pushed.url}`;
 }
 
 // A scoring's headline action error, as relay.events.headline_action_error reads it: the error of

@@ -1,0 +1,252 @@
+"""A recipe's ``integrations``: the experiment trackers a job also logs to, in OpenAI's shape.
+
+``[{"type": "wandb", "wandb": {"project": "pick", "entity": "team", "name": "run 3", "tags": ["a"]}},
+{"type": "tensorboard"}]``: at most one of each type. The engine's recipe run logs the recipe,
+every metrics, validation and evaluation event, checkpoints' steps and the final summary to each
+(relay_engine.trackers; docs/integrations.md). Pure pydantic: the SDK, the API and the engine
+check an integration with the same classes, and a broken rule names its place
+(``integrations[0].wandb.project``).
+
+No secret is ever part of a recipe: a W&B API key comes from the environment of the process that
+trains (the worker's, or the user's for ``relay local train``: ``WANDB_API_KEY``), never from the
+stored job, so that no answer, event or file can hold it. An ``api_key`` given here is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import BeforeValidator, Field
+
+from relay.errors import ConfigError
+from relay.rules import CheckedConfig
+
+WANDB = "wandb"
+TENSORBOARD = "tensorboard"
+MLFLOW = "mlflow"
+# The types a recipe may name, in the order the docs list them. MLflow's shape is OpenAI's too, but
+# this version does not log to it: naming it is refused in words (`integrations_value`), not taken
+# and silently dropped.
+INTEGRATION_TYPES: tuple[str, ...] = (WANDB, TENSORBOARD)
+# The extra that installs every tracker's library (pyproject.toml: relay-intelligence[trackers]).
+TRACKERS_EXTRA = "trackers"
+# The Python package each type needs on the machine that trains.
+TRACKER_PACKAGES: dict[str, str] = {WANDB: "wandb", TENSORBOARD: "tensorboard"}
+
+# W&B's project and entity names: letters, digits, _, - and . (W&B refuses /, \, #, ?, % and :;
+# the narrower set here is one every reader of the JSON Schema agrees on).
+WANDB_NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
+WANDB_NAME_MAX = 128
+WANDB_RUN_NAME_MAX = 128
+WANDB_TAGS_MAX = 20
+WANDB_TAG_MAX = 64  # W&B's own limit on a tag
+# Text with at least one visible character and no control characters.
+VISIBLE_TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*[^\x00-\x20\x7f][^\x00-\x1f\x7f]*$"
+# Words a recipe refuses in an integration: a secret belongs to the environment (see the module).
+SECRET_FIELDS = ("api_key", "token", "password")
+SECRET_RULE = (
+    "a key is never part of a recipe: the machine that trains reads WANDB_API_KEY from its "
+    "environment (the service's workers, or yours for relay local train)"
+)
+INTEGRATIONS_RULE = (
+    "must be a list of at most one integration of each type: "
+    '{"type": "wandb", "wandb": {"project", "entity", "name", "tags"}} or {"type": "tensorboard"}'
+)
+
+
+def _refuse_secrets(data: Any, what: str) -> None:
+    # Named without its value: the value may be a real key, and messages are shown and logged.
+    if isinstance(data, dict):
+        for name in SECRET_FIELDS:
+            if name in data:
+                raise ConfigError(
+                    f"bad {what}.{name}: not taken ({SECRET_RULE})", f"{what}.{name}", "invalid_value"
+                )
+
+
+class WandbSettings(CheckedConfig):
+    """Where a job's W&B run goes: the project (required), the entity (team or user; W&B's default
+    for the key otherwise), the run's display name (the job's name, else its id) and tags."""
+
+    RULES: ClassVar[dict[str, str]] = {
+        "project": f"must be a W&B project name: 1 to {WANDB_NAME_MAX} letters, digits, _, - or .",
+        "entity": (
+            f"must be a W&B entity (team or user) name: 1 to {WANDB_NAME_MAX} letters, digits, _, - or ."
+        ),
+        "name": f"must be text of 1 to {WANDB_RUN_NAME_MAX} characters, no control characters",
+        "tags": (
+            f"must be a list of at most {WANDB_TAGS_MAX} tags, each 1 to {WANDB_TAG_MAX} characters "
+            "with no control characters"
+        ),
+    }
+    WHAT: ClassVar[str] = "wandb"
+    BODY_MESSAGE: ClassVar[str] = "bad wandb: must be an object of {fields} (project required)"
+
+    project: str = Field(min_length=1, max_length=WANDB_NAME_MAX, pattern=WANDB_NAME_PATTERN)
+    entity: str | None = Field(None, min_length=1, max_length=WANDB_NAME_MAX, pattern=WANDB_NAME_PATTERN)
+    name: str | None = Field(None, min_length=1, max_length=WANDB_RUN_NAME_MAX, pattern=VISIBLE_TEXT_PATTERN)
+    tags: list[
+        Annotated[str, Field(min_length=1, max_length=WANDB_TAG_MAX, pattern=VISIBLE_TEXT_PATTERN)]
+    ] = Field(default_factory=list, max_length=WANDB_TAGS_MAX)
+
+
+def _part(cls: type[CheckedConfig], field: str, value: Any) -> Any:
+    """Parse `value` as `cls`, its errors naming their place under `field` (``wandb.project``)."""
+    if isinstance(value, cls):
+        return value
+    _refuse_secrets(value, field)
+    try:
+        return cls.parse(value)
+    except ConfigError as error:
+        raise _under(error, field) from None
+
+
+def _under(error: ConfigError, prefix: str) -> ConfigError:
+    """The same error, its field named under `prefix` (``wandb`` + ``project`` = ``wandb.project``)."""
+    field = f"{prefix}.{error.param}" if error.param else prefix
+    message = error.message.replace(f"bad {error.param}:", f"bad {field}:", 1)
+    message = message.replace(f"missing {error.param} ", f"missing {field} ", 1)
+    message = message.replace(f"unknown field {error.param} ", f"unknown field {field} ", 1)
+    if error.param is None:
+        message = message.replace(f"bad {prefix}: bad {prefix}:", f"bad {prefix}:", 1)
+    return ConfigError(message, field, error.code)
+
+
+class WandbIntegration(CheckedConfig):
+    """Log the job to a Weights & Biases run (``type: "wandb"``)."""
+
+    RULES: ClassVar[dict[str, str]] = {
+        "type": 'must be "wandb"',
+        "wandb": "must be an object: project (required), entity, name, tags",
+    }
+    WHAT: ClassVar[str] = "a wandb integration"
+    BODY_MESSAGE: ClassVar[str] = 'must be {{"type": "wandb", "wandb": {{...}}}}'
+
+    type: Literal["wandb"]
+    wandb: Annotated[WandbSettings, BeforeValidator(lambda value: _part(WandbSettings, WANDB, value))]
+
+
+class TensorBoardIntegration(CheckedConfig):
+    """Write TensorBoard event files among the job's files, under ``tensorboard/`` (``type:
+    "tensorboard"``; no settings)."""
+
+    RULES: ClassVar[dict[str, str]] = {"type": 'must be "tensorboard"'}
+    WHAT: ClassVar[str] = "a tensorboard integration"
+    BODY_MESSAGE: ClassVar[str] = 'must be {{"type": "tensorboard"}}'
+
+    type: Literal["tensorboard"]
+
+
+Integration = Annotated[
+    Union[WandbIntegration, TensorBoardIntegration],  # noqa: UP007 (a discriminated union at runtime)
+    Field(discriminator="type"),
+]
+_CLASSES: dict[str, type[CheckedConfig]] = {WANDB: WandbIntegration, TENSORBOARD: TensorBoardIntegration}
+
+
+def integrations_value(value: Any) -> list[Any]:
+    """SFTConfig's ``integrations``: the list, each entry parsed as its type's class, its errors
+    naming their place (``integrations[1].wandb.tags``); a type named twice is refused (two
+    writers of one run would each undo the other's steps)."""
+    if not isinstance(value, list) or len(value) > len(INTEGRATION_TYPES):
+        raise ConfigError(
+            f"bad integrations: {_shape(value)} ({INTEGRATIONS_RULE})", "integrations", "invalid_value"
+        )
+    parsed: list[Any] = []
+    for index, item in enumerate(value):
+        place = f"integrations[{index}]"
+        if isinstance(item, WandbIntegration | TensorBoardIntegration):
+            parsed.append(item)
+            continue
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == MLFLOW:
+            raise ConfigError(
+                f'bad {place}.type: "mlflow" (this version of Relay does not log to MLflow yet; a '
+                f"recipe takes {', '.join(INTEGRATION_TYPES)})",
+                f"{place}.type",
+                "invalid_value",
+            )
+        if not isinstance(kind, str) or kind not in _CLASSES:
+            shown = "an integration without a type" if kind is None else json.dumps(kind)[:40]
+            raise ConfigError(
+                f"bad {place}.type: {shown} (must be one of {', '.join(INTEGRATION_TYPES)})",
+                f"{place}.type",
+                "invalid_value",
+            )
+        _refuse_secrets(item, place)
+        try:
+            parsed.append(_CLASSES[kind].parse(item))
+        except ConfigError as error:
+            raise _under(error, place) from None
+    types = [entry.type for entry in parsed]
+    for kind in INTEGRATION_TYPES:
+        if types.count(kind) > 1:
+            raise ConfigError(
+                f"bad integrations: {kind} is named {types.count(kind)} times (at most one of each type)",
+                "integrations",
+                "invalid_value",
+            )
+    return parsed
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    return (
+        json.dumps(value)[:40] if isinstance(value, str | int | float | bool | None) else type(value).__name__
+    )
+
+
+# "At most one of each type" is in the field's description, not its JSON Schema: `not` over
+# `contains`/`minContains`, the one way to state it, is a part of the schema that readers such as
+# schemathesis cannot generate from (tests/service/test_schema_fuzz.py keeps one of each).
+Integrations = Annotated[
+    list[Integration],
+    Field(max_length=len(INTEGRATION_TYPES)),
+    BeforeValidator(integrations_value),
+]
+
+
+def types_of(integrations: list[Any]) -> list[str]:
+    """The types a recipe's integrations name, in its order."""
+    return [str(entry.type) for entry in integrations]
+
+
+def integrations_of_options(given: list[str] | None, wandb_project: str | None) -> list[Any] | None:
+    """The CLI's ``--integration`` options (a type with no settings, ``tensorboard``, or an
+    integration as JSON) and ``--wandb-project P`` (W&B with just a project) as a recipe's
+    ``integrations``; None when none is given. ValueError says what is wrong with one."""
+    found: list[Any] = []
+    for text in given or []:
+        stripped = text.strip()
+        if stripped.startswith("{"):
+            try:
+                found.append(json.loads(stripped))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"bad --integration: not JSON ({error.msg})") from None
+        elif stripped == TENSORBOARD:
+            found.append({"type": TENSORBOARD})
+        elif stripped == WANDB:
+            raise ValueError(
+                "bad --integration: wandb needs a project: --wandb-project PROJECT, or "
+                '--integration \'{"type": "wandb", "wandb": {"project": "PROJECT", "entity": "TEAM"}}\''
+            )
+        else:
+            raise ValueError(
+                f"bad --integration: {stripped!r} (tensorboard, or an integration as JSON such as "
+                '\'{"type": "wandb", "wandb": {"project": "pick"}}\')'
+            )
+    if wandb_project is not None:
+        found.append({"type": WANDB, "wandb": {"project": wandb_project}})
+    return found or None
+
+
+INTEGRATION_OPTION_HELP = (
+    "An experiment tracker to log to, repeatable: tensorboard (event files among the outputs), or "
+    'an integration as JSON: \'{"type": "wandb", "wandb": {"project": "pick", "entity": "team", '
+    '"tags": ["a"]}}\'. The W&B key comes from WANDB_API_KEY where the job trains (docs/integrations.md).'
+)
+WANDB_PROJECT_OPTION_HELP = (
+    "Log to this Weights & Biases project (--integration's wandb with a project only)."
+)
