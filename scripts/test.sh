@@ -29,6 +29,13 @@ python -m pip install -q --upgrade pip
 python -m pip install -q -e ".[dev]"
 # openpi's websocket client, for the serving tests: without its numpy<2 pin (see pyproject's dev extra).
 python -m pip install -q --no-deps "openpi-client==0.1.2"
+# A real MLflow tracking server for the MLflow tracker's tests (tests/engine/training/
+# test_mlflow_tracker.py), in a venv of its own: mlflow pulls some 40 packages (and another
+# pyarrow) that Relay's environment must not get; Relay itself speaks its REST API with httpx.
+if [ ! -x .venv-mlflow/bin/mlflow ]; then
+    python3 -m venv .venv-mlflow
+    .venv-mlflow/bin/pip install -q "mlflow==3.17.2"
+fi
 
 ruff check .
 ruff format --check .

@@ -1,5 +1,5 @@
-"""The experiment trackers of a recipe's ``integrations`` (relay.integrations): Weights & Biases and
-TensorBoard, fed by the recipe run's own events, on rank 0, so that a service job and
+"""The experiment trackers of a recipe's ``integrations`` (relay.integrations): Weights & Biases,
+TensorBoard and MLflow, fed by the recipe run's own events, on rank 0, so that a service job and
 ``relay local train`` log the same things (docs/integrations.md).
 
 What each tracker gets: the recipe as the run's config (with the job's id, its attempt and the
@@ -21,9 +21,16 @@ directory (``trackers/wandb.json``), opened with ``resume="allow"``; the steps t
 trains again (after its checkpoint, up to where the last one stopped) are not logged to W&B
 again, since W&B cannot rewind a run's history (they are the same figures: the resume is exact).
 TensorBoard's writer purges the steps after the checkpoint (``purge_step``), so each step is there
-once.
+once. MLflow's run id is kept in the work directory (``trackers/mlflow.json``) and the run carries
+a ``relay.job_id`` tag, by which another attempt that lacks the file finds it; like W&B's, the steps
+already sent are not sent again (MLflow would keep both values of a step).
 
-Secrets are never the recipe's: W&B reads WANDB_API_KEY from this process's environment.
+MLflow is spoken to through its tracking server's REST API with httpx (``/api/2.0/mlflow/...``),
+not its client library: the mlflow package pulls some 40 packages into the environment that trains.
+
+Secrets are never the recipe's: W&B reads WANDB_API_KEY from this process's environment, MLflow
+MLFLOW_TRACKING_TOKEN (a bearer token) or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD
+(basic auth), as MLflow's own client does.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import collections
 import importlib.util
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -57,10 +65,12 @@ from relay.events import (
     WeightsEvent,
 )
 from relay.integrations import (
+    MLFLOW,
     TENSORBOARD,
     TRACKER_PACKAGES,
     TRACKERS_EXTRA,
     WANDB,
+    MlflowIntegration,
     TensorBoardIntegration,
     WandbIntegration,
 )
@@ -238,6 +248,258 @@ class _Wandb:
         temporary = self.state_path.with_suffix(".tmp")
         temporary.write_text(json.dumps({"run_id": self.run_id, "step": self.last_sent}))
         os.replace(temporary, self.state_path)
+
+
+# MLflow's limits on one log-batch request, and on a param's and a tag's value.
+MLFLOW_BATCH_METRICS = 1000
+MLFLOW_BATCH_PARAMS = 100
+MLFLOW_BATCH_TAGS = 100
+MLFLOW_PARAM_VALUE_MAX = 6000
+MLFLOW_TAG_VALUE_MAX = 5000
+# Seconds one request to the tracking server may take: the thread retries it after its back-off.
+MLFLOW_REQUEST_SECONDS = 15.0
+MLFLOW_JOB_TAG = "relay.job_id"
+# How a run's summary status ends the MLflow run (a stopped run is resumed into RUNNING again).
+MLFLOW_END_STATUS = {"completed": "FINISHED", "failed": "FAILED"}
+
+
+class MlflowError(RuntimeError):
+    """A tracking server's refusal: its error code and message (never the request's headers)."""
+
+
+class _Mlflow:
+    name = MLFLOW
+
+    def __init__(
+        self, settings: MlflowIntegration, work_dir: Path, job_id: str | None, fallback_name: str
+    ) -> None:
+        self.settings = settings.mlflow
+        self.job_id = job_id
+        self.display_name = fallback_name
+        self.state_path = work_dir / STATE_DIR / "mlflow.json"
+        self.state = _read_json(self.state_path)
+        self.client: Any = None
+        self.run_id: str | None = None
+        self.sent_through = 0
+        self.last_sent = 0
+
+    def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        url = "/api/2.0/mlflow/" + path
+        if method == "GET":
+            response = self.client.get(url, params=body)
+        else:
+            response = self.client.post(url, content=json.dumps(body or {}, default=str))
+        if response.status_code >= 400:
+            try:
+                error = response.json()
+                said = f"{error.get('error_code', response.status_code)}: {error.get('message', '')}"
+            except ValueError:
+                said = f"HTTP {response.status_code}: {response.text[:200]}"
+            raise MlflowError(f"{path}: {said}")
+        return response.json() if response.content else {}
+
+    def open(self, config: Mapping[str, Any]) -> None:
+        import httpx
+
+        token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+        user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+        password = os.environ.get("MLFLOW_TRACKING_PASSWORD")
+        headers = {"Content-Type": "application/json", "User-Agent": f"relay/{__version__}"}
+        auth: Any = None
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        elif user and password:
+            auth = httpx.BasicAuth(user, password)
+        if self.client is None:
+            self.client = httpx.Client(
+                base_url=self.settings.tracking_uri.rstrip("/"),
+                headers=headers,
+                auth=auth,
+                timeout=MLFLOW_REQUEST_SECONDS,
+            )
+        self.run_id = self._find_run()
+        if self.run_id is None:
+            self.run_id = self._create_run(config)
+            self.sent_through = 0
+        self.last_sent = self.sent_through
+        self._write_state()
+        if not self.state.get("params"):
+            # Params cannot change once logged: the recipe's, once, from the run that created it.
+            self._log_batch(params=_params(config.get("recipe") or {}))
+            self.state["params"] = True
+            self._write_state()
+        self._log_batch(tags=_tags({k: v for k, v in config.items() if k != "recipe"}))
+
+    def _find_run(self) -> str | None:
+        """The run an earlier attempt made: the one the work directory keeps, else the one tagged
+        with the job's id; reopened (RUNNING), with the last step it holds."""
+        run_id = self.state.get("run_id")
+        if isinstance(run_id, str) and run_id:
+            try:
+                run = self._call("GET", "runs/get", {"run_id": run_id})["run"]
+            except MlflowError as error:
+                if "RESOURCE_DOES_NOT_EXIST" not in str(error):
+                    raise
+                run = None  # deleted on the server: a new run, the file's steps are not its
+                self.state = {}
+            if run is not None:
+                self.sent_through = int(self.state.get("step") or 0)
+                self._reopen(run)
+                return run_id
+        if self.job_id is None or "'" in self.job_id:
+            return None
+        experiment_id = self._experiment_id()
+        found = (
+            self._call(
+                "POST",
+                "runs/search",
+                {
+                    "experiment_ids": [experiment_id],
+                    "filter": f"tags.`{MLFLOW_JOB_TAG}` = '{self.job_id}'",
+                    "max_results": 1,
+                    "order_by": ["attributes.start_time ASC"],
+                },
+            ).get("runs")
+            or []
+        )
+        if not found:
+            return None
+        run = found[0]
+        # The work directory's file is gone: what the run holds says which steps it has.
+        self.sent_through = max(
+            [int(m.get("step") or 0) for m in run.get("data", {}).get("metrics", [])] or [0]
+        )
+        self.state = {"params": True}
+        self._reopen(run)
+        return str(run["info"]["run_id"])
+
+    def _reopen(self, run: Mapping[str, Any]) -> None:
+        if run["info"].get("status") != "RUNNING":
+            self._call("POST", "runs/update", {"run_id": run["info"]["run_id"], "status": "RUNNING"})
+
+    def _experiment_id(self) -> str:
+        name = self.settings.experiment
+        try:
+            found = self._call("GET", "experiments/get-by-name", {"experiment_name": name})
+            return str(found["experiment"]["experiment_id"])
+        except MlflowError as error:
+            if "RESOURCE_DOES_NOT_EXIST" not in str(error):
+                raise
+        try:
+            return str(self._call("POST", "experiments/create", {"name": name})["experiment_id"])
+        except MlflowError as error:  # another job created it meanwhile
+            if "RESOURCE_ALREADY_EXISTS" not in str(error):
+                raise
+            found = self._call("GET", "experiments/get-by-name", {"experiment_name": name})
+            return str(found["experiment"]["experiment_id"])
+
+    def _create_run(self, config: Mapping[str, Any]) -> str:
+        tags = [{"key": "mlflow.runName", "value": self.display_name[:250]}]
+        tags.append({"key": "mlflow.source.name", "value": "relay"})
+        if self.job_id:
+            tags.append({"key": MLFLOW_JOB_TAG, "value": self.job_id})
+        created = self._call(
+            "POST",
+            "runs/create",
+            {
+                "experiment_id": self._experiment_id(),
+                "run_name": self.display_name[:250],
+                "start_time": _now_ms(),
+                "tags": tags,
+            },
+        )
+        run_id = str(created["run"]["info"]["run_id"])
+        # Kept at once: a run stopped before its first step still leaves its id to the next.
+        self.state = {"run_id": run_id, "step": 0}
+        return run_id
+
+    def _log_batch(
+        self,
+        metrics: list[dict[str, Any]] | None = None,
+        params: list[dict[str, str]] | None = None,
+        tags: list[dict[str, str]] | None = None,
+    ) -> None:
+        metrics, params, tags = metrics or [], params or [], tags or []
+        while metrics or params or tags:
+            body = {
+                "run_id": self.run_id,
+                "metrics": metrics[:MLFLOW_BATCH_METRICS],
+                "params": params[:MLFLOW_BATCH_PARAMS],
+                "tags": tags[:MLFLOW_BATCH_TAGS],
+            }
+            self._call("POST", "runs/log-batch", body)
+            metrics = metrics[MLFLOW_BATCH_METRICS:]
+            params = params[MLFLOW_BATCH_PARAMS:]
+            tags = tags[MLFLOW_BATCH_TAGS:]
+
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        if step <= self.sent_through:
+            return
+        at = _now_ms()
+        self._log_batch(
+            metrics=[
+                {"key": key, "value": _metric_value(value), "timestamp": at, "step": step}
+                for key, value in values.items()
+            ]
+        )
+        if step > self.last_sent:
+            self.last_sent = step
+            self._write_state()
+
+    def update_config(self, values: Mapping[str, Any]) -> None:
+        self._log_batch(tags=_tags(values))
+
+    def summary(self, values: Mapping[str, Any]) -> None:
+        self._log_batch(tags=_tags(values, prefix="relay.summary."))
+        status = MLFLOW_END_STATUS.get(str(values.get("status")), "KILLED")
+        self._call("POST", "runs/update", {"run_id": self.run_id, "status": status, "end_time": _now_ms()})
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def _write_state(self) -> None:
+        self.state.update({"run_id": self.run_id, "step": self.last_sent})
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.state_path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(self.state))
+        os.replace(temporary, self.state_path)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _metric_value(value: float) -> float | str:
+    # JSON has no NaN or infinity; the server's protobuf JSON reader takes them as these strings.
+    number = float(value)
+    if math.isnan(number):
+        return "NaN"
+    if math.isinf(number):
+        return "Infinity" if number > 0 else "-Infinity"
+    return number
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+
+
+def _params(recipe: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The recipe's fields as MLflow params, one a field (unset ones left out), values as JSON."""
+    return [
+        {"key": key, "value": _text(value)[:MLFLOW_PARAM_VALUE_MAX]}
+        for key, value in recipe.items()
+        if value is not None
+    ]
+
+
+def _tags(values: Mapping[str, Any], prefix: str = "relay.") -> list[dict[str, str]]:
+    return [
+        {"key": prefix + key, "value": _text(value)[:MLFLOW_TAG_VALUE_MAX]}
+        for key, value in values.items()
+        if value is not None
+    ]
 
 
 def _run_id(job_id: str) -> str:
@@ -492,6 +754,8 @@ def open_trackers(
             tracker = _Wandb(entry, work_dir, job_id, fallback_name)
         elif isinstance(entry, TensorBoardIntegration):
             tracker = _TensorBoard(work_dir, resumed_from)
+        elif isinstance(entry, MlflowIntegration):
+            tracker = _Mlflow(entry, work_dir, job_id, fallback_name)
         else:  # pragma: no cover (relay.integrations refuses other types)
             continue
         senders.append(_Sender(tracker, run_config, lambda *_: None))

@@ -1,23 +1,27 @@
 """A recipe's ``integrations``: the experiment trackers a job also logs to, in OpenAI's shape.
 
 ``[{"type": "wandb", "wandb": {"project": "pick", "entity": "team", "name": "run 3", "tags": ["a"]}},
-{"type": "tensorboard"}]``: at most one of each type. The engine's recipe run logs the recipe,
+{"type": "tensorboard"}, {"type": "mlflow", "mlflow": {"tracking_uri": "https://mlflow.example",
+"experiment": "pick"}}]``: at most one of each type. The engine's recipe run logs the recipe,
 every metrics, validation and evaluation event, checkpoints' steps and the final summary to each
 (relay_engine.trackers; docs/integrations.md). Pure pydantic: the SDK, the API and the engine
 check an integration with the same classes, and a broken rule names its place
 (``integrations[0].wandb.project``).
 
 No secret is ever part of a recipe: a W&B API key comes from the environment of the process that
-trains (the worker's, or the user's for ``relay local train``: ``WANDB_API_KEY``), never from the
-stored job, so that no answer, event or file can hold it. An ``api_key`` given here is refused.
+trains (the worker's, or the user's for ``relay local train``: ``WANDB_API_KEY``; MLflow's
+``MLFLOW_TRACKING_TOKEN`` or ``MLFLOW_TRACKING_USERNAME`` and ``MLFLOW_TRACKING_PASSWORD``), never
+from the stored job, so that no answer, event or file can hold it. An ``api_key``, ``token`` or
+``password`` given here is refused.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Annotated, Any, ClassVar, Literal, Union
+from urllib.parse import urlsplit
 
-from pydantic import BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from relay.errors import ConfigError
 from relay.rules import CheckedConfig
@@ -25,14 +29,13 @@ from relay.rules import CheckedConfig
 WANDB = "wandb"
 TENSORBOARD = "tensorboard"
 MLFLOW = "mlflow"
-# The types a recipe may name, in the order the docs list them. MLflow's shape is OpenAI's too, but
-# this version does not log to it: naming it is refused in words (`integrations_value`), not taken
-# and silently dropped.
-INTEGRATION_TYPES: tuple[str, ...] = (WANDB, TENSORBOARD)
+# The types a recipe may name, in the order the docs list them.
+INTEGRATION_TYPES: tuple[str, ...] = (WANDB, TENSORBOARD, MLFLOW)
 # The extra that installs every tracker's library (pyproject.toml: relay-intelligence[trackers]).
 TRACKERS_EXTRA = "trackers"
-# The Python package each type needs on the machine that trains.
-TRACKER_PACKAGES: dict[str, str] = {WANDB: "wandb", TENSORBOARD: "tensorboard"}
+# The Python package each type needs on the machine that trains. MLflow's sink speaks the tracking
+# server's REST API with httpx, one of Relay's own dependencies: no mlflow package is needed.
+TRACKER_PACKAGES: dict[str, str] = {WANDB: "wandb", TENSORBOARD: "tensorboard", MLFLOW: "httpx"}
 
 # W&B's project and entity names: letters, digits, _, - and . (W&B refuses /, \, #, ?, % and :;
 # the narrower set here is one every reader of the JSON Schema agrees on).
@@ -41,17 +44,22 @@ WANDB_NAME_MAX = 128
 WANDB_RUN_NAME_MAX = 128
 WANDB_TAGS_MAX = 20
 WANDB_TAG_MAX = 64  # W&B's own limit on a tag
+MLFLOW_URI_MAX = 2048
+MLFLOW_EXPERIMENT_MAX = 256
+MLFLOW_EXPERIMENT_DEFAULT = "relay"
 # Text with at least one visible character and no control characters.
 VISIBLE_TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*[^\x00-\x20\x7f][^\x00-\x1f\x7f]*$"
 # Words a recipe refuses in an integration: a secret belongs to the environment (see the module).
 SECRET_FIELDS = ("api_key", "token", "password")
 SECRET_RULE = (
-    "a key is never part of a recipe: the machine that trains reads WANDB_API_KEY from its "
+    "a key is never part of a recipe: the machine that trains reads WANDB_API_KEY, "
+    "MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD from its "
     "environment (the service's workers, or yours for relay local train)"
 )
 INTEGRATIONS_RULE = (
     "must be a list of at most one integration of each type: "
-    '{"type": "wandb", "wandb": {"project", "entity", "name", "tags"}} or {"type": "tensorboard"}'
+    '{"type": "wandb", "wandb": {"project", "entity", "name", "tags"}}, {"type": "tensorboard"} or '
+    '{"type": "mlflow", "mlflow": {"tracking_uri", "experiment"}}'
 )
 
 
@@ -91,6 +99,50 @@ class WandbSettings(CheckedConfig):
     ] = Field(default_factory=list, max_length=WANDB_TAGS_MAX)
 
 
+def _http_url(value: str) -> str:
+    # Checked here, at create, so that a typo is refused in words and not found by a job's thread.
+    # Credentials in the URL are refused: the URL is stored and shown, a password never is.
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s) URL")
+    if parts.username or parts.password:
+        raise ValueError(
+            "holds credentials: the machine that trains reads MLFLOW_TRACKING_TOKEN or "
+            "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD from its environment"
+        )
+    return value
+
+
+class MlflowSettings(CheckedConfig):
+    """Where a job's MLflow run goes: the tracking server's URL (required) and the experiment's
+    name (created when absent; ``relay`` by default)."""
+
+    RULES: ClassVar[dict[str, str]] = {
+        "tracking_uri": (
+            f"must be the tracking server's http(s) URL, at most {MLFLOW_URI_MAX} characters, with no "
+            "user or password in it (MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME and "
+            "MLFLOW_TRACKING_PASSWORD come from the environment)"
+        ),
+        "experiment": f"must be text of 1 to {MLFLOW_EXPERIMENT_MAX} characters, no control characters",
+    }
+    WHAT: ClassVar[str] = "mlflow"
+    BODY_MESSAGE: ClassVar[str] = "bad mlflow: must be an object of {fields} (tracking_uri required)"
+
+    tracking_uri: Annotated[
+        str,
+        # Printable ASCII, no space (an IDN host in its xn-- form): a set that Python's and
+        # JSON Schema's regular expressions agree on, unlike \s.
+        Field(min_length=1, max_length=MLFLOW_URI_MAX, pattern=r"^https?://[!-~]+$"),
+        AfterValidator(_http_url),
+    ]
+    experiment: str = Field(
+        MLFLOW_EXPERIMENT_DEFAULT,
+        min_length=1,
+        max_length=MLFLOW_EXPERIMENT_MAX,
+        pattern=VISIBLE_TEXT_PATTERN,
+    )
+
+
 def _part(cls: type[CheckedConfig], field: str, value: Any) -> Any:
     """Parse `value` as `cls`, its errors naming their place under `field` (``wandb.project``)."""
     if isinstance(value, cls):
@@ -127,6 +179,20 @@ class WandbIntegration(CheckedConfig):
     wandb: Annotated[WandbSettings, BeforeValidator(lambda value: _part(WandbSettings, WANDB, value))]
 
 
+class MlflowIntegration(CheckedConfig):
+    """Log the job to an MLflow run on a tracking server (``type: "mlflow"``)."""
+
+    RULES: ClassVar[dict[str, str]] = {
+        "type": 'must be "mlflow"',
+        "mlflow": "must be an object: tracking_uri (required), experiment",
+    }
+    WHAT: ClassVar[str] = "an mlflow integration"
+    BODY_MESSAGE: ClassVar[str] = 'must be {{"type": "mlflow", "mlflow": {{...}}}}'
+
+    type: Literal["mlflow"]
+    mlflow: Annotated[MlflowSettings, BeforeValidator(lambda value: _part(MlflowSettings, MLFLOW, value))]
+
+
 class TensorBoardIntegration(CheckedConfig):
     """Write TensorBoard event files among the job's files, under ``tensorboard/`` (``type:
     "tensorboard"``; no settings)."""
@@ -139,10 +205,14 @@ class TensorBoardIntegration(CheckedConfig):
 
 
 Integration = Annotated[
-    Union[WandbIntegration, TensorBoardIntegration],  # noqa: UP007 (a discriminated union at runtime)
+    Union[WandbIntegration, TensorBoardIntegration, MlflowIntegration],  # noqa: UP007 (a discriminated union at runtime)
     Field(discriminator="type"),
 ]
-_CLASSES: dict[str, type[CheckedConfig]] = {WANDB: WandbIntegration, TENSORBOARD: TensorBoardIntegration}
+_CLASSES: dict[str, type[CheckedConfig]] = {
+    WANDB: WandbIntegration,
+    TENSORBOARD: TensorBoardIntegration,
+    MLFLOW: MlflowIntegration,
+}
 
 
 def integrations_value(value: Any) -> list[Any]:
@@ -156,17 +226,10 @@ def integrations_value(value: Any) -> list[Any]:
     parsed: list[Any] = []
     for index, item in enumerate(value):
         place = f"integrations[{index}]"
-        if isinstance(item, WandbIntegration | TensorBoardIntegration):
+        if isinstance(item, WandbIntegration | TensorBoardIntegration | MlflowIntegration):
             parsed.append(item)
             continue
         kind = item.get("type") if isinstance(item, dict) else None
-        if kind == MLFLOW:
-            raise ConfigError(
-                f'bad {place}.type: "mlflow" (this version of Relay does not log to MLflow yet; a '
-                f"recipe takes {', '.join(INTEGRATION_TYPES)})",
-                f"{place}.type",
-                "invalid_value",
-            )
         if not isinstance(kind, str) or kind not in _CLASSES:
             shown = "an integration without a type" if kind is None else json.dumps(kind)[:40]
             raise ConfigError(
@@ -213,10 +276,16 @@ def types_of(integrations: list[Any]) -> list[str]:
     return [str(entry.type) for entry in integrations]
 
 
-def integrations_of_options(given: list[str] | None, wandb_project: str | None) -> list[Any] | None:
+def integrations_of_options(
+    given: list[str] | None,
+    wandb_project: str | None,
+    mlflow_uri: str | None = None,
+    mlflow_experiment: str | None = None,
+) -> list[Any] | None:
     """The CLI's ``--integration`` options (a type with no settings, ``tensorboard``, or an
-    integration as JSON) and ``--wandb-project P`` (W&B with just a project) as a recipe's
-    ``integrations``; None when none is given. ValueError says what is wrong with one."""
+    integration as JSON), ``--wandb-project P`` (W&B with just a project) and ``--mlflow-uri U``
+    with ``--mlflow-experiment E`` (MLflow) as a recipe's ``integrations``; None when none is
+    given. ValueError says what is wrong with one."""
     found: list[Any] = []
     for text in given or []:
         stripped = text.strip()
@@ -227,6 +296,11 @@ def integrations_of_options(given: list[str] | None, wandb_project: str | None) 
                 raise ValueError(f"bad --integration: not JSON ({error.msg})") from None
         elif stripped == TENSORBOARD:
             found.append({"type": TENSORBOARD})
+        elif stripped == MLFLOW:
+            raise ValueError(
+                "bad --integration: mlflow needs a tracking server: --mlflow-uri URL, or "
+                '--integration \'{"type": "mlflow", "mlflow": {"tracking_uri": "URL", "experiment": "E"}}\''
+            )
         elif stripped == WANDB:
             raise ValueError(
                 "bad --integration: wandb needs a project: --wandb-project PROJECT, or "
@@ -239,14 +313,29 @@ def integrations_of_options(given: list[str] | None, wandb_project: str | None) 
             )
     if wandb_project is not None:
         found.append({"type": WANDB, "wandb": {"project": wandb_project}})
+    if mlflow_experiment is not None and mlflow_uri is None:
+        raise ValueError("bad --mlflow-experiment: it needs --mlflow-uri, the tracking server's URL")
+    if mlflow_uri is not None:
+        settings = {"tracking_uri": mlflow_uri}
+        if mlflow_experiment is not None:
+            settings["experiment"] = mlflow_experiment
+        found.append({"type": MLFLOW, "mlflow": settings})
     return found or None
 
 
 INTEGRATION_OPTION_HELP = (
     "An experiment tracker to log to, repeatable: tensorboard (event files among the outputs), or "
     'an integration as JSON: \'{"type": "wandb", "wandb": {"project": "pick", "entity": "team", '
-    '"tags": ["a"]}}\'. The W&B key comes from WANDB_API_KEY where the job trains (docs/integrations.md).'
+    '"tags": ["a"]}}\' or \'{"type": "mlflow", "mlflow": {"tracking_uri": "https://mlflow.example", '
+    '"experiment": "pick"}}\'. Keys come from the environment where the job trains: WANDB_API_KEY, '
+    "MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
+    "(docs/integrations.md)."
 )
 WANDB_PROJECT_OPTION_HELP = (
     "Log to this Weights & Biases project (--integration's wandb with a project only)."
 )
+MLFLOW_URI_OPTION_HELP = (
+    "Log to the MLflow tracking server at this http(s) URL (--integration's mlflow with this "
+    "tracking_uri; its experiment is --mlflow-experiment's, else relay)."
+)
+MLFLOW_EXPERIMENT_OPTION_HELP = "The MLflow experiment of --mlflow-uri's run (created when absent)."

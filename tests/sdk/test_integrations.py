@@ -9,6 +9,7 @@ import pytest
 
 from relay.errors import ConfigError
 from relay.integrations import (
+    MlflowIntegration,
     TensorBoardIntegration,
     WandbIntegration,
     integrations_of_options,
@@ -24,13 +25,19 @@ def test_integrations_are_typed_and_kept_through_a_round_trip() -> None:
         integrations=[
             {"type": "wandb", "wandb": {"project": "pick", "entity": "team", "name": "run 1", "tags": ["a"]}},
             {"type": "tensorboard"},
+            {"type": "mlflow", "mlflow": {"tracking_uri": "https://mlflow.example:5000/base"}},
         ],
     )
-    wandb, board = config.integrations
+    wandb, board, mlflow = config.integrations
     assert isinstance(wandb, WandbIntegration) and wandb.wandb.project == "pick" and wandb.wandb.tags == ["a"]
     assert isinstance(board, TensorBoardIntegration)
+    assert isinstance(mlflow, MlflowIntegration) and mlflow.mlflow.experiment == "relay"  # the default
     dumped = config.model_dump(mode="json")
     assert dumped["integrations"][1] == {"type": "tensorboard"}
+    assert dumped["integrations"][2] == {
+        "type": "mlflow",
+        "mlflow": {"tracking_uri": "https://mlflow.example:5000/base", "experiment": "relay"},
+    }
     assert SFTConfig.parse(dumped) == config
     assert SFTConfig(**BASE).integrations == []
     # RT-J's runs report the same events: every family takes them.
@@ -45,6 +52,11 @@ def wandb(**settings: Any) -> list[dict[str, Any]]:
 
 
 W0 = "integrations[0].wandb"
+M0 = "integrations[0].mlflow"
+
+
+def mlflow(**settings: Any) -> list[dict[str, Any]]:
+    return [{"type": "mlflow", "mlflow": {"tracking_uri": "http://127.0.0.1:5000", **settings}}]
 
 
 @pytest.mark.parametrize(
@@ -60,7 +72,14 @@ W0 = "integrations[0].wandb"
         ([{"type": "tensorboard", "log_dir": "/x"}], "integrations[0].log_dir", "unknown field"),
         ([{"wandb": {"project": "p"}}], "integrations[0].type", "bad integrations[0].type"),
         ([{"type": "comet"}], "integrations[0].type", 'bad integrations[0].type: "comet"'),
-        ([{"type": "mlflow"}], "integrations[0].type", 'bad integrations[0].type: "mlflow"'),
+        ([{"type": "mlflow"}], M0, f"missing {M0}"),
+        ([{"type": "mlflow", "mlflow": {}}], f"{M0}.tracking_uri", f"missing {M0}.tracking_uri"),
+        (mlflow(tracking_uri="file:///tmp/mlruns"), f"{M0}.tracking_uri", f"bad {M0}.tracking_uri"),
+        (mlflow(tracking_uri="http://"), f"{M0}.tracking_uri", f"bad {M0}.tracking_uri"),
+        (mlflow(tracking_uri="https://me:pw@x.example"), f"{M0}.tracking_uri", f"bad {M0}.tracking_uri"),
+        (mlflow(experiment=""), f"{M0}.experiment", f"bad {M0}.experiment"),
+        (mlflow(run_id="r"), f"{M0}.run_id", f"unknown field {M0}.run_id"),
+        (mlflow() + mlflow(), "integrations", "bad integrations: mlflow is named 2 times"),
         (wandb() + wandb(project="b"), "integrations", "bad integrations: wandb is named 2 times"),
     ],
 )
@@ -72,12 +91,21 @@ def test_a_broken_integration_names_its_place(integrations: Any, param: str, sta
 
 
 @pytest.mark.parametrize("field", ["api_key", "token", "password"])
-def test_a_key_is_never_taken_nor_shown_back(field: str) -> None:
+@pytest.mark.parametrize("kind", ["wandb", "mlflow"])
+def test_a_key_is_never_taken_nor_shown_back(field: str, kind: str) -> None:
     secret = "s3cr3t-" + "9" * 30
+    settings = {"project": "p"} if kind == "wandb" else {"tracking_uri": "http://127.0.0.1:5000"}
     with pytest.raises(ConfigError) as raised:
-        SFTConfig(**BASE, integrations=[{"type": "wandb", "wandb": {"project": "p", field: secret}}])
-    assert raised.value.param == f"integrations[0].wandb.{field}"
+        SFTConfig(**BASE, integrations=[{"type": kind, kind: {**settings, field: secret}}])
+    assert raised.value.param == f"integrations[0].{kind}.{field}"
     assert "WANDB_API_KEY" in raised.value.message and secret not in raised.value.message
+    assert "MLFLOW_TRACKING_TOKEN" in raised.value.message
+
+
+def test_a_password_in_the_tracking_uri_is_refused_and_not_shown_back() -> None:
+    with pytest.raises(ConfigError) as raised:
+        SFTConfig(**BASE, integrations=mlflow(tracking_uri="https://me:s3cr3t-pw@x.example"))
+    assert "s3cr3t-pw" not in raised.value.message and "MLFLOW_TRACKING_PASSWORD" in raised.value.message
 
 
 def test_the_cli_options_make_integrations() -> None:
@@ -90,18 +118,33 @@ def test_the_cli_options_make_integrations() -> None:
     assert integrations_of_options([given], None) == [
         {"type": "wandb", "wandb": {"project": "p", "entity": "t"}}
     ]
-    for bad, words in (("wandb", "needs a project"), ("{nope", "not JSON"), ("comet", "'comet'")):
+    assert integrations_of_options(None, None, "http://127.0.0.1:5000", "pick") == [
+        {"type": "mlflow", "mlflow": {"tracking_uri": "http://127.0.0.1:5000", "experiment": "pick"}}
+    ]
+    assert integrations_of_options(None, None, "http://127.0.0.1:5000") == [
+        {"type": "mlflow", "mlflow": {"tracking_uri": "http://127.0.0.1:5000"}}
+    ]
+    for bad, words in (
+        ("wandb", "needs a project"),
+        ("mlflow", "needs a tracking server"),
+        ("{nope", "not JSON"),
+        ("comet", "'comet'"),
+    ):
         with pytest.raises(ValueError, match=words):
             integrations_of_options([bad], None)
+    with pytest.raises(ValueError, match="needs --mlflow-uri"):
+        integrations_of_options(None, None, None, "pick")
 
 
-def test_the_json_schema_gives_the_two_types_and_says_one_of_each() -> None:
+def test_the_json_schema_gives_the_three_types_and_says_one_of_each() -> None:
     """What a reader of the document (the console, the API's fuzz) sees."""
     jsonschema_rs = pytest.importorskip("jsonschema_rs")
     schema = SFTConfig.model_json_schema()
     field = schema["properties"]["integrations"]
-    assert field["maxItems"] == 2 and "at most one integration of each type" in field["description"]
+    assert field["maxItems"] == 3 and "at most one integration of each type" in field["description"]
     checker = jsonschema_rs.Draft202012Validator({**field, "$defs": schema["$defs"]})
     assert checker.is_valid([{"type": "tensorboard"}, {"type": "wandb", "wandb": {"project": "p"}}])
+    assert checker.is_valid([{"type": "mlflow", "mlflow": {"tracking_uri": "http://127.0.0.1:5000"}}])
     assert not checker.is_valid([{"type": "mlflow"}])
+    assert not checker.is_valid([{"type": "mlflow", "mlflow": {"tracking_uri": "ftp://x"}}])
     assert not checker.is_valid([{"type": "wandb", "wandb": {"project": "a/b"}}])

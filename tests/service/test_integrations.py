@@ -41,9 +41,9 @@ SECRET = "not-a-real-key-" + "7" * 25
             "bad integrations[0].wandb.tags:",
         ),
         (
-            [{"type": "mlflow", "mlflow": {"tracking_uri": "http://127.0.0.1:5000", "experiment": "e"}}],
-            "integrations[0].type",
-            'bad integrations[0].type: "mlflow" (this version of Relay does not log to MLflow yet',
+            [{"type": "mlflow", "mlflow": {"tracking_uri": "ftp://127.0.0.1:5000", "experiment": "e"}}],
+            "integrations[0].mlflow.tracking_uri",
+            'bad integrations[0].mlflow.tracking_uri: "ftp://127.0.0.1:5000" (must be the tracking',
         ),
         (
             [{"type": "tensorboard"}, {"type": "tensorboard"}],

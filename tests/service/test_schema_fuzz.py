@@ -76,7 +76,7 @@ def adjust(case: schemathesis.Case) -> None:
         # At most one integration of each type, which the document states only in words (no
         # generator reads `not` over `contains`); tests/sdk/test_integrations.py covers the refusal.
         if isinstance(case.body.get("integrations"), list):
-            case.body["integrations"] = _one_of_each(case.body["integrations"])
+            case.body["integrations"] = _with_parsing_urls(_one_of_each(case.body["integrations"]))
         # A database URL must also parse (brackets closed, a port from 1 to 65535: no pattern says
         # it), and a SQLite one name an absolute path on the workers' disk; tests/sdk and
         # tests/service/test_database_jobs.py cover those refusals.
@@ -115,6 +115,16 @@ def _one_of_each(integrations: list[Any]) -> list[Any]:
     for item in integrations:
         kept.setdefault(item.get("type") if isinstance(item, dict) else None, item)
     return list(kept.values())
+
+
+def _with_parsing_urls(integrations: list[Any]) -> list[Any]:
+    """An MLflow tracking_uri must also parse (a host, no user or password in it), which its
+    pattern states only in part; tests/sdk/test_integrations.py covers those refusals."""
+    for item in integrations:
+        settings = item.get("mlflow") if isinstance(item, dict) else None
+        if isinstance(settings, dict) and isinstance(settings.get("tracking_uri"), str):
+            settings["tracking_uri"] = "https://mlflow.example.com"
+    return integrations
 
 
 def fuzz(operation: Any, mode: GenerationMode, headers: dict[str, str]) -> int:

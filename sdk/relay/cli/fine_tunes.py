@@ -41,7 +41,13 @@ from relay.events import (
     weights_line,
 )
 from relay.formatting import duration_text, number_text, size_text
-from relay.integrations import INTEGRATION_OPTION_HELP, WANDB_PROJECT_OPTION_HELP, integrations_of_options
+from relay.integrations import (
+    INTEGRATION_OPTION_HELP,
+    MLFLOW_EXPERIMENT_OPTION_HELP,
+    MLFLOW_URI_OPTION_HELP,
+    WANDB_PROJECT_OPTION_HELP,
+    integrations_of_options,
+)
 from relay.sft.config import BATCH_SIZE_MAX, STEPS_MAX, SFTConfig
 from relay.sft.job import Event, FineTuneJob, interrupted_note
 from relay.sft.summary import (
@@ -144,6 +150,10 @@ def create(
     ),
     integration: list[str] | None = typer.Option(None, "--integration", help=INTEGRATION_OPTION_HELP),
     wandb_project: str | None = typer.Option(None, "--wandb-project", help=WANDB_PROJECT_OPTION_HELP),
+    mlflow_uri: str | None = typer.Option(None, "--mlflow-uri", help=MLFLOW_URI_OPTION_HELP),
+    mlflow_experiment: str | None = typer.Option(
+        None, "--mlflow-experiment", help=MLFLOW_EXPERIMENT_OPTION_HELP
+    ),
     config_file: Path | None = typer.Option(
         None, "--config", help="A JSON file with the config's fields; options given here override it."
     ),
@@ -177,7 +187,7 @@ def create(
             "validation_episodes": validation_episodes,
             "from_checkpoint": checkpoint_name(from_checkpoint) if from_checkpoint else None,
             "normalization": normalization,
-            "integrations": _integrations(integration, wandb_project),
+            "integrations": _integrations(integration, wandb_project, mlflow_uri, mlflow_experiment),
         }
         fields.update({k: v for k, v in given.items() if v is not None})  # the options override the file
         job = train(SFTConfig.parse(fields), idempotency_key=idempotency_key)
@@ -190,9 +200,14 @@ def create(
             _show_job(job, as_json)
 
 
-def _integrations(given: list[str] | None, wandb_project: str | None) -> list[Any] | None:
+def _integrations(
+    given: list[str] | None,
+    wandb_project: str | None,
+    mlflow_uri: str | None = None,
+    mlflow_experiment: str | None = None,
+) -> list[Any] | None:
     try:
-        return integrations_of_options(given, wandb_project)
+        return integrations_of_options(given, wandb_project, mlflow_uri, mlflow_experiment)
     except ValueError as error:
         raise ConfigError(str(error), "integrations") from None
 

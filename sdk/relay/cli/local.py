@@ -35,7 +35,13 @@ from relay.events import (
     validation_line,
 )
 from relay.formatting import number_text
-from relay.integrations import INTEGRATION_OPTION_HELP, WANDB_PROJECT_OPTION_HELP, integrations_of_options
+from relay.integrations import (
+    INTEGRATION_OPTION_HELP,
+    MLFLOW_EXPERIMENT_OPTION_HELP,
+    MLFLOW_URI_OPTION_HELP,
+    WANDB_PROJECT_OPTION_HELP,
+    integrations_of_options,
+)
 from relay.progress import ProgressReport
 from relay.sft.config import BATCH_SIZE_MAX, CHECKPOINT_EVERY_DEFAULT, STEPS_MAX, SFTConfig
 
@@ -146,6 +152,10 @@ def train(
     ),
     integration: list[str] | None = typer.Option(None, "--integration", help=INTEGRATION_OPTION_HELP),
     wandb_project: str | None = typer.Option(None, "--wandb-project", help=WANDB_PROJECT_OPTION_HELP),
+    mlflow_uri: str | None = typer.Option(None, "--mlflow-uri", help=MLFLOW_URI_OPTION_HELP),
+    mlflow_experiment: str | None = typer.Option(
+        None, "--mlflow-experiment", help=MLFLOW_EXPERIMENT_OPTION_HELP
+    ),
     seed: int = typer.Option(0, help="Seeds the data order, the initialisation and the noise."),
     checkpoint_every: int = typer.Option(CHECKPOINT_EVERY_DEFAULT, help="Steps between checkpoints."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
@@ -193,7 +203,7 @@ def train(
         "eval": _eval_json(eval_block),
         "from_checkpoint": checkpoint_name(from_checkpoint) if from_checkpoint else None,
         "normalization": normalization,
-        "integrations": _integrations(integration, wandb_project),
+        "integrations": _integrations(integration, wandb_project, mlflow_uri, mlflow_experiment),
     }
     if from_checkpoint is not None and is_fine_tune_id(from_checkpoint):
         fail(job_id_needs_the_service(from_checkpoint))
@@ -216,9 +226,14 @@ def _absolute(directory: str | None) -> str | None:
     return str(Path(directory).expanduser().absolute()) if directory is not None else None
 
 
-def _integrations(given: list[str] | None, wandb_project: str | None) -> list[Any] | None:
+def _integrations(
+    given: list[str] | None,
+    wandb_project: str | None,
+    mlflow_uri: str | None = None,
+    mlflow_experiment: str | None = None,
+) -> list[Any] | None:
     try:
-        return integrations_of_options(given, wandb_project)
+        return integrations_of_options(given, wandb_project, mlflow_uri, mlflow_experiment)
     except ValueError as error:
         fail(str(error))
 

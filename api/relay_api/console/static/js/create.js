@@ -229,7 +229,7 @@ function inputFor(field, schema, required) {
   }
   if (isListOfObjects(schema)) {
     // integrations: the list as JSON, as the API takes it.
-    return h("textarea", { ...common, placeholder: '[{"type": "tensorboard"}, {"type": "wandb", "wandb": {"project": "pick"}}]' });
+    return h("textarea", { ...common, placeholder: '[{"type": "tensorboard"}, {"type": "wandb", "wandb": {"project": "pick"}}, {"type": "mlflow", "mlflow": {"tracking_uri": "https://mlflow.example"}}]' });
   }
   const placeholder =
     schema.type === "array" ? "comma-separated (default: the method's)" : schema.default !== undefined && schema.default !== null ? defaultText(schema) : "";

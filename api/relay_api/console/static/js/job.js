@@ -428,7 +428,8 @@ function configList(job, fields) {
 }
 
 // A job's experiment trackers (docs/integrations.md), one phrase each: "wandb: team/pick (run
-// "x", tags a, b); tensorboard: event files under tensorboard/ among the files".
+// "x", tags a, b); tensorboard: event files under tensorboard/ among the files; mlflow: pick at
+// https://mlflow.example".
 function integrationsText(list) {
   if (!Array.isArray(list) || list.length === 0) return "—";
   return list
@@ -439,6 +440,7 @@ function integrationsText(list) {
         return `wandb: ${where}` + (details.length ? ` (${details.join(", ")})` : "");
       }
       if (item.type === "tensorboard") return "tensorboard: event files under tensorboard/ among the files";
+      if (item.type === "mlflow" && item.mlflow) return `mlflow: ${item.mlflow.experiment || "relay"} at ${item.mlflow.tracking_uri}`;
       return JSON.stringify(item);
     })
     .join("; ");
