@@ -85,23 +85,36 @@ def test_small_gpus_refuse_a_full_pi05_job_naming_the_batch_size(
 
 
 def test_small_gpus_refuse_a_smolvla_job_as_they_refuse_pi05_s_never_naming_gpus(
-    stack: Stack, client: Client, gpu_workers: list[str]
+    stack: Stack, user: tuple[str, str], gpu_workers: list[str]
 ) -> None:
     """SmolVLA's plan (relay.smolvla_layout: fp32, one process) is admitted as pi05's is. A pi05
-    job here would be told to spread over more GPUs; SmolVLA runs on one, so the batch is named."""
+    job here would be told to spread over more GPUs; SmolVLA runs on one, so the batch is named.
+    The API is one that keeps GPU-sized models off CPU workers (RELAY_ALLOW_CPU_FULL_SIZE=false, as
+    a real deployment): the stack's own CPU workers would otherwise take the job."""
     gpu_worker(stack, gpu_workers, gpus=8, gpu_memory=24 * GB)
     needed = plan_named("smolvla", finetune="full", batch_size=64, gpus=1)
     assert needed is not None and needed.total > 24 * GB
     config = SFTConfig(model="smolvla", dataset_name="lerobot/pusht_image")  # its own batch, 64
     assert (config.batch_size, config.gpus) == (64, 1)
-    with pytest.raises(APIError) as refused:
-        train(config, client=client)
-    assert refused.value.status == 400 and refused.value.code == "no_worker_fits"
-    assert refused.value.param == "batch_size"
-    message = str(refused.value)
-    assert f"needs about {needed.total / GB:.0f} GB per GPU; the largest worker GPU has 24 GB" in message
-    assert "a smaller batch would fit" in message
-    assert client.request("GET", "/v1/fine-tunes")["data"] == []  # nothing was created
+    headers = {"authorization": f"Bearer {user[1]}"}
+    settings = stack.settings.model_copy(
+        update={
+            "allow_cpu_full_size": False,
+            "fine_tune_queue": PARKED_QUEUE,
+            "session_queue": PARKED_QUEUE + "-sessions",
+        }
+    )
+    with TestClient(create_app(settings)) as api:
+        refused = api.post("/v1/fine-tunes", json=config.model_dump(), headers=headers)
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "no_worker_fits" and error["param"] == "batch_size"
+        assert (
+            f"needs about {needed.total / GB:.0f} GB per GPU; the largest worker GPU has 24 GB"
+            in (error["message"])
+        )
+        assert "a smaller batch would fit" in error["message"]
+        assert api.get("/v1/fine-tunes", headers=headers).json()["data"] == []  # nothing was created
     # An 80 GB GPU holds it.
     gpu_worker(stack, gpu_workers, gpus=1, gpu_memory=80 * GB)
     assert place(stack, config).gpus == 1

@@ -116,6 +116,9 @@ class FineTuneJob:
     normalization: str
     # The experiment trackers it logs to (relay.integrations), each as its JSON: [] for none.
     integrations: list[dict[str, Any]]
+    # The recipe's `hub` block (relay.hub_target.HubTarget's fields: repo_id, private, revision),
+    # or None; where it went is the results card's `pushed`.
+    hub: dict[str, Any] | None
 
     def __init__(self, data: dict[str, Any], client: http_client.Client | None = None) -> None:
         self._client = client or http_client.default_client()
