@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator
 
 from relay.checkpoints import REVISION_CHARACTER
-from relay.dataset_names import is_hub_repo_id
+from relay.dataset_names import HUB_REPO_ID_PATTERN, is_hub_repo_id
 from relay.errors import ConfigError
 from relay.rules import CheckedConfig
 
@@ -80,9 +80,21 @@ class HubTarget(CheckedConfig):
     WHAT: ClassVar[str] = "hub"
     BODY_MESSAGE: ClassVar[str] = "bad hub: must be an object of {fields} (repo_id required), or null"
 
-    repo_id: str = Field(min_length=3, max_length=193, description="The Hub model repo, owner/name.")
+    # The patterns state in the JSON Schema what the validators below check (a schema-valid body is
+    # one the API takes).
+    repo_id: str = Field(
+        min_length=3,
+        max_length=193,
+        description="The Hub model repo, owner/name.",
+        json_schema_extra={"pattern": rf"^(?=[^/]*/)(?:{HUB_REPO_ID_PATTERN})$"},
+    )
     private: bool = Field(True, strict=True)
-    revision: str | None = Field(None, min_length=1, max_length=HUB_BRANCH_MAX)
+    revision: str | None = Field(
+        None,
+        min_length=1,
+        max_length=HUB_BRANCH_MAX,
+        json_schema_extra={"pattern": rf"^{HUB_BRANCH_PATTERN}$"},
+    )
 
     @field_validator("repo_id")
     @classmethod
