@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from relay import families
 from relay.checkpoints import architecture_mismatch, checkpoint_model, parse_checkpoint
+from relay.dataset_mixture import recipe_datasets
 from relay.dataset_names import is_database_url, local_dataset_path, names_local_directory
 from relay.env_evaluation import check_job_eval_budget
 from relay.errors import ConfigError
@@ -123,7 +124,72 @@ def lease_lapsed_seconds(row: Mapping[str, Any]) -> float | None:
     return round(lapsed, 1) if lapsed > 0 else None
 
 
-def check_dataset(name: str, settings: Settings) -> None:
+def named_datasets(config: SFTConfig) -> list[tuple[str, str]]:
+    """Each dataset the recipe reads and the field that names it: its dataset_name, or each of a
+    mixture's ``datasets[i].name`` (relay.dataset_mixture)."""
+    sources = recipe_datasets(config)
+    if config.datasets is None:
+        return [(sources[0].name, "dataset_name")]
+    return [(source.name, f"datasets[{index}].name") for index, source in enumerate(sources)]
+
+
+def check_datasets(config: SFTConfig, settings: Settings) -> None:
+    """check_dataset for each dataset the recipe reads."""
+    for name, param in named_datasets(config):
+        check_dataset(name, settings, param)
+
+
+def check_mixture(config: SFTConfig, settings: Settings) -> None:
+    """Refuse a mixture whose datasets cannot share one model (state or action widths, frame rate:
+    relay_engine.datasets.mixture's rule), where the API sees the workers' disk and the datasets are
+    local: what their meta/info.json says. A Hub dataset's is the worker's to read: a mismatch then
+    fails the job at its start, in the same words."""
+    if config.datasets is None or not settings.api_shares_workers_disk:
+        return
+    shapes = [(source.name, _robot_shape(source.name)) for source in recipe_datasets(config)]
+    first_name, first = shapes[0]
+    for index, (name, shape) in enumerate(shapes[1:], start=1):
+        if first is None or shape is None:
+            continue
+        for what, ours, theirs in zip(("state", "action"), first[:2], shape[:2], strict=True):
+            if ours != theirs:
+                raise APIProblem(
+                    400,
+                    f"bad datasets[{index}]: {name}'s {what} is {theirs} wide and {first_name}'s "
+                    f"(datasets[0]) is {ours}: a mixture's datasets share their state and action widths",
+                    param=f"datasets[{index}]",
+                    code="invalid_value",
+                )
+        if first[2] != shape[2]:
+            raise APIProblem(
+                400,
+                f"bad datasets[{index}]: {name} records at {shape[2]:g} fps and {first_name} (datasets[0]) "
+                f"at {first[2]:g}: a mixture's datasets share their frame rate (an action chunk spans the "
+                "same time in each)",
+                param=f"datasets[{index}]",
+                code="invalid_value",
+            )
+
+
+def _robot_shape(name: str) -> tuple[int, int, float] | None:
+    """A local dataset's state width, action width and fps from its meta/info.json (None where it is
+    not local or cannot be read: the worker's validation then says why)."""
+    path = local_dataset_path(name) if names_local_directory(name) else None
+    if path is None:
+        return None
+    try:
+        info = json.loads((path / "meta" / "info.json").read_text(encoding="utf-8"))
+        features = info["features"]
+        return (
+            int(features["observation.state"]["shape"][0]),
+            int(features["action"]["shape"][0]),
+            float(info["fps"]),
+        )
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError):
+        return None
+
+
+def check_dataset(name: str, settings: Settings, param: str = "dataset_name") -> None:
     """Refuse a dataset no worker can read: a local directory where the service reads none
     (RELAY_LOCAL_DATASETS=false), or one that is not there, where the API sees the workers' disk
     (RELAY_API_SHARES_WORKERS_DISK). Which names are local is relay.dataset_names' one rule."""
@@ -137,11 +203,12 @@ def check_dataset(name: str, settings: Settings) -> None:
             name,
             "this server does not read local directories; name a LeRobot dataset on the Hugging Face "
             "Hub, such as lerobot/pusht_image",
+            param,
         )
     path = local_dataset_path(name)
     if settings.api_shares_workers_disk and path is not None and not path.exists():
         raise _bad_dataset(
-            name, f"it names a local directory, and {path} does not exist on the workers' disk"
+            name, f"it names a local directory, and {path} does not exist on the workers' disk", param
         )
 
 
@@ -258,7 +325,9 @@ def _check_database_url(name: str, settings: Settings) -> None:
         raise _bad_dataset(shown, f"{path} does not exist on the workers' disk")
 
 
-def check_video_codecs(name: str, settings: Settings, workers: list[LiveWorker]) -> None:
+def check_video_codecs(
+    name: str, settings: Settings, workers: list[LiveWorker], param: str = "dataset_name"
+) -> None:
     """Refuse a local dataset with a video camera whose codec (meta/info.json's `video.codec`) no
     live worker decodes, where the API sees the workers' disk; before any GPU time is spent. With
     no live worker, or one that has not said what it decodes, nothing is known and nothing refused."""
@@ -275,6 +344,7 @@ def check_video_codecs(name: str, settings: Settings, workers: list[LiveWorker])
                 name,
                 f"camera {camera} is stored as {codec} video, which no live worker can decode; "
                 "re-encode it as av1, h264 or hevc (the codecs lerobot writes)",
+                param,
             )
 
 
@@ -296,10 +366,8 @@ def video_codecs(root: Path) -> dict[str, str]:
     return codecs
 
 
-def _bad_dataset(name: str, rule: str) -> APIProblem:
-    return APIProblem(
-        400, f"bad dataset_name: {json.dumps(name)} ({rule})", param="dataset_name", code="invalid_value"
-    )
+def _bad_dataset(name: str, rule: str, param: str = "dataset_name") -> APIProblem:
+    return APIProblem(400, f"bad {param}: {json.dumps(name)} ({rule})", param=param, code="invalid_value")
 
 
 def gpu_count(number: int) -> str:
@@ -321,7 +389,8 @@ def place_on_workers(
     waits for workers.
     """
     workers = live_workers(db, settings.reconcile_seconds)
-    check_video_codecs(config.dataset_name, settings, workers)
+    for name, param in named_datasets(config):
+        check_video_codecs(name, settings, workers, param)
     if config.gpus is None:
         largest = max((w.gpus for w in workers), default=1)
         config = config.model_copy(update={"gpus": min(largest, config.batch_size)})

@@ -53,7 +53,8 @@ def create_fine_tune(
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Accept a recipe and answer at once with the job (`queued`); a worker picks it up."""
-    fine_tunes.check_dataset(config.dataset_name, settings)
+    fine_tunes.check_datasets(config, settings)
+    fine_tunes.check_mixture(config, settings)
     fine_tunes.check_tasks_dir(config.tasks_dir, settings)
     fine_tunes.check_eval_budget(config, settings)
     with read_db(request) as db:  # the INSERT is one statement, atomic by itself

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 
+from relay.dataset_mixture import MixtureDataset
 from relay.env_evaluation import JobEval
 from relay.events import EVENT_KINDS, METRICS, EventBase, admits_none, fields_of
 from relay.hub_target import HubTarget
@@ -26,9 +27,9 @@ WebhookOut = Webhook
 WebhookDeliveryOut = WebhookDelivery
 
 
-class DatasetReadOut(BaseModel):
-    """What the job's engine read (its latest `dataset` event): a Hub dataset's repo, the revision
-    read and its commit, or a local directory; the LeRobot format, episodes and frames."""
+class DatasetRead(BaseModel):
+    """What the job's engine read of one dataset: a Hub dataset's repo, the revision read and its
+    commit, or a local directory; the LeRobot format, episodes and frames."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -39,6 +40,22 @@ class DatasetReadOut(BaseModel):
     format: str | None = None
     frames: int
     episodes: int
+
+
+class MixturePartRead(DatasetRead):
+    """One dataset of a mixture as the engine read it, and its share of the samples."""
+
+    share: float
+
+
+class DatasetReadOut(DatasetRead):
+    """What the job's engine read (its latest `dataset` event)."""
+
+    mixture: list[MixturePartRead] | None = Field(
+        None,
+        description="A mixture's datasets (the recipe's `datasets`), each as read, with its `share` of "
+        "the samples; the fields above are then its first dataset's. Null for one dataset.",
+    )
 
 
 class FineTuneOut(BaseModel):
@@ -84,6 +101,11 @@ class FineTuneOut(BaseModel):
     model: str
     dataset_name: str
     dataset_revision: str | None = None
+    datasets: list[MixtureDataset] | None = Field(
+        None,
+        description="A mixture: the datasets trained on together, each with its revision, weight and "
+        "cameras (`dataset_name` is then the first of them). Null for one dataset.",
+    )
     batch_size: int
     learning_rate: float
     steps: int

@@ -149,7 +149,9 @@ class DatasetEvent(EventBase):
     """The dataset is open, at the `step` the run starts from: what was read. A Hub dataset's
     ``repo``, the ``revision`` read (the one named, ``v2.1``, or the default branch) and its commit
     ``sha``; a local one's ``path``. ``format``: its LeRobot codebase_version; ``frames`` and
-    ``episodes``: how many it holds."""
+    ``episodes``: how many it holds. A mixture (a recipe's ``datasets``) reports its first dataset
+    so, and every dataset in ``mixture``: each one's fields as above and its ``share`` of the
+    samples (relay.dataset_mixture)."""
 
     kind: ClassVar[str] = "dataset"
     repo: str | None
@@ -159,6 +161,7 @@ class DatasetEvent(EventBase):
     format: str | None
     frames: int
     episodes: int
+    mixture: list[dict[str, Any]] | None
 
     def describe(self) -> str:
         return dataset_line(self)
@@ -172,7 +175,14 @@ def dataset_line(read: Mapping[str, Any]) -> str:
     else:
         where = str(read.get("path"))
     version = f"LeRobot {read['format']}" if read.get("format") else "no codebase_version"
-    return f"{where}, {version}, {read.get('episodes', 0):,} episodes, {read.get('frames', 0):,} frames"
+    line = f"{where}, {version}, {read.get('episodes', 0):,} episodes, {read.get('frames', 0):,} frames"
+    mixture = read.get("mixture")
+    if mixture:
+        share = mixture[0].get("share")
+        line += f" ({share:.0%} of samples)" if isinstance(share, int | float) else ""
+        others = len(mixture) - 1
+        line += f", mixed with {others} more dataset{'' if others == 1 else 's'}"
+    return line
 
 
 class WeightsEvent(EventBase):
@@ -237,7 +247,10 @@ class ValidationEvent(EventBase):
     headline plus the spread); ``blind_mse``, the error of the blind baseline (always the training
     frames' mean chunk), which a policy that looks must beat: it samples nothing, so its one chunk
     is its mean chunk and it compares with the headline as it stands. ``episodes``: how many are
-    held out; ``seconds``: how long the scoring took. (Not ``loss``: a metrics event is the one
+    held out; ``seconds``: how long the scoring took. A mixture's scoring holds out episodes of each
+    dataset and reports each one in ``datasets`` (its ``dataset`` name and the figures above); the
+    figures beside them are over all the scored frames (each dataset's weighted by its frames).
+    (Not ``loss``: a metrics event is the one
     with a ``loss``.) Events from before the headline lack ``mean_action_mse``, ``action_spread``
     and ``chunks``: their ``action_mse`` was one chunk's error, and stands as their headline
     (`headline_action_error`)."""
@@ -252,6 +265,7 @@ class ValidationEvent(EventBase):
     frames: int
     episodes: int
     seconds: float | None
+    datasets: list[dict[str, Any]] | None
 
     def describe(self) -> str:
         return validation_line(self)
@@ -291,7 +305,28 @@ def validation_line(scored: Mapping[str, Any]) -> str:
     episodes = int(scored.get("episodes") or 0)
     frames = int(scored.get("frames") or 0)
     parts.append(f"{frames:,} frames of {episodes:,} episode{'' if episodes == 1 else 's'}")
-    return ", ".join(parts)
+    line = ", ".join(parts)
+    for dataset in scored.get("datasets") or ():  # a mixture's: each dataset's headline
+        line += f"; {dataset_label(str(dataset.get('dataset')))}: {_versus_blind(dataset)}"
+    return line
+
+
+def _versus_blind(scored: Mapping[str, Any]) -> str:
+    action, blind = headline_action_error(scored), scored.get("blind_mse")
+    text = f"action error {number_text(action)}"
+    if blind is not None:
+        text += f" vs blind {number_text(blind)}"
+        if isinstance(action, int | float) and action > 0:
+            ratio = blind / action
+            text += f" ({ratio:.2f}x better)" if ratio >= 1 else f" ({1 / ratio:.2f}x worse)"
+    return text + f" on {int(scored.get('frames') or 0):,} frames"
+
+
+def dataset_label(name: str) -> str:
+    """A dataset's name as a line shows it: a Hub repo id as it is, a directory by its last part."""
+    if name.startswith(("/", "~", ".", "file:")):
+        return Path(name.rstrip("/")).name or name
+    return name
 
 
 class EvalEvent(EventBase):

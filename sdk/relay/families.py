@@ -32,6 +32,7 @@ DatumEncoder = Callable[[int, Any], dict[str, Any]]
 # batch_size, learning_rate, name, gpus) is every family's; `task` follows `FamilySpec.task`.
 FAMILY_RECIPE_FIELDS: tuple[str, ...] = (
     "dataset_revision",
+    "datasets",
     "finetune",
     "lora_rank",
     "lora_alpha",
@@ -313,8 +314,10 @@ def _smolvla_spec() -> FamilySpec:
         finetune="full",
         recipe_finetunes=("full", "lora"),
         max_gpus=1,
-        recipe_fields=ROBOT_RECIPE_FIELDS - {"cameras", "targets"},
+        recipe_fields=ROBOT_RECIPE_FIELDS - {"cameras", "targets", "datasets"},
         refused_fields={
+            "datasets": "a mixture of datasets is trained by pi05 models; SmolVLA reads one dataset, "
+            "under its own camera names",
             "tasks_dir": "tasks_dir holds a relational database's tasks, for rt-j models",
             "cameras": "SmolVLA reads every camera of the dataset, under the dataset's own names",
             "targets": "SmolVLA trains what lerobot trains by default: the action expert and the "
@@ -345,6 +348,8 @@ def _rtj_spec() -> FamilySpec:
         refused_fields={
             "cameras": "RT-J reads the tables of a database, not camera images",
             "dataset_revision": "RT-J reads a database directory or a SQL database, which have no revisions",
+            "datasets": "RT-J reads one relational database; a mixture is of LeRobot datasets, for "
+            "pi05 models",
             "targets": 'RT-J is tuned in full: every weight trains, targets ["all"]',
             "validation_episodes": "RT-J's tasks have a validation split of their own, the task's val "
             "rows; episodes are a robot dataset's",

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from relay.errors import ConfigError
-from relay.rules import CheckedConfig
+from relay.rules import CheckedConfig, under
 
 WANDB = "wandb"
 TENSORBOARD = "tensorboard"
@@ -151,18 +151,7 @@ def _part(cls: type[CheckedConfig], field: str, value: Any) -> Any:
     try:
         return cls.parse(value)
     except ConfigError as error:
-        raise _under(error, field) from None
-
-
-def _under(error: ConfigError, prefix: str) -> ConfigError:
-    """The same error, its field named under `prefix` (``wandb`` + ``project`` = ``wandb.project``)."""
-    field = f"{prefix}.{error.param}" if error.param else prefix
-    message = error.message.replace(f"bad {error.param}:", f"bad {field}:", 1)
-    message = message.replace(f"missing {error.param} ", f"missing {field} ", 1)
-    message = message.replace(f"unknown field {error.param} ", f"unknown field {field} ", 1)
-    if error.param is None:
-        message = message.replace(f"bad {prefix}: bad {prefix}:", f"bad {prefix}:", 1)
-    return ConfigError(message, field, error.code)
+        raise under(error, field) from None
 
 
 class WandbIntegration(CheckedConfig):
@@ -241,7 +230,7 @@ def integrations_value(value: Any) -> list[Any]:
         try:
             parsed.append(_CLASSES[kind].parse(item))
         except ConfigError as error:
-            raise _under(error, place) from None
+            raise under(error, place) from None
     types = [entry.type for entry in parsed]
     for kind in INTEGRATION_TYPES:
         if types.count(kind) > 1:

@@ -25,6 +25,7 @@ from typing import Any
 import relay
 from relay import families
 from relay.checkpoints import parse_checkpoint
+from relay.dataset_mixture import recipe_datasets, sample_shares
 from relay.dataset_names import is_hub_repo_id, is_relational_source, local_dataset_path
 from relay.events import DatasetEvent, EvalEvent, MetricsEvent, ValidationEvent, WeightsEvent
 from relay.sft.config import SFTConfig
@@ -145,9 +146,28 @@ def base_of(facts: CardFacts) -> tuple[str | None, str]:
 
 
 def dataset_of(facts: CardFacts) -> tuple[str | None, str]:
-    """The Hub dataset repo trained on (None: not a Hub dataset) and a line saying what was read."""
-    read = facts.dataset
-    name = facts.config.dataset_name
+    """The Hub dataset repo trained on (None: not a Hub dataset) and a line saying what was read; of a
+    mixture, its first dataset's (`datasets_of` gives each)."""
+    return datasets_of(facts)[0]
+
+
+def datasets_of(facts: CardFacts) -> list[tuple[str | None, str]]:
+    """Each dataset trained on: its Hub repo (None: not a Hub dataset) and a line saying what was
+    read; a mixture's with its share of the samples."""
+    config = facts.config
+    sources = recipe_datasets(config)
+    read = facts.dataset or {}
+    reads: list[Mapping[str, Any] | None] = list(read.get("mixture") or [read or None])
+    reads += [None] * (len(sources) - len(reads))
+    shares = sample_shares([source.weight for source in sources])
+    found = []
+    for source, what, share in zip(sources, reads, shares, strict=False):
+        repo, line = _dataset_line(source.name, source.revision, what)
+        found.append((repo, line if len(sources) == 1 else f"{line}; {share:.0%} of samples"))
+    return found
+
+
+def _dataset_line(name: str, revision: str | None, read: Mapping[str, Any] | None) -> tuple[str | None, str]:
     if read and read.get("repo"):
         sha = f" (commit {read['sha']})" if read.get("sha") else ""
         fmt = f", LeRobot {read['format']}" if read.get("format") else ""
@@ -157,8 +177,7 @@ def dataset_of(facts: CardFacts) -> tuple[str | None, str]:
         ), f"{read['repo']} at {read.get('revision') or 'the default branch'}{sha}{fmt}{size}"
     if not is_relational_source(name):
         if is_hub_repo_id(name):
-            revision = facts.config.dataset_revision or "the revision the engine chose"
-            return name, f"{name} at {revision}"
+            return name, f"{name} at {revision or 'the revision the engine chose'}"
         return None, f"a local LeRobot dataset ({_last_part(name)})"
     # A relational database's URL may hold a password, and a path on the service means nothing elsewhere.
     return None, "a relational database (not named here)"
@@ -183,6 +202,9 @@ def recipe_of(config: SFTConfig) -> dict[str, Any]:
             shown[name] = f"(local) {_last_part(value)}"
     if is_relational_source(config.dataset_name):
         shown["dataset_name"] = "(a relational database)"
+    for entry in shown.get("datasets") or ():
+        if local_dataset_path(entry["name"]) is not None:
+            entry["name"] = f"(local) {_last_part(entry['name'])}"
     return shown
 
 
@@ -192,7 +214,7 @@ def front_matter(facts: CardFacts) -> dict[str, Any]:
     family_name = family.name if family is not None else facts.config.model
     robot = family is not None and family.recognizes_data is None  # trains on LeRobot datasets
     base, _ = base_of(facts)
-    dataset, _ = dataset_of(facts)
+    repos = [repo for repo, _ in datasets_of(facts) if repo is not None]
     meta: dict[str, Any] = {}
     if robot:
         meta["library_name"] = "lerobot"
@@ -201,8 +223,8 @@ def front_matter(facts: CardFacts) -> dict[str, Any]:
     meta["tags"] = list(dict.fromkeys(tags))
     if base is not None:
         meta["base_model"] = base
-    if dataset is not None:
-        meta["datasets"] = [dataset]
+    if repos:
+        meta["datasets"] = repos
     return meta
 
 
@@ -212,7 +234,7 @@ def model_card(facts: CardFacts, repo_id: str | None = None) -> str:
     config = facts.config
     meta = front_matter(facts)
     _, base_line = base_of(facts)
-    _, dataset_line = dataset_of(facts)
+    read = datasets_of(facts)
     title = config.name or (
         f"Relay fine-tune {facts.job_id}" if facts.job_id else f"Relay fine-tune of {config.model}"
     )
@@ -229,7 +251,10 @@ def model_card(facts: CardFacts, repo_id: str | None = None) -> str:
         "| | |",
         "|---|---|",
         f"| base | {_cell(base_line)} |",
-        f"| dataset | {_cell(dataset_line)} |",
+        *(
+            f"| dataset{'' if len(read) == 1 else f' {index}'} | {_cell(line)} |"
+            for index, (_, line) in enumerate(read, start=1)
+        ),
         f"| fine-tuning | {_cell(_method(config))} |",
         f"| steps | {pace} |",
     ]

@@ -123,6 +123,14 @@ def _rules_in_schema(schema: dict[str, Any], cls: type[BaseModel]) -> None:
                 properties[name].setdefault("x-model-defaults", {})[model] = value
     if getattr(cls, "SCHEMA_RULES", None):
         schema["allOf"] = list(cls.SCHEMA_RULES)  # type: ignore[attr-defined]
+    # A field the config fills in from another (SFTConfig's dataset_name, from a mixture's datasets):
+    # one of the two is required.
+    for name, other in getattr(cls, "REQUIRED_UNLESS", {}).items():
+        required = schema.get("required", [])
+        if name in required:
+            required.remove(name)
+            given = {"required": [other], "properties": {other: {"not": {"type": "null"}}}}
+            schema.setdefault("allOf", []).append({"anyOf": [{"required": [name]}, given]})
 
 
 def for_models(models: Iterable[str], then: dict[str, Any], field: str = "model") -> dict[str, Any]:
@@ -253,3 +261,14 @@ def _show(value: Any) -> str:
 
 def has_control_characters(text: str) -> bool:
     return any(ord(ch) < 32 or ord(ch) == 127 for ch in text)
+
+
+def under(error: ConfigError, prefix: str) -> ConfigError:
+    """The same error, its field named under `prefix` (``wandb`` + ``project`` = ``wandb.project``)."""
+    field = f"{prefix}.{error.param}" if error.param else prefix
+    message = error.message.replace(f"bad {error.param}:", f"bad {field}:", 1)
+    message = message.replace(f"missing {error.param} ", f"missing {field} ", 1)
+    message = message.replace(f"unknown field {error.param} ", f"unknown field {field} ", 1)
+    if error.param is None:
+        message = message.replace(f"bad {prefix}: bad {prefix}:", f"bad {prefix}:", 1)
+    return ConfigError(message, field, error.code)

@@ -65,38 +65,7 @@ def adjust(case: schemathesis.Case) -> None:
     if case.query and "wait" in case.query:
         case.query["wait"] = 0  # a long-poll of a call that never runs waits it out
     if isinstance(case.body, dict) and case.operation.path == "/v1/fine-tunes":
-        # How many GPUs a job may have depends on the workers alive and on batch_size (a 400 when
-        # no worker has enough, or gpus > batch_size), which JSON Schema cannot state;
-        # tests/service cover gpus on their own.
-        case.body.pop("gpus", None)
-        # An episodes text is refused for a range that runs backwards ("9-0") or an episode named
-        # twice ("0-9,5"), which no pattern states; tests/sdk/test_validation_episodes.py covers them.
-        if isinstance(case.body.get("validation_episodes"), str):
-            case.body.pop("validation_episodes")
-        # At most one integration of each type, which the document states only in words (no
-        # generator reads `not` over `contains`); tests/sdk/test_integrations.py covers the refusal.
-        if isinstance(case.body.get("integrations"), list):
-            case.body["integrations"] = _with_parsing_urls(_one_of_each(case.body["integrations"]))
-        # A database URL must also parse (brackets closed, a port from 1 to 65535: no pattern says
-        # it), and a SQLite one name an absolute path on the workers' disk; tests/sdk and
-        # tests/service/test_database_jobs.py cover those refusals.
-        if isinstance(case.body.get("dataset_name"), str) and re.fullmatch(
-            DATABASE_URL_PATTERN, case.body["dataset_name"]
-        ):
-            case.body["dataset_name"] = "postgresql://relay@db.invalid/shop"
-        # A checkpoint that is a fine-tune's id or a directory must exist (a completed job of the
-        # caller's; a directory on the workers' disk), which no schema states;
-        # tests/service/test_from_checkpoint.py covers those refusals. A Hub repo is left in.
-        checkpoint = case.body.get("from_checkpoint")
-        if isinstance(checkpoint, str) and (is_fine_tune_id(checkpoint) or names_local_directory(checkpoint)):
-            case.body.pop("from_checkpoint")
-            if case.body.get("normalization") == "checkpoint":
-                case.body.pop("normalization")
-        # An eval block's budget is a product of its episodes, max_steps, at_checkpoints and the
-        # job's steps, which no schema states; tests/sdk/test_job_eval.py covers it.
-        if isinstance(case.body.get("eval"), dict):
-            for field in ("episodes", "max_steps", "at_checkpoints"):
-                case.body["eval"].pop(field, None)
+        _adjust_recipe(case.body)
 
     # A receiver's URL must also parse (a host, a port from 1 to 65535, no spaces or control
     # characters), which the document's pattern states only in part; tests/service/test_webhooks.py
@@ -107,6 +76,60 @@ def adjust(case: schemathesis.Case) -> None:
         and isinstance(case.body.get("url"), str)
     ):
         case.body["url"] = "https://receiver.example.com/relay"
+
+
+def _adjust_recipe(body: dict[str, Any]) -> None:
+    """What no schema can say, taken out of a well-formed recipe (POST /v1/fine-tunes)."""
+    # How many GPUs a job may have depends on the workers alive and on batch_size (a 400 when
+    # no worker has enough, or gpus > batch_size), which JSON Schema cannot state;
+    # tests/service cover gpus on their own.
+    body.pop("gpus", None)
+    # An episodes text is refused for a range that runs backwards ("9-0") or an episode named
+    # twice ("0-9,5"), which no pattern states; tests/sdk/test_validation_episodes.py covers them.
+    if isinstance(body.get("validation_episodes"), str):
+        body.pop("validation_episodes")
+    # At most one integration of each type, which the document states only in words (no
+    # generator reads `not` over `contains`); tests/sdk/test_integrations.py covers the refusal.
+    if isinstance(body.get("integrations"), list):
+        body["integrations"] = _with_parsing_urls(_one_of_each(body["integrations"]))
+    # A database URL must also parse (brackets closed, a port from 1 to 65535: no pattern says
+    # it), and a SQLite one name an absolute path on the workers' disk; tests/sdk and
+    # tests/service/test_database_jobs.py cover those refusals.
+    if isinstance(body.get("dataset_name"), str) and re.fullmatch(DATABASE_URL_PATTERN, body["dataset_name"]):
+        body["dataset_name"] = "postgresql://relay@db.invalid/shop"
+    # A mixture names each dataset once (by name and revision), and its dataset_name, if given,
+    # is its first dataset's, which no schema states; tests/service/test_mixture_jobs.py covers
+    # those refusals.
+    if isinstance(body.get("datasets"), list):
+        _one_mixture(body)
+    # A checkpoint that is a fine-tune's id or a directory must exist (a completed job of the
+    # caller's; a directory on the workers' disk), which no schema states;
+    # tests/service/test_from_checkpoint.py covers those refusals. A Hub repo is left in.
+    checkpoint = body.get("from_checkpoint")
+    if isinstance(checkpoint, str) and (is_fine_tune_id(checkpoint) or names_local_directory(checkpoint)):
+        body.pop("from_checkpoint")
+        if body.get("normalization") == "checkpoint":
+            body.pop("normalization")
+    # An eval block's budget is a product of its episodes, max_steps, at_checkpoints and the
+    # job's steps, which no schema states; tests/sdk/test_job_eval.py covers it.
+    if isinstance(body.get("eval"), dict):
+        for field in ("episodes", "max_steps", "at_checkpoints"):
+            body["eval"].pop(field, None)
+
+
+def _one_mixture(body: dict[str, Any]) -> None:
+    """The body's datasets with each (name, revision) once, and its dataset_name the first's (or no
+    datasets, where fewer than two are left)."""
+    kept: dict[Any, Any] = {}
+    for item in body["datasets"]:
+        if isinstance(item, dict):
+            kept.setdefault((item.get("name"), item.get("revision")), item)
+    if len(kept) < 2:
+        body.pop("datasets")
+        return
+    body["datasets"] = list(kept.values())
+    if "dataset_name" in body:
+        body["dataset_name"] = body["datasets"][0].get("name")
 
 
 def _one_of_each(integrations: list[Any]) -> list[Any]:

@@ -89,6 +89,10 @@ class LeRobotDataset:
             action_is_pad=action_is_pad,
         )
 
+    def columns(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every frame's state and action in the dataset's units (memory-mapped, read-only)."""
+        return self._index.columns()
+
     def action_chunk(self, frame: int) -> tuple[np.ndarray, np.ndarray]:
         """Frame `frame`'s sample's ``actions`` and ``action_is_pad`` alone, read without its images
         (the blind baseline reads thousands)."""

@@ -312,6 +312,14 @@ class FrameIndex:
     def actions(self, start: int, stop: int) -> np.ndarray:
         return self._rows(self._actions, start, stop)
 
+    def columns(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every frame's state (frames, state_dim) and action (frames, action_dim), memory-mapped:
+        what a mixture's statistics are computed over (relay_engine.datasets.mixture)."""
+        return (
+            np.load(self.directory / "state.npy", mmap_mode="r"),
+            np.load(self.directory / "actions.npy", mmap_mode="r"),
+        )
+
     def task_index(self, frame: int) -> int:
         return int(self._rows(self._task_index, frame, frame + 1)[0])
 

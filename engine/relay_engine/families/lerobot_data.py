@@ -1,16 +1,60 @@
-"""What the robot families (pi05, SmolVLA) share of a LeRobot dataset in a recipe job: the batches
-of this process from a position of the seeded order on, and the event saying what was read."""
+"""What the robot families (pi05, SmolVLA) share of a LeRobot dataset in a recipe job: the dataset
+or mixture of datasets a recipe names, the batches of this process from a position of the seeded
+order on, and the event saying what was read."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from relay.events import Event
+from relay.dataset_mixture import recipe_datasets
+from relay.events import DatasetEvent, Event
 from relay_engine.core.data import BatchOrder, DataPosition
+from relay_engine.errors import ConfigError
 from relay_engine.families.base import RecipeRun
+
+if TYPE_CHECKING:
+    from relay_engine.datasets.mixture import DatasetMixture
+    from relay_engine.families.robot_validation import FrameSplit
+
+
+def open_recipe_data(run: RecipeRun) -> DatasetMixture:
+    """The recipe's dataset (a mixture of one, at its share of 1) or its mixture of datasets, opened
+    with pi05's camera slots. One dataset is opened as it always was (its own norm_stats.json, if it
+    ships one); a mixture's statistics are over all its frames (relay_engine.datasets.mixture)."""
+    from relay_engine.datasets import open_dataset
+    from relay_engine.datasets.mixture import DatasetMixture, open_mixture
+
+    recipe = run.recipe
+    sources = recipe_datasets(recipe.config)
+    if len(sources) == 1:
+        only = sources[0]
+        dataset = open_dataset(
+            only.name,
+            cameras=only.cameras,
+            action_horizon=recipe.action_horizon,
+            cache_dir=run.dataset_cache_dir,
+            revision=only.revision,
+        )
+        return DatasetMixture([dataset], [1.0])
+    if recipe.episodes is not None:
+        raise ConfigError("episodes selects episodes of one dataset; a mixture trains on all of each one's")
+    return open_mixture(sources, action_horizon=recipe.action_horizon, cache_dir=run.dataset_cache_dir)
+
+
+def training_frames(
+    run: RecipeRun, mixture: DatasetMixture, splits: Sequence[FrameSplit]
+) -> tuple[Any, np.ndarray]:
+    """What the sampler reads and which of its indices train: one dataset's training split, or a
+    mixture's training frames at their shares (WeightedFrames), all of whose samples train."""
+    from relay_engine.datasets.mixture import WeightedFrames
+
+    if len(mixture.parts) == 1:
+        return mixture.first, splits[0].training
+    weighted = WeightedFrames(mixture, [split.training for split in splits], run.recipe.seed)
+    return weighted, np.arange(len(weighted))
 
 
 def lerobot_batches(
@@ -40,9 +84,26 @@ def lerobot_batches(
     return batches
 
 
-def dataset_read(dataset: Any) -> Callable[[int], Event] | None:
-    """The DatasetEvent of what `open_dataset` read (the whole dataset's episodes and frames)."""
-    source, summary = dataset.source, dataset.summary
-    if source is None:
+def dataset_read(data: Any) -> Callable[[int], Event] | None:
+    """The DatasetEvent of what `open_dataset` read (the whole dataset's episodes and frames); of a
+    mixture (a DatasetMixture of several), its first dataset's, with every one's in ``mixture``."""
+    parts = getattr(data, "parts", [data])
+    if any(part.source is None for part in parts):
         return None
-    return lambda step: source.event(step, frames=summary.frames, episodes=summary.episodes)
+    if len(parts) == 1:
+        source, summary = parts[0].source, parts[0].summary
+        return lambda step: source.event(step, frames=summary.frames, episodes=summary.episodes)
+
+    def read(step: int) -> Event:
+        events = [
+            part.source.event(step, frames=part.summary.frames, episodes=part.summary.episodes)
+            for part in parts
+        ]
+        mixture = [
+            {**{k: v for k, v in event.items() if k not in ("step", "event")}, "share": share}
+            for event, share in zip(events, data.shares, strict=True)
+        ]
+        first = {k: v for k, v in events[0].items() if k not in ("step", "event")}
+        return DatasetEvent(step=step, **first, mixture=mixture)
+
+    return read

@@ -129,3 +129,41 @@ class Validator:
             episodes=self.episodes,
             seconds=time.perf_counter() - started,
         )
+
+
+class MixtureValidator:
+    """A mixture's validation: each dataset's held-out episodes scored by its own Validator, reported
+    in one ValidationEvent: each dataset's figures in ``datasets``, and beside them the figures over
+    all the scored frames (each dataset's mean weighted by its frames)."""
+
+    FIGURES = ("validation_loss", "mean_action_mse", "action_spread", "action_mse", "blind_mse")
+
+    def __init__(self, validators: Sequence[tuple[str, Validator]]) -> None:
+        self.validators = list(validators)
+
+    def __call__(self, step: int) -> ValidationEvent:
+        started = time.perf_counter()
+        scored = [(name, validator(step)) for name, validator in self.validators]
+        frames = sum(event.frames for _, event in scored)
+        overall: dict[str, float | None] = {}
+        for figure in self.FIGURES:
+            values = [(event.get(figure), event.frames) for _, event in scored]
+            known = [(float(value), count) for value, count in values if value is not None]
+            overall[figure] = (
+                sum(value * count for value, count in known) / sum(count for _, count in known)
+                if known and len(known) == len(values)
+                else None
+            )
+        datasets = [
+            {"dataset": name, **{k: v for k, v in event.items() if k not in ("step", "event", "seconds")}}
+            for name, event in scored
+        ]
+        return ValidationEvent(
+            step=step,
+            **overall,
+            chunks=scored[0][1].chunks,
+            frames=frames,
+            episodes=sum(event.episodes for _, event in scored),
+            seconds=time.perf_counter() - started,
+            datasets=datasets,
+        )

@@ -98,6 +98,40 @@ def dataset_name(dataset: str) -> str:
     return dataset
 
 
+MIX_OPTION_HELP = (
+    "A dataset of a mixture, NAME[@REVISION][:WEIGHT] (team/pick-fork@v2.1:3, ./my_data:1), "
+    "repeatable, in place of --dataset: each dataset's share of the samples is its weight (default 1) "
+    "over the sum; the first is the robot the output describes. Per-dataset cameras: --config."
+)
+
+
+def mixture_of_options(mix: list[str] | None) -> list[dict[str, Any]] | None:
+    """The recipe's ``datasets`` from repeated --mix NAME[@REVISION][:WEIGHT] options (None for none):
+    a trailing :NUMBER is the weight; an @ splits a Hub name from its revision (a directory that
+    exists here is a local dataset, named by its absolute path, whatever it holds)."""
+    if not mix:
+        return None
+    entries: list[dict[str, Any]] = []
+    for text in mix:
+        entry: dict[str, Any] = {}
+        name, colon, weight = text.rpartition(":")
+        if colon and name and _is_number(weight):
+            entry["weight"] = float(weight)
+            text = name
+        if "@" in text and not Path(text).expanduser().is_dir():
+            text, _, entry["revision"] = text.rpartition("@")
+        entries.append({"name": dataset_name(text), **entry})
+    return entries
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def checkpoint_name(value: str) -> str:
     """A from_checkpoint value as the job will read it: a directory that exists here is meant as one,
     named by its absolute path, even when given relative (`models/pick`); a fine-tune's id or a Hub

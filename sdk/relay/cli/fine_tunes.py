@@ -16,11 +16,13 @@ from rich.table import Table
 from relay import sft
 from relay.catalog import LORA_RANK_MAX
 from relay.cli._common import (
+    MIX_OPTION_HELP,
     checkpoint_name,
     clear_errors,
     console,
     dataset_name,
     err,
+    mixture_of_options,
     parse_pairs,
     show_record,
     show_table,
@@ -94,6 +96,7 @@ def create(
         None,
         help="A Hub dataset's branch, tag or commit to read (default: v2.1, else a v3.0 default branch).",
     ),
+    mix: list[str] | None = typer.Option(None, "--mix", help=MIX_OPTION_HELP),
     batch_size: int | None = typer.Option(
         None,
         help=f"Samples per step, 1 to {BATCH_SIZE_MAX} (default {SFTConfig.default_text('batch_size')}).",
@@ -173,6 +176,7 @@ def create(
             "model": model,
             "dataset_name": dataset_name(dataset) if dataset else None,
             "dataset_revision": dataset_revision,
+            "datasets": mixture_of_options(mix),
             "batch_size": batch_size,
             "learning_rate": learning_rate,
             "steps": steps,

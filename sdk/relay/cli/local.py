@@ -14,7 +14,15 @@ import typer
 from relay import families
 from relay.catalog import LORA_RANK_MAX, STRATEGIES
 from relay.checkpoints import is_fine_tune_id, job_id_needs_the_service
-from relay.cli._common import checkpoint_name, dataset_name, fail, parse_pairs, split_targets
+from relay.cli._common import (
+    MIX_OPTION_HELP,
+    checkpoint_name,
+    dataset_name,
+    fail,
+    mixture_of_options,
+    parse_pairs,
+    split_targets,
+)
 from relay.cli._common import console as make_console
 from relay.cli._extras import require
 from relay.cli._launch import Launch, rank, run_launched
@@ -78,11 +86,12 @@ class StopOnInterrupt:
 @app.command()
 def train(
     model: str = typer.Option(..., help="Base model: " + ", ".join(families.model_names()) + "."),
-    dataset: str = typer.Option(
-        ...,
-        help="A Hub dataset repo id or a local dataset directory (rt-j: a database directory, or a "
-        "database URL such as sqlite:///shop.db or postgresql://host/db).",
+    dataset: str | None = typer.Option(
+        None,
+        help="Required unless --mix names a mixture. A Hub dataset repo id or a local dataset directory "
+        "(rt-j: a database directory, or a database URL such as sqlite:///shop.db or postgresql://host/db).",
     ),
+    mix: list[str] | None = typer.Option(None, "--mix", help=MIX_OPTION_HELP),
     task: str | None = typer.Option(None, help="rt-j models: the database's task to train on."),
     tasks_dir: str | None = typer.Option(
         None,
@@ -207,7 +216,7 @@ def train(
     }
     if from_checkpoint is not None and is_fine_tune_id(from_checkpoint):
         fail(job_id_needs_the_service(from_checkpoint))
-    config = _recipe_config(model, dataset, steps, given)
+    config = _recipe_config(model, dataset, mix, steps, given)
     _check_processes(config, nproc_per_node * nnodes)
     if launch.needed:
         raise typer.Exit(run_launched(launch, sys.argv[1:]))
@@ -247,15 +256,18 @@ def _eval_json(text: str | None) -> Any:
         fail(f'bad --eval: not JSON ({error.msg}); give an object such as \'{{"env": "relay/Dot-v0"}}\'')
 
 
-def _recipe_config(model: str, dataset: str, steps: int, given: dict[str, Any]) -> SFTConfig:
+def _recipe_config(
+    model: str, dataset: str | None, mix: list[str] | None, steps: int, given: dict[str, Any]
+) -> SFTConfig:
     """The recipe of the command's options; the options not given take the model's defaults."""
+    if dataset is None and not mix:
+        fail("missing --dataset (or --mix, repeated, for a mixture of datasets)")
+    fields: dict[str, Any] = {"model": model, "steps": steps, "datasets": mixture_of_options(mix)}
+    if dataset is not None:
+        fields["dataset_name"] = dataset_name(dataset)
+    fields.update({field: value for field, value in given.items() if value is not None})
     try:
-        return SFTConfig(
-            model=model,
-            dataset_name=dataset_name(dataset),
-            steps=steps,
-            **{field: value for field, value in given.items() if value is not None},
-        )
+        return SFTConfig.parse(fields)
     except ValueError as error:
         fail(str(error))
 

@@ -22,6 +22,14 @@ from relay.checkpoints import (
     REVISION_CHARACTER,
     FromCheckpoint,
 )
+from relay.dataset_mixture import (
+    DATASETS_RULE,
+    MIXTURE_MAX,
+    MIXTURE_MIN,
+    MixtureDataset,
+    check_camera_map,
+    datasets_value,
+)
 from relay.dataset_names import (
     DATASET_NAME_PATTERN,
     LEROBOT_DATASET_NAME_PATTERN,
@@ -87,6 +95,7 @@ RULES: dict[str, str] = {
         "must name a branch, tag or commit of the dataset's Hub repo (by default v2.1, else a v3.0 "
         f"default branch): 1 to {DATASET_REVISION_MAX} characters, no spaces or control characters"
     ),
+    "datasets": DATASETS_RULE,
     "task": (
         f"must name a task table of the database (rt-j models only): 1 to {TASK_MAX} characters, "
         "no control characters"
@@ -149,6 +158,13 @@ def _schema_rules() -> tuple[dict[str, Any], ...]:
                 "required": ["dataset_name"],
             },
             "then": {"properties": {"dataset_revision": ABSENT}},
+        }
+    )
+    # A mixture gives each dataset its own revision and cameras (_one_or_a_mixture).
+    rules.append(
+        {
+            "if": {"properties": {"datasets": {"type": "array"}}, "required": ["datasets"]},
+            "then": {"properties": {"dataset_revision": ABSENT, "cameras": ABSENT}},
         }
     )
     # The checkpoint's statistics need a checkpoint (_normalization_of_a_checkpoint).
@@ -214,6 +230,8 @@ class SFTConfig(CheckedConfig):
     # Set below the class: the rules read its fields' defaults (_absent_or_filled).
     SCHEMA_RULES: ClassVar[tuple[dict[str, Any], ...]] = ()
     WHAT: ClassVar[str] = "SFTConfig"
+    # A mixture's dataset_name is filled in from its datasets (_mixture_dataset_name).
+    REQUIRED_UNLESS: ClassVar[dict[str, str]] = {"dataset_name": "datasets"}
     BODY_MESSAGE: ClassVar[str] = "the config must be an object with the recipe's fields"
 
     model: str
@@ -224,6 +242,11 @@ class SFTConfig(CheckedConfig):
     # Which revision of a Hub dataset to read; None: v2.1, else a v3.0 default branch (docs/datasets.md).
     dataset_revision: str | None = Field(
         None, min_length=1, max_length=DATASET_REVISION_MAX, pattern=REVISION_PATTERN
+    )
+    # Several LeRobot datasets trained on together, each with its share of the samples
+    # (relay.dataset_mixture; docs/datasets.md). dataset_name is then the first of them (filled in).
+    datasets: Annotated[list[MixtureDataset] | None, BeforeValidator(datasets_value)] = Field(
+        None, json_schema_extra={"minItems": MIXTURE_MIN, "maxItems": MIXTURE_MAX}
     )
     batch_size: WholeNumber = Field(128, strict=True, ge=1, le=BATCH_SIZE_MAX)
     learning_rate: float = Field(2.5e-5, strict=True, gt=0, allow_inf_nan=False)
@@ -282,7 +305,7 @@ class SFTConfig(CheckedConfig):
         # The model's own defaults fill the fields left out; a field given (even null) is kept.
         if not isinstance(data, dict):
             return data
-        return {**families.model_defaults(data.get("model")), **data}
+        return {**families.model_defaults(data.get("model")), **_mixture_dataset_name(data)}
 
     @field_validator("model")
     @classmethod
@@ -328,13 +351,7 @@ class SFTConfig(CheckedConfig):
     @field_validator("cameras")
     @classmethod
     def _known_cameras(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        if value is not None:
-            if not value:
-                raise ValueError("must map at least one model camera, or be left out for the dataset's")
-            if any(has_control_characters(name) for name in (*value, *value.values())):
-                raise ValueError(RULES["cameras"] + ", with no control characters")
-            catalog.check_cameras(value)
-        return value
+        return check_camera_map(value)
 
     @field_validator("name")
     @classmethod
@@ -361,6 +378,7 @@ class SFTConfig(CheckedConfig):
                 f"missing task (required for {self.model}; it {RULES['task']})", "task", "missing_field"
             )
         self._refuse_fields(spec)
+        self._one_or_a_mixture()
         self._database_url_of_a_relational_model(spec)
         self._revision_of_a_hub_dataset()
         self._normalization_of_a_checkpoint()
@@ -379,6 +397,29 @@ class SFTConfig(CheckedConfig):
             takers = families.models_where(lambda other, f=field: f in other.recipe_fields)  # type: ignore[misc]
             why = spec.refused_fields.get(field) or f"{field} is for {', '.join(takers) or 'no model'}"
             raise ConfigError(f"bad {field}: {self.model} takes no {field} ({why})", field, "invalid_value")
+
+    def _one_or_a_mixture(self) -> None:
+        # A mixture's dataset_name is its first dataset's (filled in); a different one, or the single
+        # dataset's revision or cameras beside a mixture, would leave which one trains unclear.
+        if self.datasets is None:
+            return
+        if self.dataset_name != self.datasets[0].name:
+            raise ConfigError(
+                f"bad dataset_name: {json.dumps(self.dataset_name)} (with datasets, dataset_name is the "
+                f"first of them, {json.dumps(self.datasets[0].name)}: leave it out, or give one dataset "
+                "as dataset_name and no datasets)",
+                "dataset_name",
+                "invalid_value",
+            )
+        for field in ("dataset_revision", "cameras"):
+            if getattr(self, field) is not None:
+                own = "revision" if field == "dataset_revision" else "cameras"
+                raise ConfigError(
+                    f"bad {field}: a mixture gives each dataset its own {own} (datasets[i].{own}); leave "
+                    f"{field} out",
+                    field,
+                    "invalid_value",
+                )
 
     def _as_filled(self, field: str) -> bool:
         """Whether a field holds its empty value or what `_fill_defaults` writes for this model."""
@@ -471,6 +512,16 @@ class SFTConfig(CheckedConfig):
                 "invalid_value",
             )
         return self
+
+
+def _mixture_dataset_name(data: dict[str, Any]) -> dict[str, Any]:
+    """A mixture's request with its dataset_name filled in: the first dataset's name (when it is
+    text; a broken one is then named by its own rule, datasets[0].name)."""
+    mixture = data.get("datasets")
+    if "dataset_name" in data or not isinstance(mixture, list) or not mixture:
+        return data
+    first = mixture[0].get("name") if isinstance(mixture[0], dict) else getattr(mixture[0], "name", None)
+    return {**data, "dataset_name": first} if isinstance(first, str) and is_dataset_name(first) else data
 
 
 SFTConfig.SCHEMA_RULES = _schema_rules()

@@ -100,6 +100,9 @@ class FineTuneJob:
     model: str
     dataset_name: str
     dataset_revision: str | None
+    # A mixture's datasets (relay.dataset_mixture: name, revision, weight, cameras), each as its
+    # JSON; None for one dataset. `dataset` then says what was read of each, under "mixture".
+    datasets: list[dict[str, Any]] | None
     batch_size: int
     learning_rate: float
     steps: int

@@ -20,7 +20,12 @@ from relay.optimizer import AdamParams
 from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.errors import ConfigError, EngineError
 from relay_engine.families.base import EvaluationRequest, Family, PreparedRecipe, RecipeRun
-from relay_engine.families.lerobot_data import dataset_read, lerobot_batches
+from relay_engine.families.lerobot_data import (
+    dataset_read,
+    lerobot_batches,
+    open_recipe_data,
+    training_frames,
+)
 
 if TYPE_CHECKING:
     from relay_engine.acting import ActingPolicy
@@ -69,14 +74,13 @@ class Pi05Family(Family):
     reads_other_models = True
 
     def prepare_recipe(self, run: RecipeRun) -> PreparedRecipe:
-        from relay_engine.datasets import open_dataset
         from relay_engine.families.job_eval import JobEvaluator
         from relay_engine.families.pi05.evaluate import validation_loss
         from relay_engine.families.pi05.export import write_output
         from relay_engine.families.pi05.learner import Pi05Learner
         from relay_engine.families.pi05.parallel import Parallel, choose_strategy
         from relay_engine.families.pi05.sharded_checkpoint import gathered_policy
-        from relay_engine.families.robot_validation import Validator, split_frames
+        from relay_engine.families.robot_validation import MixtureValidator, Validator, split_frames
         from relay_engine.models import load_policy
         from relay_engine.models.checkpoints import (
             load_checkpoint,
@@ -117,16 +121,13 @@ class Pi05Family(Family):
         # The tokenizer before the dataset and the rest: its absence (the PaliGemma repo is gated)
         # is said at once, not at the first batch after the setup.
         policy.tokenizer.ensure_loaded()
-        dataset = open_dataset(
-            config.dataset_name,
-            cameras=config.cameras,
-            action_horizon=recipe.action_horizon,
-            cache_dir=run.dataset_cache_dir,
-            revision=config.dataset_revision,
-        )
+        data = open_recipe_data(run)
+        dataset = data.first  # the robot the output describes (a mixture's first dataset)
         if checkpoint is not None and config.normalization == "checkpoint":
             use_checkpoint_norm_stats(dataset, checkpoint)
-        split = split_frames(dataset, recipe.episodes, config.validation_episodes, recipe.seed)
+            data.use_norm_stats(dataset.norm_stats)
+        held_out = config.validation_episodes
+        splits = [split_frames(part, recipe.episodes, held_out, recipe.seed) for part in data.parts]
         policy.config = policy.config.replace(robot_action_dim=dataset.summary.action_dim)
         model = apply_tuning(policy, config.finetune, config.targets, config.lora_rank, config.lora_alpha)
         parallel = Parallel(model, run.world, strategy) if run.world is not None else None
@@ -137,11 +138,20 @@ class Pi05Family(Family):
             if whole is not None:
                 write_output(whole, output_dir, dataset)
 
-        validator = (
-            Validator(model, validation_loss(model), dataset, split, recipe.seed, context=learner.evaluating)
+        loss = validation_loss(model)
+        validators = [
+            (part.name, Validator(model, loss, part, split, recipe.seed, learner.evaluating))
+            for part, split in zip(data.parts, splits, strict=True)
             if split.validates
-            else None
+        ]
+        validator = (
+            None
+            if not validators
+            else validators[0][1]
+            if len(data.parts) == 1
+            else MixtureValidator(validators)
         )
+        training, indices = training_frames(run, data, splits)
         evaluator = (
             JobEvaluator(model, dataset.norm_stats, config.eval, run.work_dir, context=learner.evaluating)
             if config.eval is not None
@@ -149,14 +159,14 @@ class Pi05Family(Family):
         )
         return Pi05Recipe(
             learner=learner,
-            samples=len(split.training),
+            samples=len(indices),
             batch_size=config.batch_size,
-            batches=lerobot_batches(run, dataset, split.training, policy.collate),
+            batches=lerobot_batches(run, training, indices, policy.collate),
             adam=RECIPE_ADAM,
             write_output=write,
             parallel=parallel,
             extra={"processes": run.processes, "strategy": strategy if parallel is not None else None},
-            data_read=dataset_read(dataset),
+            data_read=dataset_read(data),
             weights_read=(
                 (lambda step: checkpoint.event(step, config.model)) if checkpoint is not None else None
             ),
