@@ -16,13 +16,14 @@ export async function createView(ctx) {
   const general = h("div");
   const submit = h("button.primary", { type: "submit" }, "Start fine-tune");
 
+  const instead = alternatives(rules);
   const rows = fields.flatMap((field) => {
     const schema = plain(properties[field]);
     const input = inputFor(field, schema, required.includes(field));
     inputs[field] = { input, schema };
     errors[field] = h("div.field-error", { "data-error-for": field, role: "alert" });
     return [
-      h("label", { for: `field-${field}` }, field, required.includes(field) ? " *" : null, h("small", {}, hint(field, schema))),
+      h("label", { for: `field-${field}` }, field, requiredMark(field, required, instead), h("small", {}, hint(field, schema))),
       h("div", {}, input, errors[field]),
     ];
   });
@@ -72,7 +73,8 @@ export async function createView(ctx) {
     const unplaced = [];
     for (const part of error.message.split(/; (?=(?:bad|missing|unknown field) [A-Za-z_]+\b)/)) {
       const named = part.match(/^(?:bad|missing|unknown field) ([A-Za-z_]+)/);
-      const field = named && errors[named[1]] ? named[1] : part === error.message && errors[error.param] ? error.param : null;
+      const param = fieldOf(error.param);
+      const field = named && errors[named[1]] ? named[1] : part === error.message && errors[param] ? param : null;
       if (field) {
         errors[field].textContent = errors[field].textContent ? `${errors[field].textContent}; ${part}` : part;
         inputs[field].input.classList.add("invalid");
@@ -84,6 +86,31 @@ export async function createView(ctx) {
     const first = Object.keys(errors).find((field) => errors[field].textContent);
     if (first) inputs[first].input.focus();
   }
+}
+
+// The form field an error's param names: its name before any index or key (the API names a place
+// inside a list or block, such as datasets[1].weight or integrations[1].wandb.project).
+function fieldOf(param) {
+  return typeof param === "string" ? param.split(/[[.]/)[0] : null;
+}
+
+// The fields that each stand in for another (the schema's rule "anyOf: required a, or required
+// b": a recipe names dataset_name or datasets): field -> the fields it may be left for.
+function alternatives(rules) {
+  const instead = {};
+  for (const rule of rules) {
+    const choices = Array.isArray(rule.anyOf) && rule.anyOf.every((item) => Array.isArray(item.required) && item.required.length === 1);
+    if (!choices) continue;
+    const named = rule.anyOf.flatMap((item) => item.required);
+    for (const field of named) instead[field] = named.filter((other) => other !== field);
+  }
+  return instead;
+}
+
+// " *" after a required field's name; " * (or datasets)" where another field may take its place.
+function requiredMark(field, required, instead) {
+  if (required.includes(field)) return " *";
+  return instead[field] ? ` * (or ${instead[field].join(", ")})` : null;
 }
 
 // The dataset's summary under its field, and a choice of its cameras for each model camera in
@@ -214,6 +241,12 @@ function defaultText(schema) {
   return own.length ? `${schema.default} (${own.join("; ")})` : String(schema.default);
 }
 
+// What a list field's JSON looks like, shown in its empty box.
+const LIST_EXAMPLES = {
+  integrations: '[{"type": "tensorboard"}, {"type": "wandb", "wandb": {"project": "pick"}}, {"type": "mlflow", "mlflow": {"tracking_uri": "https://mlflow.example"}}]',
+  datasets: '[{"name": "team/pick-fork", "weight": 3}, {"name": "lerobot/aloha_pick", "cameras": {"base_0_rgb": "observation.images.top"}}]',
+};
+
 function inputFor(field, schema, required) {
   const common = { id: `field-${field}`, name: field };
   if (schema.enum) {
@@ -228,8 +261,8 @@ function inputFor(field, schema, required) {
     return h("textarea", { ...common, placeholder: example });
   }
   if (isListOfObjects(schema)) {
-    // integrations: the list as JSON, as the API takes it.
-    return h("textarea", { ...common, placeholder: '[{"type": "tensorboard"}, {"type": "wandb", "wandb": {"project": "pick"}}, {"type": "mlflow", "mlflow": {"tracking_uri": "https://mlflow.example"}}]' });
+    // integrations or a mixture's datasets: the list as JSON, as the API takes it.
+    return h("textarea", { ...common, placeholder: LIST_EXAMPLES[field] || "[{...}, {...}]" });
   }
   const placeholder =
     schema.type === "array" ? "comma-separated (default: the method's)" : schema.default !== undefined && schema.default !== null ? defaultText(schema) : "";

@@ -24,12 +24,62 @@ const LOG_ROWS = 50;
 const ATTEMPTS = new Set(["retry", "resumed"]);
 
 // What the engine read, in one line, as relay.events.dataset_line writes it: "lerobot/pusht_image at
-// v2.1 (commit 1a2b3c4d), LeRobot v2.1, 206 episodes, 25,650 frames".
+// v2.1 (commit 1a2b3c4d), LeRobot v2.1, 206 episodes, 25,650 frames"; a mixture's first dataset
+// then "... (75% of samples), mixed with 1 more dataset".
 function datasetLine(read) {
   const where = read.repo ? `${read.repo} at ${read.revision} (commit ${String(read.sha ?? "?").slice(0, 8)})` : String(read.path);
   const version = read.format ? `LeRobot ${read.format}` : "no codebase_version";
   const count = (n) => Number(n ?? 0).toLocaleString("en-US");
-  return `${where}, ${version}, ${count(read.episodes)} episodes, ${count(read.frames)} frames`;
+  let line = `${where}, ${version}, ${count(read.episodes)} episodes, ${count(read.frames)} frames`;
+  const mixture = read.mixture;
+  if (Array.isArray(mixture) && mixture.length) {
+    line += sharePart(mixture[0].share);
+    const others = mixture.length - 1;
+    line += `, mixed with ${others} more dataset${others === 1 ? "" : "s"}`;
+  }
+  return line;
+}
+
+// " (75% of samples)", as dataset_line adds it; nothing where the share is not a number.
+function sharePart(share) {
+  return typeof share === "number" ? ` (${percentText(share)} of samples)` : "";
+}
+
+// A fraction as a whole percent the way Python's "{:.0%}" writes it: halves to the even number.
+function percentText(share) {
+  const scaled = share * 100;
+  let whole = Math.round(scaled);
+  if (whole - scaled === 0.5 && whole % 2 !== 0) whole -= 1;
+  return `${whole}%`;
+}
+
+// A mixture's datasets as the recipe gave them, one item each: "team/pick at v2.1: weight 3, 75%
+// of samples, cameras base_0_rgb = observation.images.top". Each share is its weight over the sum.
+function mixtureList(datasets) {
+  const total = datasets.reduce((sum, item) => sum + Number(item.weight ?? 1), 0);
+  return h(
+    "ul.mixture",
+    { "data-testid": "mixture" },
+    ...datasets.map((item, index) => {
+      const weight = Number(item.weight ?? 1);
+      const parts = [`weight ${number(weight)}`, `${percentText(weight / total)} of samples`];
+      if (item.cameras && Object.keys(item.cameras).length) {
+        parts.push(`cameras ${Object.entries(item.cameras).map(([camera, feature]) => `${camera} = ${feature}`).join(", ")}`);
+      }
+      const name = item.revision ? `${item.name} at ${item.revision}` : item.name;
+      return h("li", { "data-mixture": String(index) }, h("span.mono", {}, name), `: ${parts.join(", ")}`);
+    }),
+  );
+}
+
+// What the engine read of each dataset of a mixture, a dataset_line each with its share; the
+// whole in one line (as the CLI prints it) on hover.
+function mixtureReadList(read) {
+  return h(
+    "ul.mixture",
+    { "data-testid": "mixture-read", title: datasetLine(read) },
+    ...read.mixture.map((part, index) => h("li", { "data-read": String(index) }, datasetLine(part) + sharePart(part.share))),
+  );
 }
 
 // What an event reports (relay.events): the API names every event's `kind`; "metrics" or its `event`.
@@ -131,16 +181,21 @@ export async function jobView(ctx, id) {
     const rows = [
       ["Name", job.name ?? "—"],
       ["Model", job.model],
-      ["Dataset", job.dataset_name],
+      ["Dataset", Array.isArray(job.datasets) && job.datasets.length ? mixtureList(job.datasets) : job.dataset_name],
       ["Progress", `step ${job.step} of ${job.steps}`],
       ["Last loss", number(job.loss)],
       ["Attempts", String(job.attempts)],
     ];
-    if (job.dataset) rows.splice(3, 0, ["Read", datasetLine(job.dataset)]);
+    if (job.dataset) rows.splice(3, 0, ["Read", readValue(job.dataset)]);
     if (job.weights) rows.splice(2, 0, ["Weights", weightsLine(job.weights)]);
     if (job.error) rows.push(["Error", job.error]);
     facts.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", { "data-field": k.toLowerCase() }, v)]));
     renderTimeline();
+  }
+
+  // One dataset's line; a mixture's, each of its datasets' (the first's line alone names one).
+  function readValue(read) {
+    return Array.isArray(read.mixture) && read.mixture.length ? mixtureReadList(read) : datasetLine(read);
   }
 
   // Where the starting weights came from, as relay.events.weights_line says it.
