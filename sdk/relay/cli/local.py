@@ -217,6 +217,12 @@ def train(
     if from_checkpoint is not None and is_fine_tune_id(from_checkpoint):
         fail(job_id_needs_the_service(from_checkpoint))
     config = _recipe_config(model, dataset, mix, steps, given)
+    if episodes is not None and config.datasets is not None:
+        # Refused before anything loads (the engine refuses it too, after loading the model).
+        fail(
+            "bad --episodes: it selects episodes of one dataset; a mixture (--mix) trains on all of "
+            "each one's"
+        )
     _check_processes(config, nproc_per_node * nnodes)
     if launch.needed:
         raise typer.Exit(run_launched(launch, sys.argv[1:]))
