@@ -28,6 +28,7 @@ from relay.dataset_names import is_database_url, local_dataset_path, names_local
 from relay.env_evaluation import check_job_eval_budget
 from relay.errors import ConfigError
 from relay.events import CancelledEvent, ValidationEvent
+from relay.integrations import tracker_secrets, without_secrets
 from relay.memory_plan import GB, MemoryPlan, cpu_refusal, gpu_shortfall, plan_named, plan_of_recipe
 from relay.sft import status as st
 from relay.sft.config import SFTConfig
@@ -41,6 +42,7 @@ from relay_api.models import fine_tune_events, fine_tunes
 from relay_api.pagination import newest_first
 from relay_api.schemas import FineTuneOut
 from relay_api.settings import Settings
+from relay_api.tracker_credentials import keep_tracker_secrets
 from relay_api.workers import LiveWorker, live_workers
 
 log = logging.getLogger(__name__)
@@ -570,16 +572,21 @@ def create(
     """Insert a queued job and commit; returns (row, replayed). The same Idempotency-Key with the
     same config returns the job it created before; with a different config, 409. A database URL's
     password is not stored with the job: the job holds the URL masked, and the password waits in
-    its own row for the job's snapshot (relay_api.dataset_credentials)."""
+    its own row for the job's snapshot (relay_api.dataset_credentials); nor are the keys given with
+    its integrations, which wait in theirs for its attempts (relay_api.tracker_credentials)."""
     secret = None
     if is_database_url(config.dataset_name):
         stored, secret = dataset_credentials.masked(config.dataset_name)
         config = config.model_copy(update={"dataset_name": stored})
+    keys = tracker_secrets(config.integrations)
+    if keys:
+        config = config.model_copy(update={"integrations": without_secrets(config.integrations)})
     digest = request_hash(config)
 
     def keep_secret(db: Db, row: dict[str, Any]) -> None:
         if secret is not None:
             dataset_credentials.keep_secret_url(db, row["id"], secret)
+        keep_tracker_secrets(db, row["id"], keys)
 
     def new_row() -> dict[str, Any]:
         now = utcnow()

@@ -230,6 +230,19 @@ class DatasetCredential(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class TrackerCredential(Base):
+    """The keys given with a job's integrations (a W&B API key, an MLflow token), by the environment
+    variable each stands for, kept apart from the job: its row, config, events and answers never
+    hold them. Each attempt's worker reads them for the job's trackers; they are deleted once the
+    job has ended (relay_api.tracker_credentials)."""
+
+    __tablename__ = "tracker_credentials"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("fine_tunes.id", ondelete="CASCADE"), primary_key=True)
+    secrets: Mapped[dict[str, str]] = mapped_column(JSON)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class DeploymentRow(Base):
     """A deployment: a model served to robots by a worker that holds it (docs/serving.md).
 
@@ -348,5 +361,6 @@ fine_tune_hosts = cast(Table, FineTuneHost.__table__)
 deployments = cast(Table, DeploymentRow.__table__)
 deployment_events = cast(Table, DeploymentEvent.__table__)
 dataset_credentials = cast(Table, DatasetCredential.__table__)
+tracker_credentials = cast(Table, TrackerCredential.__table__)
 webhooks = cast(Table, WebhookRow.__table__)
 webhook_deliveries = cast(Table, WebhookDelivery.__table__)

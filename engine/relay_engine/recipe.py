@@ -185,12 +185,15 @@ def run_recipe(
     dataset_cache_dir: Path | None = None,
     output_dir: Path | None = None,
     checkpoint_on_stop: bool = False,
+    tracker_secrets: Mapping[str, str] | None = None,
 ) -> RecipeResult:
     """Run the recipe here; under torch.distributed.run, as this process's part of the group.
 
     A resumed run first reports `{"step": N, "event": "resumed"}`. With `checkpoint_on_stop`, a
     run stopped by `should_stop` saves a checkpoint at the step it reached (a local run's
-    Ctrl-C), so that the same command again loses nothing."""
+    Ctrl-C), so that the same command again loses nothing. `tracker_secrets`: the keys the service
+    held for the job's trackers, by environment variable (relay.integrations.tracker_secrets), in
+    place of this process's environment."""
     family = family_for(recipe.config.model)
     work_dir = Path(work_dir)
     output = Path(output_dir) if output_dir is not None else work_dir / "output"
@@ -198,14 +201,14 @@ def run_recipe(
     if family.spec.one_process or not launched():
         device = pick_device(recipe.device)
         check_cpu_full_size(recipe.config, device)
-        run = RecipeRun(recipe, work_dir, device, None, dataset_cache_dir)
+        run = RecipeRun(recipe, work_dir, device, None, dataset_cache_dir, dict(tracker_secrets or {}))
         return _run(family, run, output, callbacks)
     # A caller that joined the group itself (to run several recipes in one launch) keeps it.
     joined_here = not torch.distributed.is_initialized()
     world = join(recipe.device)
     try:
         check_cpu_full_size(recipe.config, world.device)
-        run = RecipeRun(recipe, work_dir, world.device, world, dataset_cache_dir)
+        run = RecipeRun(recipe, work_dir, world.device, world, dataset_cache_dir, dict(tracker_secrets or {}))
         return _run(family, run, output, callbacks)
     finally:
         if joined_here:
@@ -255,6 +258,7 @@ def _open_trackers(run: RecipeRun, resumed_from: int | None) -> Trackers:
         job_id=recipe.job_id,
         attempt=recipe.attempt,
         engine_settings={"checkpoint_every": recipe.checkpoint_every, "seed": recipe.seed},
+        secrets=run.tracker_secrets,
     )
 
 

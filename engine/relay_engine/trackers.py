@@ -28,9 +28,10 @@ already sent are not sent again (MLflow would keep both values of a step).
 MLflow is spoken to through its tracking server's REST API with httpx (``/api/2.0/mlflow/...``),
 not its client library: the mlflow package pulls some 40 packages into the environment that trains.
 
-Secrets are never the recipe's: W&B reads WANDB_API_KEY from this process's environment, MLflow
-MLFLOW_TRACKING_TOKEN (a bearer token) or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD
-(basic auth), as MLflow's own client does.
+A tracker's key is the recipe's own (``wandb.api_key``, ``mlflow.token``: a local run's), else the
+one the service held for the job (run_recipe's ``tracker_secrets``), else this process's
+environment's: WANDB_API_KEY; MLFLOW_TRACKING_TOKEN (a bearer token), or MLFLOW_TRACKING_USERNAME
+and MLFLOW_TRACKING_PASSWORD (basic auth), as MLflow's own client reads them.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ from relay.integrations import (
     MlflowIntegration,
     TensorBoardIntegration,
     WandbIntegration,
+    tracker_secrets,
 )
 from relay.sft.config import SFTConfig
 
@@ -169,9 +171,15 @@ class _Wandb:
     name = WANDB
 
     def __init__(
-        self, settings: WandbIntegration, work_dir: Path, job_id: str | None, fallback_name: str
+        self,
+        settings: WandbIntegration,
+        work_dir: Path,
+        job_id: str | None,
+        fallback_name: str,
+        api_key: str | None = None,
     ) -> None:
         self.settings = settings.wandb
+        self._api_key = api_key
         self.work_dir = work_dir
         self.state_path = work_dir / STATE_DIR / "wandb.json"
         state = _read_json(self.state_path)
@@ -204,6 +212,8 @@ class _Wandb:
             for name, variable in (("mode", "WANDB_MODE"), ("base_url", "WANDB_BASE_URL"))
             if os.environ.get(variable)
         }
+        if self._api_key:  # given for this run: never the key another run of this process used
+            now["api_key"] = self._api_key
         self.run = wandb.init(
             project=self.settings.project,
             entity=self.settings.entity,
@@ -271,9 +281,15 @@ class _Mlflow:
     name = MLFLOW
 
     def __init__(
-        self, settings: MlflowIntegration, work_dir: Path, job_id: str | None, fallback_name: str
+        self,
+        settings: MlflowIntegration,
+        work_dir: Path,
+        job_id: str | None,
+        fallback_name: str,
+        token: str | None = None,
     ) -> None:
         self.settings = settings.mlflow
+        self._token = token
         self.job_id = job_id
         self.display_name = fallback_name
         self.state_path = work_dir / STATE_DIR / "mlflow.json"
@@ -301,7 +317,7 @@ class _Mlflow:
     def open(self, config: Mapping[str, Any]) -> None:
         import httpx
 
-        token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+        token = self._token
         user = os.environ.get("MLFLOW_TRACKING_USERNAME")
         password = os.environ.get("MLFLOW_TRACKING_PASSWORD")
         headers = {"Content-Type": "application/json", "User-Agent": f"relay/{__version__}"}
@@ -735,10 +751,14 @@ def open_trackers(
     job_id: str | None,
     attempt: int,
     engine_settings: Mapping[str, Any] | None = None,
+    secrets: Mapping[str, str] | None = None,
 ) -> Trackers:
-    """The recipe's trackers, each started on its own thread (none: NO_TRACKERS)."""
+    """The recipe's trackers, each started on its own thread (none: NO_TRACKERS). A tracker's key is
+    the recipe's own (a local run's config that holds one), else `secrets`' (what the service held
+    for the job, by environment variable), else this process's environment's."""
     if not config.integrations:
         return NO_TRACKERS
+    keys = {**os.environ, **(secrets or {}), **tracker_secrets(config.integrations)}
     run_config: dict[str, Any] = {
         "recipe": config.model_dump(mode="json"),
         "job_id": job_id,
@@ -751,11 +771,11 @@ def open_trackers(
     for entry in config.integrations:
         tracker: _Tracker
         if isinstance(entry, WandbIntegration):
-            tracker = _Wandb(entry, work_dir, job_id, fallback_name)
+            tracker = _Wandb(entry, work_dir, job_id, fallback_name, keys.get("WANDB_API_KEY"))
         elif isinstance(entry, TensorBoardIntegration):
             tracker = _TensorBoard(work_dir, resumed_from)
         elif isinstance(entry, MlflowIntegration):
-            tracker = _Mlflow(entry, work_dir, job_id, fallback_name)
+            tracker = _Mlflow(entry, work_dir, job_id, fallback_name, keys.get("MLFLOW_TRACKING_TOKEN"))
         else:  # pragma: no cover (relay.integrations refuses other types)
             continue
         senders.append(_Sender(tracker, run_config, lambda *_: None))

@@ -8,20 +8,32 @@ every metrics, validation and evaluation event, checkpoints' steps and the final
 check an integration with the same classes, and a broken rule names its place
 (``integrations[0].wandb.project``).
 
-No secret is ever part of a recipe: a W&B API key comes from the environment of the process that
-trains (the worker's, or the user's for ``relay local train``: ``WANDB_API_KEY``; MLflow's
-``MLFLOW_TRACKING_TOKEN`` or ``MLFLOW_TRACKING_USERNAME`` and ``MLFLOW_TRACKING_PASSWORD``), never
-from the stored job, so that no answer, event or file can hold it. An ``api_key``, ``token`` or
-``password`` given here is refused.
+Keys: ``wandb.api_key`` and ``mlflow.token`` may be given with the recipe (SecretStr: masked in
+every dump and repr; the SDK's request reveals them under REVEAL_SECRETS); the service keeps them
+apart from the stored job (relay_api.tracker_credentials) and the engine's trackers prefer them to
+the environment of the process that trains (``WANDB_API_KEY``; ``MLFLOW_TRACKING_TOKEN`` or
+``MLFLOW_TRACKING_USERNAME`` and ``MLFLOW_TRACKING_PASSWORD``). Any other secret field is refused,
+and a key is never shown back in a message.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, ClassVar, Literal, Union
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    SecretStr,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    field_serializer,
+    field_validator,
+    model_serializer,
+)
 
 from relay.errors import ConfigError
 from relay.rules import CheckedConfig, under
@@ -49,13 +61,22 @@ MLFLOW_EXPERIMENT_MAX = 256
 MLFLOW_EXPERIMENT_DEFAULT = "relay"
 # Text with at least one visible character and no control characters.
 VISIBLE_TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*[^\x00-\x20\x7f][^\x00-\x1f\x7f]*$"
-# Words a recipe refuses in an integration: a secret belongs to the environment (see the module).
+# The secrets an integration may name; those it takes (TRACKER_SECRET_VARIABLES: W&B's key, MLflow's
+# bearer token) by the environment variable the machine that trains reads each from otherwise.
 SECRET_FIELDS = ("api_key", "token", "password")
+TRACKER_SECRET_VARIABLES: dict[tuple[str, str], str] = {
+    (WANDB, "api_key"): "WANDB_API_KEY",
+    (MLFLOW, "token"): "MLFLOW_TRACKING_TOKEN",
+}
+SECRET_MAX = 512
 SECRET_RULE = (
-    "a key is never part of a recipe: the machine that trains reads WANDB_API_KEY, "
-    "MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD from its "
-    "environment (the service's workers, or yours for relay local train)"
+    "a W&B key goes in wandb.api_key and an MLflow token in mlflow.token, or in the environment of "
+    "the machine that trains (WANDB_API_KEY, MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and "
+    "MLFLOW_TRACKING_PASSWORD)"
 )
+# No spaces or control characters (what secret_value checks, stated for the JSON Schema too).
+SECRET_PATTERN = r"^[^\s\x00-\x1f\x7f]+$"
+SECRET_VALUE_RULE = f"must be text of 1 to {SECRET_MAX} characters with no spaces or control characters"
 INTEGRATIONS_RULE = (
     "must be a list of at most one integration of each type: "
     '{"type": "wandb", "wandb": {"project", "entity", "name", "tags"}}, {"type": "tensorboard"} or '
@@ -64,13 +85,62 @@ INTEGRATIONS_RULE = (
 
 
 def _refuse_secrets(data: Any, what: str) -> None:
-    # Named without its value: the value may be a real key, and messages are shown and logged.
+    # A secret the block does not take, named without its value: the value may be a real key, and
+    # messages are shown and logged.
     if isinstance(data, dict):
         for name in SECRET_FIELDS:
-            if name in data:
+            if name in data and (what, name) not in TRACKER_SECRET_VARIABLES:
                 raise ConfigError(
                     f"bad {what}.{name}: not taken ({SECRET_RULE})", f"{what}.{name}", "invalid_value"
                 )
+
+
+def secret_value(value: Any, field: str) -> SecretStr | None:
+    """A key given with the recipe, checked without ever being shown back (the ConfigError holds no
+    part of it): never in a dump, a repr or an answer after (pydantic's SecretStr), and held apart
+    from the stored job by the service (docs/integrations.md, "Keys")."""
+    if value is None or isinstance(value, SecretStr):
+        return value
+    if (
+        not isinstance(value, str)
+        or not 1 <= len(value) <= SECRET_MAX
+        or re.fullmatch(SECRET_PATTERN, value) is None
+    ):
+        raise ConfigError(f"bad {field}: not shown ({SECRET_VALUE_RULE})", field, "invalid_value")
+    return SecretStr(value)
+
+
+# The context under which a dump holds a key as given (the SDK's request body), where every other
+# dump masks it.
+REVEAL_SECRETS = "reveal_secrets"
+
+
+def _dumped_secret(value: SecretStr | None, info: SerializationInfo) -> str | None:
+    if value is None:
+        return None
+    revealed = isinstance(info.context, dict) and info.context.get(REVEAL_SECRETS)
+    return value.get_secret_value() if revealed else str(value)
+
+
+def _without_empty_secrets(data: Any) -> Any:
+    # A block with no key given dumps as it did before keys were taken: without the key's field.
+    if isinstance(data, dict):
+        for _, field in TRACKER_SECRET_VARIABLES:
+            if field in data and data[field] is None:
+                del data[field]
+    return data
+
+
+def _secret_field() -> Any:
+    return Field(
+        None,
+        json_schema_extra={
+            "writeOnly": True,
+            "minLength": 1,
+            "maxLength": SECRET_MAX,
+            "pattern": SECRET_PATTERN,
+        },
+    )
 
 
 class WandbSettings(CheckedConfig):
@@ -97,6 +167,21 @@ class WandbSettings(CheckedConfig):
     tags: list[
         Annotated[str, Field(min_length=1, max_length=WANDB_TAG_MAX, pattern=VISIBLE_TEXT_PATTERN)]
     ] = Field(default_factory=list, max_length=WANDB_TAGS_MAX)
+    # The W&B API key the run logs with, in place of the worker's WANDB_API_KEY (secret_value).
+    api_key: SecretStr | None = _secret_field()
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _key(cls, value: Any) -> SecretStr | None:
+        return secret_value(value, "api_key")
+
+    @field_serializer("api_key", when_used="json")
+    def _dump_key(self, value: SecretStr | None, info: SerializationInfo) -> str | None:
+        return _dumped_secret(value, info)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_empty_secrets(handler(self))
 
 
 def _http_url(value: str) -> str:
@@ -141,6 +226,21 @@ class MlflowSettings(CheckedConfig):
         max_length=MLFLOW_EXPERIMENT_MAX,
         pattern=VISIBLE_TEXT_PATTERN,
     )
+    # The tracking server's bearer token, in place of the worker's MLFLOW_TRACKING_TOKEN (secret_value).
+    token: SecretStr | None = _secret_field()
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _token(cls, value: Any) -> SecretStr | None:
+        return secret_value(value, "token")
+
+    @field_serializer("token", when_used="json")
+    def _dump_token(self, value: SecretStr | None, info: SerializationInfo) -> str | None:
+        return _dumped_secret(value, info)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_empty_secrets(handler(self))
 
 
 def _part(cls: type[CheckedConfig], field: str, value: Any) -> Any:
@@ -258,6 +358,32 @@ Integrations = Annotated[
     Field(max_length=len(INTEGRATION_TYPES)),
     BeforeValidator(integrations_value),
 ]
+
+
+def tracker_secrets(integrations: list[Any]) -> dict[str, str]:
+    """The keys given with a recipe's integrations, by the environment variable each stands for
+    (``{"WANDB_API_KEY": ...}``): what the service holds apart from the job."""
+    found: dict[str, str] = {}
+    for entry in integrations:
+        settings = getattr(entry, str(entry.type), None)
+        for (kind, field), variable in TRACKER_SECRET_VARIABLES.items():
+            secret = getattr(settings, field, None) if entry.type == kind else None
+            if isinstance(secret, SecretStr):
+                found[variable] = secret.get_secret_value()
+    return found
+
+
+def without_secrets(integrations: list[Any]) -> list[Any]:
+    """The integrations with every key taken out: what a stored job keeps."""
+    kept = []
+    for entry in integrations:
+        settings = getattr(entry, str(entry.type), None)
+        fields = [field for kind, field in TRACKER_SECRET_VARIABLES if kind == entry.type]
+        if settings is not None and fields:
+            emptied = settings.model_copy(update=dict.fromkeys(fields))
+            entry = entry.model_copy(update={str(entry.type): emptied})
+        kept.append(entry)
+    return kept
 
 
 def types_of(integrations: list[Any]) -> list[str]:

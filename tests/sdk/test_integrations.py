@@ -90,16 +90,53 @@ def test_a_broken_integration_names_its_place(integrations: Any, param: str, sta
     assert raised.value.message.startswith(start), raised.value.message
 
 
-@pytest.mark.parametrize("field", ["api_key", "token", "password"])
-@pytest.mark.parametrize("kind", ["wandb", "mlflow"])
-def test_a_key_is_never_taken_nor_shown_back(field: str, kind: str) -> None:
+# The secrets each block takes; any other one it names is refused.
+TAKEN = {("wandb", "api_key"), ("mlflow", "token")}
+
+
+@pytest.mark.parametrize(
+    ("kind", "field"),
+    [
+        (kind, field)
+        for kind in ("wandb", "mlflow")
+        for field in ("api_key", "token", "password")
+        if (kind, field) not in TAKEN
+    ],
+)
+def test_a_key_a_block_does_not_take_is_refused_and_not_shown_back(field: str, kind: str) -> None:
     secret = "s3cr3t-" + "9" * 30
     settings = {"project": "p"} if kind == "wandb" else {"tracking_uri": "http://127.0.0.1:5000"}
     with pytest.raises(ConfigError) as raised:
         SFTConfig(**BASE, integrations=[{"type": kind, kind: {**settings, field: secret}}])
     assert raised.value.param == f"integrations[0].{kind}.{field}"
+    assert "wandb.api_key" in raised.value.message and "mlflow.token" in raised.value.message
     assert "WANDB_API_KEY" in raised.value.message and secret not in raised.value.message
-    assert "MLFLOW_TRACKING_TOKEN" in raised.value.message
+
+
+@pytest.mark.parametrize(
+    ("kind", "field", "variable"),
+    [("wandb", "api_key", "WANDB_API_KEY"), ("mlflow", "token", "MLFLOW_TRACKING_TOKEN")],
+)
+def test_a_key_given_is_held_as_a_secret(kind: str, field: str, variable: str) -> None:
+    from relay.integrations import REVEAL_SECRETS, tracker_secrets, without_secrets
+
+    secret = "s3cr3t-" + "9" * 30
+    settings = {"project": "p"} if kind == "wandb" else {"tracking_uri": "http://127.0.0.1:5000"}
+    config = SFTConfig(**BASE, integrations=[{"type": kind, kind: {**settings, field: secret}}])
+    # Masked wherever a config is shown or dumped, revealed only where the SDK sends it.
+    assert secret not in repr(config) and secret not in config.model_dump_json()
+    assert config.model_dump(mode="json")["integrations"][0][kind][field] == "**********"
+    sent = config.model_dump(mode="json", context={REVEAL_SECRETS: True})
+    assert sent["integrations"][0][kind][field] == secret
+    assert tracker_secrets(config.integrations) == {variable: secret}
+    kept = without_secrets(config.integrations)
+    assert field not in kept[0].model_dump(mode="json")[kind] and tracker_secrets(kept) == {}
+    # A malformed key is refused without being shown back.
+    for bad in (secret + " x", "x" * 513, ""):
+        with pytest.raises(ConfigError) as raised:
+            SFTConfig(**BASE, integrations=[{"type": kind, kind: {**settings, field: bad}}])
+        assert raised.value.param == f"integrations[0].{kind}.{field}"
+        assert "not shown" in raised.value.message and (not bad or bad not in raised.value.message)
 
 
 def test_a_password_in_the_tracking_uri_is_refused_and_not_shown_back() -> None:

@@ -5,6 +5,8 @@ TensorBoard's own reader."""
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from relay.http_client import Client
 from relay.sft.train import train
+from tests.engine.training.test_mlflow_tracker import mlflow_server  # noqa: F401 (a fixture)
 from tests.service.stack import Stack, WorkerProcess
 from tests.service.test_api import GOOD, count_jobs
 from tests.service.test_jobs import tiny
@@ -51,9 +54,19 @@ SECRET = "not-a-real-key-" + "7" * 25
             "bad integrations: tensorboard is named 2 times",
         ),
         (
-            [{"type": "wandb", "wandb": {"project": "p", "api_key": SECRET}}],
+            [{"type": "wandb", "wandb": {"project": "p", "token": SECRET}}],
+            "integrations[0].wandb.token",
+            "bad integrations[0].wandb.token: not taken (a W&B key goes in wandb.api_key",
+        ),
+        (
+            [{"type": "wandb", "wandb": {"project": "p", "api_key": SECRET + " x"}}],
             "integrations[0].wandb.api_key",
-            "bad integrations[0].wandb.api_key: not taken (a key is never part of a recipe",
+            "bad integrations[0].wandb.api_key: not shown (must be text of 1 to 512 characters",
+        ),
+        (
+            [{"type": "mlflow", "mlflow": {"tracking_uri": "https://m.example", "password": SECRET}}],
+            "integrations[0].mlflow.password",
+            "bad integrations[0].mlflow.password: not taken",
         ),
     ],
 )
@@ -164,3 +177,82 @@ def test_the_console_form_takes_integrations_and_the_job_page_shows_them(
         "tensorboard: event files under tensorboard/ among the files; wandb: team/pick (tags a)"
     )
     assert fence.refused == []
+
+
+def test_keys_given_at_create_are_held_apart_from_the_job(
+    parked: TestClient, alice: dict[str, str], stack: Stack
+) -> None:
+    """A W&B key and an MLflow token given at create: the answer and the stored job never hold them;
+    they wait in their own row, by the environment variable each stands for."""
+    from sqlalchemy import select
+
+    from relay_api.models import fine_tunes, tracker_credentials
+
+    key, token = "wandbkey-" + "9" * 31, "mlflowtoken-" + "3" * 28
+    integrations = [
+        {"type": "wandb", "wandb": {"project": "keys", "api_key": key}},
+        {"type": "mlflow", "mlflow": {"tracking_uri": "https://mlflow.example", "token": token}},
+    ]
+    created = parked.post("/v1/fine-tunes", json={**GOOD, "integrations": integrations}, headers=alice)
+    assert created.status_code == 200, created.text
+    job = created.json()
+    again = parked.get(f"/v1/fine-tunes/{job['id']}", headers=alice)
+    for answer in (created.text, again.text):
+        assert key not in answer and token not in answer
+    assert "api_key" not in again.json()["integrations"][0]["wandb"]
+    assert "token" not in again.json()["integrations"][1]["mlflow"]
+    with stack.sessions() as session:
+        held = session.execute(
+            select(tracker_credentials.c.secrets).where(tracker_credentials.c.job_id == job["id"])
+        ).scalar_one()
+        stored = session.execute(select(fine_tunes.c.config).where(fine_tunes.c.id == job["id"])).scalar_one()
+    assert held == {"WANDB_API_KEY": key, "MLFLOW_TRACKING_TOKEN": token}
+    assert key not in json.dumps(stored) and token not in json.dumps(stored)
+    # A job that names no key holds none.
+    plain = parked.post("/v1/fine-tunes", json=GOOD, headers=alice).json()
+    with stack.sessions() as session:
+        assert (
+            session.execute(
+                select(tracker_credentials.c.job_id).where(tracker_credentials.c.job_id == plain["id"])
+            ).first()
+            is None
+        )
+
+
+def test_a_token_given_at_create_reaches_the_tracker_and_is_forgotten_after(
+    stack: Stack,
+    worker: WorkerProcess,
+    client: Client,
+    dataset: Path,
+    mlflow_server: str,  # noqa: F811 (the fixture imported above)
+) -> None:
+    """The worker hands the held token to the job's MLflow tracker: a recording proxy in front of a
+    real mlflow server sees it as every request's bearer; no event holds it, and the reconciler
+    deletes it once the job has ended."""
+    from sqlalchemy import select
+
+    from relay_api.models import tracker_credentials
+    from tests.recording_proxy import RecordingProxy
+
+    token = "mlflowtoken-" + "5" * 28
+    with RecordingProxy(mlflow_server) as proxy:
+        mlflow = {"tracking_uri": proxy.url, "experiment": "keys", "token": token}
+        job = train(
+            tiny(dataset, steps=4, integrations=[{"type": "mlflow", "mlflow": mlflow}]), client=client
+        )
+        job.wait(poll=1)
+        assert job.status == "completed", job.error
+        assert proxy.authorizations and set(proxy.authorizations) == {f"Bearer {token}"}
+    events = job.events()
+    assert not [e for e in events if e.kind == "tracker"], events
+    assert token not in json.dumps([dict(e) for e in events])
+    deadline = time.monotonic() + 60
+    while True:
+        with stack.sessions() as session:
+            left = session.execute(
+                select(tracker_credentials.c.job_id).where(tracker_credentials.c.job_id == job.id)
+            ).first()
+        if left is None:
+            break
+        assert time.monotonic() < deadline, "the ended job's token was still held after 60 s"
+        time.sleep(1)

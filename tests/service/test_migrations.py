@@ -26,6 +26,7 @@ TABLES = {
     "deployments",
     "deployment_events",
     "dataset_credentials",
+    "tracker_credentials",
     "webhooks",
     "webhook_deliveries",
 }

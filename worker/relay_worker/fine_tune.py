@@ -36,6 +36,7 @@ from relay_api.db import is_outage, worker_session_factory
 from relay_api.files import output_manifest
 from relay_api.models import fine_tunes
 from relay_api.settings import Settings, get_settings
+from relay_api.tracker_credentials import tracker_secrets_of
 from relay_api.workers import live_workers
 from relay_engine.core.checkpoint import CheckpointStore
 from relay_engine.errors import EngineError
@@ -448,6 +449,8 @@ def _run_engine(
         checkpoint_output=parent_output(keeper.db_sessions, claim.job_id, config.get("from_checkpoint")),
     )
     processes = gang.seat.processes if gang is not None else int(claim.config.get("gpus") or 1)
+    # The keys given with the job's integrations, held apart from it (relay_api.tracker_credentials).
+    keys = tracker_secrets_of(keeper.db_sessions, claim.job_id)
     if gang is None and processes == 1:
         return run_recipe(
             recipe,
@@ -455,6 +458,7 @@ def _run_engine(
             on_event=on_event,
             should_stop=keeper.should_stop,
             dataset_cache_dir=settings.dataset_cache_dir,
+            tracker_secrets=keys,
         )
     return run_on_processes(
         recipe,
@@ -465,6 +469,7 @@ def _run_engine(
         keeper.should_stop,
         rendezvous=_rendezvous(settings, gang) if gang is not None else None,
         role=role,
+        environment=keys,
     )
 
 

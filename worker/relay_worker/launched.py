@@ -19,11 +19,12 @@ import contextlib
 import ctypes
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,18 +93,26 @@ def run_on_processes(
     poll_seconds: float = 0.2,
     rendezvous: Rendezvous | None = None,
     role: Role | None = None,
+    environment: Mapping[str, str] | None = None,
 ) -> RecipeResult | None:
     """Run the recipe as `processes` ranks on this host; rank 0's result.
 
     With `rendezvous`, this host's ranks join the other hosts' in one group; the result is None on
-    a host that does not hold rank 0 (its ranks ended cleanly, and rank 0's host has the result)."""
+    a host that does not hold rank 0 (its ranks ended cleanly, and rank 0's host has the result).
+    `environment`: more variables for the ranks (the job's tracker keys: in their environment, never
+    in the spec file on disk)."""
     role = role or Role()
     launch_dir = _clean_launch_dir(work_dir, rendezvous)
     result_file = launch_dir / "result.json"
     spec_file = _write_spec(launch_dir, recipe, work_dir, dataset_cache_dir)
     command = _launcher_command(spec_file, processes, rendezvous)
     launcher = subprocess.Popen(
-        command, stdout=subprocess.PIPE, text=True, bufsize=1, preexec_fn=_die_with_parent
+        command,
+        stdout=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+        preexec_fn=_die_with_parent,
+        env={**os.environ, **environment} if environment else None,
     )
     (launch_dir / "launcher.pid").write_text(str(launcher.pid))
     event_error: list[BaseException] = []

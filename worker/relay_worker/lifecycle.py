@@ -38,6 +38,7 @@ from relay_api.db import database_now, rows_changed, unlocked, with_retries
 from relay_api.event_rows import ROW_KEYS, insert_event
 from relay_api.models import fine_tunes
 from relay_api.settings import Settings
+from relay_api.tracker_credentials import forget_ended_jobs_secrets
 from relay_api.workers import live_workers
 from relay_worker.leases import FencedOut, fenced_update, lease_end
 
@@ -370,6 +371,7 @@ def reconcile(
     report.failed += failed
     report.cancelled += _end_orphaned_cancels(db_sessions, orphaned_cancels)
     dataset_credentials.forget_ended_jobs_urls(db_sessions)
+    forget_ended_jobs_secrets(db_sessions)
     return report
 
 

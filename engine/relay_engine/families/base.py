@@ -47,6 +47,9 @@ class RecipeRun:
     device: torch.device
     world: World | None = None
     dataset_cache_dir: Path | None = None
+    # The keys of the recipe's trackers the service held apart from the job, by environment variable
+    # (relay.integrations.tracker_secrets); never shown (repr=False).
+    tracker_secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def rank(self) -> int:

@@ -8,6 +8,7 @@ from typing import Any
 
 from relay import http_client
 from relay.dataset_names import local_dataset_path
+from relay.integrations import REVEAL_SECRETS
 from relay.sft.config import SFTConfig
 from relay.sft.job import FINE_TUNES, FineTuneJob
 
@@ -24,7 +25,12 @@ def train(
     (a fresh one unless given), so a retry after a dropped connection cannot start a second job.
     """
     client = client or http_client.default_client()
-    body = config.model_dump() if isinstance(config, SFTConfig) else dict(config)
+    # JSON as the API reads it, with any tracker key as given (every other dump of a config masks it).
+    body = (
+        config.model_dump(mode="json", context={REVEAL_SECRETS: True})
+        if isinstance(config, SFTConfig)
+        else dict(config)
+    )
     name = body.get("dataset_name")
     local = local_dataset_path(name) if isinstance(name, str) and not name.startswith("file:") else None
     if local is not None:  # ./dots is the caller's, not relative to wherever the service runs

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from relay.events import TrackerEvent, parse_event
+from relay_engine.recipe import run_recipe
 from tests.engine.training.test_recipe import losses, recipe_for, run
 from tests.engine.training.test_trackers import closed_port
 
@@ -222,3 +223,47 @@ def test_the_sink_keeps_mlflows_batch_limits_and_finds_its_run_by_the_jobs_tag(
     assert again["info"]["status"] == "FINISHED"
     tags = {t["key"]: t["value"] for t in again["data"]["tags"]}
     assert tags["relay.attempt"] == "2" and tags["relay.summary.status"] == "completed"
+
+
+def test_a_token_in_the_recipe_is_the_trackers_over_the_environments(
+    synthetic_dataset_path: Path,
+    dataset_cache: Path,
+    tmp_path: Path,
+    mlflow_server: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A local run whose recipe carries mlflow.token logs with it, not with the environment's token;
+    a run given the service's held keys (run_recipe's tracker_secrets) logs with those; neither
+    token is written to any file or event of the run."""
+    from tests.recording_proxy import RecordingProxy
+
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", FAKE_TOKEN)
+    given, held = "recipe-token-" + "1" * 20, "held-token-" + "2" * 20
+    with RecordingProxy(mlflow_server) as proxy:
+        mlflow = {"tracking_uri": proxy.url, "experiment": "keys"}
+        own = recipe_for(
+            synthetic_dataset_path,
+            steps=2,
+            integrations=[{"type": "mlflow", "mlflow": {**mlflow, "token": given}}],
+        )
+        _, own_events = run(own, tmp_path / "own", dataset_cache)
+        assert set(proxy.authorizations) == {f"Bearer {given}"}
+        proxy.authorizations.clear()
+        service = recipe_for(
+            synthetic_dataset_path, steps=2, integrations=[{"type": "mlflow", "mlflow": mlflow}]
+        )
+        events: list[Any] = []
+        run_recipe(
+            service,
+            tmp_path / "service",
+            on_event=events.append,
+            should_stop=lambda: False,
+            dataset_cache_dir=dataset_cache,
+            tracker_secrets={"MLFLOW_TRACKING_TOKEN": held},
+        )
+        assert set(proxy.authorizations) == {f"Bearer {held}"}
+    for token in (given, held):
+        assert token not in str(own_events + events)
+        for path in tmp_path.rglob("*"):
+            if path.is_file():
+                assert token.encode() not in path.read_bytes(), path
