@@ -26,10 +26,11 @@ COPY api api
 COPY worker worker
 COPY migrations migrations
 # Editable, so the service finds alembic.ini and migrations/ beside its packages. With the server, the
-# engine (video decoding with PyAV, the serving worker's websocket) and the simulators a job's
-# `eval` block offers (pusht, aloha).
+# engine (video decoding with PyAV, the serving worker's websocket), the simulators a job's
+# `eval` block offers (pusht, aloha) and the experiment trackers its `integrations` name (W&B,
+# TensorBoard; MLflow needs no package).
 RUN if [ -f /etc/relay-pip-ca.crt ]; then export PIP_CERT=/etc/relay-pip-ca.crt; fi \
-    && pip install --find-links /tmp/extra/wheels -e ".[server,pusht,aloha]" \
+    && pip install --find-links /tmp/extra/wheels -e ".[server,pusht,aloha,trackers]" \
     && rm -rf /tmp/extra
 
 RUN useradd --create-home --uid 1000 relay && mkdir -p /data && chown relay /data

@@ -199,7 +199,7 @@ def test_relay_fine_tunes_create_takes_a_mixture(
 
 
 def test_a_mixture_job_trains_and_reports_each_dataset(
-    stack: Stack, worker: WorkerProcess, client: Client, dataset: Path, overhead_video: Path
+    stack: Stack, worker: WorkerProcess, client: Client, dataset: Path, overhead_video: Path, tmp_path: Path
 ) -> None:
     config = SFTConfig(
         model="pi05-tiny",
@@ -231,3 +231,21 @@ def test_a_mixture_job_trains_and_reports_each_dataset(
     ]
     (scored,) = [e for e in job.events() if e.kind == "validation" and e["step"] == 4]
     assert f"; {overhead_video.name}: action error" in validation_line(scored)
+    # The CLI's view of the job: what was read, and each dataset's validation.
+    from typer.testing import CliRunner
+
+    from relay.cli import app
+
+    env = {
+        "RELAY_BASE_URL": stack.api_url,
+        "RELAY_API_KEY": client.api_key or "",
+        "RELAY_HOME": str(tmp_path),
+        "COLUMNS": "400",
+    }
+    shown = CliRunner().invoke(app, ["fine-tunes", "retrieve", job.id], env=env)
+    assert shown.exit_code == 0, shown.output
+    assert "(75% of samples), mixed with 1 more dataset" in shown.output, shown.output
+    assert (
+        f"{dataset.name}: action error" in shown.output
+        and f"{overhead_video.name}: action error" in shown.output
+    )
