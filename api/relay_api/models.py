@@ -323,14 +323,17 @@ class WebhookRow(Base):
 class WebhookDelivery(Base):
     """One event for one webhook, and how sending it went (relay_worker.webhook_dispatch).
 
-    Written by the workers' dispatcher for each job that ended after the webhook was created;
-    (webhook, job, type) is unique, so two workers' passes write it once. `next_attempt_at` is when
+    Written by the workers' dispatcher for each job that ended, and each evaluation a job finished,
+    after the webhook was created; (webhook, job, type, step) is unique, so two workers' passes write
+    it once. `next_attempt_at` is when
     it is due; a worker claims it by moving that forward (a conditional UPDATE), so no two send it
     at once, and a worker lost while sending leaves it due again once that claim has passed."""
 
     __tablename__ = "webhook_deliveries"
     __table_args__ = (
-        UniqueConstraint("webhook_id", "job_id", "type", name="uq_webhook_deliveries_webhook_job_type"),
+        UniqueConstraint(
+            "webhook_id", "job_id", "type", "step", name="uq_webhook_deliveries_webhook_job_type_step"
+        ),
         Index("ix_webhook_deliveries_webhook_created", "webhook_id", "created_at", "id"),
         Index("ix_webhook_deliveries_status_due", "status", "next_attempt_at"),
     )
@@ -339,6 +342,9 @@ class WebhookDelivery(Base):
     webhook_id: Mapped[str] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"))
     job_id: Mapped[str] = mapped_column(ForeignKey("fine_tunes.id", ondelete="CASCADE"))
     type: Mapped[str] = mapped_column(String(32))
+    # The step of the evaluation a fine_tune.evaluated event is of (a job has one at each checkpoint);
+    # -1 for a job's end, of which there is one.
+    step: Mapped[int] = mapped_column(Integer, default=-1, server_default="-1")
     # The body as first written, sent byte for byte on every attempt.
     payload: Mapped[str] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(16))  # pending, delivered, failed

@@ -14,7 +14,7 @@ from sqlalchemy import and_, delete, func, insert, or_, select
 from sqlalchemy.orm import Session
 
 from relay.webhook_signature import new_secret
-from relay.webhooks import EVENT_TYPES, WebhookConfig
+from relay.webhooks import EVENT_TYPES, FINE_TUNE_EVALUATED, WebhookConfig
 from relay_api.db import Db, iso, utcnow
 from relay_api.errors import APIProblem
 from relay_api.models import users
@@ -54,6 +54,7 @@ def delivery_object(row: Mapping[str, Any]) -> dict[str, Any]:
         "webhook_id": row["webhook_id"],
         "type": row["type"],
         "job_id": row["job_id"],
+        "step": row["step"] if row["type"] == FINE_TUNE_EVALUATED else None,
         "status": row["status"],
         "attempts": row["attempts"],
         "last_response_code": row["last_response_code"],

@@ -25,14 +25,22 @@ WEBHOOKS = "/v1/webhooks"
 FINE_TUNE_SUCCEEDED = "fine_tune.succeeded"
 FINE_TUNE_FAILED = "fine_tune.failed"
 FINE_TUNE_CANCELLED = "fine_tune.cancelled"
+# A closed-loop evaluation of a running job finished (an `eval` event, at a checkpoint or the end):
+# one event per evaluation, its step in the event's data.
+FINE_TUNE_EVALUATED = "fine_tune.evaluated"
 # The event each terminal status of a recipe job (relay.sft.status.TERMINAL) sends.
 EVENT_OF_STATUS: dict[str, str] = {
     st.COMPLETED: FINE_TUNE_SUCCEEDED,
     st.ERROR: FINE_TUNE_FAILED,
     st.CANCELLED: FINE_TUNE_CANCELLED,
 }
-EVENT_TYPES: tuple[str, ...] = (FINE_TUNE_SUCCEEDED, FINE_TUNE_FAILED, FINE_TUNE_CANCELLED)
-EventType = Literal["fine_tune.succeeded", "fine_tune.failed", "fine_tune.cancelled"]
+EVENT_TYPES: tuple[str, ...] = (
+    FINE_TUNE_SUCCEEDED,
+    FINE_TUNE_FAILED,
+    FINE_TUNE_CANCELLED,
+    FINE_TUNE_EVALUATED,
+)
+EventType = Literal["fine_tune.succeeded", "fine_tune.failed", "fine_tune.cancelled", "fine_tune.evaluated"]
 
 URL_MAX = 2048
 DESCRIPTION_MAX = 500
@@ -134,6 +142,10 @@ class WebhookDelivery(BaseModel):
     webhook_id: str
     type: EventType
     job_id: str
+    step: int | None = Field(
+        None,
+        description="The step of the evaluation a `fine_tune.evaluated` event is of; null for the others.",
+    )
     status: Literal["pending", "delivered", "failed"]
     attempts: int
     last_response_code: int | None

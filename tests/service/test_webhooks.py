@@ -127,7 +127,12 @@ def test_the_secret_is_shown_once_and_the_routes_list_retrieve_and_delete(
     assert webhook["id"].startswith("wh_") and webhook["object"] == "webhook"
     assert webhook["url"] == "https://example.com/relay" and webhook["description"] == "ci"
     # Every event type, when none is named.
-    assert webhook["events"] == ["fine_tune.succeeded", "fine_tune.failed", "fine_tune.cancelled"]
+    assert webhook["events"] == [
+        "fine_tune.succeeded",
+        "fine_tune.failed",
+        "fine_tune.cancelled",
+        "fine_tune.evaluated",
+    ]
     assert webhook["secret"].startswith("whsec_") and len(webhook["secret"]) > 6 + 32
     shown = {**webhook, "secret": None}
     assert parked.get(f"/v1/webhooks/{webhook['id']}", headers=alice).json() == shown
@@ -511,3 +516,41 @@ def test_a_slow_receiver_costs_a_sender_thread_its_time_limit_and_never_the_pass
         receiver.released.set()
         dispatcher.close()
         sessions.kw["bind"].dispose()
+
+
+def test_each_evaluation_of_a_job_is_delivered_with_its_step(
+    stack: Stack, worker: WorkerProcess, client: Client, dataset: Path, receiver: Receiver
+) -> None:
+    """A job whose eval block runs at each checkpoint: a webhook that names fine_tune.evaluated gets
+    one signed event per evaluation, each with its step (10 and 20), and the job's end; one that
+    names only the end gets no evaluation."""
+    evaluated = client.webhooks.create(
+        url=receiver.url("/evaluated"), events=["fine_tune.evaluated", "fine_tune.succeeded"]
+    )
+    ends_only = client.webhooks.create(url=receiver.url("/ends"), events=["fine_tune.succeeded"])
+    assert evaluated.secret is not None
+    block = {"env": "relay/Dot-v0", "episodes": 2, "max_steps": 10, "at_checkpoints": True}
+    config = SFTConfig(model="pi05-tiny", dataset_name=str(dataset), batch_size=2, steps=20, eval=block)
+    job = train(config, client=client).wait(poll=0.5)
+    assert job.status == "completed", job.error
+    steps = sorted(e["step"] for e in job.events() if e.kind == "eval")
+    assert steps == [10, 20]
+
+    def all_three() -> list[dict[str, Any]] | None:
+        found = for_job(receiver.events("/evaluated", answered=200), job.id)
+        return found if len(found) >= 3 else None
+
+    got = wait_for(all_three, 30, "two evaluations and the end delivered")
+    events = [verified(evaluated.secret, request) for request in got]
+    assert sorted((e["type"], e["data"].get("step")) for e in events) == [
+        ("fine_tune.evaluated", 10),
+        ("fine_tune.evaluated", 20),
+        ("fine_tune.succeeded", None),
+    ]
+    assert {e["data"]["id"] for e in events} == {job.id}
+    ends = wait_for(lambda: for_job(receiver.events("/ends", answered=200), job.id), 30, "the end delivered")
+    assert [json.loads(r["body"])["type"] for r in ends] == ["fine_tune.succeeded"]
+    listed = sorted((d.type, d.step) for d in client.webhooks.deliveries(evaluated.id) if d.job_id == job.id)
+    assert listed == [("fine_tune.evaluated", 10), ("fine_tune.evaluated", 20), ("fine_tune.succeeded", None)]
+    for webhook in (evaluated, ends_only):
+        client.webhooks.delete(webhook.id)

@@ -3,10 +3,11 @@
 Every pass (`Dispatcher.run_pass`, every `reconcile_seconds`):
 
 1. Derive: each webhook gets a delivery row for each of its user's jobs that ended (a terminal
-   status its events name) after the webhook was created. The rows are derived from the jobs'
-   state, not written by the code that ends a job, so no way of ending one (the worker's end, the
-   reconciler's, the API's cancel of a queued job) can be missed; (webhook, job, type) is unique, so
-   two workers' passes write a delivery once.
+   status its events name) after the webhook was created, and for each closed-loop evaluation
+   (`eval` event) a job finished since (fine_tune.evaluated). The rows are derived from the jobs'
+   rows and events, not written by the code that ends a job, so no way of ending one (the worker's
+   end, the reconciler's, the API's cancel of a queued job) can be missed; (webhook, job, type,
+   step) is unique, so two workers' passes write a delivery once.
 2. Send: due deliveries are claimed in one atomic UPDATE that moves their `next_attempt_at` past the
    attempt's time limit (rows another worker is claiming are skipped), and sent on a small pool of
    threads of their own. The pass never waits for a receiver: a receiver that is down or slow costs
@@ -38,9 +39,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from relay import __version__, webhook_signature
-from relay.webhooks import EVENT_OF_STATUS
+from relay.events import EvalEvent
+from relay.webhooks import EVENT_OF_STATUS, FINE_TUNE_EVALUATED
 from relay_api.db import rows_changed, utcnow
-from relay_api.models import fine_tunes, webhook_deliveries, webhooks
+from relay_api.models import fine_tune_events, fine_tunes, webhook_deliveries, webhooks
 from relay_api.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -58,22 +60,93 @@ def new_event_id() -> str:
     return EVENT_ID_PREFIX + secrets.token_hex(12)
 
 
-def event_body(event_id: str, event_type: str, job_id: str, status: str, at: dt.datetime) -> str:
-    """The event, thin as OpenAI's: what happened to which job; the receiver reads the rest from the
-    API with its key (nothing in the body needs protecting beyond the signature)."""
+def event_body(event_id: str, event_type: str, data: Mapping[str, Any], at: dt.datetime) -> str:
+    """The event, thin as OpenAI's: what happened to which job (``data``: its id and status, or the
+    step of its evaluation); the receiver reads the rest from the API with its key (nothing in the
+    body needs protecting beyond the signature)."""
     event = {
         "id": event_id,
         "object": "event",
         "type": event_type,
         "created_at": int(at.timestamp()),
-        "data": {"id": job_id, "status": status},
+        "data": dict(data),
     }
     return json.dumps(event, separators=(",", ":"))
 
 
 def derive(db: Session, settings: Settings, now: dt.datetime) -> int:
-    """Write the missing deliveries of jobs that ended since their webhook was created (and within
-    the give-up window: an older event would only be given up); returns how many were written."""
+    """Write the missing deliveries of jobs that ended, and of evaluations that jobs finished, since
+    their webhook was created (and within the give-up window: an older event would only be given
+    up); returns how many were written."""
+    rows = _ended_jobs(db, settings, now) + _evaluations(db, settings, now)
+    if not rows:
+        db.rollback()
+        return 0
+    dialect = postgresql if db.get_bind().dialect.name == "postgresql" else sqlite
+    try:
+        # Another worker's pass may have written some of them since: those are left as they are.
+        written = db.execute(dialect.insert(webhook_deliveries).values(rows).on_conflict_do_nothing())
+        db.commit()
+    except IntegrityError:  # a webhook deleted meanwhile: the next pass finds the rest again
+        db.rollback()
+        log.info("webhooks: a webhook was deleted while its deliveries were written; trying next pass")
+        return 0
+    return rows_changed(written)
+
+
+def _delivery(
+    webhook_id: str, job_id: str, event_type: str, data: Mapping[str, Any], at: dt.datetime, now: dt.datetime
+) -> dict[str, Any]:
+    event_id = new_event_id()
+    return {
+        "id": event_id,
+        "webhook_id": webhook_id,
+        "job_id": job_id,
+        "type": event_type,
+        "step": int(data.get("step", -1)),
+        "payload": event_body(event_id, event_type, data, at),
+        "status": PENDING,
+        "attempts": 0,
+        "next_attempt_at": now,
+        "created_at": now,
+    }
+
+
+def _evaluations(db: Session, settings: Settings, now: dt.datetime) -> list[dict[str, Any]]:
+    """The deliveries of fine_tune.evaluated not yet written: one per `eval` event of a webhook's
+    user's job, reported after the webhook was created."""
+    events_text = cast(webhooks.c.events, Text)
+    delivered_already = exists().where(
+        webhook_deliveries.c.webhook_id == webhooks.c.id,
+        webhook_deliveries.c.job_id == fine_tune_events.c.job_id,
+        webhook_deliveries.c.type == FINE_TUNE_EVALUATED,
+        webhook_deliveries.c.step == fine_tune_events.c.step,
+    )
+    since = now - dt.timedelta(seconds=settings.webhook_give_up_seconds)
+    found = db.execute(
+        select(webhooks.c.id, fine_tunes.c.id, fine_tune_events.c.step, fine_tune_events.c.created_at)
+        .join(fine_tunes, fine_tunes.c.user_id == webhooks.c.user_id)
+        .join(fine_tune_events, fine_tune_events.c.job_id == fine_tunes.c.id)
+        .where(
+            fine_tune_events.c.kind == EvalEvent.kind,
+            # A job that ended before the give-up window has no evaluation left to send.
+            or_(fine_tunes.c.finished_at.is_(None), fine_tunes.c.finished_at >= since),
+            fine_tune_events.c.created_at >= webhooks.c.created_at,
+            fine_tune_events.c.created_at >= since,
+            events_text.like(f'%"{FINE_TUNE_EVALUATED}"%'),
+            ~delivered_already,
+        )
+        .order_by(fine_tune_events.c.created_at)
+        .limit(DERIVE_BATCH)
+    ).all()
+    return [
+        _delivery(webhook_id, job_id, FINE_TUNE_EVALUATED, {"id": job_id, "step": step}, reported_at, now)
+        for webhook_id, job_id, step, reported_at in found
+    ]
+
+
+def _ended_jobs(db: Session, settings: Settings, now: dt.datetime) -> list[dict[str, Any]]:
+    """The deliveries of jobs' ends not yet written."""
     # A webhook's events are a JSON list of known names, none a part of another's quoted name, so
     # its text holding '"fine_tune.failed"' says the same as the list holding it, on both databases.
     events_text = cast(webhooks.c.events, Text)
@@ -84,7 +157,9 @@ def derive(db: Session, settings: Settings, now: dt.datetime) -> int:
         )
     )
     delivered_already = exists().where(
-        webhook_deliveries.c.webhook_id == webhooks.c.id, webhook_deliveries.c.job_id == fine_tunes.c.id
+        webhook_deliveries.c.webhook_id == webhooks.c.id,
+        webhook_deliveries.c.job_id == fine_tunes.c.id,
+        webhook_deliveries.c.type != FINE_TUNE_EVALUATED,
     )
     since = now - dt.timedelta(seconds=settings.webhook_give_up_seconds)
     found = db.execute(
@@ -99,35 +174,12 @@ def derive(db: Session, settings: Settings, now: dt.datetime) -> int:
         .order_by(fine_tunes.c.finished_at)
         .limit(DERIVE_BATCH)
     ).all()
-    if not found:
-        db.rollback()
-        return 0
-    rows = []
-    for webhook_id, job_id, status, finished_at in found:
-        event_id, event_type = new_event_id(), EVENT_OF_STATUS[status]
-        rows.append(
-            {
-                "id": event_id,
-                "webhook_id": webhook_id,
-                "job_id": job_id,
-                "type": event_type,
-                "payload": event_body(event_id, event_type, job_id, status, finished_at),
-                "status": PENDING,
-                "attempts": 0,
-                "next_attempt_at": now,
-                "created_at": now,
-            }
+    return [
+        _delivery(
+            webhook_id, job_id, EVENT_OF_STATUS[status], {"id": job_id, "status": status}, finished_at, now
         )
-    dialect = postgresql if db.get_bind().dialect.name == "postgresql" else sqlite
-    try:
-        # Another worker's pass may have written some of them since: those are left as they are.
-        written = db.execute(dialect.insert(webhook_deliveries).values(rows).on_conflict_do_nothing())
-        db.commit()
-    except IntegrityError:  # a webhook deleted meanwhile: the next pass finds the rest again
-        db.rollback()
-        log.info("webhooks: a webhook was deleted while its deliveries were written; trying next pass")
-        return 0
-    return rows_changed(written)
+        for webhook_id, job_id, status, finished_at in found
+    ]
 
 
 def claim(db: Session, settings: Settings, now: dt.datetime, limit: int) -> list[dict[str, Any]]:

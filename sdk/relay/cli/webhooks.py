@@ -14,7 +14,7 @@ from relay.cli._common import clear_errors, err, out, show_record, show_table, s
 from relay.webhooks import EVENT_TYPES
 
 app = typer.Typer(
-    help="Webhooks: a signed POST to your URL when a job succeeds, fails or is cancelled.",
+    help="Webhooks: a signed POST to your URL when a job succeeds, fails, is cancelled or is evaluated.",
     no_args_is_help=True,
 )
 
