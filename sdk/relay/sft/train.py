@@ -31,10 +31,19 @@ def train(
         if isinstance(config, SFTConfig)
         else dict(config)
     )
-    name = body.get("dataset_name")
-    local = local_dataset_path(name) if isinstance(name, str) and not name.startswith("file:") else None
-    if local is not None:  # ./dots is the caller's, not relative to wherever the service runs
-        body["dataset_name"] = str(local)
+    # ./dots is the caller's, not relative to wherever the service runs: a mixture's names too, so
+    # that its dataset_name is still its first dataset's.
+    if "dataset_name" in body:
+        body["dataset_name"] = _named_here(body["dataset_name"])
+    for entry in body.get("datasets") or ():
+        if isinstance(entry, dict):
+            entry["name"] = _named_here(entry.get("name"))
     headers = {"idempotency-key": idempotency_key or uuid.uuid4().hex}
     created = client.request("POST", FINE_TUNES, json_body=body, headers=headers, retry=True)
     return FineTuneJob(created, client)
+
+
+def _named_here(name: Any) -> Any:
+    """A local dataset directory by its absolute path on this machine; any other name as it is."""
+    local = local_dataset_path(name) if isinstance(name, str) and not name.startswith("file:") else None
+    return str(local) if local is not None else name
