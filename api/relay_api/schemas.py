@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    RootModel,
+    SerializerFunctionWrapHandler,
+    create_model,
+    model_serializer,
+)
 
 from relay.dataset_mixture import MixtureDataset
 from relay.env_evaluation import JobEval
@@ -54,8 +62,16 @@ class DatasetReadOut(DatasetRead):
     mixture: list[MixturePartRead] | None = Field(
         None,
         description="A mixture's datasets (the recipe's `datasets`), each as read, with its `share` of "
-        "the samples; the fields above are then its first dataset's. Null for one dataset.",
+        "the samples; the fields above are then its first dataset's. Absent for one dataset.",
     )
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # One dataset's read shows as it did before mixtures: without the field.
+        shown = handler(self)
+        if isinstance(shown, dict) and shown.get("mixture") is None:
+            shown.pop("mixture", None)
+        return shown
 
 
 class FineTuneOut(BaseModel):

@@ -86,4 +86,5 @@ def test_the_image_holds_what_the_service_needs() -> None:
         part for line in dockerfile.splitlines() if line.startswith("COPY") for part in line.split()[1:-1]
     }
     assert {"sdk", "engine", "api", "worker", "migrations", "alembic.ini", "pyproject.toml"} <= copied
-    assert 'pip install --find-links /tmp/extra/wheels -e ".[server,pusht,aloha]"' in dockerfile
+    # The server, the simulators an eval block offers, and the trackers a recipe's integrations name.
+    assert 'pip install --find-links /tmp/extra/wheels -e ".[server,pusht,aloha,trackers]"' in dockerfile

@@ -512,9 +512,11 @@ def test_a_worker_frozen_past_its_lease_leaves_its_successors_checkpoint_alone(
     up as it stops: the successor's temporary directory must survive, and its save with it."""
     steps = 240
     stack.stop_worker()  # the two workers below must be the only ones to read the jobs' queue
-    # (The successor is held still for a few seconds below.) Leases renewed 20 times a second: more
-    # moments inside a transaction, for the freeze to catch.
-    settings = {"RELAY_LEASE_SECONDS": "10", "RELAY_HEARTBEAT_SECONDS": "0.05"}
+    # (The successor is held still below while the thawed worker stops: in a full run's load that
+    # once took over 10 s, the held successor's lease lapsed, and a third attempt rightly tidied its
+    # write away; a 30 s lease keeps the job the successor's.) Leases renewed 20 times a second:
+    # more moments inside a transaction, for the freeze to catch.
+    settings = {"RELAY_LEASE_SECONDS": "30", "RELAY_HEARTBEAT_SECONDS": "0.05"}
     workers = [stack.start_standby_worker(**settings) for _ in range(2)]
     for started in workers:
         started.wait_ready()
@@ -548,7 +550,9 @@ def test_a_worker_frozen_past_its_lease_leaves_its_successors_checkpoint_alone(
         stopped = f"{job.id}: attempt 1 no longer owns the job; stopping"
         wait_for(lambda: stopped in frozen.log_since_start(), 60, "the thawed worker to stop", every=0.05)
         surviving = [path for path in caught if path.exists()]
+        attempts = job.refresh().to_dict()["attempts"]
         signal_worker(successor, signal.SIGCONT)
+        assert attempts == 2, "the held successor's lease lapsed (a third attempt may tidy its write)"
         assert surviving == caught, "the fenced-out attempt removed its successor's checkpoint write"
 
         job.wait(poll=0.5, timeout=300)
