@@ -167,3 +167,23 @@ class MixtureValidator:
             seconds=time.perf_counter() - started,
             datasets=datasets,
         )
+
+
+def robot_validator(
+    policy: Any,
+    loss: ValidationLoss,
+    datasets: Sequence[LeRobotDataset],
+    splits: Sequence[FrameSplit],
+    seed: int,
+    context: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+) -> Validator | MixtureValidator | None:
+    """What scores a recipe's held-out episodes: one dataset's Validator, a mixture's MixtureValidator
+    (each dataset's own), or None without a validation split."""
+    validators = [
+        (dataset.name, Validator(policy, loss, dataset, split, seed, context))
+        for dataset, split in zip(datasets, splits, strict=True)
+        if split.validates
+    ]
+    if not validators:
+        return None
+    return validators[0][1] if len(datasets) == 1 else MixtureValidator(validators)

@@ -80,7 +80,7 @@ class Pi05Family(Family):
         from relay_engine.families.pi05.learner import Pi05Learner
         from relay_engine.families.pi05.parallel import Parallel, choose_strategy
         from relay_engine.families.pi05.sharded_checkpoint import gathered_policy
-        from relay_engine.families.robot_validation import MixtureValidator, Validator, split_frames
+        from relay_engine.families.robot_validation import robot_validator, split_frames
         from relay_engine.models import load_policy
         from relay_engine.models.checkpoints import (
             load_checkpoint,
@@ -138,18 +138,8 @@ class Pi05Family(Family):
             if whole is not None:
                 write_output(whole, output_dir, dataset)
 
-        loss = validation_loss(model)
-        validators = [
-            (part.name, Validator(model, loss, part, split, recipe.seed, learner.evaluating))
-            for part, split in zip(data.parts, splits, strict=True)
-            if split.validates
-        ]
-        validator = (
-            None
-            if not validators
-            else validators[0][1]
-            if len(data.parts) == 1
-            else MixtureValidator(validators)
+        validator = robot_validator(
+            model, validation_loss(model), data.parts, splits, recipe.seed, learner.evaluating
         )
         training, indices = training_frames(run, data, splits)
         evaluator = (
