@@ -131,3 +131,22 @@ def test_the_walk_s_hash_table_and_its_dense_table_give_the_same_contexts(
     monkeypatch.setattr(pair_table, "DENSE_LIMIT", 0)
     hashed = s.examples("train", limit=40)
     assert all(same_batches(a.input, b.input) for a, b in zip(dense, hashed, strict=True))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_walk_s_unstable_sorts_give_what_a_stable_sort_would(seed: int) -> None:
+    """`_first_times` and `_order_within_groups` sort with numpy's faster unstable sort: each must
+    still give exactly the stable definition, on keys with many repeats and on distinct ones."""
+    rng = np.random.default_rng(seed)
+    repeated = rng.integers(0, 50, 2_000)
+    order = np.argsort(repeated, kind="stable")
+    first = np.ones(len(repeated), bool)
+    first[order[1:]] = repeated[order][1:] != repeated[order][:-1]
+    assert np.array_equal(sampling._first_times(repeated), first)
+    assert not sampling._first_times(np.zeros(0, np.int64)).any()
+
+    groups = np.sort(rng.integers(0, 40, 3_000))
+    keys = rng.integers(0, 2**63, len(groups), dtype=np.uint64)
+    assert np.array_equal(sampling._order_within_groups(groups, keys), np.lexsort((keys, groups)))
+    tied = keys % np.uint64(7)  # equal keys within a group: lexsort's order, ties by position
+    assert np.array_equal(sampling._order_within_groups(groups, tied), np.lexsort((tied, groups)))
