@@ -6,6 +6,12 @@ matmul again. The step's FLOPs are counted by torch's FlopCounterMode on one rea
 (matmuls, convolutions and attention, forward and backward). Also prints pi05-tiny's step time.
 
     python bench/bench_model.py [--steps 6] [--threads N]
+    python bench/bench_model.py --against-lerobot [--rounds 3] [--threads N]
+
+With --against-lerobot it times, instead, the mid-size step against lerobot 0.6.1's own `PI05Policy`
+step at the same sizes, batch, threads and tokens (bench/lerobot_step_side.py, run in lerobot's
+environment, `.venv-lerobot`), full fine-tuning and the action expert alone (Relay's LoRA on the
+expert; lerobot's `train_expert_only`), in alternating rounds, and prints the medians and ratios.
 
 The other benches import the helpers here (mid-size config, batches, the step, FLOP count).
 """
@@ -13,9 +19,13 @@ The other benches import the helpers here (mid-size config, batches, the step, F
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -133,15 +143,74 @@ def matmul_rate(
     return 2 * size**3 / seconds
 
 
+LEROBOT_PYTHON = Path(__file__).resolve().parents[1] / ".venv-lerobot" / "bin" / "python"
+
+
+def against_lerobot(steps: int, batch_size: int, rounds: int) -> None:
+    """Relay's mid-size step ÷ lerobot's at the same sizes and batch, full and expert-only."""
+    from relay_engine.tuning import apply_tuning
+
+    if not LEROBOT_PYTHON.exists():
+        raise SystemExit(f"--against-lerobot needs lerobot 0.6.1 in {LEROBOT_PYTHON.parent.parent}")
+    threads = torch.get_num_threads()
+    for finetune, expert_only in (("full", False), ("lora", True)):
+        policy = apply_tuning(build_policy(MID), finetune)
+        batch = policy.collate(make_samples(batch_size))
+        step = make_step(policy, batch)
+        with tempfile.TemporaryDirectory() as work:
+            config, arrays = Path(work) / "relay_config.json", Path(work) / "batch.npz"
+            config.write_text(json.dumps(MID.to_dict()))
+            used = [i for i, on in enumerate(batch.cameras_in_use or ()) if on]
+            np.savez(
+                arrays,
+                images=((batch.images[:, used] + 1) / 2).numpy(),  # lerobot's cameras read [0, 1]
+                tokens=batch.tokens.numpy(),
+                token_mask=batch.token_mask.numpy(),
+                actions=batch.actions[:, :, :14].numpy(),
+                state_dim=14,
+                action_dim=14,
+            )
+            side = [str(LEROBOT_PYTHON), str(Path(__file__).with_name("lerobot_step_side.py"))]
+            side += [str(config), str(arrays), "--steps", str(steps), "--threads", str(threads)]
+            side += ["--expert-only"] if expert_only else []
+            ratios, relay_medians, lerobot_medians = [], [], []
+            for _ in range(rounds):  # alternating, so that a busy moment of the machine hits both
+                relay_medians.append(median_seconds(step, steps, warmup=1))
+                answer = subprocess.run(side, capture_output=True, text=True)
+                if answer.returncode:
+                    raise SystemExit(f"lerobot's side failed:\n{answer.stderr[-3000:]}")
+                lerobot_medians.append(json.loads(answer.stdout.strip().splitlines()[-1])["median"])
+                ratios.append(relay_medians[-1] / lerobot_medians[-1])
+        name = (
+            "full fine-tuning"
+            if finetune == "full"
+            else "expert only (Relay LoRA, lerobot train_expert_only)"
+        )
+        print(
+            f"{name}, batch {batch_size}, {threads} thread(s): "
+            f"Relay {statistics.median(relay_medians) * 1e3:.0f} ms, "
+            f"lerobot {statistics.median(lerobot_medians) * 1e3:.0f} ms a step (medians of {rounds} rounds "
+            f"of {steps}); Relay ÷ lerobot {statistics.median(ratios):.2f} "
+            f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None, help="torch threads [default: torch's]")
+    parser.add_argument(
+        "--against-lerobot", action="store_true", help="time lerobot 0.6.1's step beside ours"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="--against-lerobot: alternating rounds")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    if args.against_lerobot:
+        against_lerobot(args.steps, args.batch_size, args.rounds)
+        return
 
     rate_before = matmul_rate()
     policy = build_policy(MID)  # full fine-tuning: every weight trains
