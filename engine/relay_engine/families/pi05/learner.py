@@ -127,16 +127,17 @@ class Pi05Learner(Learner[Pi05Batch]):
     def forward_backward(self, batch: Pi05Batch) -> ForwardBackwardResult:
         """Add the gradients of the flow-matching loss on `batch` to those accumulated so far."""
         self._mode(training=True)
+        # The batch's weight read where the batch is made (the host), before it moves: reading it
+        # from the device would wait for the device's queue.
+        weight = float(batch.weights.sum())
         batch = batch.to(self.device)
         outputs = self._flow_outputs(batch, train=True)
         loss, per_sample = flow_matching_loss(outputs, batch, balance_padding=self.balance_padding)
-        weight = batch.weights.sum()
         (loss * weight).backward()
         if self.parallel is not None:
             # The group's loss and weight: what one process with the whole batch would report.
-            weighted_loss, total = self.parallel.sum([float(loss.detach()) * float(weight), float(weight)])
-            loss = torch.tensor(weighted_loss / total if total > 0 else 0.0)
-            weight = torch.tensor(total)
+            weighted_loss, weight = self.parallel.sum([float(loss.detach()) * weight, weight])
+            loss = torch.tensor(weighted_loss / weight if weight > 0 else 0.0)
         return self._accumulate(loss, per_sample, weight)
 
     def forward(self, batch: Pi05Batch) -> FlowOutputs:
@@ -176,14 +177,13 @@ class Pi05Learner(Learner[Pi05Batch]):
         return self._accumulate(torch.tensor(loss), torch.tensor(per_sample), weight)
 
     def _accumulate(
-        self, loss: torch.Tensor, per_sample: torch.Tensor, weight: torch.Tensor
+        self, loss: torch.Tensor, per_sample: torch.Tensor, weight: torch.Tensor | float
     ) -> ForwardBackwardResult:
         self._accumulated_weight += float(weight)
-        return ForwardBackwardResult(
-            loss=float(loss.detach()),
-            per_sample=[float(x) for x in per_sample.detach().cpu()],
-            weight=float(weight),
-        )
+        # The loss and each sample's, brought to the host in one copy (one wait for the device).
+        values = torch.cat([loss.detach().reshape(1).to(per_sample.device), per_sample.detach().reshape(-1)])
+        host = values.float().cpu().tolist()
+        return ForwardBackwardResult(loss=host[0], per_sample=host[1:], weight=float(weight))
 
     def optim_step(self, params: AdamParams) -> OptimStepResult:
         """One AdamW step with the accumulated gradients, then clear them.
