@@ -4,6 +4,10 @@ reconciler's, the API writes a queued job's cancel and serves them all.
 A row holds the event's step, its kind and its other keys (`data`); the API's answer puts them back
 together as the engine reported them, with the row's id and time, and the kind named (older rows,
 written before events carried one, read the same).
+
+A metrics or resumed event is also folded, in the same transaction, into the job's results card
+(``fine_tune_cards``, relay_api.job_cards), so that the card need not read a long job's every
+metrics event.
 """
 
 from __future__ import annotations
@@ -12,13 +16,15 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
+from sqlalchemy import ColumnElement, bindparam, null, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from relay.events import METRICS, Event, ResumedEvent, RetryEvent, StageEvent, TrackerEvent
 from relay_api.db import iso
-from relay_api.models import fine_tune_events
+from relay_api.job_cards import FOLDED_KINDS, CardState
+from relay_api.models import fine_tune_cards, fine_tune_events, fine_tunes
 
 # Events that can happen more than once at one step, once per attempt (a job retried twice before
 # its next checkpoint). Events are unique per (job, step, kind), so these are stored with their
@@ -69,12 +75,71 @@ def insert_event_row(
         "data": data,
         "created_at": now,
     }
-    builder = pg_insert if db.get_bind().dialect.name == "postgresql" else sqlite_insert
-    db.execute(
-        builder(fine_tune_events)
+    # The card's row is locked before the event row takes its id: two writers of one job's events
+    # fold them one at a time, in the order of their ids, the order the card reads events in.
+    card = locked_card(db, job_id) if shown_kind(kind) in FOLDED_KINDS else None
+    written = db.execute(
+        _insert(db, fine_tune_events)
         .values(values)
         .on_conflict_do_nothing(index_elements=["job_id", "step", "kind"])
+        .returning(fine_tune_events.c.id)  # a row only if one was written (a Session's rowcount is -1)
+    ).first()
+    if card is not None:
+        if written is not None:  # a repeat is no new event, for the card either
+            card.add(shown_kind(kind), step, data, now.timestamp())
+        save_card(db, job_id, card)
+
+
+def _insert(db: Session, table: Any) -> Any:
+    return (pg_insert if db.get_bind().dialect.name == "postgresql" else sqlite_insert)(table)
+
+
+def _of_kinds(kinds: frozenset[str]) -> ColumnElement[bool]:
+    """Rows whose kind shows as one of `kinds` (stored as it, or with an attempt: "resumed:2")."""
+    column = fine_tune_events.c.kind
+    return or_(column.in_(kinds), *(column.startswith(f"{kind}:") for kind in sorted(kinds)))
+
+
+_CARD = (
+    select(fine_tune_cards.c.state).where(fine_tune_cards.c.job_id == bindparam("job_id")).with_for_update()
+)
+_FOLDED_EVENTS = (
+    select(
+        fine_tune_events.c.created_at,
+        fine_tune_events.c.step,
+        fine_tune_events.c.kind,
+        fine_tune_events.c.data,
     )
+    .where(fine_tune_events.c.job_id == bindparam("job_id"), _of_kinds(FOLDED_KINDS))
+    .order_by(fine_tune_events.c.id)
+)
+
+
+def locked_card(db: Session, job_id: str) -> CardState:
+    """The job's card state, its row locked until the transaction ends. A job without one (before
+    its first metrics or resumed event, or whose events were written before cards were kept) gets
+    its row here, its events so far folded into it: the row is created locked, so no other writer
+    folds an event of the job until this transaction ends."""
+    found = db.execute(_CARD, {"job_id": job_id}).first()
+    if found is None:
+        db.execute(
+            _insert(db, fine_tune_cards)
+            .values(job_id=job_id, state=null())
+            .on_conflict_do_nothing(index_elements=["job_id"])
+        )
+        found = db.execute(_CARD, {"job_id": job_id}).first()  # ours, or the row another writer made
+    state = CardState.from_json(found.state) if found is not None else None
+    if state is None:  # just made, or kept in an older form
+        config = db.execute(select(fine_tunes.c.config).where(fine_tunes.c.id == job_id)).scalar_one()
+        state = CardState(int(config["batch_size"]))
+        for event in db.execute(_FOLDED_EVENTS, {"job_id": job_id}):
+            state.add(shown_kind(event.kind), event.step, event.data, event.created_at.timestamp())
+    return state
+
+
+def save_card(db: Session, job_id: str, card: CardState) -> None:
+    """Store the card state of locked_card, folded on."""
+    db.execute(update(fine_tune_cards).where(fine_tune_cards.c.job_id == job_id).values(state=card.to_json()))
 
 
 def event_object(row: Mapping[str, Any]) -> dict[str, Any]:

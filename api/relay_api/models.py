@@ -114,6 +114,9 @@ class FineTuneEvent(Base):
     __table_args__ = (
         UniqueConstraint("job_id", "step", "kind", name="uq_fine_tune_events_job_step_kind"),
         Index("ix_fine_tune_events_job_id_id", "job_id", "id"),  # a job's events after a cursor
+        # A job's few events of some kinds (the results card's checkpoints, validation, eval), and
+        # the metrics window at or before a step, without reading its many metrics events.
+        Index("ix_fine_tune_events_job_kind_step", "job_id", "kind", "step"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -124,6 +127,18 @@ class FineTuneEvent(Base):
     attempt: Mapped[int] = mapped_column(Integer)
     data: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class FineTuneCard(Base):
+    """What a job's results card folds from its metrics and resumed events (relay_api.job_cards):
+    kept up to date as each of those events is written (relay_api.event_rows), so that the card
+    reads this row and the job's few other events rather than every metrics event. `state` is
+    NULL only inside the transaction that creates the row and folds the job's earlier events."""
+
+    __tablename__ = "fine_tune_cards"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("fine_tunes.id", ondelete="CASCADE"), primary_key=True)
+    state: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class TrainingSessionRow(Base):
@@ -360,6 +375,7 @@ users = cast(Table, User.__table__)
 api_keys = cast(Table, ApiKey.__table__)
 fine_tunes = cast(Table, FineTune.__table__)
 fine_tune_events = cast(Table, FineTuneEvent.__table__)
+fine_tune_cards = cast(Table, FineTuneCard.__table__)
 training_sessions = cast(Table, TrainingSessionRow.__table__)
 session_messages = cast(Table, SessionMessage.__table__)
 worker_heartbeats = cast(Table, WorkerHeartbeat.__table__)

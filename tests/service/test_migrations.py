@@ -15,6 +15,7 @@ from tests.isolation import run_database_name
 from tests.service.stack import drop_database, recreate_database
 
 TABLES = {
+    "fine_tune_cards",
     "users",
     "api_keys",
     "fine_tunes",
