@@ -8,6 +8,7 @@
 3. our forward against RelativeDB's `relational-transformers` on the same batch and weights.
 
     python bench/bench_relational.py [--threads 1] [--contexts 200] [--model rt-j] [--batch-size 4]
+    python bench/bench_relational.py --sampling-only --context-length 1024   (part 1 alone)
 """
 
 from __future__ import annotations
@@ -180,12 +181,15 @@ def main() -> None:
     parser.add_argument("--context-length", type=int, default=256)
     parser.add_argument("--model", default="rt-j", choices=sorted(NAMED_CONFIGS))
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--sampling-only", action="store_true", help="context sampling alone (part 1)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
     with tempfile.TemporaryDirectory() as directory:
         root = write_fake_shop(Path(directory) / "shop", customers=300, reviews=3000)
         sampling(root, args.contexts, args.context_length)
+        if args.sampling_only:
+            return
         sampler = ContextSampler(
             open_database(root),
             "user-churn",
