@@ -18,11 +18,17 @@
    the path of a dataset too large for that), lerobot 0.6.1's LeRobotDataset + DataLoader as
    lerobot-train makes them (in lerobot's own environment: --lerobot-python), and the raw decode
    rate of the same mp4s (PyAV, every frame in order, one process per worker). Goals: Relay at
-   least 2x lerobot, and at least 0.7 of the raw decode rate.
+   least 2x lerobot, and at least 0.7 of the raw decode rate. Relay's loaders fit frames to
+   pi05's 224x224 (--image-size), as a pi05 job does: its cache holds them at that size. Each
+   loader's samples/s, peak memory (its process and its largest worker), and the disk taken.
+   --video-case record640: lerobot-record's default cameras instead, three at 640x480 and 30 fps,
+   the first dataset of a typical team: as recorded, its frames would outgrow the cache's default
+   32 GiB from about 12,400 frames (7 minutes); at pi05's size they fit up to about 76,000 (42).
 
     python bench/bench_datasets.py                  # the full run: writes 5 GB of parquet
     python bench/bench_datasets.py --rss-gb 0.5     # quicker
     python bench/bench_datasets.py --video          # the video comparison (needs lerobot's venv)
+    python bench/bench_datasets.py --video --video-case record640 --video-episodes 4 --video-length 60
 
 Timings are medians of --repeats alternating runs; the machine is shared, so expect noise.
 """
@@ -71,6 +77,16 @@ def main() -> None:
     parser.add_argument("--video-episodes", type=int, default=20)
     parser.add_argument("--video-length", type=int, default=100, help="frames per episode")
     parser.add_argument("--video-size", default="224x224", help="each of the two cameras, HxW")
+    parser.add_argument(
+        "--video-case",
+        choices=list(VIDEO_CASES),
+        default="two224",
+        help="two224: two cameras at --video-size, 10 fps; record640: lerobot-record's defaults, "
+        "three cameras at 640x480, 30 fps",
+    )
+    parser.add_argument(
+        "--image-size", type=int, default=224, help="the model's size Relay caches frames at (0: as recorded)"
+    )
     parser.add_argument(
         "--lerobot-python",
         default="/work/lerobot-venv/bin/python",
@@ -259,19 +275,39 @@ def bench_stats(workdir: Path, frames: int, repeats: int) -> str:
 VIDEO_LOADERS = ("relay", "relay-per-sample", "lerobot", "raw")
 
 
-def bench_video(args: argparse.Namespace) -> str:
-    from relay_engine.datasets.synth import write_synthetic_dataset
+VIDEO_CASES = {
+    # name: (cameras as {feature: (height, width)} or None for --video-size's two, fps)
+    "two224": (None, 10),
+    "record640": ({f"observation.images.{name}": (480, 640) for name in ("front", "wrist", "side")}, 30),
+}
 
-    root = args.workdir / "video-v3"
-    height, width = (int(side) for side in args.video_size.split("x"))
+
+def bench_video(args: argparse.Namespace) -> str:
+    from relay_engine.datasets import decoded_frames
+    from relay_engine.datasets.synth import write_synthetic_dataset
+    from relay_engine.models import image_fit
+
+    root = args.workdir / f"video-v3-{args.video_case}"
+    case_cameras, fps = VIDEO_CASES[args.video_case]
+    if case_cameras is None:
+        height, width = (int(side) for side in args.video_size.split("x"))
+        case_cameras = {
+            "observation.images.top": (height, width),
+            "observation.images.wrist": (height, width),
+        }
+    cameras: dict[str, tuple[int, int]] = dict(case_cameras)
+    described = f"{len(cameras)} AV1 cameras at " + ", ".join(
+        sorted({f"{h}x{w}" for h, w in cameras.values()})
+    )
     frames = args.video_episodes * args.video_length
-    print(f"[video] writing {frames:,} frames, 2 AV1 cameras at {height}x{width} ...", flush=True)
+    print(f"[video] writing {frames:,} frames at {fps} fps, {described} ...", flush=True)
     shutil.rmtree(root, ignore_errors=True)
     write_synthetic_dataset(
         root,
         episodes=args.video_episodes,
         episode_length=args.video_length,
-        cameras={"observation.images.top": (height, width), "observation.images.wrist": (height, width)},
+        cameras=cameras,
+        fps=fps,
         format="v3.0",
         video=True,
         video_codec="av1",
@@ -281,24 +317,31 @@ def bench_video(args: argparse.Namespace) -> str:
     if not Path(args.lerobot_python).is_file():
         print(f"[video] no lerobot environment at {args.lerobot_python}: lerobot is left out", flush=True)
         loaders.remove("lerobot")
-    # The first open: validation, the frame index and every video frame decoded into it.
+    fit = image_fit(args.image_size) if args.image_size else None
+    # The first open: validation, the frame index and every video frame decoded into it (fitted to
+    # the model's size, as a pi05 job's first open does).
     cache = args.workdir / "cache"
     start = time.perf_counter()
-    dataset = open_dataset(str(root), cache_dir=cache)
+    dataset = open_dataset(str(root), cache_dir=cache, image_fit=fit)
     first_open_s = time.perf_counter() - start
-    decoded_bytes = sum(p.stat().st_size for p in (dataset._index.directory / "decoded").glob("*.rgb"))
+    if not dataset._index.decoded:
+        raise SystemExit(f"[video] the decoded frames do not fit {decoded_frames.LIMIT_VARIABLE} or the disk")
+    decoded_dir = dataset._index.directory / decoded_frames.directory_name(fit)
+    decoded_bytes = sum(p.stat().st_size for p in decoded_dir.glob("*.rgb"))
+    recorded_bytes = decoded_frames.decoded_size(frames, cameras)
     index_bytes = sum(p.stat().st_size for p in dataset._index.directory.rglob("*") if p.is_file())
     os.environ["RELAY_VIDEO_CACHE_MAX_BYTES"] = "0"  # the per-sample loader's index: no decoded frames
-    open_dataset(str(root), cache_dir=args.workdir / "cache-per-sample")
+    open_dataset(str(root), cache_dir=args.workdir / "cache-per-sample", image_fit=fit)
     del os.environ["RELAY_VIDEO_CACHE_MAX_BYTES"]
+    size = f"at {fit.height}x{fit.width}" if fit else "as recorded"
     print(
-        f"[video] first open: {first_open_s:.1f} s for {frames:,} frames x 2 cameras; mp4s "
-        f"{mp4_bytes / MB:.1f} MB, decoded frames {decoded_bytes / MB:.0f} MB "
-        f"(the whole index {index_bytes / MB:.0f} MB)",
+        f"[video] first open: {first_open_s:.1f} s for {frames:,} frames x {len(cameras)} cameras; mp4s "
+        f"{mp4_bytes / MB:.1f} MB, decoded frames {size} {decoded_bytes / MB:.0f} MB (as recorded they "
+        f"would be {recorded_bytes / MB:.0f} MB; the whole index {index_bytes / MB:.0f} MB)",
         flush=True,
     )
     configs = [(loader, workers) for workers in (0, 2) for loader in loaders]
-    rates: dict[tuple[str, int], list[float]] = {config: [] for config in configs}
+    results: dict[tuple[str, int], list[dict[str, Any]]] = {config: [] for config in configs}
     backend = ""
     rng = np.random.default_rng(0)
     for round_number in range(args.repeats):
@@ -306,19 +349,30 @@ def bench_video(args: argparse.Namespace) -> str:
             loader, workers = configs[position]
             result = _measure_video(args, root, loader, workers)
             backend = str(result.get("video_backend", backend))
-            rates[loader, workers].append(float(result["samples_per_s"]))
+            results[loader, workers].append(result)
             print(f"[video] round {round_number + 1} {loader:16} workers {workers}: "
-                  f"{result['samples_per_s']:.1f} samples/s", flush=True)  # fmt: skip
+                  f"{result['samples_per_s']:.1f} samples/s, peak RSS {result['peak_rss_mb']:.0f} MB "
+                  f"(largest child {result['peak_child_rss_mb']:.0f} MB)", flush=True)  # fmt: skip
+    rates = {config: [float(r["samples_per_s"]) for r in runs] for config, runs in results.items()}
     lines = [
-        f"video: {frames:,} frames, 2 AV1 cameras at {height}x{width} (g=2, crf 30), v3.0, shuffled, "
-        f"batches of 8, medians of {args.repeats} interleaved rounds; first open (decoding every "
-        f"frame into the index) {first_open_s:.1f} s, {decoded_bytes / MB:.0f} MB on disk"
+        f"video ({args.video_case}): {frames:,} frames at {fps} fps, {described} (g=2, crf 30), v3.0, "
+        f"shuffled, batches of 8, medians of {args.repeats} interleaved rounds; relay's samples hold "
+        f"frames {size} (fitted once at open), the others' as recorded; first open (decoding every "
+        f"frame into the index) {first_open_s:.1f} s; disk: mp4s {mp4_bytes / MB:.1f} MB, Relay's "
+        f"decoded frames {decoded_bytes / MB:.0f} MB (as recorded: {recorded_bytes / MB:.0f} MB), "
+        f"its whole index {index_bytes / MB:.0f} MB"
         + (f"; lerobot's video backend: {backend}" if backend else "")
     ]
     for workers in (0, 2):
         median = {loader: statistics.median(rates[loader, workers]) for loader in loaders}
         row = ", ".join(f"{loader} {median[loader]:.1f}" for loader in loaders)
         lines.append(f"  workers {workers}: samples/s {row}")
+        memory = ", ".join(
+            f"{loader} {statistics.median(r['peak_rss_mb'] for r in results[loader, workers]):.0f}"
+            f" + {statistics.median(r['peak_child_rss_mb'] for r in results[loader, workers]):.0f}"
+            for loader in loaders
+        )
+        lines.append(f"    peak RSS MB (process + largest worker): {memory}")
         for loader in ("relay", "relay-per-sample"):
             ratios = []
             if "lerobot" in median:
@@ -342,6 +396,7 @@ def _measure_video(args: argparse.Namespace, root: Path, loader: str, workers: i
     cache = args.workdir / ("cache-per-sample" if loader == "relay-per-sample" else "cache")
     command = [python, str(Path(__file__).with_name("video_loaders.py")), "--loader", loader]
     command += ["--root", str(root), "--cache", str(cache), "--workers", str(workers)]
+    command += ["--image-size", str(args.image_size)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{loader} (workers {workers}) failed:\n{done.stderr[-3000:]}")

@@ -1,14 +1,16 @@
 """Training samples from a LeRobot v2.1 or v3.0 dataset: `open_dataset(name) -> LeRobotDataset`.
 
 A `LeRobotDataset` is a map-style dataset for `torch.utils.data.DataLoader`: `ds[i]` is frame i as
-a `relay_engine.samples.Sample`, with images at the dataset's own size (the model's processor
-resizes them), the normalized state padded to 32, the frame's task as the prompt and the chunk of
-the next `action_horizon` actions within the episode (the last one repeated past the episode's
-end, and those steps marked in `action_is_pad`). It reads each frame from the frame index with a
-few `pread`s, so it holds nothing of the dataset in memory and pickles to worker processes cheaply.
-A video camera's frame was decoded into the frame index at the dataset's first open, where the
-decoded frames fit the cache's limit; otherwise it is decoded from the dataset's mp4 at the frame's
-time in it (each process keeps its own decoder per file open).
+a `relay_engine.samples.Sample`, with images at the dataset's own size (the model's collator fits
+them to its size) or, for a video camera decoded into the frame index, already fitted to the size
+of the model the dataset was opened for (`image_fit`), the normalized state padded to 32, the
+frame's task as the prompt and the chunk of the next `action_horizon` actions within the episode
+(the last one repeated past the episode's end, and those steps marked in `action_is_pad`). It
+reads each frame from the frame index with a few `pread`s, so it holds nothing of the dataset in
+memory and pickles to worker processes cheaply. A video camera's frame was decoded into the frame
+index, at the model's size, at the dataset's first open for that model, where the decoded frames
+fit the cache's limit; otherwise it is decoded from the dataset's mp4 at the frame's time in it
+(each process keeps its own decoder per file open).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from relay_engine.datasets.summary import DatasetSummary
 from relay_engine.datasets.validation import inspect_dataset
 from relay_engine.datasets.video import VideoError, VideoFrames
 from relay_engine.errors import ConfigError, DatasetError
+from relay_engine.image_fit import ImageFit
 from relay_engine.paths import cache_dir_or_default
 from relay_engine.samples import Sample
 
@@ -191,22 +194,28 @@ def open_dataset(
     revision: str | None = None,
     normalization: NormalizationMethod = "quantile",
     camera_names: Literal["model", "dataset"] = "model",
+    image_fit: ImageFit | None = None,
 ) -> LeRobotDataset:
     """Resolve, validate and index a dataset (once per content), then serve its frames as samples.
-    `revision`: a Hub repo's branch, tag or commit (by default v2.1, else a v3.0 default branch).
-    `normalization`: the model's (pi05: quantiles; SmolVLA: mean and std). `camera_names`: "model"
-    maps the cameras to pi05's slots (`cameras`, else the features in order); "dataset" keeps every
-    camera under the dataset's own feature name (SmolVLA reads any number of cameras).
+        `revision`: a Hub repo's branch, tag or commit (by default v2.1, else a v3.0 default branch).
+        `normalization`: the model's (pi05: quantiles; SmolVLA: mean and std). `camera_names`: "model"
+        maps the cameras to pi05's slots (`cameras`, else the features in order); "dataset" keeps every
+        camera under the dataset's own feature name (SmolVLA reads any number of cameras). `image_fit`:
+    how the model fits an image to its size (pi05's `relay_engine.models.image_fit`); video cameras
+    are then decoded into the frame index at that size (None: at their recorded size), and their
+    samples' images come fitted.
 
-    Raises DatasetError naming the dataset and every problem found, ConfigError for a camera map or
-    horizon that cannot be honoured.
+        Raises DatasetError naming the dataset and every problem found, ConfigError for a camera map or
+        horizon that cannot be honoured.
     """
     if isinstance(action_horizon, bool) or not isinstance(action_horizon, int) or action_horizon < 1:
         raise ConfigError(f"action_horizon must be a positive integer, got {action_horizon!r}")
     source = locate_dataset(name_or_path, revision=revision, cache_dir=cache_dir, token=token)
     root = source.root
     meta = require_meta(root, name_or_path)
-    index = FrameIndex(ensure_frame_index(meta, name_or_path, cache_dir_or_default(cache_dir)))
+    index = FrameIndex(
+        ensure_frame_index(meta, name_or_path, cache_dir_or_default(cache_dir), image_fit), image_fit
+    )
     shipped = shipped_norm_stats(root, name_or_path, index.summary)
     norm_stats = replace(shipped[0] if shipped else index.norm_stats, method=normalization)
     camera_map = (

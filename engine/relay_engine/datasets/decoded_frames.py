@@ -7,18 +7,27 @@ of decoding the same frames in order. Training visits every frame once an epoch,
 order, for many epochs. Decoding each file once, in order, with one decoder per file (files in
 parallel threads: PyAV lets go of the GIL while FFmpeg decodes), pays the sequential rate once.
 
-The cost is disk: height x width x 3 bytes per frame and camera (a 224x224 camera: 147 KiB a
-frame, 14.4 GiB for 100,000 frames). So it is done only while a dataset's decoded frames fit
-`RELAY_VIDEO_CACHE_MAX_BYTES` (default 32 GiB; 0 turns it off) and the disk keeps a margin free;
-a larger dataset (a million frames of two 224x224 cameras would be 275 GiB) is decoded per sample
-instead (`relay_engine.datasets.video.VideoFrames`), and its index stays small. Memory: one
-decoded frame per thread while building; reading goes through the page cache, not a process's
-RSS (pread, no mmap, as the rest of the index).
+Frames are kept at the size the training model reads, where it is given (pi05's `ImageFit`,
+relay_engine.image_fit): each decoded frame is resized with padding once, here, and the
+collator's fit of a frame already at the model's size changes nothing, so a cached sample is the
+same array as a sample decoded and fitted per frame. Opened without a fit (SmolVLA, whose policy
+resizes in float on its device as lerobot's does; a bench, a tool), the frames are kept as
+recorded.
 
-Layout of `<index>/decoded/` (complete once `complete.json` is there; built in a temporary
+The cost is disk: height x width x 3 bytes per frame and camera (pi05's 224x224: 147 KiB a frame,
+12.6 GiB for 90,000 frame-cameras, where lerobot-record's 640x480 would be 77 GiB). So it is done
+only while a dataset's frames at that size fit `RELAY_VIDEO_CACHE_MAX_BYTES` (default 32 GiB; 0
+turns it off) and the disk keeps a margin free; a larger dataset is decoded per sample instead
+(`relay_engine.datasets.video.VideoFrames`), and its index stays small. Memory: one decoded frame
+per thread while building; reading goes through the page cache, not a process's RSS (pread, no
+mmap, as the rest of the index).
+
+Layout of `<index>/decoded-<fit>/` (`224x224-centre-aa`: pi05's; `decoded/` for recorded sizes),
+one per size a dataset is trained at (complete once `complete.json` is there; built in a temporary
 directory beside it and renamed into place under the index's build lock):
     <feature>.rgb    uint8 (frames, height, width, 3), in the dataset's frame order
-    complete.json    each camera's (height, width), and how long the decoding took
+    complete.json    each camera's cached (height, width) and recorded one, the fit, and how long
+                     the decoding took
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import numpy as np
 
 from relay_engine.datasets.video import TOLERANCE_S, VideoError, decode_in_order
 from relay_engine.errors import DatasetError
+from relay_engine.image_fit import ImageFit
 
 DIRECTORY = "decoded"
 COMPLETE = "complete.json"
@@ -43,6 +53,16 @@ LIMIT_VARIABLE = "RELAY_VIDEO_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 32 << 30
 # Left free on the cache's disk after the decoded frames are written.
 FREE_MARGIN_BYTES = 2 << 30
+
+
+def directory_name(fit: ImageFit | None) -> str:
+    """The index's directory of frames decoded at `fit`'s size (None: as recorded)."""
+    return DIRECTORY if fit is None else f"{DIRECTORY}-{fit.key}"
+
+
+def cached_sizes(sizes: dict[str, tuple[int, int]], fit: ImageFit | None) -> dict[str, tuple[int, int]]:
+    """Each camera's (height, width) in the cache: `fit`'s, or as recorded (`sizes`) without one."""
+    return dict(sizes) if fit is None else {camera: (fit.height, fit.width) for camera in sizes}
 
 
 def limit_bytes() -> int:
@@ -77,7 +97,8 @@ def fits(directory: Path, frames: int, sizes: dict[str, tuple[int, int]]) -> boo
 
 @dataclass(frozen=True)
 class CameraFrames:
-    """Where one video camera's frames are: each frame's file (a position in `files`) and time."""
+    """Where one video camera's frames are: each frame's file (a position in `files`) and time,
+    and their recorded size."""
 
     files: list[str]
     file_of: np.ndarray  # int32 (frames,)
@@ -92,18 +113,21 @@ def build(
     episode_start: np.ndarray,
     episode_index: np.ndarray,
     name: str,
+    fit: ImageFit | None = None,
 ) -> None:
-    """Decode every frame of `cameras` into `index`/decoded. The caller holds the index's build lock.
+    """Decode every frame of `cameras` into `index`/directory_name(fit), fitted to `fit`'s size (as
+    recorded without one). The caller holds the index's build lock.
 
     Raises DatasetError naming the file, episode, frame and camera of a frame that is missing or
     off the tolerance, or a file that does not decode.
     """
-    staging = Path(tempfile.mkdtemp(prefix=f".{DIRECTORY}.", dir=index))
+    directory = directory_name(fit)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory}.", dir=index))
     started = time.perf_counter()
     try:
         frames = len(episode_start) and int(episode_start[-1])
-        for camera, where in cameras.items():
-            height, width = where.size
+        sizes = cached_sizes({camera: where.size for camera, where in cameras.items()}, fit)
+        for camera, (height, width) in sizes.items():
             with open(staging / f"{camera}.rgb", "wb") as output:
                 output.truncate(frames * height * width * 3)
         jobs = [
@@ -116,7 +140,8 @@ def build(
             failures = [
                 failure
                 for failure in pool.map(
-                    lambda job: _decode_file(staging, root, job[0], cameras[job[0]], job[1], job[2]), jobs
+                    lambda job: _decode_file(staging, root, job[0], cameras[job[0]], job[1], job[2], fit),
+                    jobs,
                 )
                 if failure is not None
             ]
@@ -129,12 +154,14 @@ def build(
                 f"camera {camera}: {relative}: {reason}",
             )
         record = {
-            "cameras": {camera: list(where.size) for camera, where in cameras.items()},
+            "cameras": {camera: list(size) for camera, size in sizes.items()},
+            "recorded": {camera: list(where.size) for camera, where in cameras.items()},
+            "fit": None if fit is None else fit.key,
             "seconds": round(time.perf_counter() - started, 3),
         }
         (staging / COMPLETE).write_text(json.dumps(record, indent=2))
         staging.chmod(0o755)
-        os.replace(staging, index / DIRECTORY)
+        os.replace(staging, index / directory)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -154,13 +181,19 @@ def _rows_by_file(where: CameraFrames) -> list[np.ndarray]:
 
 
 def _decode_file(
-    staging: Path, root: Path, camera: str, where: CameraFrames, relative: str, rows: np.ndarray
+    staging: Path,
+    root: Path,
+    camera: str,
+    where: CameraFrames,
+    relative: str,
+    rows: np.ndarray,
+    fit: ImageFit | None,
 ) -> tuple[int, str, str, str] | None:
-    """Decode one mp4 in order, writing each frame the dataset asks of it to its rows (in time
-    order). None when done, else (first failing row, camera, file, reason)."""
+    """Decode one mp4 in order, writing each frame the dataset asks of it (fitted to `fit`) to its
+    rows (in time order). None when done, else (first failing row, camera, file, reason)."""
     wanted = where.time[rows]
     height, width = where.size
-    frame_bytes = height * width * 3
+    frame_bytes = height * width * 3 if fit is None else fit.frame_bytes
     descriptor = os.open(staging / f"{camera}.rgb", os.O_WRONLY)
     next_row = 0
     try:
@@ -169,6 +202,7 @@ def _decode_file(
             if wanted[next_row] < frame_time - TOLERANCE_S:
                 nearest = frame_time - float(wanted[next_row])
                 return _failure(rows, next_row, camera, relative, wanted, nearest)
+            cached: np.ndarray | None = None  # the frame fitted, once however many rows it fills
             while next_row < len(rows) and abs(wanted[next_row] - frame_time) <= TOLERANCE_S:
                 if image.shape != (height, width, 3):
                     return (
@@ -177,7 +211,9 @@ def _decode_file(
                         relative,
                         f"frames are {image.shape[0]}x{image.shape[1]}, not {height}x{width}",
                     )
-                os.pwrite(descriptor, image.tobytes(), int(rows[next_row]) * frame_bytes)
+                if cached is None:
+                    cached = np.ascontiguousarray(image if fit is None else fit(image))
+                os.pwrite(descriptor, cached.data, int(rows[next_row]) * frame_bytes)
                 next_row += 1
             if next_row == len(rows):
                 return None
@@ -232,13 +268,15 @@ class DecodedFrames:
         self._pid = os.getpid()
 
 
-def open_decoded(index: Path) -> dict[str, DecodedFrames]:
-    """The decoded cameras of a built index (none if it has no complete decoded directory)."""
-    complete = index / DIRECTORY / COMPLETE
+def open_decoded(index: Path, fit: ImageFit | None = None) -> dict[str, DecodedFrames]:
+    """The cameras of a built index decoded at `fit`'s size (as recorded without one); none if it
+    has no complete directory of them."""
+    directory = index / directory_name(fit)
+    complete = directory / COMPLETE
     if not complete.is_file():
         return {}
     cameras = json.loads(complete.read_text())["cameras"]
     return {
-        camera: DecodedFrames(index / DIRECTORY / f"{camera}.rgb", (int(size[0]), int(size[1])))
+        camera: DecodedFrames(directory / f"{camera}.rgb", (int(size[0]), int(size[1])))
         for camera, size in cameras.items()
     }

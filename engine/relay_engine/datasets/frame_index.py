@@ -26,12 +26,14 @@ Layout of `<cache>/frames/<key>/`:
     videos.json                  per video camera, its mp4 files (relative to the dataset's root)
     videos/<feature>.file.npy    int32 (frames,)     each frame's file, a position in videos.json
     videos/<feature>.time.npy    float64 (frames,)   each frame's time in that file, in seconds
-    decoded/                     video cameras' frames, decoded once (where they fit the limit)
+    decoded-<fit>/               video cameras' frames, decoded once at a model's size (where they
+                                 fit the limit); decoded/ at their recorded size
 
 A video camera's frame is the one at the episode's start in its mp4 plus the frame's timestamp.
-Where the decoded frames fit `RELAY_VIDEO_CACHE_MAX_BYTES`, every frame is decoded once, in order,
-into `decoded/` (relay_engine.datasets.decoded_frames); otherwise each sample decodes its frame
-from the dataset's mp4 (relay_engine.datasets.video).
+Where the decoded frames, at the size the model reads, fit `RELAY_VIDEO_CACHE_MAX_BYTES`, every
+frame is decoded once, in order, and fitted to that size into `decoded-<fit>/`
+(relay_engine.datasets.decoded_frames); otherwise each sample decodes its frame from the dataset's
+mp4 (relay_engine.datasets.video).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from relay_engine.datasets.norm_stats import NormStats, compute_norm_stats
 from relay_engine.datasets.summary import DatasetSummary
 from relay_engine.datasets.validation import FrameColumns, episode_batches, image_bytes, inspect_dataset
 from relay_engine.errors import DatasetError
+from relay_engine.image_fit import ImageFit
 
 # Bump when the layout changes: old indexes are then rebuilt, not misread.
 FORMAT = "relay-frame-index-1"
@@ -100,17 +103,18 @@ def _parquet_footer(path: Path) -> bytes:
         return b"missing"
 
 
-def ensure_frame_index(meta: DatasetMeta, name: str, cache: Path) -> Path:
+def ensure_frame_index(meta: DatasetMeta, name: str, cache: Path, fit: ImageFit | None = None) -> Path:
     """The index directory of the dataset `meta` describes, validating and building it if needed,
-    and decoding its video cameras into it where they fit (relay_engine.datasets.decoded_frames).
+    and decoding its video cameras into it, at `fit`'s size (as recorded without one), where they
+    fit (relay_engine.datasets.decoded_frames).
 
     Raises DatasetError with every problem found if the dataset cannot be trained on.
     """
     target = cache / "frames" / fingerprint(meta)
     if not (target / SUMMARY).is_file():
         _build(meta, name, target, cache)
-    if meta.video_sizes and not (target / decoded_frames.DIRECTORY).is_dir():
-        _decode_videos(target, meta.root, name)
+    if meta.video_sizes and not (target / decoded_frames.directory_name(fit)).is_dir():
+        _decode_videos(target, meta.root, name, fit)
     return target
 
 
@@ -139,16 +143,17 @@ def _build(meta: DatasetMeta, name: str, target: Path, cache: Path) -> None:
     frame_cache.prune(cache, frame_cache.limit_bytes(), keep=target)
 
 
-def _decode_videos(target: Path, root: Path, name: str) -> None:
-    """Decode the index's video cameras into it once, if their frames fit (else they are decoded per
-    sample). Under the index's build lock, so that workers opening the dataset at once decode it once."""
+def _decode_videos(target: Path, root: Path, name: str, fit: ImageFit | None) -> None:
+    """Decode the index's video cameras into it once, at `fit`'s size, if their frames at that size
+    fit (else they are decoded per sample). Under the index's build lock, so that workers opening
+    the dataset at once decode it once."""
     summary = DatasetSummary.from_dict(json.loads((target / SUMMARY).read_text()))
     files: dict[str, list[str]] = json.loads((target / VIDEOS).read_text())
     sizes = {camera: summary.cameras[camera] for camera in files}
-    if not decoded_frames.fits(target, summary.frames, sizes):
+    if not decoded_frames.fits(target, summary.frames, decoded_frames.cached_sizes(sizes, fit)):
         return
     with FileLock(f"{target}.lock"):
-        if (target / decoded_frames.DIRECTORY).is_dir():
+        if (target / decoded_frames.directory_name(fit)).is_dir():
             return
         cameras = {
             camera: decoded_frames.CameraFrames(
@@ -166,6 +171,7 @@ def _decode_videos(target: Path, root: Path, name: str) -> None:
             np.load(target / "episode_start.npy"),
             np.load(target / "episode_index.npy"),
             name,
+            fit,
         )
 
 
@@ -277,7 +283,7 @@ class _NpyFile:
 class FrameIndex:
     """Reads single frames of a built index. Picklable: file descriptors are opened per process."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, fit: ImageFit | None = None) -> None:
         self._descriptors: dict[Path, int] = {}
         self.directory = directory
         # Held while open (and by forked readers, which share it): pruning leaves an index in use alone.
@@ -299,8 +305,10 @@ class FrameIndex:
             if camera not in self.video_files
         }
         self._video_file = {c: _NpyFile(directory / "videos" / f"{c}.file.npy") for c in self.video_files}
-        # Video camera -> its frames decoded into the index, where they were (else decoded per sample).
-        self.decoded = decoded_frames.open_decoded(directory)
+        # Video camera -> its frames decoded into the index at `fit`'s size, where they were (else
+        # decoded per sample, at their recorded size).
+        self.fit = fit
+        self.decoded = decoded_frames.open_decoded(directory, fit)
         self._video_time = {c: _NpyFile(directory / "videos" / f"{c}.time.npy") for c in self.video_files}
 
     def __len__(self) -> int:

@@ -27,6 +27,7 @@ from relay.dataset_mixture import DatasetSource, sample_shares
 from relay_engine.datasets.dataset import LeRobotDataset, open_dataset
 from relay_engine.datasets.norm_stats import NormalizationMethod, NormStats, compute_norm_stats
 from relay_engine.errors import ConfigError
+from relay_engine.image_fit import ImageFit
 from relay_engine.samples import Sample
 
 
@@ -58,8 +59,10 @@ def open_mixture(
     action_horizon: int,
     cache_dir: str | os.PathLike[str] | None = None,
     normalization: NormalizationMethod = "quantile",
+    image_fit: ImageFit | None = None,
 ) -> DatasetMixture:
-    """Open, check and normalize the datasets of a mixture (see the module)."""
+    """Open, check and normalize the datasets of a mixture (see the module); `image_fit` as
+    `open_dataset`'s."""
     parts = [
         open_dataset(
             source.name,
@@ -68,6 +71,7 @@ def open_mixture(
             cache_dir=cache_dir,
             revision=source.revision,
             normalization=normalization,
+            image_fit=image_fit,
         )
         for source in sources
     ]

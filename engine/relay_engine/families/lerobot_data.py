@@ -18,12 +18,14 @@ from relay_engine.families.base import RecipeRun
 if TYPE_CHECKING:
     from relay_engine.datasets.mixture import DatasetMixture
     from relay_engine.families.robot_validation import FrameSplit
+    from relay_engine.image_fit import ImageFit
 
 
-def open_recipe_data(run: RecipeRun) -> DatasetMixture:
+def open_recipe_data(run: RecipeRun, image_fit: ImageFit | None = None) -> DatasetMixture:
     """The recipe's dataset (a mixture of one, at its share of 1) or its mixture of datasets, opened
-    with pi05's camera slots. One dataset is opened as it always was (its own norm_stats.json, if it
-    ships one); a mixture's statistics are over all its frames (relay_engine.datasets.mixture)."""
+    with pi05's camera slots, video cameras decoded at `image_fit`'s size (the model's). One dataset
+    is opened as it always was (its own norm_stats.json, if it ships one); a mixture's statistics
+    are over all its frames (relay_engine.datasets.mixture)."""
     from relay_engine.datasets import open_dataset
     from relay_engine.datasets.mixture import DatasetMixture, open_mixture
 
@@ -37,11 +39,14 @@ def open_recipe_data(run: RecipeRun) -> DatasetMixture:
             action_horizon=recipe.action_horizon,
             cache_dir=run.dataset_cache_dir,
             revision=only.revision,
+            image_fit=image_fit,
         )
         return DatasetMixture([dataset], [1.0])
     if recipe.episodes is not None:
         raise ConfigError("episodes selects episodes of one dataset; a mixture trains on all of each one's")
-    return open_mixture(sources, action_horizon=recipe.action_horizon, cache_dir=run.dataset_cache_dir)
+    return open_mixture(
+        sources, action_horizon=recipe.action_horizon, cache_dir=run.dataset_cache_dir, image_fit=image_fit
+    )
 
 
 def training_frames(

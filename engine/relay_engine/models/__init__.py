@@ -15,7 +15,7 @@ from relay_engine.models.pi05 import (
     flow_matching_loss,
     sample_flow_time,
 )
-from relay_engine.models.processor import Pi05Batch, Pi05Collator, model_image, resize_with_pad
+from relay_engine.models.processor import Pi05Batch, Pi05Collator, image_fit, model_image
 from relay_engine.models.tokenizer import ByteTokenizer, discretize_state, format_prompt
 from relay_engine.models.weights import (
     build_policy,
@@ -41,11 +41,11 @@ __all__ = [
     "exported_state_dict",
     "flow_matching_loss",
     "format_prompt",
+    "image_fit",
     "load_policy",
     "materialize_buffers",
     "model_image",
     "named_config",
-    "resize_with_pad",
     "sample_flow_time",
     "to_lerobot_state_dict",
     "to_policy_state_dict",

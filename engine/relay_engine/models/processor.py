@@ -2,11 +2,14 @@
 
 The collator runs in DataLoader worker processes, so it holds only the config and a tokenizer
 (no weights) and pickles cheaply. Images are resized with padding to the model's square size
-and scaled to [-1, 1] (openpi `resize_with_pad`); every model camera has a slot, and a camera a
+(`image_fit`: bilinear with antialiasing, rounded to uint8 as openpi's PIL `resize_with_pad` is,
+centred on black) and scaled to [-1, 1]; every model camera has a slot, and a camera a
 sample lacks is a -1 image with its mask False. `model_image` is that step for one image, the one
 definition of what the model sees: the collator applies it to a sample's uint8 images, and the
 policy server applies it to each image as it decodes it (a sample then carries the (3, S, S)
-result, which the collator takes as it is), so served pixels are the trained ones.
+result, which the collator takes as it is), so served pixels are the trained ones. A video camera
+decoded into the frame index for pi05 comes already fitted (relay_engine.datasets.decoded_frames),
+and fitting it again changes nothing: its batch is the one decoding each sample would make.
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from relay.catalog import MODEL_CAMERAS
 from relay_engine.errors import EngineError
+from relay_engine.image_fit import ImageFit
 from relay_engine.models.config import Pi05Config
 from relay_engine.models.tokenizer import Tokenizer, format_prompt, make_tokenizer, tokenize_prompts
 from relay_engine.samples import Sample
@@ -71,36 +74,22 @@ class Pi05Batch:
         return self._map(lambda t: t.pin_memory())
 
 
-def resize_with_pad(image: torch.Tensor, size: int) -> torch.Tensor:
-    """(3, h, w) float in [-1, 1] -> (3, size, size): aspect ratio kept, centred, padded with -1.
-
-    Bilinear with antialiasing, which is close to the PIL resize openpi trains with.
-    """
-    _, height, width = image.shape
-    if height == size and width == size:
-        return image
-    ratio = max(width / size, height / size)
-    new_h, new_w = max(1, int(height / ratio)), max(1, int(width / ratio))
-    resized = F.interpolate(
-        image[None], size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True
-    )[0].clamp_(-1.0, 1.0)
-    pad_h, pad_w = size - new_h, size - new_w
-    top, left = pad_h // 2, pad_w // 2
-    return F.pad(resized, (left, pad_w - left, top, pad_h - top), value=-1.0)
+def image_fit(size: int) -> ImageFit:
+    """How pi05 fits an image to its `size` x `size` input: aspect ratio kept, bilinear with
+    antialiasing (close to openpi's PIL resize), rounded to uint8, centred, padded with black."""
+    return ImageFit(size, size)
 
 
 def model_image(image: Any, size: int, label: str = "image") -> torch.Tensor:
     """A uint8 (height, width, 3) image as the model reads it: (3, size, size) float32 in [-1, 1],
-    resized with padding. An EngineError naming `label` for anything else."""
+    fitted by `image_fit(size)`. An EngineError naming `label` for anything else."""
     array = np.asarray(image)
     if array.dtype != np.uint8 or array.ndim != 3 or array.shape[-1] != 3:
         raise EngineError(
             f"{label} must be a uint8 array of shape (height, width, 3), got {array.dtype} {array.shape}"
         )
-    pixels = (
-        torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1).float().mul_(2.0 / 255.0).sub_(1.0)
-    )
-    return resize_with_pad(pixels, size)
+    fitted = np.ascontiguousarray(image_fit(size)(array))
+    return torch.from_numpy(fitted).permute(2, 0, 1).float().mul_(2.0 / 255.0).sub_(1.0)
 
 
 class Pi05Collator:

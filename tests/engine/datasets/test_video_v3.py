@@ -30,7 +30,9 @@ from relay_engine.datasets.synth import write_synthetic_dataset
 from relay_engine.datasets.video import (
     LOSSLESS_H264,
     VideoEncoder,
+    VideoFrames,
     VideoSettings,
+    decode_in_order,
     encoder_available,
     realtime_threads,
 )
@@ -508,3 +510,28 @@ def test_a_frame_dropped_mid_episode_is_named(made: dict[str, Path], tmp_path: P
         f"  - {bad[1]} (its frames without a video frame cannot be trained on)",
         f"  - {bad[0]} (the frame cannot be trained on)",
     ]
+
+
+@pytest.mark.parametrize("variant", ["v3.0-video", "v2.1-yuv444"])
+def test_frames_kept_converter_gives_pyav_s_rgb(made: dict[str, Path], variant: str) -> None:
+    """Relay converts frames to RGB through one kept FFmpeg scaling context per file (a new one per
+    frame cost more than the decoding): the pixels are PyAV's `to_ndarray(format="rgb24")`, in
+    order and at random times."""
+    import av
+
+    path = sorted(made[variant].rglob("*.mp4"))[0]
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        expected = [
+            (float(frame.pts * stream.time_base), frame.to_ndarray(format="rgb24"))
+            for frame in container.decode(stream)
+            if frame.pts is not None and stream.time_base is not None
+        ]
+    in_order = list(decode_in_order(path, 0.0))
+    assert [time for time, _ in in_order] == [time for time, _ in expected]
+    for (_, image), (_, reference) in zip(in_order, expected, strict=True):
+        np.testing.assert_array_equal(image, reference)
+    frames = VideoFrames()
+    for position in np.random.default_rng(0).permutation(len(expected)).tolist():
+        time, reference = expected[position]
+        np.testing.assert_array_equal(frames.frame(path, time), reference, err_msg=str(time))

@@ -14,8 +14,9 @@ from relay_engine.models import (
     Pi05Collator,
     discretize_state,
     format_prompt,
+    image_fit,
+    model_image,
     named_config,
-    resize_with_pad,
 )
 from tests.engine.models.samples import make_samples
 
@@ -58,15 +59,36 @@ def test_batch_layout(collate: Pi05Collator) -> None:
     assert batch.tokens[0, len(ids) :].eq(0).all()
 
 
-def test_resize_with_pad_keeps_aspect_ratio() -> None:
-    image = torch.ones(3, 20, 40) * 0.5
-    out = resize_with_pad(image, 32)
-    assert out.shape == (3, 32, 32)
-    # 40 wide -> 32, 20 high -> 16, centred: 8 rows of -1 above and below.
-    assert torch.all(out[:, :8] == -1) and torch.all(out[:, 24:] == -1)
-    torch.testing.assert_close(out[:, 8:24], torch.full((3, 16, 32), 0.5))
-    odd = resize_with_pad(torch.zeros(3, 32, 21), 32)
-    assert torch.all(odd[:, :, :5] == -1) and torch.all(odd[:, :, 26:] == -1)  # the extra column goes right
+def test_image_fit_keeps_aspect_ratio_centred_on_black() -> None:
+    image = np.full((20, 40, 3), 200, dtype=np.uint8)
+    out = image_fit(32)(image)
+    assert out.shape == (32, 32, 3) and out.dtype == np.uint8
+    # 40 wide -> 32, 20 high -> 16, centred: 8 rows of black above and below.
+    assert np.all(out[:8] == 0) and np.all(out[24:] == 0)
+    assert np.all(out[8:24] == 200)
+    odd = image_fit(32)(np.full((32, 21, 3), 9, dtype=np.uint8))
+    assert (
+        np.all(odd[:, :5] == 0) and np.all(odd[:, 26:] == 0) and np.all(odd[:, 5:26] == 9)
+    )  # extra column right
+    # What the model reads: black is -1, and an image at the model's size is only scaled.
+    assert torch.all(model_image(image, 32)[:, :8] == -1.0)
+    at_size = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    assert image_fit(32)(at_size) is at_size
+    expected = torch.from_numpy(at_size).permute(2, 0, 1).float() * (2.0 / 255.0) - 1.0
+    torch.testing.assert_close(model_image(at_size, 32), expected, rtol=0, atol=1e-6)
+
+
+def test_image_fit_is_the_float_resize_rounded() -> None:
+    """The fitted image is torch's antialiased bilinear resize of the uint8 image, rounded: what the
+    model read before the cache kept frames at its size, within half a level."""
+    image = np.random.default_rng(1).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    fitted = image_fit(32)(image)  # 64x48 -> 32x24, 4 rows of padding above and below
+    pixels = torch.from_numpy(image).permute(2, 0, 1)[None].float()
+    resized = torch.nn.functional.interpolate(
+        pixels, size=(24, 32), mode="bilinear", align_corners=False, antialias=True
+    )[0].permute(1, 2, 0)
+    assert np.all(fitted[:4] == 0) and np.all(fitted[28:] == 0)
+    assert torch.equal(torch.from_numpy(fitted[4:28]), resized.round().clamp(0, 255).to(torch.uint8))
 
 
 def test_uint8_scaling(collate: Pi05Collator) -> None:

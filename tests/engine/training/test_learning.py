@@ -9,7 +9,8 @@ baseline on episodes it never trained on. Its dataset is what users bring: LeRob
 cameras as H.264 video, written by `relay datasets synth --format v3.0 --video` (lossy, so the
 pixels differ a little from the v2.1 PNGs of the same seed). Measured (one thread, torch 2.13.0
 CPU; the same on main before issue 27's sweep, whose docstring still said tuned 0.0188): blind
-0.0294, base 0.0352, tuned 0.0171 (1.72x better than blind).
+0.0294, base 0.0352, tuned 0.0158 (1.86x better than blind; 0.0171 before issue 32 rounded the
+resized images to uint8).
 
 The second test is the bar for pi05-tiny's own defaults (relay.families' model_defaults): a recipe
 that names nothing but the model, the dataset and 1,000 steps, on `relay datasets synth --episodes

@@ -81,7 +81,7 @@ class Pi05Family(Family):
         from relay_engine.families.pi05.parallel import Parallel, choose_strategy
         from relay_engine.families.pi05.sharded_checkpoint import gathered_policy
         from relay_engine.families.robot_validation import robot_validator, split_frames
-        from relay_engine.models import load_policy
+        from relay_engine.models import image_fit, load_policy
         from relay_engine.models.checkpoints import (
             load_checkpoint,
             resolve_checkpoint,
@@ -121,7 +121,7 @@ class Pi05Family(Family):
         # The tokenizer before the dataset and the rest: its absence (the PaliGemma repo is gated)
         # is said at once, not at the first batch after the setup.
         policy.tokenizer.ensure_loaded()
-        data = open_recipe_data(run)
+        data = open_recipe_data(run, image_fit(policy.config.vision.image_size))
         dataset = data.first  # the robot the output describes (a mixture's first dataset)
         if checkpoint is not None and config.normalization == "checkpoint":
             use_checkpoint_norm_stats(dataset, checkpoint)
@@ -189,10 +189,15 @@ class Pi05Family(Family):
         blind baseline's (see families/robot_scores.py)."""
         from relay_engine.datasets import open_dataset
         from relay_engine.families import robot_scores as evaluation
+        from relay_engine.models import image_fit
         from relay_engine.recipe import pick_device
 
         policy = self.load_model(request.model, pick_device(request.device))
-        data = open_dataset(request.dataset, action_horizon=policy.config.action_horizon)
+        data = open_dataset(
+            request.dataset,
+            action_horizon=policy.config.action_horizon,
+            image_fit=image_fit(policy.config.vision.image_size),
+        )
         # A trained model is scored in the units it was trained in (its norm_stats.json).
         evaluation.with_norm_stats(data, Path(request.norm_stats_from or request.model).expanduser())
         return evaluation.score_request(policy, data, request, on_progress)
