@@ -89,7 +89,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--lerobot-python",
-        default="/work/lerobot-venv/bin/python",
+        default=str(Path(__file__).resolve().parents[1] / ".venv-lerobot" / "bin" / "python"),
         help="a Python with lerobot[dataset]==0.6.1 (tests/fixtures/make_lerobot_datasets.py says how)",
     )
     args = parser.parse_args()
