@@ -14,6 +14,8 @@ Needs PostgreSQL and Redis on 127.0.0.1 (scripts/services.sh); uses the database
 Redis database 12, both emptied first.
 
     python bench/bench_api.py [--requests 40] [--rounds 4] [--jobs 10]
+    python bench/bench_api.py --scale          # part 3 (seeds a 100,000-job database first)
+    python bench/bench_api.py --claims-only    # part 3's claim wait alone, on 100 jobs
 
 The machine is shared, so expect noise; the ratios come from back-to-back runs in one process.
 """
@@ -400,11 +402,41 @@ def scale_report(args: argparse.Namespace) -> None:
         shutil.rmtree(home, ignore_errors=True)
 
 
+def claims_report(args: argparse.Namespace) -> None:
+    """Only the claim wait of part 3, on a database of the benchmark's user alone (or of --users
+    more users, seeded as --scale seeds them): a minute, where --scale seeds 10 M events first."""
+    users = args.users if args.users is not None else 0
+    home, env, settings, key = fresh_service(DATABASE + "_claims", REDIS_URL, "relay-bench-claims-")
+    _, user_id = seed_bench_job(settings, home)
+    api_scale.seed_user_jobs(plain_url(settings.database_url), user_id, 99)
+    jobs = 100
+    if users:
+        jobs = int(api_scale.seed_others(plain_url(settings.database_url), users)["jobs"])
+    print(f"The claim wait on a database of {jobs:,} jobs; load average {os.getloadavg()[0]:.1f}")
+    counts = tuple(int(n) for n in args.workers.split(","))
+    waits = claim_wait_report(env, key, home, args.jobs or 5, counts, f"{jobs:,} jobs")
+    print(f"(load average {os.getloadavg()[0]:.1f} at the end)")
+    out = ROOT / "bench" / "out"
+    out.mkdir(exist_ok=True)
+    (out / "bench_api_claims.json").write_text(
+        json.dumps({"jobs_in_database": jobs, "claim_wait_median_s": waits}, indent=2)
+    )
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}_claims" WITH (FORCE)')
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    shutil.rmtree(home, ignore_errors=True)
+
+
 def claim_wait_report(
-    env: dict[str, str], key: str, home: Path, jobs: int, counts: tuple[int, ...]
+    env: dict[str, str],
+    key: str,
+    home: Path,
+    jobs: int,
+    counts: tuple[int, ...],
+    database: str = "large database",
 ) -> dict[int, float]:
     """The median wait from created_at to started_at of a job, one at a time, with 1 to 8 workers
-    reading the queue, on the large database."""
+    reading the queue."""
     from relay.http_client import Client
     from relay_engine.datasets import write_synthetic_dataset
 
@@ -438,9 +470,7 @@ def claim_wait_report(
     finally:
         client.close()
         relay.stop()
-    print(
-        f"\nA queued job's wait to be claimed (median of {jobs}, created_at to started_at), large database:"
-    )
+    print(f"\nA queued job's wait to be claimed (median of {jobs}, created_at to started_at), {database}:")
     for count, wait in waits.items():
         print(f"{count} worker(s): {wait:.3f} s ({wait / waits[counts[0]]:.2f}x the wait with {counts[0]})")
     return waits
@@ -491,10 +521,27 @@ def main() -> None:
     parser.add_argument(
         "--scale", action="store_true", help="only part 3: 100 jobs against 100,000 jobs and 10 M events"
     )
-    parser.add_argument("--users", type=int, default=api_scale.USERS, help="--scale: users beside bench")
-    parser.add_argument("--workers", default="1,2,4,8", help="--scale: worker counts for the claim wait")
+    parser.add_argument(
+        "--claims-only",
+        action="store_true",
+        help="only part 3's claim wait, on a database of 100 jobs (of --users more users if given)",
+    )
+    parser.add_argument(
+        "--users",
+        type=int,
+        default=None,
+        help=f"users beside bench: --scale {api_scale.USERS} unless given, --claims-only none",
+    )
+    parser.add_argument(
+        "--workers", default="1,2,4,8", help="--scale, --claims-only: worker counts for the claim wait"
+    )
     args = parser.parse_args()
+    if args.claims_only:
+        claims_report(args)
+        return
     if args.scale:
+        if args.users is None:
+            args.users = api_scale.USERS
         scale_report(args)
         return
 

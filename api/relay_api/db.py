@@ -298,6 +298,7 @@ def api_pool_sizes(pool_size: int) -> tuple[int, int]:
 
 
 _CLOCK_REFRESH_SECONDS = 60.0
+_CLOCK_SAMPLES = 3
 _clock_offsets: dict[int, tuple[dt.timedelta, float]] = {}
 
 
@@ -312,10 +313,20 @@ def database_now(factory: sessionmaker[Session]) -> dt.datetime:
     if known is None or time.monotonic() - known[1] > _CLOCK_REFRESH_SECONDS:
         try:
             with factory() as db:
-                before = utcnow()
-                server = db.execute(text("SELECT statement_timestamp()")).scalar_one()
-                after = utcnow()
-            offset = server.astimezone(dt.UTC) - (before + (after - before) / 2)
+                # The connection first: its checkout may open it (a process's first) or ping it, and
+                # only the statement's round trip may lie between `before` and `after`, whose middle
+                # is taken for the server's moment. Of a few round trips, the shortest: a process
+                # descheduled inside one (a busy host) would put that middle off by up to its length.
+                db.connection()
+                samples = []
+                for _ in range(_CLOCK_SAMPLES):
+                    before = utcnow()
+                    server = db.execute(text("SELECT statement_timestamp()")).scalar_one()
+                    after = utcnow()
+                    samples.append(
+                        (after - before, server.astimezone(dt.UTC) - (before + (after - before) / 2))
+                    )
+            offset = min(samples, key=lambda sample: sample[0])[1]
             known = _clock_offsets[id(factory)] = (offset, time.monotonic())
         except (OperationalError, DBAPIError):
             if known is None:

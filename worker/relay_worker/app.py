@@ -18,7 +18,7 @@ from typing import Any
 import redis
 from celery import signals
 
-from relay_api.db import is_outage, utcnow, worker_session_factory
+from relay_api.db import database_now, is_outage, utcnow, worker_session_factory
 from relay_api.queue import RUN_DEPLOYMENT, RUN_FINE_TUNE, make_celery
 from relay_api.settings import get_settings
 from relay_worker import deployment_lifecycle, heartbeat, session_lifecycle, shutdown, webhook_dispatch
@@ -181,6 +181,32 @@ def _hand_jobs_back(**_: Any) -> None:
 def _stop_reconciler(**_: Any) -> None:
     if _reconciler is not None:
         _reconciler.stopping.set()
+
+
+@signals.worker_init.connect
+def _load_before_the_pool_forks(**_: Any) -> None:
+    """What each pool process would otherwise load on its first task, before it claims the job,
+    loaded once in the main process so that every pool process inherits it: the database driver
+    (psycopg and SQLAlchemy's dialect for it, imported by the first engine: about 0.1 s, several
+    times that on a loaded host) and this host's GPUs (nvidia-smi, kept for the process). This
+    engine opens no connection; each pool process builds its own (relay_api.db.session_factory)."""
+    worker_session_factory(settings)
+    heartbeat.this_workers_gpu_memory(settings)
+
+
+@signals.worker_process_init.connect
+def _connect_early(**_: Any) -> None:
+    """Open this pool process's first database connection now, on a thread (a start must not wait
+    on the database, nor fail for it), rather than on its first task's claim: a connection, the
+    dialect's first queries and the database clock's offset (relay_api.db.database_now)."""
+    threading.Thread(target=_connect, name="relay-connect-early", daemon=True).start()
+
+
+def _connect() -> None:
+    try:
+        database_now(worker_session_factory(settings))
+    except Exception:  # the first task connects (and retries) as it always did
+        log.info("could not connect to the database at the start; the first task will", exc_info=True)
 
 
 @signals.worker_process_init.connect
