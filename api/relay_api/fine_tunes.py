@@ -7,7 +7,6 @@ workers cannot undo each other.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import secrets
@@ -569,7 +568,17 @@ def check_session_model(db: Db, model: str, settings: Settings) -> None:
 def create(
     db: Db, user_id: int, config: SFTConfig, idempotency_key: str | None
 ) -> tuple[dict[str, Any], bool]:
-    """Insert a queued job and commit; returns (row, replayed). The same Idempotency-Key with the
+    """Insert a queued job and commit; returns (row, replayed): see create_shown."""
+    row, replayed, _ = create_shown(db, user_id, config, idempotency_key)
+    return row, replayed
+
+
+def create_shown(
+    db: Db, user_id: int, config: SFTConfig, idempotency_key: str | None
+) -> tuple[dict[str, Any], bool, dict[str, Any]]:
+    """Insert a queued job and commit; returns (row, replayed, the job as the API shows it). A new
+    job's answer is the one built to check it before its row was written (job_object of the row,
+    which it stays): built once, not again for the response. The same Idempotency-Key with the
     same config returns the job it created before; with a different config, 409. A database URL's
     password is not stored with the job: the job holds the URL masked, and the password waits in
     its own row for the job's snapshot (relay_api.dataset_credentials); nor are the keys given with
@@ -616,17 +625,16 @@ def create(
             "cancel_requested_at": None,
         }
 
-    return insert_once(
-        db,
-        fine_tunes,
-        user_id,
-        idempotency_key,
-        digest,
-        new_row,
-        "fine-tune",
-        functools.partial(job_object, stored=False),
-        keep_secret,
+    shown: dict[str, dict[str, Any]] = {}
+
+    def show(row: dict[str, Any]) -> dict[str, Any]:
+        shown[row["id"]] = answer = job_object(row, stored=False)
+        return answer
+
+    row, replayed = insert_once(
+        db, fine_tunes, user_id, idempotency_key, digest, new_row, "fine-tune", show, keep_secret
     )
+    return row, replayed, job_object(row) if replayed else shown[row["id"]]
 
 
 def mark_enqueued(db: Session, job_ids: str | list[str]) -> None:
@@ -672,6 +680,9 @@ SHOWN_COLUMNS = tuple(
     )
 )
 _CALLERS_JOB_SHOWN = _CALLERS_JOB.with_only_columns(*SHOWN_COLUMNS)
+# Their column names, for dicts built by zip rather than through a row mapping (see events_page).
+_JOB_KEYS = tuple(_CALLERS_JOB.selected_columns.keys())
+_SHOWN_KEYS = tuple(_CALLERS_JOB_SHOWN.selected_columns.keys())
 # The columns event_object reads: a page of 100 events converts no others.
 _EVENT_COLUMNS = tuple(fine_tune_events.c[name] for name in ("id", "created_at", "step", "kind", "data"))
 _EVENT_KEYS = tuple(column.name for column in _EVENT_COLUMNS)
@@ -721,12 +732,12 @@ def validation_blocks(db: Db, rows: Iterable[Mapping[str, Any]]) -> dict[str, di
 def get(db: Db, user_id: int, job_id: str, shown_only: bool = False) -> dict[str, Any]:
     """The caller's job `job_id` (only its SHOWN_COLUMNS if `shown_only`); another user's job is as
     absent as a job that never existed."""
-    query = _CALLERS_JOB_SHOWN if shown_only else _CALLERS_JOB
-    row = db.execute(query, {"job_id": job_id, "user_id": user_id}).mappings().first()
+    query, keys = (_CALLERS_JOB_SHOWN, _SHOWN_KEYS) if shown_only else (_CALLERS_JOB, _JOB_KEYS)
+    row = db.execute(query, {"job_id": job_id, "user_id": user_id}).first()
     _end_read(db)
     if row is None:
         raise not_found(job_id)
-    return dict(row)
+    return dict(zip(keys, row, strict=True))
 
 
 def _end_read(db: Db) -> None:
