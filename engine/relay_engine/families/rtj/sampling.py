@@ -420,9 +420,12 @@ class ContextSampler:
             "text_rows": np.where(text >= 0, text, np.int64(len(self._text_table) - 1)),
             "col_name_rows": col_idxs,
         }
-        # Each context's tensors are views of the flat ones ([1, cells, ...]): one split per field.
+        return self._split(flat, cells_of.tolist())
+
+    def _split(self, flat: dict[str, np.ndarray], sizes: list[int]) -> list[RelationalBatch]:
+        """Each context's batch from the flat arrays of all contexts' cells (`sizes` cells each):
+        its tensors are views of the flat ones ([1, cells, ...]), one split per field."""
         names = list(flat)
-        sizes = cells_of.tolist()
         per_field = [torch.split(torch.from_numpy(flat[name])[None], sizes, dim=1) for name in names]
         batches: list[RelationalBatch] = []
         for views in zip(*per_field, strict=True):
