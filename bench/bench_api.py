@@ -344,6 +344,20 @@ def fresh_service(database: str, redis_url: str, prefix: str) -> tuple[Path, dic
     return home, env, settings, key
 
 
+def finish(file_name: str, report: dict[str, Any], databases: list[str], homes: list[Path]) -> None:
+    """Write `report` to bench/out/`file_name`, then drop the benchmark's databases, empty Redis and
+    remove its data directories."""
+    out = ROOT / "bench" / "out"
+    out.mkdir(exist_ok=True)
+    (out / file_name).write_text(json.dumps(report, indent=2))
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        for name in databases:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    for home in homes:
+        shutil.rmtree(home, ignore_errors=True)
+
+
 SCALE_GOAL = 1.5  # a route's p99 on the large database over the same route's on the small one
 
 
@@ -391,15 +405,8 @@ def scale_report(args: argparse.Namespace) -> None:
     print(f"goal: every ratio at most {SCALE_GOAL}; worst {max(ratios.values()):.2f}")
     counts = tuple(int(n) for n in args.workers.split(","))
     waits = claim_wait_report(large[1], large[3], large[0], args.jobs or 5, counts)
-    out = ROOT / "bench" / "out"
-    out.mkdir(exist_ok=True)
     report = {"seeded": seeded, "latency": latency, "p99_ratios": ratios, "claim_wait_median_s": waits}
-    (out / "bench_api_scale.json").write_text(json.dumps(report, indent=2))
-    for name in (DATABASE + "_small", DATABASE + "_large"):
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    for home, *_ in (small, large):
-        shutil.rmtree(home, ignore_errors=True)
+    finish("bench_api_scale.json", report, [DATABASE + "_small", DATABASE + "_large"], [small[0], large[0]])
 
 
 def claims_report(args: argparse.Namespace) -> None:
@@ -416,15 +423,8 @@ def claims_report(args: argparse.Namespace) -> None:
     counts = tuple(int(n) for n in args.workers.split(","))
     waits = claim_wait_report(env, key, home, args.jobs or 5, counts, f"{jobs:,} jobs")
     print(f"(load average {os.getloadavg()[0]:.1f} at the end)")
-    out = ROOT / "bench" / "out"
-    out.mkdir(exist_ok=True)
-    (out / "bench_api_claims.json").write_text(
-        json.dumps({"jobs_in_database": jobs, "claim_wait_median_s": waits}, indent=2)
-    )
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}_claims" WITH (FORCE)')
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    shutil.rmtree(home, ignore_errors=True)
+    report = {"jobs_in_database": jobs, "claim_wait_median_s": waits}
+    finish("bench_api_claims.json", report, [DATABASE + "_claims"], [home])
 
 
 def claim_wait_report(
@@ -571,15 +571,7 @@ def main() -> None:
     if args.jobs:
         running = post_to_running_report(env, key, home, args.jobs)
 
-    out = ROOT / "bench" / "out"
-    out.mkdir(exist_ok=True)
-    (out / "bench_api.json").write_text(
-        json.dumps({"latency": latency, "post_to_running": running}, indent=2)
-    )
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    shutil.rmtree(home, ignore_errors=True)
+    finish("bench_api.json", {"latency": latency, "post_to_running": running}, [DATABASE], [home])
 
 
 if __name__ == "__main__":
