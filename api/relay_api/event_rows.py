@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, bindparam, null, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from relay.events import METRICS, Event, ResumedEvent, RetryEvent, StageEvent, TrackerEvent
 from relay_api.db import iso
@@ -140,6 +140,15 @@ def locked_card(db: Session, job_id: str) -> CardState:
 def save_card(db: Session, job_id: str, card: CardState) -> None:
     """Store the card state of locked_card, folded on."""
     db.execute(update(fine_tune_cards).where(fine_tune_cards.c.job_id == job_id).values(state=card.to_json()))
+
+
+def fill_card(sessions: sessionmaker[Session], job_id: str) -> None:
+    """Give a job without a card row (its events were written before cards were kept) its row, its
+    events so far folded in, in a transaction of its own: a reader's, so that the next read of its
+    card is constant time. The same locking as a writer's, so a writer's event is never lost."""
+    with sessions() as db:
+        save_card(db, job_id, locked_card(db, job_id))
+        db.commit()
 
 
 def event_object(row: Mapping[str, Any]) -> dict[str, Any]:

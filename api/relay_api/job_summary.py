@@ -11,9 +11,10 @@ eval, pushes), each checkpoint with the metrics window at its step (an indexed p
 grows with those few, not with the metrics.
 
 `summarize` is the reference: the card from every event of the job, folded with the same rules. The
-route uses it for a job that has no card row (no metrics or resumed event yet, or a job that ended
-before cards were kept, migration 0017) and when the stored reports cannot give the ETA's pace
-(CardState.recent_is_complete); the tests check that both ways give the same card.
+route uses it when the stored reports cannot give the ETA's pace (CardState.recent_is_complete);
+the tests check that both ways give the same card. A job without a card row (its events were
+written before cards were kept, migration 0017) gets one at its card's first read, which folds its
+events so far as a writer would.
 
 It is a route of its own rather than part of retrieve, which stays a single-row read:
 ``FineTuneJob.wait`` and the console poll that.
@@ -94,10 +95,23 @@ _CARDS_EVENTS = (
 Window = tuple[int | None, Mapping[str, Any]]
 
 
-def job_summary(db: Db, user_id: int, job_id: str, work_dir: Path, now: dt.datetime) -> dict[str, Any]:
-    """The caller's job's card, as the API answers it (404 for another user's job)."""
+def job_summary(
+    db: Db,
+    user_id: int,
+    job_id: str,
+    work_dir: Path,
+    now: dt.datetime,
+    fill_card: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """The caller's job's card, as the API answers it (404 for another user's job). A job without a
+    card row gets one through `fill_card` (event_rows.fill_card, in a transaction of its own), so
+    that only its first read reads every event; without `fill_card`, every read does."""
     row = get(db, user_id, job_id, shown_only=True)
     stored = db.execute(_CARD_STATE, {"job_id": job_id}).scalar()
+    if stored is None and fill_card is not None:
+        db.rollback()  # end this read's snapshot, so that the next one sees the new row
+        fill_card(job_id)
+        stored = db.execute(_CARD_STATE, {"job_id": job_id}).scalar()
     state = CardState.from_json(stored)
     if state is None or not state.recent_is_complete():
         rows = db.execute(_JOBS_EVENTS, {"job_id": job_id}).all()

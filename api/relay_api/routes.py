@@ -7,6 +7,7 @@ import base64
 import json
 import logging
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Request
@@ -118,7 +119,8 @@ def fine_tune_summary(job_id: JobId, user: CurrentUser, request: Request, settin
     reported, and how to use the model (commands with the job's id). The console's job page, the
     SDK's `FineTuneJob.summary()` and `relay fine-tunes retrieve` show this answer."""
     with read_db(request) as db:
-        card = job_summary.job_summary(db, user, job_id, settings.job_dir(job_id), utcnow())
+        fill = partial(event_rows.fill_card, request.app.state.db_sessions)
+        card = job_summary.job_summary(db, user, job_id, settings.job_dir(job_id), utcnow(), fill)
     return JSONResponse(card)
 
 

@@ -3,7 +3,8 @@ folded as its events are written, and its few other events) is the card of every
 (job_summary.summarize, the reference), on real PostgreSQL, for jobs of varied event sequences:
 metrics with and without their figures, resumes, repeats, checkpoints between windows and at them,
 validation and evaluation, pushes, reports out of time order, and events written before cards were
-kept. (test_job_summary.py checks the reference's figures themselves.)"""
+kept (folded at the job's next metrics event, or at its card's first read). (test_job_summary.py
+checks the reference's figures themselves.)"""
 
 from __future__ import annotations
 
@@ -304,6 +305,39 @@ def test_the_route_answers_the_folded_card(
     answer = parked.get(f"/v1/fine-tunes/{job_id}/summary", headers=owner)
     assert answer.status_code == 200, answer.text
     assert answer.json() == reference(db, job_id, stack.settings.job_dir(job_id))
+
+
+def test_a_job_from_before_cards_gets_its_row_at_its_first_read(
+    stack: Stack,
+    parked: TestClient,
+    owner: dict[str, str],
+    new_job: Callable[..., str],
+    db: Connection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job that ended before cards were kept has no row, and no event will come to fold its events
+    into one: the route's first read folds them (as a writer would), and every read after it takes
+    the row, never every event."""
+    job_id = new_job(st.COMPLETED, step=400, finished_at=at(9000))
+    with stack.sessions() as session:
+        for step, kind, written, data in [*long_run(40, 30.0), event(400, "resumed", 8000, attempt=2)]:
+            row = {"job_id": job_id, "step": step, "kind": stored_kind(kind, 2), "attempt": 1, "data": data}
+            session.execute(insert(fine_tune_events).values({**row, "created_at": at(written)}))
+        session.commit()
+    assert stored_state(db, job_id) is None
+    expected = reference(db, job_id, stack.settings.job_dir(job_id))
+    first = parked.get(f"/v1/fine-tunes/{job_id}/summary", headers=owner)
+    assert first.status_code == 200, first.text
+    assert first.json() == expected
+    assert stored_state(db, job_id) is not None
+
+    def every_event(*args: Any) -> Any:
+        raise AssertionError("the card read every event of the job")
+
+    monkeypatch.setattr(job_summary, "summarize", every_event)
+    again = parked.get(f"/v1/fine-tunes/{job_id}/summary", headers=owner)
+    assert again.status_code == 200, again.text
+    assert again.json() == expected
 
 
 def test_the_folded_card_on_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
