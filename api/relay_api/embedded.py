@@ -38,6 +38,8 @@ def serve(host: str, port: int, log: Callable[[str], None] = print) -> None:
     home = client_config.data_dir().expanduser().absolute()
     os.environ["RELAY_HOME"] = str(home)  # the worker process reads the same settings
     os.environ.setdefault("RELAY_METRICS", "true")  # a laptop's /metrics tells no one else anything
+    # A laptop's webhook receivers are its own (localhost): no deployment network to keep them out of.
+    os.environ.setdefault("RELAY_WEBHOOK_PRIVATE_ADDRESSES", "true")
     # The API and its worker read one disk: a dataset directory that is not there is refused at once.
     os.environ.setdefault("RELAY_API_SHARES_WORKERS_DISK", "true")
     # Its workers train on this machine: without a GPU here, a pi05 job is refused from the first

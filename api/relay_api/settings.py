@@ -134,6 +134,10 @@ class Settings(BaseSettings):
     webhook_senders: int = Field(4, ge=1, le=64)
     # Webhooks a user may have.
     webhooks_per_user: int = Field(20, ge=1)
+    # Whether webhooks may go to loopback, private, link-local and other non-public addresses: off,
+    # so that a user's URL cannot reach into the deployment's own network (relay_api.
+    # webhook_addresses); `relay server` turns it on, as a laptop's receivers are its own.
+    webhook_private_addresses: bool = False
 
     # How often a live event stream looks for new events.
     events_poll_seconds: float = Field(0.5, gt=0)

@@ -6,7 +6,9 @@ the events, so no request ever waits on a receiver.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import Response
@@ -19,6 +21,7 @@ from relay_api.errors import APIProblem
 from relay_api.openapi import inline_schema
 from relay_api.params import PageAfter, PageLimit, WebhookId
 from relay_api.responses import JSONResponse
+from relay_api.webhook_addresses import PRIVATE_RULE, refusal_at_create
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=schemas.ERRORS)
 
@@ -47,6 +50,11 @@ def create_webhook(
         config = WebhookConfig.parse(body)
     except ConfigError as error:
         raise APIProblem(400, error.message, param=error.param, code=error.code) from None
+    host = urlsplit(config.url).hostname or ""
+    refusal = None if settings.webhook_private_addresses else refusal_at_create(host)
+    if refusal is not None:
+        message = f"bad url: {json.dumps(config.url)} ({PRIVATE_RULE}; {refusal})"
+        raise APIProblem(400, message, param="url", code="invalid_value")
     return JSONResponse(webhooks.create(db, user, config, settings))
 
 

@@ -185,6 +185,8 @@ class Stack:
             # reconciler pass, and an attempt gives up on a receiver after 2 s.
             "RELAY_WEBHOOK_RETRY_SECONDS": "0.5",
             "RELAY_WEBHOOK_TIMEOUT_SECONDS": "2",
+            # The tests' receivers listen on loopback (test_webhook_addresses.py covers the refusal).
+            "RELAY_WEBHOOK_PRIVATE_ADDRESSES": "true",
         }
         self.settings = Settings(
             **{

@@ -412,6 +412,7 @@ def test_the_dispatcher_derives_once_claims_once_retries_and_gives_up_on_sqlite(
         webhook_retry_seconds="1,2",
         webhook_max_attempts=3,
         webhook_timeout_seconds=2,
+        webhook_private_addresses=True,  # as `relay server` runs: the receiver is on loopback
     )
     migrate.upgrade(settings.database_url)
     sessions = session_factory(settings)
@@ -436,7 +437,7 @@ def test_the_dispatcher_derives_once_claims_once_retries_and_gives_up_on_sqlite(
         def attempt(delivery: dict[str, Any], status: int, at: dt.datetime) -> None:
             receiver.status = status
             with httpx.Client(timeout=2) as http:
-                code, error = dispatch.send(http, delivery)
+                code, error = dispatch.send(http, delivery, settings.webhook_private_addresses)
             dispatch.record(db, settings, delivery, code, error, at)
 
         first = {d["url"]: d for d in claimed}
@@ -485,7 +486,12 @@ def test_a_slow_receiver_costs_a_sender_thread_its_time_limit_and_never_the_pass
     from relay_api.models import FineTune, users
     from relay_worker.webhook_dispatch import Dispatcher
 
-    settings = Settings(home=tmp_path, webhook_timeout_seconds=1, webhook_retry_seconds="60")
+    settings = Settings(
+        home=tmp_path,
+        webhook_timeout_seconds=1,
+        webhook_retry_seconds="60",
+        webhook_private_addresses=True,  # the receiver is on loopback
+    )
     migrate.upgrade(settings.database_url)
     sessions = session_factory(settings)
     with sessions() as db:

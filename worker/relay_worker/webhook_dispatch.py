@@ -44,6 +44,7 @@ from relay.webhooks import EVENT_OF_STATUS, FINE_TUNE_EVALUATED
 from relay_api.db import rows_changed, utcnow
 from relay_api.models import fine_tune_events, fine_tunes, webhook_deliveries, webhooks
 from relay_api.settings import Settings
+from relay_api.webhook_addresses import RefusedAddress, public_address
 
 log = logging.getLogger(__name__)
 
@@ -272,19 +273,34 @@ def record(
         )
 
 
-def send(http: httpx.Client, delivery: Mapping[str, Any]) -> tuple[int | None, str | None]:
-    """One attempt: POST the signed body; the answer's status code, or why there was none."""
+def send(
+    http: httpx.Client, delivery: Mapping[str, Any], private_addresses: bool
+) -> tuple[int | None, str | None]:
+    """One attempt: POST the signed body; the answer's status code, or why there was none. Unless
+    `private_addresses`, only to a public address, the one checked (relay_api.webhook_addresses)."""
     body = delivery["payload"].encode()
     headers = {
         "content-type": "application/json",
         "user-agent": f"relay-webhooks/{__version__}",
         **webhook_signature.headers(delivery["secret"], delivery["id"], int(time.time()), body),
     }
+    extensions: dict[str, Any] = {}
     try:
+        url = httpx.URL(delivery["url"])
+        if not private_addresses:
+            address = public_address(url.host, url.port or (443 if url.scheme == "https" else 80))
+            # To the address checked; the URL's host still names the receiver (Host, TLS's SNI
+            # and the certificate's check).
+            headers["host"] = url.netloc.decode("ascii")
+            if url.scheme == "https":
+                extensions["sni_hostname"] = url.host
+            url = url.copy_with(host=address)
         # Streamed, and the answer's body never read: only its status matters, and a receiver
         # answering a large or endless body must not hold the thread.
-        with http.stream("POST", delivery["url"], content=body, headers=headers) as response:
+        with http.stream("POST", url, content=body, headers=headers, extensions=extensions) as response:
             code = response.status_code
+    except RefusedAddress as refused:
+        return None, str(refused)[:ERROR_MAX]
     except httpx.HTTPError as error:
         return None, f"{type(error).__name__}: {error}"[:ERROR_MAX]
     except Exception as error:  # a URL httpx refuses late (an odd host): the receiver's fault, not ours
@@ -319,7 +335,7 @@ class Dispatcher:
 
     def _attempt(self, delivery: Mapping[str, Any]) -> None:
         try:
-            code, error = send(self.http, delivery)
+            code, error = send(self.http, delivery, self.settings.webhook_private_addresses)
             with self.db_sessions() as db:
                 record(db, self.settings, delivery, code, error, utcnow())
             if error:
