@@ -197,16 +197,16 @@ def open_dataset(
     image_fit: ImageFit | None = None,
 ) -> LeRobotDataset:
     """Resolve, validate and index a dataset (once per content), then serve its frames as samples.
-        `revision`: a Hub repo's branch, tag or commit (by default v2.1, else a v3.0 default branch).
-        `normalization`: the model's (pi05: quantiles; SmolVLA: mean and std). `camera_names`: "model"
-        maps the cameras to pi05's slots (`cameras`, else the features in order); "dataset" keeps every
-        camera under the dataset's own feature name (SmolVLA reads any number of cameras). `image_fit`:
+    `revision`: a Hub repo's branch, tag or commit (by default v2.1, else a v3.0 default branch).
+    `normalization`: the model's (pi05: quantiles; SmolVLA: mean and std). `camera_names`: "model"
+    maps the cameras to pi05's slots (`cameras`, else the features in order); "dataset" keeps every
+    camera under the dataset's own feature name (SmolVLA reads any number of cameras). `image_fit`:
     how the model fits an image to its size (pi05's `relay_engine.models.image_fit`); video cameras
     are then decoded into the frame index at that size (None: at their recorded size), and their
     samples' images come fitted.
 
-        Raises DatasetError naming the dataset and every problem found, ConfigError for a camera map or
-        horizon that cannot be honoured.
+    Raises DatasetError naming the dataset and every problem found, ConfigError for a camera map or
+    horizon that cannot be honoured.
     """
     if isinstance(action_horizon, bool) or not isinstance(action_horizon, int) or action_horizon < 1:
         raise ConfigError(f"action_horizon must be a positive integer, got {action_horizon!r}")

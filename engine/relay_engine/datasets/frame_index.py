@@ -307,7 +307,6 @@ class FrameIndex:
         self._video_file = {c: _NpyFile(directory / "videos" / f"{c}.file.npy") for c in self.video_files}
         # Video camera -> its frames decoded into the index at `fit`'s size, where they were (else
         # decoded per sample, at their recorded size).
-        self.fit = fit
         self.decoded = decoded_frames.open_decoded(directory, fit)
         self._video_time = {c: _NpyFile(directory / "videos" / f"{c}.time.npy") for c in self.video_files}
 
