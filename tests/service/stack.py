@@ -132,6 +132,17 @@ class WorkerProcess:
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
+    def freeze(self) -> None:
+        """SIGSTOP the worker and its pool processes at once, as a paused VM: it holds its
+        connections and does nothing, its heartbeats included, until `thaw`."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT after `freeze`: the worker goes on where it stopped."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGCONT)
+
     def shut_down(self, timeout: float = 120) -> int:
         """SIGTERM to the main process only, as `docker compose stop` does; returns its exit status."""
         assert self.process is not None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -309,12 +308,6 @@ def worker_owning(workers: list[WorkerProcess], owner: str) -> WorkerProcess:
     return next(w for w in workers if w.process is not None and os.getpgid(pid) == w.process.pid)
 
 
-def signal_worker(worker: WorkerProcess, signum: signal.Signals) -> None:
-    """SIGSTOP or SIGCONT to the worker and its pool process at once, as a frozen (then thawed) VM."""
-    assert worker.process is not None
-    os.killpg(worker.process.pid, signum)
-
-
 @dataclass(frozen=True)
 class Backend:
     """One of a worker's connections, as pg_stat_activity shows it."""
@@ -370,13 +363,13 @@ def freeze_inside_a_transaction(stack: Stack, worker: WorkerProcess, job_id: str
             }
             if not caught:
                 continue
-            signal_worker(worker, signal.SIGSTOP)
+            worker.freeze()
             frozen_at = time.monotonic()
             time.sleep(0.2)  # (a statement under way runs to its end)
             still = {(b.pid, b.transaction_started) for b in backends_of(watch, worker)}
             if caught & still and row_locked(watch, job_id):
                 return frozen_at
-            signal_worker(worker, signal.SIGCONT)
+            worker.thaw()
     raise AssertionError("the worker was never caught inside a transaction on the job's row")
 
 
@@ -479,7 +472,7 @@ def test_a_worker_frozen_inside_a_transaction_holds_up_no_other_jobs_failover(
             f"reconciler every {stack.settings.reconcile_seconds:.0f} s), the other worker still frozen"
         )
     finally:
-        signal_worker(frozen, signal.SIGCONT)
+        frozen.thaw()
         for job in jobs:
             with contextlib.suppress(Exception):
                 job.cancel()
@@ -540,18 +533,18 @@ def test_a_worker_frozen_past_its_lease_leaves_its_successors_checkpoint_alone(
         while True:
             writing = lambda: temporaries(stack, job.id, frozen_at)  # noqa: E731
             wait_for(writing, 300, "the successor's next checkpoint write", every=0.002)
-            signal_worker(successor, signal.SIGSTOP)
+            successor.freeze()
             time.sleep(0.2)  # (a statement under way runs to its end)
             caught = writing()
             if caught and not open_transactions(stack):
                 break
-            signal_worker(successor, signal.SIGCONT)  # it finished meanwhile, or holds a lock: the next one
-        signal_worker(frozen, signal.SIGCONT)
+            successor.thaw()  # it finished meanwhile, or holds a lock: the next one
+        frozen.thaw()
         stopped = f"{job.id}: attempt 1 no longer owns the job; stopping"
         wait_for(lambda: stopped in frozen.log_since_start(), 60, "the thawed worker to stop", every=0.05)
         surviving = [path for path in caught if path.exists()]
         attempts = job.refresh().to_dict()["attempts"]
-        signal_worker(successor, signal.SIGCONT)
+        successor.thaw()
         assert attempts == 2, "the held successor's lease lapsed (a third attempt may tidy its write)"
         assert surviving == caught, "the fenced-out attempt removed its successor's checkpoint write"
 
@@ -564,7 +557,7 @@ def test_a_worker_frozen_past_its_lease_leaves_its_successors_checkpoint_alone(
     finally:
         client.close()
         for started in workers:
-            signal_worker(started, signal.SIGCONT)
+            started.thaw()
             started.stop()
 
 

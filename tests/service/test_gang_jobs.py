@@ -82,10 +82,15 @@ def no_gang_job_outlives_its_test(stack: Stack) -> Iterator[None]:
 
 @pytest.fixture
 def lonely_worker(stack: Stack) -> Iterator[WorkerProcess]:
-    """A worker of one slot alone on its own queue, waiting 2 s for a gang's other hosts. (Only
-    for its test: its reconciler publishes jobs it hands on to its own queue.)"""
+    """A worker of one slot alone on its own queue, waiting 2 s for a gang's other hosts. It
+    reconciles every 10 minutes, and counts a worker as live for three such passes after its last
+    heartbeat: the hosts its test freezes still count (so it takes a seat), and it publishes
+    nothing while the test runs (so it takes no second one). Only for its test."""
     worker = stack.start_standby_worker(
-        RELAY_WORKER_SLOTS="1", RELAY_FINE_TUNE_QUEUE=LONELY_QUEUE, RELAY_GANG_WAIT_SECONDS="2"
+        RELAY_WORKER_SLOTS="1",
+        RELAY_FINE_TUNE_QUEUE=LONELY_QUEUE,
+        RELAY_GANG_WAIT_SECONDS="2",
+        RELAY_RECONCILE_SECONDS="600",
     )
     worker.wait_ready()
     yield worker
@@ -178,30 +183,36 @@ def test_a_gang_whose_second_host_never_arrives_gives_its_host_back_and_stays_qu
     lonely_client: Client,
     dataset: Path,
 ) -> None:
-    # The cluster has the GPUs (so the API accepts the job), but only the lonely worker reads its queue.
+    # The cluster has the GPUs (so the API accepts the job), but only the lonely worker reads its
+    # queue. The other hosts are frozen, as if they never came: awake, once the lonely worker gives
+    # its seat back and parks the job, their reconcilers would publish it to their own queue and
+    # they would run it as a gang of two (seen in CI, before the check below could read `queued`).
     until_two_slots_live(stack)
     job = train(config(dataset, gpus=2), client=lonely_client)
-    given_back = "gave the gang's hosts back (1 of its 2 GPUs arrived within 2 s"
-    wait_for(
-        lambda: given_back in lonely_worker.log_since_start(),
-        120,
-        "the lonely worker to give its seat back",
-        every=0.2,
-    )
-    job.refresh()
-    assert job.status == "queued"
-    assert job.to_dict()["attempts"] == 0 and job.to_dict()["started_at"] is None
-    assert not (stack.settings.job_dir(job.id) / "launch").exists()
-    job.cancel()
-    # Cancelled at once if still queued; `cancel_requested` first if the lonely worker had taken
-    # its seat again meanwhile (seen in CI), and `cancelled` once that worker sees it.
-    wait_for(lambda: job.refresh().status == "cancelled", 60, "the job to end cancelled", every=0.2)
-    # The seat the worker may have taken again is given back once it sees the job is over.
-    with stack.sessions() as session:
-        count = lambda: session.scalar(  # noqa: E731
-            select(func.count()).select_from(FineTuneHost).where(FineTuneHost.job_id == job.id)
+    for host in two_hosts:
+        host.freeze()
+    try:
+        given_back = "gave the gang's hosts back (1 of its 2 GPUs arrived within 2 s"
+        wait_for(
+            lambda: given_back in lonely_worker.log_since_start(),
+            120,
+            "the lonely worker to give its seat back",
+            every=0.2,
         )
-        wait_for(lambda: count() == 0, 30, "the job's seats to be given back")
+        job.refresh()
+        assert job.status == "queued"
+        assert job.to_dict()["attempts"] == 0 and job.to_dict()["started_at"] is None
+        assert not (stack.settings.job_dir(job.id) / "launch").exists()
+        job.cancel()
+        assert job.refresh().status == "cancelled"  # nothing held it: cancelled at once
+        with stack.sessions() as session:
+            seats = session.scalar(
+                select(func.count()).select_from(FineTuneHost).where(FineTuneHost.job_id == job.id)
+            )
+        assert seats == 0
+    finally:
+        for host in two_hosts:
+            host.thaw()
 
 
 def worker_of(hosts: list[WorkerProcess], name: str) -> WorkerProcess:
