@@ -343,7 +343,13 @@ class _Training:
     ) -> None:
         self.run, self.prepared, self.store, self.callbacks = run, prepared, store, callbacks
         self.trackers = trackers
-        self.order = BatchOrder(prepared.samples, prepared.batch_size, run.recipe.seed, span_epochs=True)
+        self.order = BatchOrder(
+            prepared.samples,
+            prepared.batch_size,
+            run.recipe.seed,
+            span_epochs=True,
+            epoch_samples=prepared.epoch_samples,
+        )
         self.position = position
         self.batches = prepared.batches(self.order, position)
         self.evaluated: set[int] = set()  # the steps whose closed-loop evaluation ran

@@ -29,6 +29,10 @@ def select(dataset: MapDataset, indices: Sequence[int]) -> MapDataset:
     return torch.utils.data.Subset(cast("torch.utils.data.Dataset[Any]", dataset), indices)
 
 
+# The dataset indices an epoch visits, before its shuffle (see BatchOrder).
+EpochSamples = Callable[[int], np.ndarray]
+
+
 @dataclass(frozen=True)
 class DataPosition:
     epoch: int = 0
@@ -48,22 +52,40 @@ class BatchOrder:
     With `span_epochs`, a batch that reaches an epoch's end continues into the next epoch, so every
     batch has `batch_size` samples (the recipe's fixed batch size). Without it, an epoch's last
     batch holds what is left (the local trainer's epochs).
+
+    `epoch_samples(epoch)`, when given, says which dataset indices an epoch visits: `num_samples`
+    of them, repeats allowed, a pure function of the epoch (a mixture's weighted draw). Without it
+    an epoch visits every index once. Either way the epoch is then shuffled by (seed, epoch).
     """
 
-    def __init__(self, num_samples: int, batch_size: int, seed: int, *, span_epochs: bool) -> None:
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        seed: int,
+        *,
+        span_epochs: bool,
+        epoch_samples: EpochSamples | None = None,
+    ) -> None:
         if num_samples <= 0:
             raise ValueError("the dataset has no samples")
         self.num_samples = num_samples
         self.batch_size = batch_size
         self.seed = seed
         self.span_epochs = span_epochs
+        self.epoch_samples = epoch_samples
         self._permutations: dict[int, np.ndarray] = {}
 
     def permutation(self, epoch: int) -> np.ndarray:
+        """The dataset indices of `epoch`, in the order it reads them."""
         if epoch not in self._permutations:
-            self._permutations = {
-                epoch: np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
-            }
+            shuffle = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+            if self.epoch_samples is not None:
+                samples = self.epoch_samples(epoch)
+                if len(samples) != self.num_samples:
+                    raise ValueError(f"epoch {epoch} has {len(samples)} samples, not {self.num_samples}")
+                shuffle = samples[shuffle]
+            self._permutations = {epoch: shuffle}
         return self._permutations[epoch]
 
     def batches_per_epoch(self) -> int:

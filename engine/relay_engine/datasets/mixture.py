@@ -10,9 +10,11 @@ the quantiles are exact here, not an average of quantiles.
 
 `WeightedFrames` is the training split of a mixture as one map-style dataset. An epoch holds as
 many samples as the training frames of all the datasets; dataset i gives share_i of them (its
-weight over the sum): its frames whole as many times as they fit, and a seeded choice of the rest.
-The recipe's seeded order then shuffles the epoch, so sampling follows the weights, every batch
-mixes the datasets, and a resumed run reads the same samples as one that never stopped.
+weight over the sum): its frames whole as many times as they fit, and a choice of the rest drawn
+afresh each epoch from the seed and the epoch. The recipe's seeded order then shuffles the epoch,
+so sampling follows the weights, every batch mixes the datasets, a dataset drawn at less than its
+frames' share trains on all of its frames over the epochs, and a resumed run reads the same samples
+as one that never stopped.
 """
 
 from __future__ import annotations
@@ -129,26 +131,42 @@ def sample_counts(sizes: Sequence[int], shares: Sequence[float]) -> list[int]:
 
 
 class WeightedFrames:
-    """A mixture's training frames as one map-style dataset whose epoch follows the shares (see the
-    module): ``frames[k]`` is a Sample of one dataset; `part_of` and `frame_of` say which."""
+    """A mixture's training frames as one map-style dataset, and each epoch's draw from them at
+    the shares (see the module): ``frames[k]`` is a Sample of one dataset (`part_of` and
+    `frame_of` say which), and `epoch_samples(epoch)` the k's an epoch visits."""
 
     def __init__(self, mixture: DatasetMixture, training: Sequence[np.ndarray], seed: int) -> None:
         self.parts = mixture.parts
-        rng = np.random.default_rng(seed)
-        counts = sample_counts([len(frames) for frames in training], mixture.shares)
-        part_of, frame_of = [], []
-        for index, (frames, count) in enumerate(zip(training, counts, strict=True)):
-            whole, rest = divmod(count, len(frames))
-            chosen = np.concatenate(
-                [np.tile(frames, whole), np.sort(rng.choice(frames, rest, replace=False))]
-            )
-            part_of.append(np.full(len(chosen), index, dtype=np.int16))
-            frame_of.append(chosen.astype(np.int64))
-        self.part_of = np.concatenate(part_of)
-        self.frame_of = np.concatenate(frame_of)
+        self.seed = seed
+        self.sizes = [len(frames) for frames in training]
+        self.counts = sample_counts(self.sizes, mixture.shares)
+        self.part_of = np.concatenate(
+            [np.full(len(frames), index, dtype=np.int16) for index, frames in enumerate(training)]
+        )
+        self.frame_of = np.concatenate([np.asarray(frames, dtype=np.int64) for frames in training])
+        self._starts = np.cumsum([0, *self.sizes])[:-1]
 
     def __len__(self) -> int:
         return len(self.frame_of)
 
     def __getitem__(self, index: int) -> Sample:
         return self.parts[int(self.part_of[index])][int(self.frame_of[index])]
+
+    def epoch_samples(self, epoch: int) -> np.ndarray:
+        """The indices `epoch` visits, as many as there are training frames: each dataset's frames
+        whole as many times as its count holds them, and the rest drawn afresh for each epoch (from
+        the seed and the epoch alone, so a resumed run draws the same), so a dataset at less than
+        its frames' share trains on all of them over the epochs."""
+        rng = np.random.default_rng([self.seed, epoch, _DRAW_STREAM])
+        chosen = []
+        for start, size, count in zip(self._starts, self.sizes, self.counts, strict=True):
+            whole, rest = divmod(count, size)
+            own = np.concatenate(
+                [np.tile(np.arange(size), whole), np.sort(rng.choice(size, rest, replace=False))]
+            )
+            chosen.append(start + own)
+        return np.concatenate(chosen)
+
+
+# Keeps the epochs' draws apart from the seeded shuffle of the same (seed, epoch) (BatchOrder).
+_DRAW_STREAM = 1

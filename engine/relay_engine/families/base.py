@@ -26,7 +26,7 @@ from relay.events import CHUNKS_PER_FRAME, Event
 from relay.families import FamilySpec
 from relay.optimizer import AdamParams
 from relay_engine.core.checkpoint import CheckpointStore
-from relay_engine.core.data import BatchOrder, DataPosition
+from relay_engine.core.data import BatchOrder, DataPosition, EpochSamples
 from relay_engine.core.learner import Learner
 from relay_engine.errors import ConfigError, EngineError
 
@@ -78,6 +78,8 @@ class PreparedRecipe:
     # decides which one writes).
     write_output: Callable[[Path], None]
     parallel: GroupCollectives | None = None
+    # Which samples an epoch reads, when not each index once (a mixture's draw at its shares).
+    epoch_samples: EpochSamples | None = None
     # What the result says beyond the step and loss (pi05: processes and strategy).
     extra: dict[str, Any] = field(default_factory=dict)
     # What the run read (pi05: a DatasetEvent), reported once at the step it starts from.

@@ -5,13 +5,14 @@ order on, and the event saying what was read."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from relay.dataset_mixture import recipe_datasets
 from relay.events import DatasetEvent, Event
-from relay_engine.core.data import BatchOrder, DataPosition
+from relay_engine.core.data import BatchOrder, DataPosition, EpochSamples
 from relay_engine.errors import ConfigError
 from relay_engine.families.base import RecipeRun
 
@@ -49,17 +50,27 @@ def open_recipe_data(run: RecipeRun, image_fit: ImageFit | None = None) -> Datas
     )
 
 
-def training_frames(
-    run: RecipeRun, mixture: DatasetMixture, splits: Sequence[FrameSplit]
-) -> tuple[Any, np.ndarray]:
-    """What the sampler reads and which of its indices train: one dataset's training split, or a
-    mixture's training frames at their shares (WeightedFrames), all of whose samples train."""
+@dataclass(frozen=True)
+class TrainingFrames:
+    """What the seeded order reads of a recipe's data: `dataset[i]` for the training frames i in
+    `indices`; an epoch is `samples` of them, `epoch_samples` choosing which (None: each once)."""
+
+    dataset: Any
+    indices: np.ndarray
+    samples: int
+    epoch_samples: EpochSamples | None = None
+
+
+def training_frames(mixture: DatasetMixture, splits: Sequence[FrameSplit], seed: int) -> TrainingFrames:
+    """One dataset's training split, or a mixture's training frames drawn at their shares afresh
+    each epoch (WeightedFrames)."""
     from relay_engine.datasets.mixture import WeightedFrames
 
     if len(mixture.parts) == 1:
-        return mixture.first, splits[0].training
-    weighted = WeightedFrames(mixture, [split.training for split in splits], run.recipe.seed)
-    return weighted, np.arange(len(weighted))
+        training = splits[0].training
+        return TrainingFrames(mixture.first, training, len(training))
+    weighted = WeightedFrames(mixture, [split.training for split in splits], seed)
+    return TrainingFrames(weighted, np.arange(len(weighted)), sum(weighted.counts), weighted.epoch_samples)
 
 
 def lerobot_batches(

@@ -14,6 +14,7 @@ import pytest
 from relay.dataset_mixture import DatasetSource
 from relay.events import DatasetEvent, ValidationEvent
 from relay.sft.config import SFTConfig
+from relay_engine.core.data import BatchOrder, DataPosition
 from relay_engine.datasets import compute_norm_stats, open_dataset, write_synthetic_dataset
 from relay_engine.datasets.mixture import DatasetMixture, WeightedFrames, open_mixture, sample_counts
 from relay_engine.errors import ConfigError
@@ -91,13 +92,51 @@ def test_an_epoch_draws_each_dataset_at_its_share(
     mixture = open_mixture(sources(image_v21, video_v30, weights), action_horizon=4, cache_dir=str(tmp_path))
     training = [np.arange(len(part)) for part in mixture.parts]
     frames = WeightedFrames(mixture, training, seed=0)
-    assert len(frames) == sum(len(part) for part in mixture.parts)
-    share = np.mean(frames.part_of == 0)
-    assert abs(share - weights[0] / sum(weights)) <= 1 / len(frames)
-    # A dataset drawn more than its size gives every frame whole before repeating any a third time.
-    for index, part in enumerate(mixture.parts):
-        counts = np.bincount(frames.frame_of[frames.part_of == index], minlength=len(part))
-        assert counts.max() - counts.min() <= 1
+    for epoch in range(3):
+        drawn = frames.epoch_samples(epoch)
+        assert len(drawn) == sum(len(part) for part in mixture.parts)
+        share = np.mean(frames.part_of[drawn] == 0)
+        assert abs(share - weights[0] / sum(weights)) <= 1 / len(drawn)
+        # A dataset drawn more than its size gives every frame whole before repeating any a third time.
+        for index, part in enumerate(mixture.parts):
+            own = drawn[frames.part_of[drawn] == index]
+            counts = np.bincount(frames.frame_of[own], minlength=len(part))
+            assert counts.max() - counts.min() <= 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_dataset_drawn_below_its_size_trains_on_every_frame_over_the_epochs(
+    image_v21: Path, video_v30: Path, tmp_path: Path, seed: int
+) -> None:
+    # 3 to 1: the video dataset (86 frames) gives a quarter of an epoch's 140 samples, 35 of its
+    # frames an epoch. A draw made once per run leaves the other 51 untrained however long the job.
+    # Drawn afresh each epoch, 30 epochs miss a given frame with odds of (51/86)^30 (1.6e-7), any
+    # of the 86 with odds of 1.4e-5.
+    mixture = open_mixture(
+        sources(image_v21, video_v30, (3.0, 1.0)), action_horizon=4, cache_dir=str(tmp_path)
+    )
+    training = [np.arange(len(part)) for part in mixture.parts]
+    frames = WeightedFrames(mixture, training, seed=seed)
+    video = len(mixture.parts[1])
+    epochs = [frames.epoch_samples(epoch) for epoch in range(30)]
+    video_frames = [set(frames.frame_of[drawn[frames.part_of[drawn] == 1]].tolist()) for drawn in epochs]
+    assert all(len(seen) < video / 2 for seen in video_frames)
+    assert video_frames[0] != video_frames[1]
+    assert set().union(*video_frames) == set(range(video))
+    # Each epoch's draw is a function of the seed and the epoch alone: a resumed run draws the same.
+    again = WeightedFrames(mixture, training, seed=seed)
+    assert all(np.array_equal(again.epoch_samples(epoch), drawn) for epoch, drawn in enumerate(epochs))
+
+
+def test_the_seeded_order_shuffles_the_epochs_draw() -> None:
+    draws = {0: np.array([5, 5, 6, 9]), 1: np.array([6, 7, 7, 8])}
+    order = BatchOrder(4, 4, seed=3, span_epochs=True, epoch_samples=draws.__getitem__)
+    batches = order.batches(DataPosition())
+    first, second = next(batches), next(batches)
+    assert sorted(first) == [5, 5, 6, 9] and sorted(second) == [6, 7, 7, 8]
+    # The same shuffle as an epoch of each index once, applied to the draw.
+    plain = BatchOrder(4, 4, seed=3, span_epochs=True).batches(DataPosition())
+    assert first == draws[0][next(plain)].tolist()
 
 
 def test_sample_counts_add_up_and_keep_every_dataset() -> None:

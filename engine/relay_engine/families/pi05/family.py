@@ -141,7 +141,7 @@ class Pi05Family(Family):
         validator = robot_validator(
             model, validation_loss(model), data.parts, splits, recipe.seed, learner.evaluating
         )
-        training, indices = training_frames(run, data, splits)
+        training = training_frames(data, splits, recipe.seed)
         evaluator = (
             JobEvaluator(model, dataset.norm_stats, config.eval, run.work_dir, context=learner.evaluating)
             if config.eval is not None
@@ -149,9 +149,10 @@ class Pi05Family(Family):
         )
         return Pi05Recipe(
             learner=learner,
-            samples=len(indices),
+            samples=training.samples,
+            epoch_samples=training.epoch_samples,
             batch_size=config.batch_size,
-            batches=lerobot_batches(run, training, indices, policy.collate),
+            batches=lerobot_batches(run, training.dataset, training.indices, policy.collate),
             adam=RECIPE_ADAM,
             write_output=write,
             parallel=parallel,
