@@ -18,7 +18,8 @@ push a model repo, whose commits the routes above then serve:
 - POST /api/models/{repo}/preupload/{revision}        each file's upload mode: lfs or regular
 - POST /{repo}.git/info/lfs/objects/batch             where to PUT each LFS object (basic transfer)
 - PUT  /lfs-objects/{oid}                              an LFS object's bytes, checked against its sha256
-- POST /api/models/{repo}/commit/{revision}           the NDJSON commit: header, file, lfsFile lines
+- POST /api/models/{repo}/commit/{revision}           the NDJSON commit: header, file, lfsFile,
+                                                      deletedFile lines
 
 Writes but the LFS PUT need an Authorization header (a 401 otherwise, as the Hub answers without a
 token); every request's header is kept in `authorizations`, each create call's body in `created`,
@@ -295,9 +296,12 @@ class _HubHandler(BaseHTTPRequestHandler):
         lines = [json.loads(line) for line in body.splitlines() if line.strip()]
         header = next((line["value"] for line in lines if line["key"] == "header"), {})
         writes: dict[str, bytes] = {}
+        deletes: list[str] = []
         for line in lines:
             value = line["value"]
-            if line["key"] == "file":
+            if line["key"] == "deletedFile":
+                deletes.append(value["path"])
+            elif line["key"] == "file":
                 writes[value["path"]] = base64.b64decode(value["content"])
             elif line["key"] == "lfsFile":
                 if value["oid"] not in self.hub.lfs:
@@ -306,6 +310,10 @@ class _HubHandler(BaseHTTPRequestHandler):
             elif line["key"] != "header":
                 return self._error(400, "BadRequest", True, f"unsupported commit line {line['key']}")
         sha, root = self.hub.new_commit(repo, parent)
+        for name in deletes:
+            if not (root / name).is_file():
+                return self._error(404, "EntryNotFound", True, f"cannot delete {name}: no such file")
+            (root / name).unlink()
         for name, data in writes.items():
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             (root / name).write_bytes(data)
@@ -319,6 +327,7 @@ class _HubHandler(BaseHTTPRequestHandler):
                     "sha": sha,
                     "summary": header.get("summary"),
                     "paths": sorted(writes),
+                    "deleted": sorted(deletes),
                 }
             )
         return self._json(

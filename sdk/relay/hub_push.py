@@ -7,6 +7,12 @@ through huggingface_hub's upload API: `HfApi.create_repo` (private unless told o
 large files through the Hub's LFS (or Xet) storage. A local run's checkpoints/ and hidden files stay
 behind. The folder itself is not touched: the card is added to the commit, not written into it.
 
+A push to a branch that an earlier push wrote replaces that push's files: each push records the
+files it wrote in `PUSH_RECORD`, and the next one deletes those of them it does not write again
+(say a processor file the new output lacks), in the same commit, so the branch holds one model's
+files, not two models' mixed. A file no push of Relay's wrote (the team's own) is never deleted,
+nor is anything in a repo whose last push left no record (made by an older Relay, or by hand).
+
 The Hub and the token are huggingface_hub's: HF_ENDPOINT (default https://huggingface.co) and
 HF_TOKEN, read at each call (huggingface_hub reads them once, at import), else the token that
 `hf auth login` saved. The token is sent to the Hub alone: never written to a file, an event or
@@ -18,6 +24,7 @@ huggingface_hub`); nothing here imports torch or the engine.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -35,6 +42,8 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 # What a pushed output leaves behind: a local run's checkpoints (resumption state, not a model),
 # and hidden files (caches, temporaries of an interrupted write).
 _LEFT_OUT_DIRS = frozenset({"checkpoints"})
+# In the repo: which files the last push wrote (JSON: {"files": [...]}), which the next one may delete.
+PUSH_RECORD = ".relay_push.json"
 
 
 class HubPushError(RuntimeError):
@@ -53,6 +62,8 @@ class PushedRepo:
     url: str
     private: bool
     files: tuple[str, ...]
+    # Files an earlier push wrote that this one does not, deleted by its commit.
+    removed: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -62,6 +73,7 @@ class PushedRepo:
             "url": self.url,
             "private": self.private,
             "files": list(self.files),
+            "removed": list(self.removed),
         }
 
     @property
@@ -110,8 +122,9 @@ def push_output(
 ) -> PushedRepo:
     """Push the output in `folder` to the model repo `repo_id` (created, private unless `private` is
     False; an existing repo keeps its visibility) at the branch `revision` (None: main; created
-    from main if absent), with `card` as its README.md, in one commit. `token` and `endpoint`:
-    None reads HF_TOKEN and HF_ENDPOINT (then huggingface_hub's saved login)."""
+    from main if absent), with `card` as its README.md, in one commit that also deletes what the
+    last push there wrote and this one does not (see the module). `token` and `endpoint`: None
+    reads HF_TOKEN and HF_ENDPOINT (then huggingface_hub's saved login)."""
     check_repo_id(repo_id)
     check_branch(revision)
     folder = Path(folder)
@@ -119,7 +132,7 @@ def push_output(
     if card is not None and CARD_FILE in files:
         files.remove(CARD_FILE)  # the card written now replaces one the folder holds
     try:
-        from huggingface_hub import CommitOperationAdd, HfApi
+        from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
     except ImportError:
         raise HubPushError(
             "pushing to the Hub needs huggingface_hub: pip install huggingface_hub "
@@ -128,13 +141,20 @@ def push_output(
     where = hub_endpoint(endpoint)
     api = HfApi(endpoint=where, token=token or os.environ.get("HF_TOKEN") or None)
     branch = revision or DEFAULT_BRANCH
-    operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(folder / name)) for name in files]
+    operations: list[CommitOperationAdd | CommitOperationDelete] = [
+        CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(folder / name)) for name in files
+    ]
     if card is not None:
         operations.append(CommitOperationAdd(path_in_repo=CARD_FILE, path_or_fileobj=card.encode()))
+    written = sorted([*files, *([CARD_FILE] if card is not None else [])])
+    record = json.dumps({"files": written}, indent=1).encode()
+    operations.append(CommitOperationAdd(path_in_repo=PUSH_RECORD, path_or_fileobj=record))
     try:
         api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
         if branch != DEFAULT_BRANCH:
             api.create_branch(repo_id, branch=branch, repo_type="model", exist_ok=True)
+        removed = _left_from_last_push(api, repo_id, branch, set(written))
+        operations += [CommitOperationDelete(path_in_repo=name) for name in removed]
         commit = api.create_commit(
             repo_id,
             operations,
@@ -153,8 +173,29 @@ def push_output(
         commit=str(commit.oid),
         url=f"{where}/{repo_id}" + ("" if branch == DEFAULT_BRANCH else f"/tree/{branch}"),
         private=private,
-        files=tuple(sorted([*files, *([CARD_FILE] if card is not None else [])])),
+        files=tuple(written),
+        removed=tuple(removed),
     )
+
+
+def _left_from_last_push(api: Any, repo_id: str, branch: str, written: set[str]) -> list[str]:
+    """The files the branch's last push recorded (PUSH_RECORD) that are still there and that this
+    push does not write: what it deletes. Nothing without a record, or with one that does not read
+    as a list of file names (edited by hand: nothing is deleted on its word)."""
+    present = set(api.list_repo_files(repo_id, revision=branch, repo_type="model"))
+    if PUSH_RECORD not in present:
+        return []
+    with tempfile.TemporaryDirectory(prefix="relay-push-record-") as scratch:
+        path = api.hf_hub_download(
+            repo_id, PUSH_RECORD, revision=branch, repo_type="model", local_dir=scratch
+        )
+        try:
+            recorded = json.loads(Path(path).read_text())["files"]
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            return []
+    if not isinstance(recorded, list) or not all(isinstance(name, str) for name in recorded):
+        return []
+    return sorted((set(recorded) & present) - written - {PUSH_RECORD})
 
 
 def push_job(

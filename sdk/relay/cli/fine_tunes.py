@@ -393,9 +393,13 @@ def push(
         return
     # create_repo leaves an existing repo's visibility as it was: say what was asked.
     visibility = "private if new" if pushed.private else "public if new"
+    removed = (
+        f"\nremoved what the last push wrote there: {', '.join(pushed.removed)}" if pushed.removed else ""
+    )
     out.print(
         f"pushed {job_id} to {pushed.repo_id} ({visibility}) at {pushed.revision}, commit "
-        f"{pushed.commit[:8]}: {pushed.url}\nstart a job from it: from_checkpoint {pushed.checkpoint}",
+        f"{pushed.commit[:8]}: {pushed.url}{removed}\n"
+        f"start a job from it: from_checkpoint {pushed.checkpoint}",
         highlight=False,
         soft_wrap=True,
     )

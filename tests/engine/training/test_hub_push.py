@@ -16,7 +16,7 @@ import yaml
 import relay
 from relay.errors import ConfigError
 from relay.events import WeightsEvent
-from relay.hub_push import PushedRepo, output_files, push_output
+from relay.hub_push import PUSH_RECORD, PushedRepo, output_files, push_output
 from relay.hub_target import check_branch, check_repo_id
 from relay.model_card import BASE_REPOS, facts_of_events, model_card
 from relay.sft.config import SFTConfig
@@ -108,10 +108,12 @@ def test_an_output_pushed_with_its_card_is_the_next_jobs_from_checkpoint(
     ]
     repo = hub.models["team/pick-cube"]
     assert repo.private and repo.branches["v2"] == pushed.commit
-    assert hub.commits[-1]["paths"] == sorted([*sent, "README.md"])
+    assert hub.commits[-1]["paths"] == sorted([*sent, "README.md", PUSH_RECORD])
+    assert pushed.files == tuple(sorted([*sent, "README.md"])) and pushed.removed == ()
     # Read back from the Hub: every file byte for byte, the weights through its LFS storage.
     on_hub = files_under(repo.commits[pushed.commit])
     assert on_hub.pop("README.md").decode() == card
+    assert json.loads(on_hub.pop(PUSH_RECORD)) == {"files": list(pushed.files)}
     assert on_hub.pop(".gitattributes")  # the new repo's first commit, kept by the push
     assert on_hub == {name: (output / name).read_bytes() for name in sent}
     weights_oid = hashlib.sha256((output / "model.safetensors").read_bytes()).hexdigest()
@@ -160,11 +162,88 @@ def test_a_second_push_to_an_existing_repo_keeps_it_and_commits_on_main(hub: Fak
     assert not hub.models["team/again"].private
     assert set(files_under(hub.models["team/again"].commits[second.commit])) == {
         ".gitattributes",
+        ".relay_push.json",
         "README.md",
         "config.json",
         "model.safetensors",
     }
     assert hub.authorizations[-1] == "Bearer hf_other"  # the token passed beats HF_TOKEN
+
+
+def output_folder(root: Path, **files: bytes) -> Path:
+    """A model output folder holding config.json, model.safetensors and `files` (name: bytes)."""
+    root.mkdir()
+    (root / "config.json").write_text('{"type": "pi05"}')
+    (root / "model.safetensors").write_bytes(b"weights")
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    return root
+
+
+def test_a_push_replaces_what_the_last_push_wrote_and_keeps_the_teams_own_files(
+    hub: FakeHub, tmp_path: Path
+) -> None:
+    from huggingface_hub import HfApi
+
+    first = push_output(
+        output_folder(tmp_path / "first", **{"policy_preprocessor.json": b"{}"}), "team/model", card="# one\n"
+    )
+    # A file the team adds by hand, beside the pushed ones.
+    HfApi(endpoint=hub.endpoint, token=TOKEN).upload_file(
+        path_or_fileobj=b"our notes", path_in_repo="notes.md", repo_id="team/model"
+    )
+    # The next output has another processor file, and is pushed without a card.
+    second = push_output(
+        output_folder(tmp_path / "second", **{"policy_postprocessor.json": b"{}"}), "team/model", card=None
+    )
+    assert first.removed == () and second.removed == ("README.md", "policy_preprocessor.json")
+    assert hub.commits[-1]["deleted"] == ["README.md", "policy_preprocessor.json"]
+    on_main = files_under(hub.models["team/model"].commits[second.commit])
+    assert set(on_main) == {
+        ".gitattributes",
+        PUSH_RECORD,
+        "config.json",
+        "model.safetensors",
+        "notes.md",
+        "policy_postprocessor.json",
+    }
+    assert json.loads(on_main[PUSH_RECORD]) == {
+        "files": ["config.json", "model.safetensors", "policy_postprocessor.json"]
+    }
+
+    # A new branch starts from main, record included: its first push replaces main's last push's
+    # files there, and main keeps them.
+    branch = push_output(output_folder(tmp_path / "third"), "team/model", card="# three\n", revision="v2")
+    assert branch.removed == ("policy_postprocessor.json",)
+    on_branch = files_under(hub.models["team/model"].commits[branch.commit])
+    assert set(on_branch) == {
+        ".gitattributes",
+        PUSH_RECORD,
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "notes.md",
+    }
+    assert hub.models["team/model"].branches["main"] == second.commit
+
+
+@pytest.mark.parametrize("record", [None, b"not json", b'{"files": "model.safetensors"}', b"[1, 2]"])
+def test_nothing_is_deleted_without_a_record_that_reads(
+    hub: FakeHub, tmp_path: Path, record: bytes | None
+) -> None:
+    # A repo made by hand (or by a Relay before records), or whose record was edited: its files stay.
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub.endpoint, token=TOKEN)
+    api.create_repo("team/by-hand")
+    api.upload_file(path_or_fileobj=b"{}", path_in_repo="policy_preprocessor.json", repo_id="team/by-hand")
+    if record is not None:
+        api.upload_file(path_or_fileobj=record, path_in_repo=PUSH_RECORD, repo_id="team/by-hand")
+    pushed = push_output(output_folder(tmp_path / "output"), "team/by-hand", card=None)
+    assert pushed.removed == () and hub.commits[-1]["deleted"] == []
+    on_hub = files_under(hub.models["team/by-hand"].commits[pushed.commit])
+    assert "policy_preprocessor.json" in on_hub
+    assert json.loads(on_hub[PUSH_RECORD]) == {"files": ["config.json", "model.safetensors"]}
 
 
 @pytest.mark.parametrize("bad", ["no-owner", "a/b/c", "team/x..y", "team/x.git", "team/-x", "", "team/a b"])
