@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from relay_engine.families.pi05.learner import Pi05Learner
     from relay_engine.families.pi05.parallel import Parallel
     from relay_engine.families.pi05.session import TrainingSession
+    from relay_engine.models.checkpoints import Checkpoint
+    from relay_engine.models.pi05 import Pi05Policy
     from relay_engine.serving.served import ServedModel
 
 # The fixed part of the recipe (docs/recipe-jobs.md, "What is fixed"): AdamW with AdamParams'
@@ -81,12 +83,8 @@ class Pi05Family(Family):
         from relay_engine.families.pi05.parallel import Parallel, choose_strategy
         from relay_engine.families.pi05.sharded_checkpoint import gathered_policy
         from relay_engine.families.robot_validation import robot_validator, split_frames
-        from relay_engine.models import image_fit, load_policy
-        from relay_engine.models.checkpoints import (
-            load_checkpoint,
-            resolve_checkpoint,
-            use_checkpoint_norm_stats,
-        )
+        from relay_engine.models import image_fit
+        from relay_engine.models.checkpoints import use_checkpoint_norm_stats
         from relay_engine.tuning import apply_tuning
 
         recipe, config = run.recipe, run.recipe.config
@@ -97,27 +95,7 @@ class Pi05Family(Family):
             )
         strategy = choose_strategy(recipe.strategy, config.finetune)
         # The checkpoint first: a wrong architecture or a missing repo is said before any dataset is read.
-        checkpoint = (
-            resolve_checkpoint(
-                config.from_checkpoint,
-                Path(recipe.checkpoint_output) if recipe.checkpoint_output is not None else None,
-            )
-            if config.from_checkpoint is not None
-            else None
-        )
-        policy = (
-            load_policy(
-                config.model, device=run.device, action_horizon=recipe.action_horizon, seed=recipe.seed
-            )
-            if checkpoint is None
-            else load_checkpoint(
-                checkpoint,
-                model=config.model,
-                action_horizon=recipe.action_horizon,
-                device=run.device,
-                seed=recipe.seed,
-            )
-        )
+        policy, checkpoint = _starting_policy(run)
         # The tokenizer before the dataset and the rest: its absence (the PaliGemma repo is gated)
         # is said at once, not at the first batch after the setup.
         policy.tokenizer.ensure_loaded()
@@ -233,3 +211,28 @@ class Pi05Family(Family):
         from relay_engine.serving.policy import serve_robot_policy
 
         return serve_robot_policy(model, device=device, num_steps=num_steps, database=database, task=task)
+
+
+def _starting_policy(run: RecipeRun) -> tuple[Pi05Policy, Checkpoint | None]:
+    """The policy a recipe trains from: its base model, or its from_checkpoint resolved (a
+    directory, a fine-tune's output, a Hub repo) and loaded as the recipe's model, cutting the
+    recipe's chunks; and that checkpoint, whose read the job reports."""
+    from relay_engine.models import load_policy
+    from relay_engine.models.checkpoints import load_checkpoint, resolve_checkpoint
+
+    recipe, config = run.recipe, run.recipe.config
+    if config.from_checkpoint is None:
+        policy = load_policy(
+            config.model, device=run.device, action_horizon=recipe.action_horizon, seed=recipe.seed
+        )
+        return policy, None
+    output = Path(recipe.checkpoint_output) if recipe.checkpoint_output is not None else None
+    checkpoint = resolve_checkpoint(config.from_checkpoint, output)
+    policy = load_checkpoint(
+        checkpoint,
+        model=config.model,
+        action_horizon=recipe.action_horizon,
+        device=run.device,
+        seed=recipe.seed,
+    )
+    return policy, checkpoint

@@ -22,6 +22,7 @@ from relay_engine.families.base import EvaluationRequest, Family, ModelDescripti
 from relay_engine.families.lerobot_data import dataset_read, lerobot_batches
 
 if TYPE_CHECKING:
+    from relay.events import Event
     from relay_engine.acting import ActingPolicy
     from relay_engine.core.session import Session
     from relay_engine.datasets import NormStats
@@ -39,10 +40,8 @@ class SmolVLAFamily(Family):
     spec = sdk_families.family_spec(sdk_families.SMOLVLA)
 
     def prepare_recipe(self, run: RecipeRun) -> PreparedRecipe:
-        from relay_engine.core.checkpoint import write_whole
         from relay_engine.datasets import open_dataset
         from relay_engine.families.robot_validation import Validator, split_frames
-        from relay_engine.families.smolvla.files import BACKBONE_DIR, write_processors, write_relay_config
         from relay_engine.families.smolvla.learner import (
             ScoredSmolVLA,
             SmolVLACollate,
@@ -102,43 +101,20 @@ class SmolVLAFamily(Family):
             else None
         )
 
-        def write(output_dir: Path) -> None:
-            if run.rank != 0:
-                return
-
-            def files(directory: Path) -> None:
-                policy.save_lerobot(directory)
-                assert policy.lerobot_config is not None  # save_lerobot wrote it
-                write_processors(directory, policy.lerobot_config, stats)
-                (directory / "norm_stats.json").write_text(stats.to_json())
-                write_relay_config(directory, config.model)
-                if backbone_dir is not None:
-                    # The backbone's config and tokenizer beside the weights: the output loads anywhere.
-                    shutil.copytree(backbone_dir, directory / BACKBONE_DIR, dirs_exist_ok=True)
-
-            write_whole(output_dir, files)
-
-        evaluator = None
-        if config.eval is not None:
-            from relay_engine.families.job_eval import JobEvaluator
-            from relay_engine.families.smolvla.learner import ActingSmolVLA
-
-            acting = ActingSmolVLA(policy, processor, config.model)
-            evaluator = JobEvaluator(acting, stats, config.eval, run.work_dir)
         return PreparedRecipe(
             learner=learner,
             samples=len(split.training),
             batch_size=config.batch_size,
             batches=lerobot_batches(run, dataset, split.training, collate),
             adam=RECIPE_ADAM,
-            write_output=write,
+            write_output=_output_writer(run, policy, stats, backbone_dir),
             extra={"processes": run.processes},
             data_read=dataset_read(dataset),
             weights_read=(lambda step: checkpoint.event(step, config.model))
             if checkpoint is not None
             else None,
             validate=validator,
-            evaluate_in_env=evaluator,
+            evaluate_in_env=_evaluator(run, policy, processor, stats),
             evaluate_at_checkpoints=config.eval is not None and config.eval.at_checkpoints,
         )
 
@@ -331,3 +307,42 @@ class SmolVLAFamily(Family):
             f"{trains:,} of them (the action expert and the projections)"
         )
         return ModelDescription(report, headline, parts, [f"chunk of {policy.config.chunk_size} actions"])
+
+
+def _output_writer(
+    run: RecipeRun, policy: SmolVLAPolicy, stats: NormStats, backbone_dir: Path | None
+) -> Callable[[Path], None]:
+    """What writes a job's output (rank 0 alone, whole or not at all): lerobot's SmolVLA folder
+    (weights, config, processors), our norm_stats.json and relay_config.json, and the backbone's
+    config and tokenizer when the policy came with them, so that the output loads anywhere."""
+    from relay_engine.core.checkpoint import write_whole
+    from relay_engine.families.smolvla.files import BACKBONE_DIR, write_processors, write_relay_config
+
+    def files(directory: Path) -> None:
+        policy.save_lerobot(directory)
+        assert policy.lerobot_config is not None  # save_lerobot wrote it
+        write_processors(directory, policy.lerobot_config, stats)
+        (directory / "norm_stats.json").write_text(stats.to_json())
+        write_relay_config(directory, run.recipe.config.model)
+        if backbone_dir is not None:
+            shutil.copytree(backbone_dir, directory / BACKBONE_DIR, dirs_exist_ok=True)
+
+    def write(output_dir: Path) -> None:
+        if run.rank == 0:
+            write_whole(output_dir, files)
+
+    return write
+
+
+def _evaluator(
+    run: RecipeRun, policy: SmolVLAPolicy, processor: SmolVLAProcessor, stats: NormStats
+) -> Callable[[int, Callable[[], bool]], Event | None] | None:
+    """The recipe's `eval` block as the job's closed-loop evaluation of the policy it trains (None
+    without one)."""
+    config = run.recipe.config
+    if config.eval is None:
+        return None
+    from relay_engine.families.job_eval import JobEvaluator
+    from relay_engine.families.smolvla.learner import ActingSmolVLA
+
+    return JobEvaluator(ActingSmolVLA(policy, processor, config.model), stats, config.eval, run.work_dir)
