@@ -187,7 +187,7 @@ def create(
     def shown(row: dict[str, Any]) -> dict[str, Any]:
         return deployment_object(row, "http://relay.invalid")  # the address does not change the rendering
 
-    row, replayed = insert_once(db, table, user_id, idempotency_key, digest, new_row, "deployment", shown)
+    row, replayed, _ = insert_once(db, table, user_id, idempotency_key, digest, new_row, "deployment", shown)
     if not replayed:
         record_event(
             db, row["id"], st.STARTING, 0, "created; waiting for a serving worker", row["created_at"]

@@ -625,16 +625,13 @@ def create_shown(
             "cancel_requested_at": None,
         }
 
-    shown: dict[str, dict[str, Any]] = {}
+    def shown(row: dict[str, Any]) -> dict[str, Any]:
+        return job_object(row, stored=False)
 
-    def show(row: dict[str, Any]) -> dict[str, Any]:
-        shown[row["id"]] = answer = job_object(row, stored=False)
-        return answer
-
-    row, replayed = insert_once(
-        db, fine_tunes, user_id, idempotency_key, digest, new_row, "fine-tune", show, keep_secret
+    row, replayed, answer = insert_once(
+        db, fine_tunes, user_id, idempotency_key, digest, new_row, "fine-tune", shown, keep_secret
     )
-    return row, replayed, job_object(row) if replayed else shown[row["id"]]
+    return row, replayed, job_object(row) if answer is None else answer
 
 
 def mark_enqueued(db: Session, job_ids: str | list[str]) -> None:

@@ -11,7 +11,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from sqlalchemy import Insert, Table, insert, select
@@ -20,6 +20,9 @@ from sqlalchemy.exc import IntegrityError
 from relay_api.db import Db
 from relay_api.errors import APIProblem
 from relay_api.responses import rendered
+
+# What a route answers for a new row (its JSON object), built by the caller's `shown`.
+Answer = TypeVar("Answer")
 
 
 def request_hash(config: BaseModel) -> str:
@@ -35,21 +38,24 @@ def insert_once(
     digest: str,
     new_row: Callable[[], dict[str, Any]],
     noun: str,
-    shown: Callable[[dict[str, Any]], Any],
+    shown: Callable[[dict[str, Any]], Answer],
     along: Callable[[Db, dict[str, Any]], None] | None = None,
-) -> tuple[dict[str, Any], bool]:
-    """Insert `new_row()` and commit; returns (row, replayed). `new_row` draws a fresh id each
-    call, so a clash of random ids is tried again. `shown(row)` is the answer the route will give,
-    rendered before anything is written: an answer that cannot be rendered (TypeError) must not
-    leave a row behind that every later list would fail on. `along(db, row)` writes what belongs
-    with a new row, in its transaction (nothing of a replay)."""
+) -> tuple[dict[str, Any], bool, Answer | None]:
+    """Insert `new_row()` and commit; returns (row, replayed, its answer). `new_row` draws a fresh
+    id each call, so a clash of random ids is tried again. `shown(row)` is the answer the route
+    will give, rendered before anything is written: an answer that cannot be rendered (TypeError)
+    must not leave a row behind that every later list would fail on. It is returned for a new row
+    (which it stays: the route need not build it again); None for a replay, whose stored row the
+    route shows. `along(db, row)` writes what belongs with a new row, in its transaction (nothing
+    of a replay)."""
     if idempotency_key is not None:
         existing = _by_key(db, table, user_id, idempotency_key, digest, noun)
         if existing is not None:
-            return existing, True
+            return existing, True, None
     for _ in range(3):
         row = new_row()
-        rendered(shown(row))
+        answer = shown(row)
+        rendered(answer)
         try:
             # The row as parameters of a statement built once per table: building an INSERT with
             # the values inside costs more CPU than sending it.
@@ -57,13 +63,13 @@ def insert_once(
             if along is not None:
                 along(db, row)
             db.commit()
-            return row, False
+            return row, False, answer
         except IntegrityError:
             db.rollback()
             if idempotency_key is not None:  # a concurrent request with the same key won
                 existing = _by_key(db, table, user_id, idempotency_key, digest, noun)
                 if existing is not None:
-                    return existing, True
+                    return existing, True, None
     raise RuntimeError(f"could not pick a free {noun} id")
 
 

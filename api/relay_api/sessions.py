@@ -103,7 +103,8 @@ def create(
     def shown(row: dict[str, Any]) -> dict[str, Any]:
         return session_object(row, settings)
 
-    return insert_once(db, table, user_id, idempotency_key, digest, new_row, "session", shown)
+    row, replayed, _ = insert_once(db, table, user_id, idempotency_key, digest, new_row, "session", shown)
+    return row, replayed
 
 
 def get(db: Db, user_id: int, session_id: str) -> dict[str, Any]:
