@@ -18,7 +18,8 @@ setting; the API does not offer it), and scores the tuned model as the demo does
 
 At seed 0 the held-out figure is the demo's own (the same run). Then the median and the range over
 the seeds. Runs are sequential on this machine's threads; seeded runs repeat at the same thread
-count.
+count on the same CPU (another instruction set's kernels round differently, and move a run as a
+seed does: compare code on one machine).
 
     python bench/bench_demo_seeds.py                    # seeds 0-3, about 2 minutes each on 2 cores
     python bench/bench_demo_seeds.py --seeds 0 1 --steps 300 --no-closed-loop
